@@ -1,0 +1,102 @@
+"""What a model is: a frozen config (the blueprint) and immutable canonical weights.
+
+Canonical weights use Hugging Face layouts so every reader (GGUF, safetensors) and every
+writer (ONNX, GGUF variants) meets in one place:
+  - matrices are float32 [out_features, in_features];
+  - Q and K rows are in HF "rotate_half" order (GGUF llama files store them permuted for
+    llama.cpp's interleaved RoPE; the llama family reader undoes that);
+  - names are the keys of `tensor_names()` below.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    kind: str = "none"  # none | linear | yarn | llama3
+    factor: float = 1.0
+    original_context: int = 0
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str  # family key: "llama", "qwen2"
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    d_ff: int
+    vocab_size: int
+    rms_eps: float
+    rope_theta: float
+    context_length: int
+    tied_embeddings: bool
+    qkv_bias: bool = False
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+    bos_id: int | None = None
+    eos_ids: tuple[int, ...] = ()
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head (grouped-query attention)."""
+        return self.n_heads // self.n_kv_heads
+
+    def tensor_names(self) -> dict[str, tuple[int, ...]]:
+        """Every canonical tensor name with its expected shape."""
+        D, F, V, H, KV, hd = self.d_model, self.d_ff, self.vocab_size, self.n_heads, self.n_kv_heads, self.head_dim
+        out: dict[str, tuple[int, ...]] = {"embed": (V, D), "norm": (D,)}
+        if not self.tied_embeddings:
+            out["lm_head"] = (V, D)
+        for i in range(self.n_layers):
+            p = f"layers.{i}."
+            out.update({
+                p + "attn_norm": (D,), p + "q": (H * hd, D), p + "k": (KV * hd, D), p + "v": (KV * hd, D),
+                p + "o": (D, H * hd), p + "ffn_norm": (D,), p + "gate": (F, D), p + "up": (F, D), p + "down": (D, F),
+            })
+            if self.qkv_bias:
+                out.update({p + "q_bias": (H * hd,), p + "k_bias": (KV * hd,), p + "v_bias": (KV * hd,)})
+        return out
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Immutable canonical float32 tensors, shape-checked against the config."""
+
+    config: ModelConfig
+    tensors: Mapping[str, np.ndarray]
+
+    def __post_init__(self) -> None:
+        want = self.config.tensor_names()
+        missing = sorted(set(want) - set(self.tensors))
+        if missing:
+            raise ValueError(f"model weights are missing tensors: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        for name, shape in want.items():
+            got = tuple(self.tensors[name].shape)
+            if got != shape:
+                raise ValueError(f"tensor {name!r} has shape {got}, config expects {shape}")
+        for t in self.tensors.values():
+            t.setflags(write=False)
+        object.__setattr__(self, "tensors", MappingProxyType(dict(self.tensors)))
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.tensors[name]
+
+    @property
+    def lm_head(self) -> np.ndarray:
+        return self.tensors["embed"] if self.config.tied_embeddings else self.tensors["lm_head"]
+
+    def nbytes(self) -> int:
+        return sum(int(t.nbytes) for t in self.tensors.values())

@@ -1,0 +1,27 @@
+"""The Drafter seam (llama.cpp common/speculative.h lifecycle): begin / propose / accept.
+
+begin(prompt):                 a new sequence starts with these tokens.
+propose(context, k, rng):      requires: context = every committed token (prompt + output);
+                               returns: a Draft of at most k tokens continuing it (k may be 0).
+accept(n_accepted, next_token): the target kept the first n_accepted draft tokens and then emitted
+                               next_token; the drafter updates whatever state it keeps.
+"""
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from ..types import Draft, Tokens
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    name: str
+    weight_bytes_per_token: int  # bytes of weights one drafted token reads (0 for n-gram); for MBSU
+
+    def begin(self, prompt: Tokens) -> None: ...
+
+    def propose(self, context: Tokens, k: int, rng: np.random.Generator) -> Draft: ...
+
+    def accept(self, n_accepted: int, next_token: int) -> None: ...

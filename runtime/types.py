@@ -1,0 +1,123 @@
+"""Array aliases and the small frozen dataclasses that cross the runtime's seams.
+
+Glossary (ALGORITHMS.md): p = target distribution, q = draft distribution, k = draft length.
+accepted = draft tokens kept; recovered = token sampled from the residual after a rejection;
+bonus = token sampled from the target after the last accepted draft token.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+Tokens = NDArray[np.int32]  # [T] token ids
+Positions = NDArray[np.int32]  # [T] absolute positions
+Logits = NDArray[np.float32]  # [T, V]
+Probs = NDArray[np.float64]  # [T, V], rows sum to 1
+Mask = NDArray[np.bool_]  # [T, T] tree mask among new tokens: mask[i, j] = j is i or an ancestor of i
+
+
+def as_tokens(x) -> Tokens:
+    return np.ascontiguousarray(np.asarray(x, dtype=np.int32).reshape(-1))
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Logits processing shared by the target and every model drafter (one `logits_to_probs`).
+
+    temperature == 0 means greedy (p is one-hot at the argmax).
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    min_p: float = 0.0  # 0 = off
+    repetition_penalty: float = 1.0  # 1 = off (llama.cpp / CTRL style: divide positive logits, multiply negative)
+    repeat_last_n: int = 64  # window of recent tokens the penalty looks at
+
+    def __post_init__(self) -> None:
+        checks = [
+            (np.isfinite(self.temperature) and self.temperature >= 0, "temperature must be >= 0 (0 = greedy)"),
+            (int(self.top_k) == self.top_k and self.top_k >= 0, "top_k must be an integer >= 0 (0 = off)"),
+            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1] (1 = off)"),
+            (0.0 <= self.min_p < 1.0, "min_p must be in [0, 1) (0 = off)"),
+            (np.isfinite(self.repetition_penalty) and self.repetition_penalty > 0,
+             "repetition_penalty must be > 0 (1 = off)"),
+            (self.repeat_last_n >= 0, "repeat_last_n must be >= 0"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ValueError(f"invalid sampling parameter: {msg}; got {self!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A chain draft: k proposed tokens and, for model drafters, the q rows they were sampled from.
+
+    q is None for deterministic drafters (n-gram, prompt lookup): verification then uses the
+    deterministic-drafter rule (ALGORITHMS.md 1.2).
+    """
+
+    tokens: Tokens  # [k]
+    q: Probs | None = None  # [k, V] draft distributions after the SAME logits processing as p
+
+    @property
+    def k(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+EMPTY_DRAFT = Draft(tokens=np.zeros(0, dtype=np.int32))
+
+
+class NextKind(enum.Enum):
+    BONUS = "bonus"  # every draft token accepted; sampled from p_{k+1}
+    RECOVERED = "recovered"  # sampled from the residual at the first rejection
+
+
+@dataclass(frozen=True)
+class Verdict:
+    n_accepted: int  # draft tokens kept, 0..k
+    next_token: int  # the bonus or recovered token; every verify emits >= 1 token
+    kind: NextKind
+
+
+class FinishReason(enum.Enum):
+    EOS = "eos"
+    LENGTH = "length"
+    STOP = "stop"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one speculative step did: one target forward, k proposed, n accepted."""
+
+    k: int
+    n_accepted: int
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Response:
+    """One streamed piece of output (mlx-lm style)."""
+
+    text: str  # newly printable text (may be "" while a multi-byte character or stop string is pending)
+    token: int
+    from_draft: bool  # the token was an accepted draft token
+    tokens_per_s: float
+    finish_reason: FinishReason | None = None
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    tokens: list[int]
+    finish_reason: FinishReason
+    stats: "object" = field(default=None)  # runtime.stats.DecodeStats
