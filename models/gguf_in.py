@@ -1,0 +1,157 @@
+"""Read a GGUF file: metadata -> ModelConfig, tensors -> canonical float32 Weights, vocab -> TokenizerSpec.
+
+The file stays memory-mapped (gguf.GGUFReader); tensors are dequantized only by `load_weights`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf.quants import dequantize
+
+from .config import ModelConfig, Weights
+from .errors import ModelFileError
+from .families import family
+from .family_base import canonical_to_gguf, gguf_to_canonical
+from .tokenizer_gguf import tokenizer_spec_from_gguf
+from .tokenizer_spec import TokenizerSpec
+
+GGUF_MAGIC = b"GGUF"
+MAX_META_ARRAY = 64  # longer arrays (vocab, merges) stay out of `.metadata`; read them on demand
+_Q = GGMLQuantizationType
+SUPPORTED_TYPES = frozenset({_Q.F32, _Q.F16, _Q.BF16, _Q.Q4_0, _Q.Q4_1, _Q.Q5_0, _Q.Q5_1, _Q.Q8_0,
+                             _Q.Q2_K, _Q.Q3_K, _Q.Q4_K, _Q.Q5_K, _Q.Q6_K})
+_REPULL = "re-pull it (specedge pull <name>) or re-download the file"
+
+
+def _field_value(field) -> Any:
+    value = field.contents()
+    if field.types == [GGUFValueType.FLOAT32]:
+        # The shortest decimal that round-trips through float32 recovers the written value (1e-5, not 9.99e-6).
+        return float(str(np.float32(value)))
+    return value
+
+
+def _is_long_array(field) -> bool:
+    return bool(field.types) and field.types[0] == GGUFValueType.ARRAY and len(field.data) > MAX_META_ARRAY
+
+
+def _check_magic(path: Path) -> None:
+    if not path.is_file():
+        raise ModelFileError(f"model file not found: {path}")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head != GGUF_MAGIC:
+        raise ModelFileError(f"{path} is not a GGUF file (starts with {head!r}, expected {GGUF_MAGIC!r})")
+
+
+def _open_reader(path: Path) -> GGUFReader:
+    _check_magic(path)
+    try:
+        reader = GGUFReader(path, "r")
+    except (KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as e:  # the reader raises ValueError, IndexError, UnicodeDecodeError, ... on damage
+        raise ModelFileError(f"{path} is truncated or corrupt ({type(e).__name__}: {e}); {_REPULL}") from e
+    size = path.stat().st_size
+    for t in reader.tensors:
+        end = int(t.data_offset) + int(t.n_bytes)
+        if end > size or t.data.nbytes != int(t.n_bytes):
+            raise ModelFileError(f"{path} is truncated: tensor {t.name!r} ends at byte {end} but the file has "
+                                 f"{size}; {_REPULL}")
+    return reader
+
+
+class GGUFModel:
+    """One opened GGUF file: `.path`, `.metadata`, `.config`, `.chat_template`; weights loaded on demand."""
+
+    def __init__(self, path: Path, reader: GGUFReader) -> None:
+        self.path = path
+        self._reader = reader
+        self._spec: TokenizerSpec | None = None
+        self.metadata: dict[str, Any] = {k: _field_value(f) for k, f in reader.fields.items()
+                                         if not k.startswith("GGUF.") and not _is_long_array(f)}
+        arch = self.metadata.get("general.architecture")
+        try:
+            self.family: ModuleType = family(str(arch))
+        except ValueError as e:
+            raise ModelFileError(f"{path}: {e}") from None
+        self._tensors = {t.name: t for t in reader.tensors}
+        for t in reader.tensors:
+            if t.tensor_type not in SUPPORTED_TYPES:
+                names = ", ".join(sorted(q.name for q in SUPPORTED_TYPES))
+                raise ModelFileError(f"{path}: tensor {t.name!r} has unsupported type {t.tensor_type.name}; "
+                                     f"supported: {names}")
+        shapes = {name: self._shape(t) for name, t in self._tensors.items()}
+        meta = dict(self.metadata)
+        tokens = reader.fields.get("tokenizer.ggml.tokens")
+        if tokens is not None and f"{arch}.vocab_size" not in meta:
+            meta[f"{arch}.vocab_size"] = len(tokens.data)
+        try:
+            self.config: ModelConfig = self.family.config_from_gguf(meta, shapes)
+        except ValueError as e:
+            raise ModelFileError(f"{path}: {e}") from None
+        unknown = [n for n in self._tensors if gguf_to_canonical(n) is None]
+        if unknown:
+            raise ModelFileError(f"{path}: unexpected tensors for a {arch} model: {unknown[:5]}")
+
+    @staticmethod
+    def _shape(t) -> tuple[int, ...]:
+        # GGUF lists dims innermost first (ne = [in, out]); numpy row-major is the reverse.
+        return tuple(int(d) for d in reversed(t.shape.tolist()))
+
+    @property
+    def chat_template(self) -> str | None:
+        value = self.metadata.get("tokenizer.chat_template")
+        return str(value) if value else None
+
+    def tensor_types(self) -> dict[str, str]:
+        """Canonical tensor name -> GGUF storage type name (e.g. 'Q4_1', 'F32')."""
+        return {gguf_to_canonical(n): t.tensor_type.name for n, t in self._tensors.items()}
+
+    def load_tensor(self, canonical: str, dtype=np.float32) -> np.ndarray:
+        """One canonical tensor dequantized into the canonical layout (family quirks undone)."""
+        t = self._tensors[canonical_to_gguf(canonical)]
+        try:
+            w = dequantize(t.data, t.tensor_type).reshape(self._shape(t))
+        except (KeyboardInterrupt, MemoryError):
+            raise
+        except Exception as e:
+            raise ModelFileError(f"{self.path}: cannot decode tensor {t.name!r} ({e}); {_REPULL}") from e
+        w = self.family.from_gguf_layout(canonical, w, self.config)
+        return np.ascontiguousarray(w, dtype=dtype)
+
+    def load_weights(self, dtype=np.float32) -> Weights:
+        """All tensors dequantized to `dtype`, canonical names and layouts, shape-checked against the config."""
+        names = [gguf_to_canonical(n) for n in self._tensors]
+        try:
+            return Weights(self.config, {n: self.load_tensor(n, dtype) for n in names})
+        except ValueError as e:
+            if isinstance(e, ModelFileError):
+                raise
+            raise ModelFileError(f"{self.path}: {e}") from None
+
+    def fields(self, prefix: str) -> dict[str, Any]:
+        """Every metadata field under `prefix`, long arrays included (e.g. 'tokenizer.')."""
+        return {k: _field_value(f) for k, f in self._reader.fields.items() if k.startswith(prefix)}
+
+    def tokenizer_spec(self) -> TokenizerSpec:
+        """The file's tokenizer as a TokenizerSpec (HF tokenizers JSON + special ids + chat template)."""
+        if self._spec is None:
+            try:
+                self._spec = tokenizer_spec_from_gguf(self.fields("tokenizer."))
+            except ValueError as e:
+                raise ModelFileError(f"{self.path}: {e}") from None
+        return self._spec
+
+    def __repr__(self) -> str:
+        return f"GGUFModel({str(self.path)!r}, arch={self.config.arch!r}, layers={self.config.n_layers})"
+
+
+def open_gguf(path: str | Path) -> GGUFModel:
+    """Open (memory-map) and validate a GGUF model file; ModelFileError names the problem."""
+    path = Path(path)
+    return GGUFModel(path, _open_reader(path))

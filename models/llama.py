@@ -1,0 +1,50 @@
+"""The llama family (Llama 2/3, SmolLM, TinyLlama, ...): config, weight names, and the Q/K row permutation.
+
+llama.cpp's converter permutes Q and K rows of llama models so its interleaved RoPE works; the
+canonical layout is Hugging Face's rotate_half order, so reading un-permutes and writing permutes.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from . import family_base
+from .config import ModelConfig
+
+ARCH = "llama"
+GLOBAL_NAMES = family_base.GLOBAL_NAMES
+LAYER_NAMES = family_base.LAYER_NAMES
+
+
+def config_from_gguf(meta: Mapping[str, Any], tensors: Mapping[str, tuple[int, ...]]) -> ModelConfig:
+    """ModelConfig from GGUF metadata and GGUF tensor name -> numpy shape."""
+    return family_base.llama_like_config(meta, tensors, arch=ARCH, qkv_bias="blk.0.attn_q.bias" in tensors)
+
+
+def _heads(canonical: str, config: ModelConfig) -> int | None:
+    """Heads whose rows are permuted in GGUF: q (and its bias) by n_heads, k by n_kv_heads."""
+    kind = canonical.rsplit(".", 1)[-1]
+    heads = {"q": config.n_heads, "q_bias": config.n_heads, "k": config.n_kv_heads, "k_bias": config.n_kv_heads}
+    return heads.get(kind)
+
+
+def to_gguf_layout(canonical: str, w: np.ndarray, config: ModelConfig) -> np.ndarray:
+    """Canonical (HF rotate_half) -> GGUF row order, as llama.cpp's convert_hf_to_gguf permutes it."""
+    n = _heads(canonical, config)
+    if n is None:
+        return w
+    return w.reshape(n, 2, w.shape[0] // n // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def from_gguf_layout(canonical: str, w: np.ndarray, config: ModelConfig) -> np.ndarray:
+    """GGUF row order -> canonical: the inverse of `to_gguf_layout`."""
+    n = _heads(canonical, config)
+    if n is None:
+        return w
+    return w.reshape(n, w.shape[0] // n // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def tokenizer_pre(config: ModelConfig) -> str:
+    """Default `tokenizer.ggml.pre` when writing a file of this family (SmolLM-style vocab)."""
+    return "smollm"

