@@ -1,0 +1,141 @@
+"""The one `logits_to_probs` used by the target and every model drafter, and `sample`.
+
+Order (llama.cpp-like penalties first, then HF/vLLM-style warpers):
+    repetition penalty -> greedy one-hot (temperature == 0)
+                       or temperature -> top-k -> top-p -> min-p -> renormalise
+Everything after the input cast is float64 (ALGORITHMS.md: verify in float64).
+
+Ties are broken toward the lowest token id everywhere (greedy argmax, the top-k and top-p boundaries),
+so the result is a pure function of (logits, params, history).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .types import Logits, Probs, SamplingParams, Tokens
+
+# top-p compares a cumulative sum with top_p: allow for float64 rounding so that mass 0.8 meets top_p=0.8.
+_TOP_P_EPS = 1e-9
+# top-p first sorts only this many candidates (most of the mass sits in a few tokens); it grows x8 if needed.
+_TOP_P_FIRST = 64
+
+
+def logits_to_probs(logits: Logits, params: SamplingParams, history: Tokens | None = None) -> Probs:
+    """Turn T rows of logits into T next-token distributions.
+
+    logits:  [T, V] float (a [V] row is taken as [1, V]).
+    history: [H] int token ids ending with the input token of the LAST row; row i sees the penalty window
+             `history[: H - (T-1-i)][-repeat_last_n:]` (so a verify pass over [last, *draft] is penalised
+             exactly as T separate one-token steps would be). None = no penalty.
+    returns: [T, V] float64, rows sum to 1; one-hot at the argmax when params.greedy.
+
+    Example (temperature 1, top_k 2, V = 4):
+        logits [[1, 3, 2, 0]] -> keep ids {1, 2} -> softmax([3, 2]) = [0.731, 0.269]
+        -> [[0, 0.731, 0.269, 0]]
+    With top_p = 0.7 instead of top_k: softmax = [0.087, 0.644, 0.237, 0.032]; sorted mass
+        0.644 < 0.7, 0.644 + 0.237 >= 0.7 -> keep {1, 2} -> the same [[0, 0.731, 0.269, 0]].
+    """
+    logits = np.atleast_2d(logits)  # [T, V]
+    T, V = logits.shape
+    penalise = params.repetition_penalty != 1.0 and history is not None and params.repeat_last_n > 0
+    if params.greedy and not penalise:  # the float64 cast is monotonic: argmax the input as is
+        return _one_hot(np.argmax(logits, axis=1), V)
+    x = np.array(logits, dtype=np.float64)  # [T, V], a private copy
+    if penalise:
+        _apply_repetition_penalty(x, np.asarray(history).reshape(-1), params)
+    if params.greedy:
+        return _one_hot(np.argmax(x, axis=1), V)
+    x /= params.temperature
+    ids = None  # with top-k the rest works on the k kept columns: x [T, k], ids [T, k]
+    if 0 < params.top_k < V:
+        kth = np.partition(x, V - params.top_k, axis=1)[:, V - params.top_k]  # [T] k-th largest logit
+        ids = np.nonzero(_keep_top_n(x, kth, np.full(T, params.top_k)))[1].reshape(T, params.top_k)
+        x = np.take_along_axis(x, ids, axis=1)
+    p = _softmax(x)
+    if params.top_p < 1.0:
+        p[~_top_p_mask(p, params.top_p)] = 0.0
+        p /= p.sum(axis=1, keepdims=True)
+    if params.min_p > 0.0:
+        # The ratio to the max is unchanged by renormalising, so no renormalisation is needed before this.
+        p[p < params.min_p * p.max(axis=1, keepdims=True)] = 0.0
+        p /= p.sum(axis=1, keepdims=True)
+    if ids is None:
+        return p
+    out = np.zeros((T, V), dtype=np.float64)
+    np.put_along_axis(out, ids, p, axis=1)
+    return out
+
+
+def sample(probs_row: np.ndarray, rng: np.random.Generator) -> int:
+    """Draw one token id from a [V] row of non-negative weights by inverse CDF with one `rng.random()`.
+
+    The row need not be normalised (the residual max(p - q, 0) can be passed as is). Tokens with weight 0
+    are never drawn. Deterministic given the Generator's state.
+
+    Example: probs_row = [0.2, 0.0, 0.5, 0.3] -> cdf [0.2, 0.2, 0.7, 1.0];
+        u = 0.1 -> 0,  u = 0.2 -> 2 (id 1 has no mass),  u = 0.95 -> 3.
+    """
+    cdf = np.cumsum(probs_row, dtype=np.float64)  # [V]
+    total = cdf[-1]
+    if not total > 0.0:
+        raise ValueError(f"cannot sample from a distribution with total mass {total!r}")
+    i = int(np.searchsorted(cdf, rng.random() * total, side="right"))
+    if i >= len(cdf):  # u * total rounded up to total: take the last token with mass
+        i = int(np.flatnonzero(np.asarray(probs_row) > 0)[-1])
+    return i
+
+
+def _apply_repetition_penalty(x: np.ndarray, history: np.ndarray, params: SamplingParams) -> None:
+    """In place on x [T, V]: CTRL-style, positive logits / penalty, negative * penalty, once per distinct token."""
+    T, H, pen, n = x.shape[0], len(history), params.repetition_penalty, params.repeat_last_n
+    for i in range(T):
+        end = max(0, H - (T - 1 - i))
+        ids = np.unique(history[max(0, end - n):end])  # [<= n]
+        if len(ids) == 0:
+            continue
+        v = x[i, ids]
+        x[i, ids] = np.where(v > 0, v / pen, v * pen)
+
+
+def _one_hot(ids: np.ndarray, V: int) -> Probs:
+    out = np.zeros((len(ids), V), dtype=np.float64)
+    out[np.arange(len(ids)), ids] = 1.0
+    return out
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    """Numerically stable row softmax of float64 [T, V] (entries may be -inf)."""
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _keep_top_n(x: np.ndarray, kth: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Bool [T, V]: the n[t] largest entries of row t, kth[t] being the n[t]-th largest; ties -> lowest ids."""
+    above = x > kth[:, None]
+    at = x == kth[:, None]
+    room = n - above.sum(axis=1)  # [T] how many tied entries still fit
+    tied = at.sum(axis=1) > room  # [T] rows where a tie straddles the boundary (rare)
+    if tied.any():
+        at[tied] &= np.cumsum(at[tied], axis=1) <= room[tied, None]
+    return above | at
+
+
+def _top_p_mask(p: np.ndarray, top_p: float) -> np.ndarray:
+    """Bool [T, V]: per row the smallest set of most likely tokens whose mass >= top_p (at least 1).
+
+    Sorts only the top m candidates (argpartition), growing m until they hold top_p of the mass.
+    """
+    T, V = p.shape
+    kth, n = np.zeros(T), np.zeros(T, dtype=np.int64)
+    for t in range(T):
+        m = min(V, _TOP_P_FIRST)
+        while True:
+            top = p[t] if m == V else p[t, np.argpartition(p[t], V - m)[V - m:]]
+            vals = np.sort(top)[::-1]  # [m] descending
+            mass = np.cumsum(vals)
+            if mass[-1] >= top_p - _TOP_P_EPS or m == V:
+                break
+            m = V if m * 8 > V // 4 else m * 8  # past a quarter of V, one full sort is cheaper
+        n[t] = min(int(np.searchsorted(mass, top_p - _TOP_P_EPS, side="left")) + 1, m)
+        kth[t] = vals[n[t] - 1]
+    return _keep_top_n(p, kth, n)

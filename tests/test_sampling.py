@@ -1,0 +1,162 @@
+"""logits_to_probs and sample against hand-computed values."""
+import numpy as np
+import pytest
+
+from specedge.runtime.sampling import logits_to_probs, sample
+from specedge.runtime.types import SamplingParams
+
+
+def softmax(x):
+    e = np.exp(np.asarray(x, dtype=np.float64) - np.max(x))
+    return e / e.sum()
+
+
+def row(*xs):
+    return np.array([xs], dtype=np.float32)
+
+
+def test_plain_softmax_and_temperature():
+    p = logits_to_probs(row(1, 2, 3), SamplingParams(temperature=1.0))
+    np.testing.assert_allclose(p[0], softmax([1, 2, 3]), rtol=1e-12)
+    assert p.dtype == np.float64 and p.shape == (1, 3)
+    p = logits_to_probs(row(1, 2, 3), SamplingParams(temperature=0.5))
+    np.testing.assert_allclose(p[0], softmax([2, 4, 6]), rtol=1e-12)
+
+
+def test_stable_for_large_logits():
+    p = logits_to_probs(row(1000, 999, -1000), SamplingParams(temperature=1.0))
+    np.testing.assert_allclose(p[0], [1 / (1 + np.exp(-1)), np.exp(-1) / (1 + np.exp(-1)), 0], atol=1e-12)
+
+
+def test_greedy_one_hot_ties_lowest_id():
+    p = logits_to_probs(np.array([[0, 5, 5, 1], [9, 0, 0, 9]], np.float32), SamplingParams())
+    np.testing.assert_array_equal(p, [[0, 1, 0, 0], [1, 0, 0, 0]])
+
+
+def test_top_k():
+    p = logits_to_probs(row(1, 3, 2, 0), SamplingParams(temperature=1.0, top_k=2))
+    e3, e2 = np.exp(3.0), np.exp(2.0)
+    np.testing.assert_allclose(p[0], [0, e3 / (e3 + e2), e2 / (e3 + e2), 0], rtol=1e-12)
+    # a tie at the boundary keeps the lowest id, and exactly k tokens
+    p = logits_to_probs(row(1, 2, 2, 2), SamplingParams(temperature=1.0, top_k=2))
+    np.testing.assert_allclose(p[0], [0, 0.5, 0.5, 0], rtol=1e-12)
+    # top_k >= V is off
+    p = logits_to_probs(row(1, 2), SamplingParams(temperature=1.0, top_k=5))
+    np.testing.assert_allclose(p[0], softmax([1, 2]), rtol=1e-12)
+
+
+@pytest.mark.parametrize("top_p, kept", [(0.5, 1), (0.8, 2), (0.81, 3), (0.95, 3), (0.951, 4), (0.01, 1)])
+def test_top_p(top_p, kept):
+    probs = np.array([0.15, 0.5, 0.05, 0.3])  # sorted: 0.5 (id 1), 0.3 (id 3), 0.15 (id 0), 0.05 (id 2)
+    p = logits_to_probs(np.log(probs)[None], SamplingParams(temperature=1.0, top_p=top_p))
+    order = [1, 3, 0, 2]
+    want = np.zeros(4)
+    want[order[:kept]] = probs[order[:kept]] / probs[order[:kept]].sum()
+    np.testing.assert_allclose(p[0], want, rtol=1e-12, atol=1e-15)
+
+
+def test_min_p():
+    probs = np.array([0.5, 0.3, 0.15, 0.05])
+    p = logits_to_probs(np.log(probs)[None], SamplingParams(temperature=1.0, min_p=0.2))  # threshold 0.1
+    np.testing.assert_allclose(p[0], [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0], rtol=1e-12)
+    p = logits_to_probs(np.log(probs)[None], SamplingParams(temperature=1.0, min_p=0.59))  # threshold 0.295
+    np.testing.assert_allclose(p[0], [0.625, 0.375, 0, 0], rtol=1e-12)
+
+
+def test_order_temperature_topk_topp_minp():
+    # T=0.5 doubles the logits; top_k=3 drops id 3; top_p over the renormalised 3; min_p on what remains.
+    logits = row(2.0, 1.0, 0.0, -5.0)
+    p = logits_to_probs(logits, SamplingParams(temperature=0.5, top_k=3, top_p=0.9))
+    s = softmax([4.0, 2.0, 0.0])  # [0.867, 0.117, 0.016]: 0.867 < 0.9 <= 0.984 -> keep 2
+    np.testing.assert_allclose(p[0], [s[0] / (s[0] + s[1]), s[1] / (s[0] + s[1]), 0, 0], rtol=1e-12)
+    p = logits_to_probs(logits, SamplingParams(temperature=0.5, top_k=3, min_p=0.1))  # 0.117/0.867 >= 0.1
+    np.testing.assert_allclose(p[0], [s[0] / (s[0] + s[1]), s[1] / (s[0] + s[1]), 0, 0], rtol=1e-12)
+
+
+def test_repetition_penalty_ctrl_style():
+    params = SamplingParams(temperature=1.0, repetition_penalty=2.0)
+    p = logits_to_probs(row(2.0, -1.0, 0.5, 1.0), params, history=np.array([0, 1, 1]))
+    np.testing.assert_allclose(p[0], softmax([1.0, -2.0, 0.5, 1.0]), rtol=1e-12)  # each id penalised once
+    # greedy sees the penalty too: id 0 (2.0 -> 1.0) now loses to id 3 (1.5)
+    g = logits_to_probs(row(2.0, -1.0, 0.5, 1.5), SamplingParams(repetition_penalty=2.0), history=np.array([0]))
+    np.testing.assert_array_equal(g[0], [0, 0, 0, 1])
+
+
+def test_repetition_penalty_window_per_row():
+    # history = [.., 3, 0, 2]: rows are the inputs [3, 0, 2]; row i sees history up to its own input token.
+    params = SamplingParams(temperature=1.0, repetition_penalty=2.0, repeat_last_n=2)
+    logits = np.tile(np.array([1.0, 1.0, 1.0, 1.0], np.float32), (3, 1))
+    p = logits_to_probs(logits, params, history=np.array([1, 3, 0, 2]))
+    np.testing.assert_allclose(p[0], softmax([1, 0.5, 1, 0.5]), rtol=1e-12)  # window [1, 3]
+    np.testing.assert_allclose(p[1], softmax([0.5, 1, 1, 0.5]), rtol=1e-12)  # window [3, 0]
+    np.testing.assert_allclose(p[2], softmax([0.5, 1, 0.5, 1]), rtol=1e-12)  # window [0, 2]
+    # a history shorter than the rows: early rows see nothing
+    p = logits_to_probs(logits, params, history=np.array([2]))
+    np.testing.assert_allclose(p[:2], np.full((2, 4), 0.25), rtol=1e-12)
+    np.testing.assert_allclose(p[2], softmax([1, 1, 0.5, 1]), rtol=1e-12)
+
+
+def test_penalty_without_history_is_off():
+    params = SamplingParams(temperature=1.0, repetition_penalty=3.0)
+    np.testing.assert_allclose(logits_to_probs(row(1, 2), params)[0], softmax([1, 2]), rtol=1e-12)
+
+
+def test_input_not_modified_and_rows_normalised():
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((5, 300)).astype(np.float32)
+    before = logits.copy()
+    p = logits_to_probs(logits, SamplingParams(temperature=0.7, top_k=50, top_p=0.9, min_p=0.05,
+                                               repetition_penalty=1.3), history=rng.integers(0, 300, 40))
+    np.testing.assert_array_equal(logits, before)
+    np.testing.assert_allclose(p.sum(axis=1), 1.0, rtol=1e-12)
+    assert ((p > 0).sum(axis=1) >= 1).all() and ((p > 0).sum(axis=1) <= 50).all()
+
+
+@pytest.mark.parametrize("kwargs, word", [
+    (dict(temperature=-0.1), "temperature"), (dict(top_k=-1), "top_k"), (dict(top_k=2.5), "top_k"),
+    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(min_p=1.0), "min_p"), (dict(min_p=-0.1), "min_p"),
+    (dict(repetition_penalty=0.0), "repetition_penalty"), (dict(repeat_last_n=-1), "repeat_last_n"),
+    (dict(temperature=float("nan")), "temperature"),
+])
+def test_invalid_params_raise(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        SamplingParams(**kwargs)
+
+
+def test_sample_inverse_cdf_and_determinism():
+    probs = np.array([0.2, 0.0, 0.5, 0.3])
+
+    class FixedU:
+        def __init__(self, u):
+            self.u = u
+
+        def random(self):
+            return self.u
+
+    assert [sample(probs, FixedU(u)) for u in (0.0, 0.1, 0.2, 0.69, 0.7, 0.95)] == [0, 0, 2, 2, 3, 3]
+    assert sample(np.array([0.0, 0.0, 3.0, 0.0]), FixedU(1 - 2 ** -53)) == 2  # unnormalised, zero tail
+    a = [sample(probs, r) for r in [np.random.default_rng(7)] for _ in range(200)]
+    b = [sample(probs, r) for r in [np.random.default_rng(7)] for _ in range(200)]
+    assert a == b and 1 not in a
+    with pytest.raises(ValueError, match="mass"):
+        sample(np.zeros(3), np.random.default_rng(0))
+
+
+def test_sample_frequencies():
+    probs = np.array([0.1, 0.6, 0.3])
+    rng = np.random.default_rng(123)
+    counts = np.bincount([sample(probs, rng) for _ in range(20000)], minlength=3)
+    np.testing.assert_allclose(counts / 20000, probs, atol=0.015)
+
+
+def test_large_vocab_top_p_matches_full_sort():
+    rng = np.random.default_rng(3)
+    logits = (rng.standard_normal((4, 49152)) * 4).astype(np.float32)
+    p = logits_to_probs(logits, SamplingParams(temperature=0.9, top_p=0.9))
+    full = logits_to_probs(logits, SamplingParams(temperature=0.9))
+    for t in range(4):
+        order = np.argsort(-full[t], kind="stable")
+        n = int(np.searchsorted(np.cumsum(full[t][order]), 0.9)) + 1
+        want = np.zeros_like(full[t])
+        want[order[:n]] = full[t][order[:n]] / full[t][order[:n]].sum()
+        np.testing.assert_allclose(p[t], want, rtol=1e-9, atol=1e-15)
