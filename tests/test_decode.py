@@ -1,0 +1,170 @@
+"""The decode loop end to end: losslessness of every drafter, the draft-model lifecycle, stopping."""
+from collections import Counter
+from itertools import product
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from specedge.models.gguf_in import open_gguf
+from specedge.models.tiny import write_tiny_gguf
+from specedge.runtime.backends.fake import MarkovBackend, random_markov_table
+from specedge.runtime.backends.numpy_ref import NumpyBackend
+from specedge.runtime.decode import decode
+from specedge.runtime.drafters.model import ModelDrafter
+from specedge.runtime.drafters.ngram import NgramDrafter
+from specedge.runtime.generate import generate, held_back
+from specedge.runtime.sampling import logits_to_probs
+from specedge.runtime.stats import DecodeStats
+from specedge.runtime.tokenizer import Tokenizer
+from specedge.runtime.types import Draft, FinishReason, SamplingParams
+
+GREEDY = SamplingParams()
+
+
+class RandomDrafter:
+    """Proposes uniformly random tokens: almost always rejected, must never change the output."""
+    name, weight_bytes_per_token = "random", 0
+
+    def __init__(self, vocab):
+        self.vocab = vocab
+
+    def begin(self, prompt):
+        pass
+
+    def propose(self, context, k, rng):
+        return Draft(tokens=rng.integers(0, self.vocab, k).astype(np.int32))
+
+    def accept(self, n, tok):
+        pass
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    target = open_gguf(write_tiny_gguf(d / "t.gguf", seed=0, n_layers=2))
+    other = open_gguf(write_tiny_gguf(d / "d.gguf", seed=1, n_layers=1))
+    return (NumpyBackend(target.load_weights(), np.float64), NumpyBackend(other.load_weights(), np.float64),
+            Tokenizer(target.tokenizer_spec()))
+
+
+def tokens_of(backend, prompt, drafter=None, k=4, n=40, params=GREEDY, seed=0, stats=None):
+    return [e.token for e in decode(backend, prompt, params, drafter=drafter, k=k, max_tokens=n,
+                                    rng=np.random.default_rng(seed), stats=stats)]
+
+
+PROMPTS = ["the cat sat on the mat and the cat", "hello world", "a"]
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+@pytest.mark.parametrize("which", ["ngram", "random", "self", "other"])
+def test_greedy_speculative_equals_plain(tiny, which, k):
+    target, other, tok = tiny
+    for text in PROMPTS:
+        prompt = tok.encode(text)
+        drafter = {"ngram": NgramDrafter(), "random": RandomDrafter(target.config.vocab_size),
+                   "self": ModelDrafter(target, GREEDY), "other": ModelDrafter(other, GREEDY)}[which]
+        assert tokens_of(target, prompt, drafter, k=k) == tokens_of(target, prompt), (which, k, text)
+
+
+def test_identical_drafter_reaches_full_acceptance(tiny):
+    target, _, tok = tiny
+    st = DecodeStats()
+    tokens_of(target, tok.encode("hello world"), ModelDrafter(target, GREEDY), k=4, n=41, stats=st)
+    assert st.acceptance_rate == 1.0
+    assert st.mean_accepted_length == pytest.approx(5.0, abs=0.5)  # the last round is cut by max_tokens
+    assert list(st.accepted_hist[:4]) == [0, 0, 0, 0]
+
+
+def test_random_drafter_is_mostly_rejected_but_costs_nothing_in_output(tiny):
+    target, _, tok = tiny
+    st = DecodeStats()
+    tokens_of(target, tok.encode("hello"), RandomDrafter(target.config.vocab_size), k=3, stats=st)
+    assert st.acceptance_rate < 0.2 and st.n_drafted > 0
+
+
+def exact_joint(P, Q_unused, start, params, n):
+    """Exact distribution of the first n tokens of a Markov target after logits processing."""
+    V = P.shape[0]
+    rows = logits_to_probs(P, params)  # row x = p(. | x); no penalty in these settings
+    out = {}
+    for seq in product(range(V), repeat=n):
+        prob, prev = 1.0, start
+        for x in seq:
+            prob *= rows[prev, x]
+            prev = x
+        out[seq] = prob
+    return out
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0),
+                                    SamplingParams(temperature=0.8, top_p=0.9),
+                                    SamplingParams(temperature=1.2, top_k=3)], ids=["t1", "t0.8p0.9", "t1.2k3"])
+@pytest.mark.parametrize("drafter_kind", ["model", "ngram"])
+def test_sampled_decode_loop_preserves_the_target_distribution(params, drafter_kind):
+    """Through decode(): draft model with its own cache (lifecycle, rollback) or a deterministic drafter."""
+    V, n, trials = 5, 3, 12000
+    P, Q = random_markov_table(V, seed=3, scale=1.0), random_markov_table(V, seed=4, scale=1.0)
+    target = MarkovBackend(P)
+    prompt = np.array([0, 1, 0, 1, 0], dtype=np.int32)  # n-gram lookup finds continuations here
+    rng = np.random.default_rng(123)
+    counts = Counter()
+    for _ in range(trials):
+        drafter = ModelDrafter(MarkovBackend(Q), params) if drafter_kind == "model" else NgramDrafter()
+        seq = tuple(e.token for e in decode(target, prompt, params, drafter=drafter, k=2, max_tokens=n, rng=rng))
+        counts[seq] += 1
+    exact = exact_joint(P, Q, int(prompt[-1]), params, n)
+    assert all(exact[s] > 0 for s in counts), "emitted a sequence the target cannot produce"
+    cells = sorted(exact, key=exact.get, reverse=True)
+    exp = np.array([exact[c] * trials for c in cells])
+    obs = np.array([counts.get(c, 0) for c in cells], dtype=float)
+    big = exp >= 5  # pool sparse cells
+    exp_p, obs_p = np.append(exp[big], exp[~big].sum()), np.append(obs[big], obs[~big].sum())
+    keep = exp_p > 0
+    assert keep.sum() >= 5, "too few cells for a meaningful test"
+    p_value = sps.chisquare(obs_p[keep], exp_p[keep] * obs_p[keep].sum() / exp_p[keep].sum()).pvalue
+    assert p_value > 1e-3, p_value
+
+
+def test_stop_strings_and_finish_reasons(tiny):
+    target, _, tok = tiny
+    prompt = tok.encode("the cat sat")
+    full = generate(target, tok, prompt, GREEDY, max_tokens=30)
+    assert full.finish_reason in (FinishReason.LENGTH, FinishReason.EOS)
+    assert full.text == tok.decode(full.tokens)
+    stop = full.text[5:8]
+    assert stop
+    cut = generate(target, tok, prompt, GREEDY, max_tokens=30, stop=[stop], drafter=NgramDrafter())
+    assert cut.finish_reason is FinishReason.STOP
+    assert cut.text == full.text[:full.text.find(stop)]
+    assert generate(target, tok, prompt, GREEDY, max_tokens=3).finish_reason in (FinishReason.LENGTH,
+                                                                                   FinishReason.EOS)
+
+
+def test_eos_ends_generation_and_is_not_emitted(tiny):
+    target, _, tok = tiny
+    prompt = tok.encode("the cat")
+    first = tokens_of(target, prompt, n=1)[0]
+    r = generate(target, tok, prompt, GREEDY, max_tokens=10, eos_ids=[first])
+    assert r.finish_reason is FinishReason.EOS and r.tokens == [] and r.text == ""
+
+
+def test_held_back_prefixes():
+    assert held_back("hello wor", ["world"]) == 3
+    assert held_back("hello", ["xyz"]) == 0
+    assert held_back("ab", ["abc", "bcd"]) == 2
+
+
+def test_prompt_longer_than_context_is_a_clear_error(tiny):
+    target, _, tok = tiny
+    with pytest.raises(ValueError, match="shorten the prompt"):
+        list(decode(target, np.zeros(300, np.int32), GREEDY, max_tokens=4))
+    with pytest.raises(ValueError, match="empty"):
+        list(decode(target, np.zeros(0, np.int32), GREEDY))
+
+
+def test_generation_near_the_context_end_stops_at_length(tiny):
+    target, _, tok = tiny
+    ctx = target.config.context_length
+    ev = list(decode(target, np.ones(ctx - 3, np.int32), GREEDY, drafter=NgramDrafter(), k=8, max_tokens=50))
+    assert len(ev) == 3 and ev[-1].finish_reason is FinishReason.LENGTH
