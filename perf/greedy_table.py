@@ -46,10 +46,8 @@ def main(argv=None) -> None:
         outputs = {d: [] for d, _ in configs}
         for pid in ids:
             for d, drafter in configs:
-                st = DecodeStats()
                 r = generate(target.backend, target.tokenizer, pid, params, drafter=drafter, k=a.k,
-                             max_tokens=a.max_tokens, rng=np.random.default_rng(0), stats=st, ctx=2048)
-                agg[d].merge(st)
+                             max_tokens=a.max_tokens, rng=np.random.default_rng(0), stats=agg[d], ctx=2048)
                 outputs[d].append(r.tokens)
         base = agg[configs[0][0]].tokens_per_s
         for d, _ in configs:

@@ -104,7 +104,7 @@ def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: 
     if drafter is not None:
         drafter.begin(prompt)
     stats.prefill_s += time.perf_counter() - t0
-    produced = 0
+    produced, dec0, gen0 = 0, stats.decode_s, stats.n_generated  # the stats may accumulate over calls
     t_dec = time.perf_counter()
     try:
         while True:
@@ -115,10 +115,9 @@ def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: 
                 produced += 1
                 reason = FinishReason.EOS if tok in eos else (
                     FinishReason.LENGTH if produced >= max_tokens else None)
-                stats.decode_s = time.perf_counter() - t_dec
+                stats.decode_s, stats.n_generated = dec0 + time.perf_counter() - t_dec, gen0 + produced
                 yield TokenEvent(tok, j < step.n_accepted, reason)
                 if reason is not None:
                     return
     finally:
-        stats.decode_s = time.perf_counter() - t_dec
-        stats.n_generated = produced
+        stats.decode_s, stats.n_generated = dec0 + time.perf_counter() - t_dec, gen0 + produced

@@ -1,0 +1,78 @@
+"""The `specedge` CLI on the tiny model (NumPy backend) and the catalogue listing."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from specedge.apps.cli import cli
+from specedge.models.tiny import write_tiny_gguf
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    write_tiny_gguf(d / "other.gguf", seed=1, n_layers=1)
+    return write_tiny_gguf(d / "tiny.gguf", seed=0)
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def test_generate_json_is_valid_and_lossless(tiny_path):
+    r = run("generate", tiny_path, "hello world", "--backend", "numpy", "--drafter", "ngram", "--max-tokens", 24,
+            "--json", "--baseline")
+    assert r.exit_code == 0, r.output
+    obj = json.loads(r.stdout.strip().splitlines()[-1])
+    assert set(obj) == {"text", "tokens", "finish_reason", "stats"}
+    assert obj["stats"]["identical_to_baseline"] is True
+    assert obj["stats"]["mean_accepted_length"] >= 1.0
+    assert 0 < len(obj["tokens"]) <= 24
+
+
+def test_generate_stats_go_to_stderr(tiny_path):
+    r = run("generate", tiny_path, "the cat", "--backend", "numpy", "--drafter", f"model:{tiny_path}", "--k", 3,
+            "--max-tokens", 12, "--stats")
+    assert r.exit_code == 0
+    assert "tau" in r.stderr and "tau" not in r.stdout
+    assert r.stdout.strip()
+
+
+def test_sampled_generation_is_reproducible_with_a_seed(tiny_path):
+    args = ("generate", tiny_path, "the cat", "--backend", "numpy", "--temperature", 0.9, "--top-p", 0.9,
+            "--seed", 7, "--max-tokens", 16, "--json")
+    assert json.loads(run(*args).stdout)["tokens"] == json.loads(run(*args).stdout)["tokens"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--temperature", "-1"), "temperature"),
+    (("--top-p", "0"), "top_p"),
+    (("--drafter", "magic"), "unknown drafter"),
+])
+def test_bad_options_are_clear_errors(tiny_path, args, message):
+    r = run("generate", tiny_path, "hi", "--backend", "numpy", *args)
+    assert r.exit_code != 0 and message in r.output
+
+
+def test_missing_model_is_a_clear_error(tmp_path):
+    r = run("generate", tmp_path / "nope.gguf", "hi", "--backend", "numpy")
+    assert r.exit_code != 0 and "nope.gguf" in r.output
+
+
+def test_prompt_longer_than_context(tiny_path):
+    r = run("generate", tiny_path, "word " * 400, "--backend", "numpy", "--raw")
+    assert r.exit_code != 0 and "shorten the prompt" in r.output
+
+
+def test_models_lists_the_catalogue(tmp_path):
+    r = run("models", "--cache-dir", tmp_path)
+    assert r.exit_code == 0
+    for name in ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"):
+        assert name in r.output
+
+
+def test_chat_streams_and_resets(tiny_path):
+    r = CliRunner().invoke(cli, ["chat", str(tiny_path), "--backend", "numpy", "--max-tokens", "8"],
+                           input="hello\n/reset\nthe cat\n/exit\n")
+    assert r.exit_code == 0, r.output
+    assert r.stderr.count("tau") == 2
