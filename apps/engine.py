@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..models.catalog import resolve_model
-from ..models.gguf_in import GGUFModel, open_gguf
+from ..export.gguf_in import GGUFModel, open_gguf
 from ..runtime.backends import Backend, BackendKind, open_backend
 from ..runtime.drafters.base import Drafter
 from ..runtime.drafters.model import ModelDrafter

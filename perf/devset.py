@@ -14,17 +14,16 @@ class Prompt:
     text: str  # the first user turn
 
 
+DEVSET = Path(__file__).resolve().parent / "data" / "specbench-dev.jsonl"  # shipped copy (Apache-2.0, see README)
+
+
 def default_devset() -> Path:
-    """$SPECEDGE_DEVSET, else ../shared/data/specbench-dev.jsonl next to the checkout."""
+    """$SPECEDGE_DEVSET, else the copy shipped with the package."""
     env = os.environ.get("SPECEDGE_DEVSET")
-    if env:
-        return Path(env)
-    here = Path(__file__).resolve()
-    for base in (Path.cwd(), *here.parents):
-        cand = base.parent / "shared" / "data" / "specbench-dev.jsonl"
-        if cand.exists():
-            return cand
-    raise FileNotFoundError("dev set not found: set SPECEDGE_DEVSET to specbench-dev.jsonl")
+    path = Path(env) if env else DEVSET
+    if not path.is_file():
+        raise FileNotFoundError(f"dev set not found at {path}: set SPECEDGE_DEVSET to a specbench-dev.jsonl")
+    return path
 
 
 def load_prompts(path: Path | None = None, *, limit: int | None = None, spread: bool = True) -> list[Prompt]:

@@ -10,12 +10,43 @@ from dataclasses import dataclass
 import numpy as np
 
 
+class LengthCursor:
+    """The length cursor every cache shares: positions [0, length) are committed; rollback only moves it back.
+
+    Subclasses give `capacity` and may override `_forget(length)` to drop storage past the new length.
+    """
+
+    _length: int = 0
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @property
+    def capacity(self) -> int:
+        raise NotImplementedError
+
+    def rollback(self, length: int) -> None:
+        """Forget positions >= length."""
+        if not 0 <= length <= self._length:
+            raise ValueError(f"cannot roll back to {length}: cache holds {self._length} positions")
+        if length < self._length:
+            self._forget(length)
+        self._length = length
+
+    def advance(self, t: int) -> None:
+        self._length += t
+
+    def _forget(self, length: int) -> None:
+        """Positions >= length are stale; preallocated storage is simply overwritten later."""
+
+
 @dataclass(frozen=True)
 class KVSnapshot:
     length: int
 
 
-class KVCache:
+class KVCache(LengthCursor):
     """K and V for every layer: k[layer] is [n_kv, capacity, head_dim] so one head's keys are contiguous."""
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int, dtype=np.float32) -> None:
@@ -26,18 +57,8 @@ class KVCache:
         self._length = 0
 
     @property
-    def length(self) -> int:
-        return self._length
-
-    @property
     def capacity(self) -> int:
         return int(self.k.shape[2])
-
-    def rollback(self, length: int) -> None:
-        """Forget positions >= length (they are overwritten by the next write)."""
-        if not 0 <= length <= self._length:
-            raise ValueError(f"cannot roll back to {length}: cache holds {self._length} positions")
-        self._length = length
 
     def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
         """Store k, v ([n_kv, T, hd]) of the T new tokens at positions length..length+T-1 (length not advanced)."""
@@ -49,9 +70,6 @@ class KVCache:
         """K, V of the committed positions plus the t new ones: [n_kv, length + t, hd]."""
         end = self._length + t
         return self.k[layer, :, :end], self.v[layer, :, :end]
-
-    def advance(self, t: int) -> None:
-        self._length += t
 
     def compact(self, src: np.ndarray, dst_start: int) -> None:
         """Copy rows at positions `src` (ascending) to dst_start, dst_start+1, ... and set the length after them.

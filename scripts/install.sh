@@ -8,6 +8,19 @@ EXTRAS=${2:-llama,dev}
 [ -x "$VENV/bin/python" ] || ${PYTHON:-python3} -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 # llama-cpp-python compiles from source (~12 min on 2 cores; pip caches the wheel). A -march=native build
-# turns on AMX where the CPU advertises it, and AMX tiles fault in these VMs: target AVX-512/VNNI explicitly.
-export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF}"
+# turns on AMX where the CPU advertises it, and AMX tiles fault in these VMs: enable each x86 SIMD level this CPU
+# reports in /proc/cpuinfo explicitly and leave AMX off. CMAKE_ARGS from the environment wins.
+simd_args() {
+  local flags="" args="-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+  [ -r /proc/cpuinfo ] && flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+  [[ "$flags" == *" avx "* ]] || { echo "-DGGML_NATIVE=ON"; return; }   # not x86 with AVX: let ggml decide
+  local pair
+  for pair in AVX:avx AVX2:avx2 FMA:fma F16C:f16c AVX512:avx512f AVX512_VBMI:avx512vbmi \
+              AVX512_VNNI:avx512_vnni AVX512_BF16:avx512_bf16 AVX_VNNI:avx_vnni; do
+    if [[ "$flags" == *" ${pair#*:} "* ]]; then args+=" -DGGML_${pair%%:*}=ON"; else args+=" -DGGML_${pair%%:*}=OFF"; fi
+  done
+  echo "$args"
+}
+export CMAKE_ARGS="${CMAKE_ARGS:-$(simd_args)}"
+echo "llama-cpp-python CMAKE_ARGS: $CMAKE_ARGS"
 "$VENV/bin/python" -m pip install ".[$EXTRAS]"

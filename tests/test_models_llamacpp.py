@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from specedge.models.gguf_in import open_gguf
+from specedge.export.gguf_in import open_gguf
 from specedge.models.tiny import write_tiny_gguf
 from specedge.runtime.tokenizer import Tokenizer
 

@@ -3,22 +3,16 @@
 Reference: llama.cpp llama_tokenize(text, add_special=False, parse_special=True).
 """
 import json
-import os
-from pathlib import Path
 
 import pytest
 
 from specedge.models.catalog import resolve_model
-from specedge.models.gguf_in import open_gguf
+from specedge.export.gguf_in import open_gguf
+from specedge.perf.devset import default_devset
 from specedge.runtime.tokenizer import Tokenizer
 
 pytestmark = [pytest.mark.real, pytest.mark.llamacpp]
 llama_cpp = pytest.importorskip("llama_cpp")
-
-
-def _devset() -> Path:
-    env = os.environ.get("SPECEDGE_DEVSET")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data" / "specbench-dev.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +25,7 @@ def pair():
 
 @pytest.fixture(scope="module")
 def prompts() -> list[list[str]]:
-    path = _devset()
-    if not path.is_file():
-        pytest.skip(f"dev set not found at {path} (set SPECEDGE_DEVSET)")
+    path = default_devset()
     return [json.loads(line)["turns"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 

@@ -15,7 +15,7 @@ class BackendKind(enum.Enum):
 
 def open_backend(kind: BackendKind, gguf, *, n_ctx: int | None = None, n_threads: int | None = None,
                  dtype=np.float32) -> Backend:
-    """gguf: a models.gguf_in.GGUFModel. The NumPy backend dequantizes to float32 (or float64)."""
+    """gguf: an export.gguf_in.GGUFModel. The NumPy backend dequantizes to float32 (or float64)."""
     if kind is BackendKind.NUMPY:
         from .numpy_ref import NumpyBackend
         return NumpyBackend(gguf.load_weights(), dtype=dtype)

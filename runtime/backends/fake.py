@@ -8,20 +8,17 @@ from __future__ import annotations
 import numpy as np
 
 from ...models.config import ModelConfig
+from ..kv import LengthCursor
 from ..types import Logits, Mask, Tokens
 from .base import BackendCaps, LayerPlan, check_room
 
 
-class FakeCache:
+class FakeCache(LengthCursor):
     """Holds the fed tokens; rollback is setting the length (the position is the only cursor)."""
 
     def __init__(self, capacity: int) -> None:
         self.tokens_buf = np.zeros(capacity, dtype=np.int32)  # [capacity]
         self._length = 0
-
-    @property
-    def length(self) -> int:
-        return self._length
 
     @property
     def capacity(self) -> int:
@@ -30,11 +27,6 @@ class FakeCache:
     @property
     def tokens(self) -> Tokens:
         return self.tokens_buf[:self._length]
-
-    def rollback(self, length: int) -> None:
-        if not 0 <= length <= self._length:
-            raise ValueError(f"cannot roll back a cache of length {self._length} to {length}")
-        self._length = length
 
     def append(self, tokens: Tokens) -> None:
         check_room(self, len(tokens))

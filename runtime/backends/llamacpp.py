@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ...models.config import ModelConfig
+from ..kv import LengthCursor
 from ..types import Logits, Mask, Tokens
 from .base import BackendCaps, LayerPlan, check_room
 
@@ -25,7 +26,7 @@ def _import_llama():
     return llama_cpp
 
 
-class LlamaCppCache:
+class LlamaCppCache(LengthCursor):
     """The KVCache protocol over llama.cpp's memory for sequence 0."""
 
     def __init__(self, backend: "LlamaCppBackend", capacity: int) -> None:
@@ -34,22 +35,11 @@ class LlamaCppCache:
         self._length = 0
 
     @property
-    def length(self) -> int:
-        return self._length
-
-    @property
     def capacity(self) -> int:
         return self._capacity
 
-    def rollback(self, length: int) -> None:
-        if not 0 <= length <= self._length:
-            raise ValueError(f"cannot roll back to {length}: cache holds {self._length} positions")
-        if length < self._length:
-            self._backend._llm._ctx.kv_cache_seq_rm(0, length, -1)
-        self._length = length
-
-    def advance(self, t: int) -> None:
-        self._length += t
+    def _forget(self, length: int) -> None:
+        self._backend._llm._ctx.kv_cache_seq_rm(0, length, -1)
 
 
 class LlamaCppBackend:
@@ -57,14 +47,16 @@ class LlamaCppBackend:
     caps = BackendCaps(tree_mask=False, layer_plan=False, partial_rollback=True, max_batch_tokens=512)
 
     def __init__(self, gguf_path: str | Path, config: ModelConfig, *, n_ctx: int | None = None,
-                 n_threads: int | None = None, n_batch: int = 512) -> None:
+                 n_threads: int | None = None, n_batch: int = 512, f32_kv: bool = False) -> None:
+        """f32_kv: keep K/V in float32 instead of llama.cpp's default float16 (for exact parity checks)."""
         llama_cpp = _import_llama()
         threads = n_threads or min(os.cpu_count() or 1, 8)
+        kv_type = llama_cpp.GGML_TYPE_F32 if f32_kv else llama_cpp.GGML_TYPE_F16
         self.config = config
         self.n_ctx = int(n_ctx or config.context_length)
         self._llm = llama_cpp.Llama(
             model_path=str(gguf_path), n_ctx=self.n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=threads,
-            n_threads_batch=threads, logits_all=False, verbose=False)
+            n_threads_batch=threads, logits_all=False, type_k=kv_type, type_v=kv_type, verbose=False)
         self._n_vocab = self._llm.n_vocab()
         if self._n_vocab != config.vocab_size:
             raise ValueError(f"llama.cpp reports vocabulary {self._n_vocab}, the GGUF config says {config.vocab_size}")

@@ -10,14 +10,15 @@ from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf.gguf_writer import GGUFValue
 from gguf.quants import dequantize
 
-from .config import ModelConfig, Weights
-from .errors import ModelFileError
-from .families import family
-from .family_base import canonical_to_gguf, gguf_to_canonical
+from ..models.config import ModelConfig, Weights
+from ..models.errors import ModelFileError
+from ..models.families import family
+from ..models.family_base import canonical_to_gguf, gguf_to_canonical
 from .tokenizer_gguf import tokenizer_spec_from_gguf
-from .tokenizer_spec import TokenizerSpec
+from ..models.tokenizer_spec import TokenizerSpec
 
 GGUF_MAGIC = b"GGUF"
 MAX_META_ARRAY = 64  # longer arrays (vocab, merges) stay out of `.metadata`; read them on demand
@@ -137,6 +138,21 @@ class GGUFModel:
     def fields(self, prefix: str) -> dict[str, Any]:
         """Every metadata field under `prefix`, long arrays included (e.g. 'tokenizer.')."""
         return {k: _field_value(f) for k, f in self._reader.fields.items() if k.startswith(prefix)}
+
+    def typed_fields(self) -> dict[str, GGUFValue]:
+        """Every real metadata key (GGUF.* pseudo-keys excluded) -> raw value with its GGUF type and array item type.
+
+        Values are exactly as stored (no float rounding), so a writer can copy them bit for bit.
+        """
+        out: dict[str, GGUFValue] = {}
+        for key, f in self._reader.fields.items():
+            if key.startswith("GGUF."):
+                continue
+            vtype, sub = f.types[0], (f.types[-1] if f.types[0] == GGUFValueType.ARRAY else None)
+            if sub == GGUFValueType.ARRAY or len(f.types) > 2:
+                raise ModelFileError(f"{self.path}: metadata {key!r} is a nested array; not supported")
+            out[key] = GGUFValue(f.contents(), vtype, sub)
+        return out
 
     def tokenizer_spec(self) -> TokenizerSpec:
         """The file's tokenizer as a TokenizerSpec (HF tokenizers JSON + special ids + chat template)."""
