@@ -38,7 +38,7 @@ class Parity:
 
     def summary(self) -> str:
         return (f"top-1 agreement {self.agree}/{self.positions} = {self.agreement:.2%}, "
-                f"max |dlogit| {self.max_abs_diff:.3f}, disagreements at near-ties (<0.1) "
+                f"max |dlogit| {self.max_abs_diff:.2e}, disagreements at near-ties (<0.1) "
                 f"{self.near_tie_disagreements}/{self.positions - self.agree}")
 
 

@@ -1,8 +1,10 @@
 """Lossless speculative decoding on the real default model (SmolLM2-135M-Instruct Q4_1), both backends.
 
 NumPy: greedy speculative output must equal plain greedy output exactly.
-llama.cpp: batched evaluation can flip the argmax at near-ties (PERF_FACTS.md), so a divergence is
-allowed only where the target's top-2 logit margin at the divergence point is below 0.1; each is reported.
+llama.cpp: with flash attention (the backend's setting) a verify batch gives the same logits as one-token
+decoding, but after a rollback new K/V may land in other cache cells and the attention sums in another order,
+which can flip an exact near-tie. So a divergence is allowed only where the target's top-2 logit margin, on
+the plain-decoding path, is below 0.1; each one is reported.
 """
 import numpy as np
 import pytest
@@ -30,8 +32,15 @@ def prompts_for(model):
             for p in load_prompts(limit=N_PROMPTS)]
 
 
-def top2_margin(model, tokens):
-    logits = model.backend.forward(np.asarray(tokens, np.int32), model.backend.new_cache(len(tokens)))[-1]
+def plain_path_margin(model, prompt, plain, at):
+    """The target's top-2 margin where plain decoding chose plain[at], replaying plain decoding's own calls
+    (prefill of prompt[:-1], then one token per forward) so the logits are the ones plain decoding saw."""
+    backend = model.backend
+    cache = backend.new_cache(len(prompt) + at + 1)
+    backend.forward(np.asarray(prompt[:-1], np.int32), cache)
+    for t in [prompt[-1], *plain[:at]]:
+        logits = backend.forward(np.asarray([t], np.int32), cache)[-1]
+    assert int(logits.argmax()) == plain[at]
     top = np.sort(logits)[-2:]
     return float(top[1] - top[0])
 
@@ -57,7 +66,7 @@ def test_llamacpp_speculative_equals_plain_up_to_near_ties(drafter):
         plain, fast = greedy(model, prompt), greedy(model, prompt, spec, stats)
         if plain != fast:
             at = next(j for j, (a, b) in enumerate(zip(plain, fast)) if a != b)
-            margin = top2_margin(model, list(prompt) + plain[:at])
+            margin = plain_path_margin(model, prompt, plain, at)
             divergences.append((i, at, margin))
     print(f"\nllamacpp {drafter}: {stats.summary()}; divergences (prompt, position, top-2 margin): {divergences}")
     assert all(m < 0.1 for _, _, m in divergences), divergences

@@ -56,7 +56,11 @@ class LlamaCppBackend:
         self.n_ctx = int(n_ctx or config.context_length)
         self._llm = llama_cpp.Llama(
             model_path=str(gguf_path), n_ctx=self.n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=threads,
-            n_threads_batch=threads, logits_all=False, type_k=kv_type, type_v=kv_type, verbose=False)
+            n_threads_batch=threads, logits_all=False, type_k=kv_type, type_v=kv_type,
+            # Flash attention makes a position's logits independent of how many tokens share its batch: without
+            # it, llama.cpp's CPU attention gives a verify batch logits up to ~1.0 away from one-token decoding
+            # (measured on SmolLM2 Q4_1), which flips greedy argmaxes; with it T=1 and T=16 agree bit for bit.
+            flash_attn=True, verbose=False)
         self._n_vocab = self._llm.n_vocab()
         if self._n_vocab != config.vocab_size:
             raise ValueError(f"llama.cpp reports vocabulary {self._n_vocab}, the GGUF config says {config.vocab_size}")
