@@ -79,7 +79,7 @@ def run(model_path: Path, *, limit: int = 40, max_len: int = 256, threads: int =
     with tempfile.TemporaryDirectory() as tmp:
         f32 = open_gguf(f32_rewrite(source, Path(tmp)))
         out["f32"] = compare(reference, LlamaCppBackend(f32.path, f32.config, n_ctx=n_ctx, n_threads=threads,
-                                                        f32_kv=True), prompts)
+                                                        f32_kv=True, flash_attn=False), prompts)
     return out
 
 

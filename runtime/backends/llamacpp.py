@@ -47,8 +47,15 @@ class LlamaCppBackend:
     caps = BackendCaps(tree_mask=False, layer_plan=False, partial_rollback=True, max_batch_tokens=512)
 
     def __init__(self, gguf_path: str | Path, config: ModelConfig, *, n_ctx: int | None = None,
-                 n_threads: int | None = None, n_batch: int = 512, f32_kv: bool = False) -> None:
-        """f32_kv: keep K/V in float32 instead of llama.cpp's default float16 (for exact parity checks)."""
+                 n_threads: int | None = None, n_batch: int = 512, f32_kv: bool = False,
+                 flash_attn: bool = True) -> None:
+        """f32_kv + flash_attn=False: K/V in float32 and float32 attention, for exact parity checks.
+
+        Flash attention (the default) makes a position's logits independent of how many tokens share its batch:
+        without it, llama.cpp's CPU attention gives a verify batch logits up to ~1.0 away from one-token decoding
+        (measured on SmolLM2 Q4_1), which flips greedy argmaxes; with it T=1 and T=16 agree bit for bit. It
+        rounds Q/K/V to float16 inside attention, so exact comparisons turn it off.
+        """
         llama_cpp = _import_llama()
         threads = n_threads or min(os.cpu_count() or 1, 8)
         kv_type = llama_cpp.GGML_TYPE_F32 if f32_kv else llama_cpp.GGML_TYPE_F16
@@ -56,11 +63,8 @@ class LlamaCppBackend:
         self.n_ctx = int(n_ctx or config.context_length)
         self._llm = llama_cpp.Llama(
             model_path=str(gguf_path), n_ctx=self.n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=threads,
-            n_threads_batch=threads, logits_all=False, type_k=kv_type, type_v=kv_type,
-            # Flash attention makes a position's logits independent of how many tokens share its batch: without
-            # it, llama.cpp's CPU attention gives a verify batch logits up to ~1.0 away from one-token decoding
-            # (measured on SmolLM2 Q4_1), which flips greedy argmaxes; with it T=1 and T=16 agree bit for bit.
-            flash_attn=True, verbose=False)
+            n_threads_batch=threads, logits_all=False, type_k=kv_type, type_v=kv_type, flash_attn=flash_attn,
+            verbose=False)
         self._n_vocab = self._llm.n_vocab()
         if self._n_vocab != config.vocab_size:
             raise ValueError(f"llama.cpp reports vocabulary {self._n_vocab}, the GGUF config says {config.vocab_size}")
