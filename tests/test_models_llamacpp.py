@@ -33,12 +33,8 @@ def test_tiny_model_matches_llama_cpp(tmp_path, arch):
 def test_tiny_tokenizer_matches_llama_cpp_on_devset(tmp_path, arch):
     """Both pre-tokenizers (smollm, qwen2) on real prompts; the tiny merges make splits visible."""
     import json
-    import os
-    from pathlib import Path
-    dev = Path(os.environ.get("SPECEDGE_DEVSET") or Path(__file__).resolve().parents[2] / "shared" / "data" /
-               "specbench-dev.jsonl")
-    if not dev.is_file():
-        pytest.skip(f"dev set not found at {dev}")
+    from specedge.perf.devset import default_devset
+    dev = default_devset()
     path = write_tiny_gguf(tmp_path / f"{arch}.gguf", arch=arch)
     ours = Tokenizer(open_gguf(path).tokenizer_spec())
     ref = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
