@@ -22,9 +22,9 @@ from ..models.config import Weights
 from ..models.manifest import FORMAT, FORMAT_VERSION, MANIFEST, config_to_dict, sha256_file
 from ..models.tokenizer_spec import TokenizerSpec
 from .gguf_in import GGUFModel
-from .onnx_graph import ExportOptions, GraphIO, build_decoder
+from .onnx_graph import GraphIO, build_decoder
 from .onnx_ir import IR_VERSION, MS_OPSET, OPSET
-from .onnx_linear import TensorRecord, WeightFormat
+from .onnx_linear import ExportOptions, TensorRecord, WeightFormat
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
@@ -75,7 +75,7 @@ def export_onnx(src: FloatSource, out_dir: str | Path, opts: ExportOptions, *,
     tok = _write_tokenizer(out, tokenizer, files) if tokenizer is not None else None
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "model": MODEL_FILE, "weights_file": DATA_FILE,
-        "weight_format": opts.fmt.value, "accuracy_level": opts.accuracy_level,
+        "weight_format": opts.fmt.value, "accuracy_level": opts.accuracy_level, "exact_mins": opts.exact_mins,
         "config": config_to_dict(cfg),
         "io": {**dataclasses.asdict(io), "kv_layout": "BNSH [1, n_kv_heads, max_ctx, head_dim]", "kv_dtype": "float32",
                "max_positions": cfg.context_length, "attention": "com.microsoft.GroupQueryAttention shared buffers"},
@@ -111,11 +111,11 @@ def _provenance(source: Path | None) -> dict:
     return info
 
 
-def export_gguf_to_onnx(gguf: GGUFModel, out_dir: str | Path, fmt: WeightFormat, *, accuracy_level: int = 4
-                        ) -> Path:
+def export_gguf_to_onnx(gguf: GGUFModel, out_dir: str | Path, fmt: WeightFormat, *, accuracy_level: int = 4,
+                        exact_mins: bool = True) -> Path:
     """The GGUF path of `specedge export`: blocks transcoded where exact, tokenizer and template carried over."""
-    return export_onnx(GGUFSource(gguf), out_dir, ExportOptions(fmt, accuracy_level),
+    return export_onnx(GGUFSource(gguf), out_dir, ExportOptions(fmt, accuracy_level, exact_mins),
                        tokenizer=gguf.tokenizer_spec(), provenance=gguf.path)
 
 
-__all__ = ["FloatSource", "GGUFSource", "TensorRecord", "WeightFormat", "export_gguf_to_onnx", "export_onnx"]
+__all__ = ["ExportOptions", "FloatSource", "GGUFSource", "TensorRecord", "WeightFormat", "export_gguf_to_onnx", "export_onnx"]

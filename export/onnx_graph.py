@@ -19,7 +19,7 @@ import onnx
 from ..models.config import ModelConfig
 from ..runtime.backends.numpy_ref import rope_inv_freq
 from .onnx_ir import MS_DOMAIN, GraphBuilder
-from .onnx_linear import TensorRecord, WeightFormat, WeightSource, linear
+from .onnx_linear import ExportOptions, TensorRecord, WeightFormat, WeightSource, linear
 
 
 @dataclass(frozen=True)
@@ -36,12 +36,6 @@ class GraphIO:
     present_value: str = "present_value.{i}"
 
 
-@dataclass(frozen=True)
-class ExportOptions:
-    fmt: WeightFormat = WeightFormat.FP32
-    accuracy_level: int = 4  # MatMulNBits: 4 = int8 activations (fast), 0 = float (exact arithmetic, slow)
-
-
 def build_decoder(cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: GraphIO = GraphIO()
                   ) -> tuple[onnx.ModelProto, dict[str, TensorRecord]]:
     """The whole decoder: embed -> n_layers blocks -> final norm -> LM head; returns (model, tensor records)."""
@@ -52,10 +46,13 @@ def build_decoder(cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: 
     total = g.input(io.total_length, np.int32, [])
     cos, sin = rope_tables(g, cfg)
     h = embed(g, cfg, src, opts, ids, records)
+    with g.scope("layers.0"):
+        x = rms_norm(g, cfg, src, h, "layers.0.attn_norm", "attn_norm")
     for i in range(cfg.n_layers):
+        after = f"layers.{i + 1}.attn_norm" if i + 1 < cfg.n_layers else "norm"
         with g.scope(f"layers.{i}"):
-            h = block(g, cfg, src, opts, io, i, h, (seqlens, total, cos, sin), records)
-    head(g, cfg, src, opts, io, h, records)
+            x, h = block(g, cfg, src, opts, io, i, x, h, after, (seqlens, total, cos, sin), records)
+    head(g, cfg, src, opts, io, x, records)
     return g.model(producer="specedge", doc=f"{cfg.arch} decoder, {opts.fmt.value} weights"), records
 
 
@@ -90,22 +87,31 @@ def rms_norm(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, x: str, tenso
                  axis=-1, epsilon=float(cfg.rms_eps), stash_type=1)
 
 
-def block(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: GraphIO, i: int, h: str,
-          attn_inputs: tuple[str, str, str, str], records: dict[str, TensorRecord]) -> str:
-    """One pre-norm transformer block.
+def skip_rms_norm(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, delta: str, h: str, tensor: str,
+                  name: str) -> tuple[str, str]:
+    """(RMSNorm(h + delta), h + delta) in one node: a residual Add and the next norm fused."""
+    path = g.path(name)
+    out = g.op("SkipSimplifiedLayerNormalization", [delta, h, g.const(tensor + ".weight", src.float(tensor))], name,
+               outputs=[path + "/out0", "", "", path + "/residual"], domain=MS_DOMAIN, epsilon=float(cfg.rms_eps))
+    return out[0], out[3]
 
-        h ─┬─► RMSNorm ─► attn ─► Add ─┬─► RMSNorm ─► mlp ─► Add ─► h'
-           └───────────────────────────┘└───────────────────────┘
+
+def block(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: GraphIO, i: int, x: str,
+          h: str, next_norm: str, attn_inputs: tuple[str, str, str, str], records: dict[str, TensorRecord]
+          ) -> tuple[str, str]:
+    """One pre-norm transformer block; takes (x = attn_norm(h), h), returns (next_norm(h'), h').
+
+        x ─► attn ─► SkipRMSNorm(+h, ffn_norm) ─► mlp ─► SkipRMSNorm(+h, next norm) ─► x'
+        h ──────────────┴─────────── h ───────────────────────┴────────────────────── h'
+    The next layer's attn_norm (or the final norm) is fused with this block's last residual Add.
     """
     p = f"layers.{i}"
-    x = rms_norm(g, cfg, src, h, f"{p}.attn_norm", "attn_norm")
     with g.scope("attn"):
         a = attention(g, cfg, src, opts, io, i, x, attn_inputs, records)
-    h = g.op1("Add", [h, a], "attn_residual")
-    x = rms_norm(g, cfg, src, h, f"{p}.ffn_norm", "ffn_norm")
+    x, h = skip_rms_norm(g, cfg, src, a, h, f"{p}.ffn_norm", "ffn_norm")
     with g.scope("mlp"):
         m = mlp(g, src, opts, p, x, records)
-    return g.op1("Add", [h, m], "mlp_residual")
+    return skip_rms_norm(g, cfg, src, m, h, next_norm, "next_norm")
 
 
 def attention(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: GraphIO, i: int, x: str,
@@ -117,8 +123,7 @@ def attention(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: Export
     """
     p = f"layers.{i}"
     seqlens, total, cos, sin = attn_inputs
-    qkv, recs = linear(g, x, [f"{p}.q", f"{p}.k", f"{p}.v"], src, opts.fmt, f"{p}.attn.qkv_proj", "qkv_proj",
-                       accuracy_level=opts.accuracy_level)
+    qkv, recs = linear(g, x, [f"{p}.q", f"{p}.k", f"{p}.v"], src, opts, f"{p}.attn.qkv_proj", "qkv_proj")
     records.update(recs)
     if cfg.qkv_bias:
         bias = np.concatenate([src.float(f"{p}.{n}_bias") for n in "qkv"])
@@ -132,8 +137,7 @@ def attention(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: Export
                 outputs=[g.path("gqa") + "/out0", present_k, present_v], domain=MS_DOMAIN,
                 num_heads=cfg.n_heads, kv_num_heads=cfg.n_kv_heads, do_rotary=1, rotary_interleaved=0,
                 scale=float(1.0 / np.sqrt(cfg.head_dim)))[0]
-    out, recs = linear(g, attn, [f"{p}.o"], src, opts.fmt, f"{p}.attn.o_proj", "o_proj",
-                       accuracy_level=opts.accuracy_level)
+    out, recs = linear(g, attn, [f"{p}.o"], src, opts, f"{p}.attn.o_proj", "o_proj")
     records.update(recs)
     return out
 
@@ -145,33 +149,32 @@ def mlp(g: GraphBuilder, src: WeightSource, opts: ExportOptions, p: str, x: str,
         x ─► gate_up_proj ─► Split ─┬─ gate ─► Sigmoid ─► Mul(gate) ─► Mul ─► down_proj ─► out
                                     └─ up ────────────────────────────┘
     """
-    gu, recs = linear(g, x, [f"{p}.gate", f"{p}.up"], src, opts.fmt, f"{p}.mlp.gate_up_proj", "gate_up_proj",
-                      accuracy_level=opts.accuracy_level)
+    gu, recs = linear(g, x, [f"{p}.gate", f"{p}.up"], src, opts, f"{p}.mlp.gate_up_proj", "gate_up_proj")
     records.update(recs)
     gate, up = g.op("Split", [gu], "split", n_out=2, axis=-1, num_outputs=2)
     silu = g.op1("Mul", [gate, g.op1("Sigmoid", [gate], "sigmoid")], "silu")
     act = g.op1("Mul", [silu, up], "swiglu")
-    out, recs = linear(g, act, [f"{p}.down"], src, opts.fmt, f"{p}.mlp.down_proj", "down_proj",
-                       accuracy_level=opts.accuracy_level)
+    out, recs = linear(g, act, [f"{p}.down"], src, opts, f"{p}.mlp.down_proj", "down_proj")
     records.update(recs)
     return out
 
 
 def head(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: GraphIO, h: str,
          records: dict[str, TensorRecord]) -> str:
-    """Final norm and LM head to logits [T, V]; a float tied head reuses the embedding table through Gemm(transB).
+    """LM head on the final-normed hidden states (the last block applied `norm`); logits [T, V].
+    A float tied head reuses the embedding table through Gemm(transB).
 
-        h [1, T, D] ─► Squeeze ─► RMSNorm ─► lm_head ─► logits [T, V]
+        x [1, T, D] ─► Squeeze ─► lm_head ─► logits [T, V]
     """
     axes = g.const("head.squeeze_axes", np.array([0], np.int64))
-    x = rms_norm(g, cfg, src, g.op1("Squeeze", [h, axes], "squeeze"), "norm", "norm")
+    x = g.op1("Squeeze", [h, axes], "squeeze")
     name = "embed" if cfg.tied_embeddings else "lm_head"
     if opts.fmt in (WeightFormat.FP32, WeightFormat.FP16) and cfg.tied_embeddings:
         table = "embed.weight" if opts.fmt is WeightFormat.FP32 else g.op1("Cast", ["embed.weight"], "lm_head/cast",
                                                                             to=1)
         g.op("Gemm", [x, table], "lm_head", outputs=[io.logits], transB=1)
     else:
-        y, recs = linear(g, x, [name], src, opts.fmt, "lm_head", "lm_head", accuracy_level=opts.accuracy_level)
+        y, recs = linear(g, x, [name], src, opts, "lm_head", "lm_head")
         records["lm_head"] = recs[name]  # tied: the embedding table, stored a second time in the head's format
         g.op("Identity", [y], "logits", outputs=[io.logits])
     g.output(io.logits, np.float32, ["T", cfg.vocab_size])

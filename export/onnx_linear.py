@@ -33,6 +33,13 @@ class WeightFormat(enum.Enum):
         return {WeightFormat.INT4: 4, WeightFormat.INT8_BLOCK: 8}.get(self)
 
 
+@dataclass(frozen=True)
+class ExportOptions:
+    fmt: WeightFormat = WeightFormat.FP32
+    accuracy_level: int = 4  # MatMulNBits: 4 = int8 activations (fast), 0 = float activations (slow)
+    exact_mins: bool = True  # keep GGUF block minimums exactly (extra min-term nodes) or re-quantize to zero points
+
+
 class WeightSource(Protocol):
     """Canonical weights, plus the raw GGUF blocks where the model came from a quantized GGUF."""
 
@@ -60,12 +67,15 @@ def _record(path: str, storage: str, src: WeightSource, name: str, approx: np.nd
     return TensorRecord(path, storage, src.source_type(name), bool(np.array_equal(approx, ref)), err)
 
 
-def block_quant(src: WeightSource, name: str, bits: int) -> BlockQuant:
-    """GGUF blocks transcoded when they fit in `bits` (exact), else re-quantized from float."""
+def block_quant(src: WeightSource, name: str, bits: int, exact_mins: bool = True) -> BlockQuant:
+    """GGUF blocks transcoded when they fit in `bits` (exact), else re-quantized from float.
+    exact_mins=False re-quantizes min-form blocks (Q4_1, Q4_K) to zero points: lossy, but no min-term nodes."""
     raw = src.blocks(name)
     w = src.float(name)
     if raw is not None:
         bq = from_gguf_blocks(raw[0], raw[1], w.shape[1])
+        if bq is not None and bq.m is not None and not exact_mins:
+            bq = None
         if bq is not None and bq.bits <= bits:
             return bq.with_bits(bits)
         if bq is not None and bits == 4:  # a Q8_0 tensor in an int4 export: keep it exact at 8 bits
@@ -73,10 +83,10 @@ def block_quant(src: WeightSource, name: str, bits: int) -> BlockQuant:
     return quantize_blocks(w, bits)
 
 
-def linear(g: GraphBuilder, x: str, parts: Sequence[str], src: WeightSource, fmt: WeightFormat, prefix: str,
-           name: str, *, accuracy_level: int = 4) -> tuple[str, dict[str, TensorRecord]]:
+def linear(g: GraphBuilder, x: str, parts: Sequence[str], src: WeightSource, opts: ExportOptions, prefix: str,
+           name: str) -> tuple[str, dict[str, TensorRecord]]:
     """y = x @ concat(parts)^T; returns (y, records). `prefix` names the initializers, `name` the node."""
-    path = g.path(name)
+    path, fmt = g.path(name), opts.fmt
     if fmt in (WeightFormat.FP32, WeightFormat.FP16):
         dtype = np.float32 if fmt is WeightFormat.FP32 else np.float16
         ws = [src.float(p) for p in parts]
@@ -93,9 +103,9 @@ def linear(g: GraphBuilder, x: str, parts: Sequence[str], src: WeightSource, fmt
         deq = (q.T.astype(np.float32) * scale[:, None])
         rows = np.cumsum([0] + [w.shape[0] for w in ws])
         return y, {p: _record(path, "int8-channel", src, p, deq[rows[i]:rows[i + 1]]) for i, p in enumerate(parts)}
-    bqs = [block_quant(src, p, fmt.nbits) for p in parts]
+    bqs = [block_quant(src, p, fmt.nbits, opts.exact_mins) for p in parts]
     bq = concat_rows(bqs)
-    y = nbits_matmul(g, x, bq, prefix, name, accuracy_level=accuracy_level)
+    y = nbits_matmul(g, x, bq, prefix, name, accuracy_level=opts.accuracy_level)
     storage = f"nbits{bq.bits}-{'min' if bq.m is not None else 'zp'}"
     deq = bq.dequantize()
     rows = np.cumsum([0] + [b.shape[0] for b in bqs])

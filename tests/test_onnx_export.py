@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType  # noqa: E402
 from gguf.quants import dequantize, quantize  # noqa: E402
 
 from specedge.export.gguf_in import open_gguf  # noqa: E402
-from specedge.export.onnx_export import FloatSource, export_gguf_to_onnx  # noqa: E402
+from specedge.export.onnx_export import FloatSource, GGUFSource, export_gguf_to_onnx  # noqa: E402
 from specedge.export.onnx_linear import WeightFormat, block_quant  # noqa: E402
 from specedge.export.quant import from_gguf_blocks, pack_nbits, quantize_blocks, quantize_per_channel_int8  # noqa
 from specedge.models.config import Weights  # noqa: E402
@@ -93,10 +93,10 @@ def test_transcoded_exports_are_exact(tiny_dir, dtype, fmt, storage):
     np.testing.assert_allclose(a, b, atol=1e-4)
 
 
-def _dequantized_equivalent(gguf, fmt):
+def _dequantized_equivalent(gguf, fmt, src=None, exact_mins=True):
     """The canonical weights with every projection replaced by what the export stores (the NumPy twin)."""
     w = gguf.load_weights()
-    src = FloatSource(w)
+    src = src or FloatSource(w)
     t = dict(w.tensors)
     for name in t:
         if t[name].ndim == 2 and name != "embed":
@@ -104,7 +104,7 @@ def _dequantized_equivalent(gguf, fmt):
                 q, scale = quantize_per_channel_int8(t[name])
                 t[name] = (q.T.astype(np.float32) * scale[:, None])
             else:
-                t[name] = block_quant(src, name, fmt.nbits).dequantize()
+                t[name] = block_quant(src, name, fmt.nbits, exact_mins).dequantize()
     return Weights(w.config, t)
 
 
@@ -188,3 +188,16 @@ def test_manifest_contents_tokenizer_and_hashes(tiny_dir):
         read_manifest(bad, verify=False)
     with pytest.raises(ModelFileError, match="no manifest.json"):
         read_manifest(tiny_dir)
+
+
+def test_requantized_mins_trade_exactness_for_fewer_nodes(tiny_dir):
+    """exact_mins=False stores Q4_1 blocks with integer zero points: no min-term nodes, recorded as not exact."""
+    gguf = open_gguf(write_tiny_gguf(tiny_dir / "q4_1-zp.gguf", dtype="q4_1", seed=5, tied=False))
+    d = tiny_dir / "q4_1-zp"
+    m = json.loads(export_gguf_to_onnx(gguf, d, WeightFormat.INT4, exact_mins=False, accuracy_level=0).read_text())
+    assert m["tensors"]["layers.0.q"]["storage"] == "nbits4-zp" and not m["tensors"]["layers.0.q"]["exact"]
+    ops = {n.op_type for n in onnx.load(str(d / "model.onnx"), load_external_data=False).graph.node}
+    assert "ReduceSum" not in ops
+    twin = _dequantized_equivalent(gguf, WeightFormat.INT4, GGUFSource(gguf), exact_mins=False)
+    _, _, a, b = _parity(d, gguf, ref_weights=twin)
+    np.testing.assert_allclose(a, b, atol=1e-4)
