@@ -55,7 +55,7 @@ class TensorRecord:
     """How one canonical tensor is stored in the graph (written to the manifest)."""
 
     linear: str  # the node path using it
-    storage: str  # fp32 | fp16 | int8-channel | nbits4-zp | nbits4-min | nbits8-zp | nbits8-min
+    storage: str  # fp32 | fp16 | int8-channel | nbits{4,8}-zp | nbits{4,8}-zp-min (residual block offsets m)
     source_type: str
     exact: bool  # the graph's weight equals the canonical float32 weight bit for bit
     max_abs_err: float
@@ -106,7 +106,7 @@ def linear(g: GraphBuilder, x: str, parts: Sequence[str], src: WeightSource, opt
     bqs = [block_quant(src, p, fmt.nbits, opts.exact_mins) for p in parts]
     bq = concat_rows(bqs)
     y = nbits_matmul(g, x, bq, prefix, name, accuracy_level=opts.accuracy_level)
-    storage = f"nbits{bq.bits}-{'min' if bq.m is not None else 'zp'}"
+    storage = f"nbits{bq.bits}-{'zp-min' if bq.m is not None else 'zp'}"
     deq = bq.dequantize()
     rows = np.cumsum([0] + [b.shape[0] for b in bqs])
     return y, {p: _record(path, storage, src, p, deq[rows[i]:rows[i + 1]]) for i, p in enumerate(parts)}
@@ -115,15 +115,13 @@ def linear(g: GraphBuilder, x: str, parts: Sequence[str], src: WeightSource, opt
 def nbits_matmul(g: GraphBuilder, x: str, bq: BlockQuant, prefix: str, name: str, *, accuracy_level: int) -> str:
     """MatMulNBits, plus the block-minimum term when the weights are in min form.
 
-        x [.., K] ──► MatMulNBits(q, d, zp=0) ───────────────────────────────► Add ──► y [.., N]
+        x [.., K] ──► MatMulNBits(q, d, zp) ────────────────────────────────► Add ──► y [.., N]
           └──► Reshape [-1, nb, 32] ──► ReduceSum(axis -1) ──► MatMul(mᵀ [nb, N]) ──┘
-    (sum_j x_j (q_j d + m) = d sum_j x_j q_j + m sum_j x_j, per block)
+    (sum_j x_j ((q_j - zp) d + m) = d sum_j x_j (q_j - zp) + m sum_j x_j, per block)
     """
     n, k = bq.shape
     b, scales, zp = pack_nbits(bq)
-    inputs = [x, g.const(prefix + ".qweight", b), g.const(prefix + ".scales", scales)]
-    if zp is not None:
-        inputs.append(g.const(prefix + ".zero_points", zp))
+    inputs = [x, g.const(prefix + ".qweight", b), g.const(prefix + ".scales", scales), g.const(prefix + ".zero_points", zp)]
     y = g.op1("MatMulNBits", inputs, name, domain=MS_DOMAIN, K=k, N=n, bits=bq.bits, block_size=BLOCK,
               accuracy_level=accuracy_level)
     if bq.m is None:

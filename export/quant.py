@@ -1,14 +1,19 @@
 """Weight encodings for the ONNX graph: block-32 n-bit weights (MatMulNBits) and per-channel int8 (dynamic int8).
 
-Block weights use one of two exact forms (K split into blocks of 32; n = output row, b = block, j = index in block):
+One block form covers every GGUF type we transcode (K split into blocks of 32; n = output row, b = block,
+j = index in block):
 
-    zero-point form   w[n, 32b+j] = (q[n,b,j] - zp[n,b]) * d[n,b]       GGUF Q4_0 (zp=8), Q8_0 (zp=128)
-    min form          w[n, 32b+j] =  q[n,b,j] * d[n,b] + m[n,b]         GGUF Q4_1 (m), Q4_K (m = -dmin*min)
+    w[n, 32b+j] = (q[n,b,j] - zp[n,b]) * d[n,b]  (+ m[n,b])
+    Q4_0: zp = 8; Q8_0: zp = 128; no m.
+    Q4_1 (d*q + min), Q4_K (d*q - dmin*mn): centered, zp = round(-min/d) and residual m = min + zp*d, |m| <= d/2.
 
-Both are evaluated in float32 in the same order as gguf-py's dequantizers, so "exact" below means bit-identical
-to the canonical float32 weights (the GGUF dequantized values). MatMulNBits has no float-min input on its fast
-path (float zero points fall back to dequantize + sgemm), so the graph adds the min term as a small matmul of
-per-block input sums (see onnx_linear.py).
+Evaluated in float32 in that order, the result is bit-identical to gguf-py's dequantizers ("exact" below) whenever
+the residual m is exact in float32; blocks where it is not keep zp = 0 and m = min (also exact).
+Why centered: MatMulNBits (accuracy_level 4) quantizes the activations x per block of 32 to int8 and multiplies
+them by (q - zp) * d, while the graph adds the residual term m * blocksum(x) from float x (onnx_linear.py). The
+activation rounding error e then meets (q - zp) * d, not the whole weight: with zp = 0 it meets d*q (all >= 0, up
+to 15 d), which cost 7 points of top-1 agreement on SmolLM2 (docs/onnx.md); centered, it is w - m, as small as the
+weight itself (llama.cpp's Q8_1 dot product has the same error).
 """
 from __future__ import annotations
 
@@ -21,31 +26,27 @@ BLOCK = 32
 
 @dataclass(frozen=True)
 class BlockQuant:
-    """Block-32 quantized [N, K] matrix in canonical [out, in] layout; exactly one of zp / m is set."""
+    """Block-32 quantized [N, K] matrix in canonical [out, in] layout: w = (q - zp) * d (+ m)."""
 
     bits: int
     q: np.ndarray  # uint8 [N, nb, 32], values in [0, 2**bits)
     d: np.ndarray  # float32 [N, nb]
-    zp: np.ndarray | None = None  # uint8 [N, nb]
-    m: np.ndarray | None = None  # float32 [N, nb]
+    zp: np.ndarray  # uint8 [N, nb]
+    m: np.ndarray | None = None  # float32 [N, nb]: residual block offset (min forms), added outside MatMulNBits
 
     def __post_init__(self) -> None:
-        if (self.zp is None) == (self.m is None):
-            raise ValueError("a BlockQuant has exactly one of zero points (zp) or block minimums (m)")
-        if int(self.q.max(initial=0)) >= 1 << self.bits:
-            raise ValueError(f"quantized values exceed {self.bits} bits")
+        if int(self.q.max(initial=0)) >= 1 << self.bits or int(self.zp.max(initial=0)) >= 1 << self.bits:
+            raise ValueError(f"quantized values or zero points exceed {self.bits} bits")
 
     @property
     def shape(self) -> tuple[int, int]:
         return int(self.q.shape[0]), int(self.q.shape[1] * BLOCK)
 
     def dequantize(self) -> np.ndarray:
-        """float32 [N, K], evaluated like the GGUF reference dequantizers."""
-        q = self.q.astype(np.float32)
-        if self.zp is not None:
-            w = (q - self.zp[..., None].astype(np.float32)) * self.d[..., None]
-        else:
-            w = self.d[..., None] * q + self.m[..., None]
+        """float32 [N, K]: (q - zp) * d, then + m (exact products, one rounding in the sum)."""
+        w = (self.q.astype(np.float32) - self.zp[..., None].astype(np.float32)) * self.d[..., None]
+        if self.m is not None:
+            w = w + self.m[..., None]
         return w.reshape(self.shape)
 
     def with_bits(self, bits: int) -> "BlockQuant":
@@ -54,23 +55,28 @@ class BlockQuant:
             raise ValueError("cannot narrow a BlockQuant")
         return BlockQuant(bits, self.q, self.d, self.zp, self.m)
 
-    def with_mins(self) -> "BlockQuant":
-        """Min form of a zero-point form (m = -zp*d; exactness is re-checked by the caller)."""
-        if self.m is not None:
-            return self
-        return BlockQuant(self.bits, self.q, self.d, None, (-self.zp.astype(np.float32)) * self.d)
+
+def centered(bits: int, q: np.ndarray, d: np.ndarray, mins: np.ndarray) -> BlockQuant:
+    """w = d*q + min rewritten as (q - zp) * d + m with zp = round(-min/d) clipped to the q range, m = min + zp*d.
+    Blocks where m is not exact in float32 keep zp = 0, m = min."""
+    qmax = (1 << bits) - 1
+    safe = np.where(d == 0, np.float32(1.0), d)
+    zp = np.clip(np.round(-mins / safe), 0, qmax).astype(np.uint8)
+    zp = np.where(d == 0, 0, zp).astype(np.uint8)
+    m = (mins + zp.astype(np.float32) * d).astype(np.float32)
+    exact = m.astype(np.float64) == mins.astype(np.float64) + zp.astype(np.float64) * d.astype(np.float64)
+    return BlockQuant(bits, q, d, np.where(exact, zp, 0).astype(np.uint8), np.where(exact, m, mins).astype(np.float32))
 
 
 def concat_rows(parts: list[BlockQuant]) -> BlockQuant:
-    """Stack along N (fused q|k|v or gate|up); forms and widths are unified first."""
+    """Stack along N (fused q|k|v or gate|up); widths are unified, a missing m becomes zeros."""
     bits = max(p.bits for p in parts)
     parts = [p.with_bits(bits) for p in parts]
+    m = None
     if any(p.m is not None for p in parts):
-        parts = [p.with_mins() for p in parts]
-        return BlockQuant(bits, np.concatenate([p.q for p in parts]), np.concatenate([p.d for p in parts]),
-                          m=np.concatenate([p.m for p in parts]))
+        m = np.concatenate([p.m if p.m is not None else np.zeros_like(p.d) for p in parts])
     return BlockQuant(bits, np.concatenate([p.q for p in parts]), np.concatenate([p.d for p in parts]),
-                      zp=np.concatenate([p.zp for p in parts]))
+                      np.concatenate([p.zp for p in parts]), m)
 
 
 # ---- from float weights (re-quantization: lossy) ----
@@ -88,7 +94,7 @@ def quantize_blocks(w: np.ndarray, bits: int) -> BlockQuant:
     d = np.where(d == 0, np.float32(1.0), d)
     zp = np.clip(np.round(-lo / d), 0, qmax).astype(np.uint8)
     q = np.clip(np.round(blocks / d[..., None]) + zp[..., None], 0, qmax).astype(np.uint8)
-    return BlockQuant(bits, q, d, zp=zp)
+    return BlockQuant(bits, q, d, zp)
 
 
 def quantize_per_channel_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -112,17 +118,17 @@ def _nibbles_split(qs: np.ndarray) -> np.ndarray:
 
 def _q4_0(blocks: np.ndarray) -> BlockQuant:
     d, qs = _f16(blocks[..., 0:2]), blocks[..., 2:18]
-    return BlockQuant(4, _nibbles_split(qs), d, zp=np.full(d.shape, 8, np.uint8))
+    return BlockQuant(4, _nibbles_split(qs), d, np.full(d.shape, 8, np.uint8))
 
 
 def _q4_1(blocks: np.ndarray) -> BlockQuant:
     d, m, qs = _f16(blocks[..., 0:2]), _f16(blocks[..., 2:4]), blocks[..., 4:20]
-    return BlockQuant(4, _nibbles_split(qs), d, m=m)
+    return centered(4, _nibbles_split(qs), d, m)
 
 
 def _q8_0(blocks: np.ndarray) -> BlockQuant:
     d, qs = _f16(blocks[..., 0:2]), blocks[..., 2:34].view(np.int8)
-    return BlockQuant(8, (qs.astype(np.int16) + 128).astype(np.uint8), d, zp=np.full(d.shape, 128, np.uint8))
+    return BlockQuant(8, (qs.astype(np.int16) + 128).astype(np.uint8), d, np.full(d.shape, 128, np.uint8))
 
 
 def _q4_k(blocks: np.ndarray) -> BlockQuant:
@@ -136,7 +142,7 @@ def _q4_k(blocks: np.ndarray) -> BlockQuant:
     dm = dmin * mn.astype(np.float32)
     qs = flat[:, 16:].reshape(-1, 4, 32)  # 4 chunks of 64 elements: low nibbles first 32, high nibbles next 32
     q = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(n, nsb * 8, BLOCK)
-    return BlockQuant(4, q, scale.reshape(n, nsb * 8), m=(-dm).reshape(n, nsb * 8))
+    return centered(4, q, scale.reshape(n, nsb * 8), (-dm).reshape(n, nsb * 8))
 
 
 # GGUF type name -> (bytes per block, elements per block, decoder)
@@ -155,14 +161,13 @@ def from_gguf_blocks(qtype: str, raw: np.ndarray, k: int) -> BlockQuant | None:
 
 # ---- MatMulNBits packing ----
 
-def pack_nbits(bq: BlockQuant) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """(B uint8 [N, nb, 32*bits/8], scales float32 [N, nb], packed zero points or None) for MatMulNBits.
+def pack_nbits(bq: BlockQuant) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(B uint8 [N, nb, 32*bits/8], scales float32 [N, nb], packed zero points) for MatMulNBits.
 
     4-bit values pack two per byte, element 2i in the low nibble; zero points pack the same way along nb.
-    The min form passes zero points of 0 (MatMulNBits would otherwise assume 2**(bits-1)).
     """
     n, nb, _ = bq.q.shape
-    zp = bq.zp if bq.zp is not None else np.zeros((n, nb), np.uint8)
+    zp = bq.zp
     if bq.bits == 8:
         return np.ascontiguousarray(bq.q), bq.d.astype(np.float32), np.ascontiguousarray(zp)
     if bq.bits != 4:

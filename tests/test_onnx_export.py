@@ -77,9 +77,9 @@ def _parity(d, gguf, n=24, ref_weights=None):
 
 
 @pytest.mark.parametrize("dtype,fmt,storage", [("q4_0", WeightFormat.INT4, "nbits4-zp"),
-                                               ("q4_1", WeightFormat.INT4, "nbits4-min"),
+                                               ("q4_1", WeightFormat.INT4, "nbits4-zp-min"),
                                                ("q8_0", WeightFormat.INT8_BLOCK, "nbits8-zp"),
-                                               ("q4_1", WeightFormat.INT8_BLOCK, "nbits8-min")])
+                                               ("q4_1", WeightFormat.INT8_BLOCK, "nbits8-zp-min")])
 def test_transcoded_exports_are_exact(tiny_dir, dtype, fmt, storage):
     """Every tensor of a Q4_0/Q4_1/Q8_0 GGUF is stored exactly; float activations (accuracy 0) match to 1e-4."""
     gguf = open_gguf(write_tiny_gguf(tiny_dir / f"{dtype}.gguf", dtype=dtype, seed=5))
