@@ -25,6 +25,7 @@ from .gguf_in import GGUFModel
 from .onnx_graph import GraphIO, build_decoder
 from .onnx_ir import IR_VERSION, MS_OPSET, OPSET
 from .onnx_linear import ExportOptions, TensorRecord, WeightFormat
+from .parity_gate import GateReport, ParityError, Tolerance, check_artifact
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
@@ -84,6 +85,7 @@ def export_onnx(src: FloatSource, out_dir: str | Path, opts: ExportOptions, *,
         "files": {name: {"sha256": sha256_file(out / name), "bytes": (out / name).stat().st_size} for name in files},
         "provenance": _provenance(provenance),
         "tokenizer": tok,
+        "parity": None,  # filled in by gate_artifact
     }
     path = out / MANIFEST
     path.write_text(json.dumps(manifest, indent=1) + "\n", "utf-8")
@@ -111,11 +113,33 @@ def _provenance(source: Path | None) -> dict:
     return info
 
 
+def gate_artifact(manifest_path: Path, weights: Weights, tokenizer: TokenizerSpec, *,
+                  tolerance: Tolerance | None = None, threads: int | None = None) -> GateReport:
+    """Run the parity gate, record its numbers in the manifest ("parity"), raise ParityError when out of tolerance.
+    A failed artifact stays on disk for inspection, marked failed; the engine refuses to load it."""
+    from ..runtime.tokenizer import Tokenizer
+    report = check_artifact(manifest_path.parent, weights, Tokenizer(tokenizer), tolerance=tolerance, threads=threads)
+    manifest = json.loads(manifest_path.read_text("utf-8"))
+    manifest["parity"] = report.to_dict()
+    manifest_path.write_text(json.dumps(manifest, indent=1) + "\n", "utf-8")
+    if not report.passed:
+        raise ParityError(report)
+    return report
+
+
 def export_gguf_to_onnx(gguf: GGUFModel, out_dir: str | Path, fmt: WeightFormat, *, accuracy_level: int = 4,
-                        exact_mins: bool = True) -> Path:
-    """The GGUF path of `specedge export`: blocks transcoded where exact, tokenizer and template carried over."""
-    return export_onnx(GGUFSource(gguf), out_dir, ExportOptions(fmt, accuracy_level, exact_mins),
-                       tokenizer=gguf.tokenizer_spec(), provenance=gguf.path)
+                        exact_mins: bool = True, gate: bool = True, tolerance: Tolerance | None = None,
+                        threads: int | None = None) -> Path:
+    """The GGUF path of `specedge export`: blocks transcoded where exact, tokenizer and template carried over,
+    then the parity gate (gate=False skips it and records "parity": null; only tests and benchmarks do that)."""
+    src = GGUFSource(gguf)
+    spec = gguf.tokenizer_spec()
+    path = export_onnx(src, out_dir, ExportOptions(fmt, accuracy_level, exact_mins), tokenizer=spec,
+                       provenance=gguf.path)
+    if gate:
+        gate_artifact(path, src.weights, spec, tolerance=tolerance, threads=threads)
+    return path
 
 
-__all__ = ["ExportOptions", "FloatSource", "GGUFSource", "TensorRecord", "WeightFormat", "export_gguf_to_onnx", "export_onnx"]
+__all__ = ["ExportOptions", "FloatSource", "GGUFSource", "GateReport", "ParityError", "TensorRecord", "Tolerance",
+           "WeightFormat", "export_gguf_to_onnx", "export_onnx", "gate_artifact"]

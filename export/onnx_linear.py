@@ -3,8 +3,10 @@
 Formats (the measured reasons are in docs/onnx.md):
   fp32        MatMul with W^T float32
   fp16        W^T stored float16, Cast to float32 (onnxruntime folds the Cast at load: smaller files, fp32 speed)
-  int8        DynamicQuantizeMatMul: int8 per-output-channel weights, activations quantized per call (re-quantized)
-  int8-block  MatMulNBits bits=8, block 32: GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K transcoded exactly, others re-quantized
+  int8        MatMulNBits bits=8, block 32: GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K transcoded exactly, others re-quantized
+  int8-dynamic  DynamicQuantizeMatMul: int8 per-output-channel weights, activations quantized per tensor per call
+              (re-quantized; the flattest verify cost, but per-tensor activation scales fail the parity gate on
+              models with outlier channels such as SmolLM2: docs/onnx.md)
   int4        MatMulNBits bits=4, block 32: GGUF Q4_0 / Q4_1 / Q4_K exact; Q8_0 sources stay 8-bit (exact)
 Several canonical tensors may be fused into one linear (q|k|v, gate|up): their rows are stacked.
 """
@@ -25,12 +27,12 @@ class WeightFormat(enum.Enum):
     FP32 = "fp32"
     FP16 = "fp16"
     INT8 = "int8"
-    INT8_BLOCK = "int8-block"
+    INT8_DYNAMIC = "int8-dynamic"
     INT4 = "int4"
 
     @property
     def nbits(self) -> int | None:
-        return {WeightFormat.INT4: 4, WeightFormat.INT8_BLOCK: 8}.get(self)
+        return {WeightFormat.INT4: 4, WeightFormat.INT8: 8}.get(self)
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,7 @@ def linear(g: GraphBuilder, x: str, parts: Sequence[str], src: WeightSource, opt
             w = g.op1("Cast", [w], name + "/cast", to=1)
         recs = {p: _record(path, fmt.value, src, p, wp.astype(dtype).astype(np.float32)) for p, wp in zip(parts, ws)}
         return g.op1("MatMul", [x, w], name), recs
-    if fmt is WeightFormat.INT8:
+    if fmt is WeightFormat.INT8_DYNAMIC:
         ws = [src.float(p) for p in parts]
         q, scale = quantize_per_channel_int8(np.concatenate(ws))
         y = g.op1("DynamicQuantizeMatMul", [x, g.const(prefix + ".qweight", q), g.const(prefix + ".scales", scale)],

@@ -4,7 +4,7 @@ Written by export/onnx_export.py, read here (below both export and runtime). For
 
     format, format_version        "specedge-onnx", 1
     model                         the ONNX graph file (weights in `weights_file`, ONNX external data)
-    weight_format                 fp32 | fp16 | int8 | int8-block | int4
+    weight_format                 fp32 | fp16 | int8 | int8-dynamic | int4
     config                        ModelConfig fields (rope_scaling nested)
     io                            graph input/output names ("{i}" = layer index) and the KV layout
     tensors                       canonical tensor -> {linear, storage, source_type, exact, max_abs_err}

@@ -78,13 +78,13 @@ def _parity(d, gguf, n=24, ref_weights=None):
 
 @pytest.mark.parametrize("dtype,fmt,storage", [("q4_0", WeightFormat.INT4, "nbits4-zp"),
                                                ("q4_1", WeightFormat.INT4, "nbits4-zp-min"),
-                                               ("q8_0", WeightFormat.INT8_BLOCK, "nbits8-zp"),
-                                               ("q4_1", WeightFormat.INT8_BLOCK, "nbits8-zp-min")])
+                                               ("q8_0", WeightFormat.INT8, "nbits8-zp"),
+                                               ("q4_1", WeightFormat.INT8, "nbits8-zp-min")])
 def test_transcoded_exports_are_exact(tiny_dir, dtype, fmt, storage):
     """Every tensor of a Q4_0/Q4_1/Q8_0 GGUF is stored exactly; float activations (accuracy 0) match to 1e-4."""
     gguf = open_gguf(write_tiny_gguf(tiny_dir / f"{dtype}.gguf", dtype=dtype, seed=5))
     d = tiny_dir / f"{dtype}-{fmt.value}"
-    m = json.loads(export_gguf_to_onnx(gguf, d, fmt, accuracy_level=0).read_text())
+    m = json.loads(export_gguf_to_onnx(gguf, d, fmt, accuracy_level=0, gate=False).read_text())
     assert m["exact_tensors"] == m["n_tensors"]
     assert all(t["exact"] and t["max_abs_err"] == 0 for t in m["tensors"].values())
     assert m["tensors"]["layers.0.q"]["storage"] == storage
@@ -100,7 +100,7 @@ def _dequantized_equivalent(gguf, fmt, src=None, exact_mins=True):
     t = dict(w.tensors)
     for name in t:
         if t[name].ndim == 2 and name != "embed":
-            if fmt is WeightFormat.INT8:
+            if fmt is WeightFormat.INT8_DYNAMIC:
                 q, scale = quantize_per_channel_int8(t[name])
                 t[name] = (q.T.astype(np.float32) * scale[:, None])
             else:
@@ -108,24 +108,24 @@ def _dequantized_equivalent(gguf, fmt, src=None, exact_mins=True):
     return Weights(w.config, t)
 
 
-@pytest.mark.parametrize("fmt", [WeightFormat.INT8_BLOCK, WeightFormat.INT4])
+@pytest.mark.parametrize("fmt", [WeightFormat.INT8, WeightFormat.INT4])
 def test_requantized_block_formats_equal_their_dequantized_twin(tiny_dir, fmt):
     """From float32 weights: MatMulNBits with float activations equals NumPy on the dequantized weights."""
     gguf = open_gguf(write_tiny_gguf(tiny_dir / "f32-untied.gguf", seed=5, tied=False))
     d = tiny_dir / f"f32-{fmt.value}-acc0"
-    m = json.loads(export_gguf_to_onnx(gguf, d, fmt, accuracy_level=0).read_text())
+    m = json.loads(export_gguf_to_onnx(gguf, d, fmt, accuracy_level=0, gate=False).read_text())
     assert m["tensors"]["layers.1.down"]["exact"] is False and m["tensors"]["embed"]["exact"] is True
     _, _, a, b = _parity(d, gguf, ref_weights=_dequantized_equivalent(gguf, fmt))
     np.testing.assert_allclose(a, b, atol=1e-4)
 
 
-@pytest.mark.parametrize("fmt,rel", [(WeightFormat.FP16, 0.01), (WeightFormat.INT8, 0.1),
-                                     (WeightFormat.INT8_BLOCK, 0.05), (WeightFormat.INT4, 0.05)])
+@pytest.mark.parametrize("fmt,rel", [(WeightFormat.FP16, 0.01), (WeightFormat.INT8_DYNAMIC, 0.1),
+                                     (WeightFormat.INT8, 0.05), (WeightFormat.INT4, 0.05)])
 def test_quantized_formats_at_default_accuracy_are_close(tiny_dir, fmt, rel):
     """Default accuracy level (int8 activations for MatMulNBits, dynamic int8 for int8) vs the dequantized twin."""
     gguf = open_gguf(write_tiny_gguf(tiny_dir / "f32-untied.gguf", seed=5, tied=False))
     d = tiny_dir / f"f32-{fmt.value}"
-    export_gguf_to_onnx(gguf, d, fmt)
+    export_gguf_to_onnx(gguf, d, fmt, gate=False)
     twin = gguf.load_weights() if fmt is WeightFormat.FP16 else _dequantized_equivalent(gguf, fmt)
     err, top1, _, _ = _parity(d, gguf, ref_weights=twin)
     assert err < rel and top1 >= 0.9, (err, top1)
@@ -133,7 +133,7 @@ def test_quantized_formats_at_default_accuracy_are_close(tiny_dir, fmt, rel):
 
 def test_int4_speculative_equals_plain(tiny_dir):
     gguf = open_gguf(write_tiny_gguf(tiny_dir / "q4_1-spec.gguf", dtype="q4_1", seed=7))
-    export_gguf_to_onnx(gguf, tiny_dir / "spec-int4", WeightFormat.INT4)
+    export_gguf_to_onnx(gguf, tiny_dir / "spec-int4", WeightFormat.INT4, gate=False)
     b = OnnxBackend(tiny_dir / "spec-int4", threads=1)
     prompt = np.array([3, 4, 5, 3, 4, 5, 3, 4], np.int32)
     plain = [e.token for e in decode(b, prompt, SamplingParams(), max_tokens=32)]
@@ -144,7 +144,7 @@ def test_int4_speculative_equals_plain(tiny_dir):
 def test_graph_is_path_named_and_loadable(tiny_dir):
     gguf = open_gguf(write_tiny_gguf(tiny_dir / "qwen.gguf", arch="qwen2", seed=1))
     d = tiny_dir / "qwen-int4"
-    export_gguf_to_onnx(gguf, d, WeightFormat.INT4)
+    export_gguf_to_onnx(gguf, d, WeightFormat.INT4, gate=False)
     model = onnx.load(str(d / "model.onnx"), load_external_data=False)
     names = {n.name for n in model.graph.node}
     assert all(n.startswith("/") for n in names)
@@ -159,10 +159,10 @@ def test_manifest_contents_tokenizer_and_hashes(tiny_dir):
     path = write_tiny_gguf(tiny_dir / "man.gguf", dtype="q8_0", seed=2)
     gguf = open_gguf(path)
     d = tiny_dir / "man"
-    export_gguf_to_onnx(gguf, d, WeightFormat.INT8)
+    export_gguf_to_onnx(gguf, d, WeightFormat.INT8_DYNAMIC, gate=False)
     m = read_manifest(d)
     assert m.raw["format"] == "specedge-onnx" and m.raw["format_version"] == 1
-    assert m.config == gguf.config and m.weight_format == "int8"
+    assert m.config == gguf.config and m.weight_format == "int8-dynamic"
     assert m.io["past_key"] == "past_key.{i}" and m.io["logits"] == "logits"
     assert m.raw["provenance"]["source_sha256"] == sha256_file(path)
     assert set(m.raw["files"]) == {"model.onnx", "model.onnx.data", "tokenizer.json", "chat_template.jinja"}
@@ -194,7 +194,8 @@ def test_requantized_mins_trade_exactness_for_fewer_nodes(tiny_dir):
     """exact_mins=False stores Q4_1 blocks with integer zero points: no min-term nodes, recorded as not exact."""
     gguf = open_gguf(write_tiny_gguf(tiny_dir / "q4_1-zp.gguf", dtype="q4_1", seed=5, tied=False))
     d = tiny_dir / "q4_1-zp"
-    m = json.loads(export_gguf_to_onnx(gguf, d, WeightFormat.INT4, exact_mins=False, accuracy_level=0).read_text())
+    m = json.loads(export_gguf_to_onnx(gguf, d, WeightFormat.INT4, exact_mins=False, accuracy_level=0,
+                                      gate=False).read_text())
     assert m["tensors"]["layers.0.q"]["storage"] == "nbits4-zp" and not m["tensors"]["layers.0.q"]["exact"]
     ops = {n.op_type for n in onnx.load(str(d / "model.onnx"), load_external_data=False).graph.node}
     assert "ReduceSum" not in ops
