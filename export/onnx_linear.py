@@ -115,7 +115,7 @@ def linear(g: GraphBuilder, x: str, parts: Sequence[str], src: WeightSource, opt
 
 
 def nbits_matmul(g: GraphBuilder, x: str, bq: BlockQuant, prefix: str, name: str, *, accuracy_level: int) -> str:
-    """MatMulNBits, plus the block-minimum term when the weights are in min form.
+    """MatMulNBits, plus the residual block-offset term when the blocks carry one (centered Q4_1 / Q4_K).
 
         x [.., K] ──► MatMulNBits(q, d, zp) ────────────────────────────────► Add ──► y [.., N]
           └──► Reshape [-1, nb, 32] ──► ReduceSum(axis -1) ──► MatMul(mᵀ [nb, N]) ──┘
@@ -123,7 +123,8 @@ def nbits_matmul(g: GraphBuilder, x: str, bq: BlockQuant, prefix: str, name: str
     """
     n, k = bq.shape
     b, scales, zp = pack_nbits(bq)
-    inputs = [x, g.const(prefix + ".qweight", b), g.const(prefix + ".scales", scales), g.const(prefix + ".zero_points", zp)]
+    inputs = [x, g.const(prefix + ".qweight", b), g.const(prefix + ".scales", scales),
+              g.const(prefix + ".zero_points", zp)]
     y = g.op1("MatMulNBits", inputs, name, domain=MS_DOMAIN, K=k, N=n, bits=bq.bits, block_size=BLOCK,
               accuracy_level=accuracy_level)
     if bq.m is None:

@@ -58,6 +58,7 @@ def test_onnx_speculative_equals_plain(request, artifact, drafter):
         if fast != plain:
             at = next(j for j, (a, b) in enumerate(zip(fast, plain)) if a != b)
             diverged.append((i, at, plain_path_margin(model, np.asarray(prompt), plain, at)))
-    print(f"onnx {artifact.name} {drafter}: {stats.summary()}; divergences (prompt, position, top-2 margin): {diverged}")
+    print(f"onnx {artifact.name} {drafter}: {stats.summary()}; divergences (prompt, position, top-2 margin): "
+          f"{diverged}")
     assert stats.n_drafted > 0
     assert not diverged, f"speculative output differs from plain greedy: {diverged}"
