@@ -1,4 +1,4 @@
-"""`specedge` command line: pull, models, generate, chat."""
+"""`specedge` command line: pull, models, export, generate, chat."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,9 @@ from ..runtime.backends import BackendKind
 from ..runtime.generate import stream
 from ..runtime.stats import DecodeStats
 from ..runtime.types import FinishReason, SamplingParams
+from ..runtime.backends.onnx_providers import Device
 from .engine import DrafterSpec, load_model, make_drafter
+from .export_cmd import export_cmd
 
 CACHE_OPT = click.option("--cache-dir", type=click.Path(path_type=Path), default=None,
                          help="Model cache (default: $SPECEDGE_CACHE or the platform cache dir).")
@@ -24,7 +26,8 @@ def decoding_options(f):
         click.option("--backend", type=click.Choice([k.value for k in BackendKind]), default="llamacpp",
                      show_default=True, help="Inference backend for the target (and a model drafter)."),
         click.option("--drafter", default="ngram", show_default=True,
-                     help="none | ngram | model:<catalogue-name-or-gguf-path>"),
+                     help="none | ngram | model:<catalogue-name-or-gguf-path> (with --backend onnx: "
+                          "model:<exported-dir-or-name>)"),
         click.option("--k", "k", type=click.IntRange(0, 64), default=4, show_default=True, help="Draft length."),
         click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy."),
         click.option("--top-p", type=float, default=1.0, show_default=True),
@@ -34,7 +37,10 @@ def decoding_options(f):
         click.option("--seed", type=int, default=0, show_default=True),
         click.option("--max-tokens", type=click.IntRange(1, None), default=128, show_default=True),
         click.option("--ctx", type=click.IntRange(16, None), default=None, help="Context size (default: model's)."),
-        click.option("--threads", type=click.IntRange(1, None), default=None, help="CPU threads for llama.cpp."),
+        click.option("--threads", type=click.IntRange(1, None), default=None,
+                     help="CPU threads (llama.cpp, ONNX Runtime intra-op)."),
+        click.option("--device", type=click.Choice([d.value for d in Device]), default="auto", show_default=True,
+                     help="ONNX Runtime execution provider (--backend onnx); auto says what it picked."),
         CACHE_OPT,
     ]
     for o in reversed(opts):
@@ -56,9 +62,10 @@ def setup(o):
     try:
         spec = DrafterSpec.parse(o["drafter"])
         target = load_model(o["model"], BackendKind(o["backend"]), ctx=o["ctx"], threads=o["threads"],
-                            cache_dir=o["cache_dir"])
-        drafter = make_drafter(spec, target, params, ctx=o["ctx"], threads=o["threads"], cache_dir=o["cache_dir"])
-    except (ValueError, FileNotFoundError, ImportError) as e:
+                            cache_dir=o["cache_dir"], device=o["device"], log=lambda m: click.echo(m, err=True))
+        drafter = make_drafter(spec, target, params, ctx=o["ctx"], threads=o["threads"], cache_dir=o["cache_dir"],
+                               device=o["device"])
+    except (ValueError, FileNotFoundError, ImportError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
     return target, drafter, params
 
@@ -118,7 +125,8 @@ def run_once(target, drafter, params, prompt_ids, o, *, echo: bool):
 @click.option("--stats", "show_stats", is_flag=True, help="Print decoding statistics to stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, tokens and stats.")
 def generate(**o) -> None:
-    """Decode PROMPT with MODEL (catalogue name or GGUF path), speculatively."""
+    """Decode PROMPT with MODEL (catalogue name or GGUF path; with --backend onnx an exported directory or its
+    cache name, e.g. smollm2-135m-onnx-int8), speculatively."""
     target, drafter, params = setup(o)
     text = o["prompt"] if o["raw"] else target.tokenizer.apply_chat_template([{"role": "user", "content": o["prompt"]}])
     prompt_ids = target.tokenizer.encode(text)
@@ -180,6 +188,9 @@ def chat(**o) -> None:
             continue
         messages.append({"role": "assistant", "content": reply})
         click.echo(f"[{stats.summary()}]", err=True)
+
+
+cli.add_command(export_cmd)
 
 
 def main() -> None:

@@ -1,11 +1,19 @@
-"""Load a model and its drafter for the apps: catalogue name or path -> GGUF -> tokenizer + backend."""
+"""Load a model and its drafter for the apps.
+
+    GGUF backends (numpy, llamacpp): catalogue name or .gguf path -> GGUF -> tokenizer + backend
+    onnx: an exported directory, or a name like smollm2-135m-onnx-int8 found in the model cache (where
+          `specedge export` writes by default) -> manifest (hashes verified, parity gate passed) -> tokenizer.json
+          + chat template from the artifact + OnnxBackend
+"""
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..models.catalog import resolve_model
+from ..models.catalog import model_cache_dir, resolve_model
+from ..models.errors import ModelFileError
+from ..models.manifest import MANIFEST, read_manifest
 from ..export.gguf_in import GGUFModel, open_gguf
 from ..runtime.backends import Backend, BackendKind, open_backend
 from ..runtime.drafters.base import Drafter
@@ -17,15 +25,57 @@ from ..runtime.types import SamplingParams
 
 @dataclass
 class LoadedModel:
-    path: Path
-    gguf: GGUFModel
+    path: Path  # the GGUF file, or the artifact directory for onnx
+    gguf: GGUFModel | None  # None for onnx
     tokenizer: Tokenizer
     backend: Backend
     kind: BackendKind
 
 
+def artifact_name(model: str, weights: str) -> str:
+    """The cache name `specedge export` gives an artifact: smollm2-135m + int8 -> smollm2-135m-onnx-int8."""
+    return f"{Path(model).stem if model.endswith('.gguf') else model}-onnx-{weights}"
+
+
+def resolve_artifact(name_or_path: str, cache_dir: Path | None = None) -> Path:
+    """An exported directory as given, else `<model cache>/<name>`; ModelFileError with what to run otherwise."""
+    p = Path(name_or_path)
+    if p.is_dir():
+        return p
+    cached = model_cache_dir(cache_dir) / str(name_or_path)
+    if (cached / MANIFEST).is_file():
+        return cached
+    hint = (f"{name_or_path} is a GGUF file: export it first with `specedge export {name_or_path} --format onnx`"
+            if p.suffix == ".gguf" else
+            f"no exported ONNX model {name_or_path!r} (not a directory, not in {cached.parent}); run `specedge "
+            f"export MODEL --format onnx --weights int8` (it writes {artifact_name('MODEL', 'int8')} to the cache)")
+    raise ModelFileError(hint)
+
+
+def load_onnx(name_or_path: str, *, device: str = "auto", threads: int | None = None,
+              cache_dir: Path | None = None, log=None) -> LoadedModel:
+    """Manifest -> verified files -> parity gate recorded as passed -> tokenizer + OnnxBackend."""
+    from ..runtime.backends.onnxrt import OnnxBackend
+    root = resolve_artifact(name_or_path, cache_dir)
+    manifest = read_manifest(root, verify=True)
+    parity = manifest.raw.get("parity")
+    if isinstance(parity, dict) and not parity.get("passed", False):
+        raise ModelFileError(f"{root} failed its parity gate at export (top-1 {parity.get('top1', 0):.2%}, max "
+                             f"|dlogit| {parity.get('max_dlogit')}); re-export in another --weights format")
+    if manifest.raw.get("tokenizer") is None:
+        raise ModelFileError(f"{root}/{MANIFEST} lists no tokenizer; re-export the model with `specedge export`")
+    backend = OnnxBackend(manifest, device=device, threads=threads, log=log)
+    return LoadedModel(root, None, Tokenizer(manifest.tokenizer_spec()), backend, BackendKind.ONNX)
+
+
 def load_model(name_or_path: str, kind: BackendKind, *, ctx: int | None = None, threads: int | None = None,
-               cache_dir: Path | None = None) -> LoadedModel:
+               cache_dir: Path | None = None, device: str = "auto", log=None) -> LoadedModel:
+    if kind is BackendKind.ONNX:
+        return load_onnx(name_or_path, device=device, threads=threads, cache_dir=cache_dir, log=log)
+    if device not in ("auto", "cpu"):
+        raise ValueError(f"--device {device} applies to --backend onnx; the {kind.value} backend runs on the CPU")
+    if Path(name_or_path).is_dir():
+        raise ValueError(f"{name_or_path} is a directory (an exported artifact?): use --backend onnx")
     path = resolve_model(name_or_path, cache_dir)
     gguf = open_gguf(path)
     tokenizer = Tokenizer(gguf.tokenizer_spec())
@@ -42,7 +92,7 @@ class DrafterKind(enum.Enum):
 @dataclass(frozen=True)
 class DrafterSpec:
     kind: DrafterKind
-    model: str | None = None  # catalogue name or GGUF path for DrafterKind.MODEL
+    model: str | None = None  # DrafterKind.MODEL: catalogue name or GGUF path; an exported artifact for onnx
 
     @classmethod
     def parse(cls, text: str) -> "DrafterSpec":
@@ -58,17 +108,17 @@ class DrafterSpec:
 
 
 def make_drafter(spec: DrafterSpec, target: LoadedModel, params: SamplingParams, *, ctx: int | None = None,
-                 threads: int | None = None, cache_dir: Path | None = None) -> Drafter | None:
-    """Build the drafter; a draft model must share the target's tokenizer (checked here, at start-up)."""
+                 threads: int | None = None, cache_dir: Path | None = None, device: str = "auto") -> Drafter | None:
+    """Build the drafter; a draft model runs on the target's backend kind and must share its tokenizer (checked
+    here, at start-up)."""
     if spec.kind is DrafterKind.NONE:
         return None
     if spec.kind is DrafterKind.NGRAM:
         return NgramDrafter()
-    path = resolve_model(spec.model, cache_dir)
-    if path.resolve() == target.path.resolve() and target.kind is BackendKind.NUMPY:
+    if target.kind is BackendKind.NUMPY and resolve_model(spec.model, cache_dir).resolve() == target.path.resolve():
         # The NumPy backend holds any number of caches over one copy of the weights.
         return ModelDrafter(target.backend, params, max_len=ctx, name=f"model:{spec.model}")
-    draft = load_model(str(path), target.kind, ctx=ctx, threads=threads, cache_dir=cache_dir)
+    draft = load_model(spec.model, target.kind, ctx=ctx, threads=threads, cache_dir=cache_dir, device=device)
     if draft.tokenizer.fingerprint() != target.tokenizer.fingerprint():
         raise ValueError(f"the draft model {spec.model} has a different tokenizer from the target {target.path.name}; "
                          "speculative decoding needs identical vocabularies: pick a drafter from the same family")

@@ -125,6 +125,13 @@ class GGUFModel:
         w = self.family.from_gguf_layout(canonical, w, self.config)
         return np.ascontiguousarray(w, dtype=dtype)
 
+    def raw_blocks(self, canonical: str) -> tuple[str, np.ndarray]:
+        """(GGUF type name, uint8 [rows, row_bytes]) in canonical row order: the stored blocks, for exact transcoding."""
+        t = self._tensors[canonical_to_gguf(canonical)]
+        shape = self._shape(t)
+        raw = np.asarray(t.data).view(np.uint8).reshape(shape[0] if len(shape) > 1 else 1, -1)
+        return t.tensor_type.name, self.family.from_gguf_layout(canonical, raw, self.config)
+
     def load_weights(self, dtype=np.float32) -> Weights:
         """All tensors dequantized to `dtype`, canonical names and layouts, shape-checked against the config."""
         names = [gguf_to_canonical(n) for n in self._tensors]

@@ -30,7 +30,8 @@ MERGES = (
     "Ġo f", "Ġ in", "Ġ d", "Ġ h", "Ġan d", "l e", "Ġt h", "Ġ is", "Ġ it", "Ġw h", "l l", "Ċ Ċ",
 )
 _QTYPES = {"f32": GGMLQuantizationType.F32, "f16": GGMLQuantizationType.F16,
-           "q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0}
+           "q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0,
+           "q4_1": GGMLQuantizationType.Q4_1}
 
 
 def _byte_symbols() -> list[str]:
@@ -138,7 +139,7 @@ def write_tiny_gguf(path: str | Path, *, arch: str = "llama", seed: int = 0, n_l
     path = Path(path)
     wr = GGUFWriter(str(path), arch)
     _write_metadata(wr, cfg, fam.tokenizer_pre(cfg))
-    wr.add_file_type({"f32": 0, "f16": 1, "q8_0": 7, "q4_0": 2}[dtype])
+    wr.add_file_type({"f32": 0, "f16": 1, "q8_0": 7, "q4_0": 2, "q4_1": 3}[dtype])
     for name in cfg.tensor_names():
         data, qtype = _stored(name, fam.to_gguf_layout(name, tensors[name], cfg), dtype)
         wr.add_tensor(canonical_to_gguf(name), data, raw_dtype=qtype)

@@ -11,6 +11,7 @@ from .base import Backend, BackendCaps, KVCache, LayerPlan
 class BackendKind(enum.Enum):
     NUMPY = "numpy"
     LLAMACPP = "llamacpp"
+    ONNX = "onnx"  # loads an exported artifact (manifest directory), not a GGUF: apps/engine.py
 
 
 def open_backend(kind: BackendKind, gguf, *, n_ctx: int | None = None, n_threads: int | None = None,
@@ -22,6 +23,9 @@ def open_backend(kind: BackendKind, gguf, *, n_ctx: int | None = None, n_threads
     if kind is BackendKind.LLAMACPP:
         from .llamacpp import LlamaCppBackend
         return LlamaCppBackend(gguf.path, gguf.config, n_ctx=n_ctx, n_threads=n_threads)
+    if kind is BackendKind.ONNX:
+        raise ValueError("the ONNX backend runs exported artifacts, not GGUF files: run `specedge export MODEL "
+                         "--format onnx` and pass the output directory (or its catalogue-style name)")
     raise ValueError(f"unknown backend {kind!r}; choose one of {[k.value for k in BackendKind]}")
 
 

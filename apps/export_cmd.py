@@ -1,0 +1,90 @@
+"""`specedge export`: a GGUF model -> a parity-gated ONNX artifact, or a layer-subset GGUF drafter for llama.cpp.
+
+    specedge export smollm2-135m --format onnx --weights int8            -> <cache>/smollm2-135m-onnx-int8/
+    specedge export smollm2-135m --format gguf --weights fp16 --layers 0-9 --out drafter.gguf
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..export.gguf_in import open_gguf
+from ..models.catalog import model_cache_dir, resolve_model
+from .engine import artifact_name
+
+ONNX_WEIGHTS = ("fp32", "fp16", "int8", "int4", "int8-dynamic")
+GGUF_DTYPES = {"fp32": "f32", "fp16": "f16"}
+
+
+def parse_layers(text: str, n_layers: int) -> list[int]:
+    """'0-5,29' -> [0, 1, 2, 3, 4, 5, 29]; indices must exist in the source model."""
+    out: list[int] = []
+    try:
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            lo, _, hi = part.partition("-")
+            out.extend(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: use indices and ranges like 0-5,29", param_hint="--layers") from None
+    bad = [i for i in out if not 0 <= i < n_layers]
+    if not out or bad:
+        raise click.BadParameter(f"{text!r}: layers must be in 0..{n_layers - 1}", param_hint="--layers")
+    return out
+
+
+@click.command("export")
+@click.argument("model")
+@click.option("--format", "fmt", type=click.Choice(["onnx", "gguf"]), default="onnx", show_default=True)
+@click.option("--weights", type=click.Choice(ONNX_WEIGHTS), default=None,
+              help="onnx (default int8): any; int8/int4 transcode GGUF blocks exactly (docs/onnx.md). "
+                   "gguf (default fp32): fp32 | fp16.")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Output directory (onnx) or .gguf file; default: the model cache, <model>-onnx-<weights>.")
+@click.option("--layers", default=None, help="gguf: source layers to keep, e.g. 0-9 (a layer-subset drafter).")
+@click.option("--threads", type=click.IntRange(1, None), default=None, help="Threads for the parity gate.")
+@click.option("--min-top1", type=click.FloatRange(0, 1), default=None,
+              help="Parity gate: minimum top-1 agreement (default per format).")
+@click.option("--max-dlogit", type=click.FloatRange(0, None), default=None,
+              help="Parity gate: maximum |logit difference| (default per format).")
+@click.option("--cache-dir", type=click.Path(path_type=Path), default=None, help="Model cache.")
+def export_cmd(model, fmt, weights, out, layers, threads, min_top1, max_dlogit, cache_dir) -> None:
+    """Export MODEL (catalogue name or .gguf path). ONNX exports must pass the parity gate against the NumPy
+    reference (numbers printed; out of tolerance exits non-zero and marks the artifact failed)."""
+    try:
+        source = open_gguf(resolve_model(model, cache_dir))
+    except (ValueError, FileNotFoundError) as e:
+        raise click.ClickException(str(e)) from None
+    if fmt == "gguf":
+        return _export_gguf(source, model, weights or "fp32", out, layers, cache_dir)
+    weights = weights or "int8"
+    if layers is not None:
+        raise click.BadParameter("--layers applies to --format gguf", param_hint="--layers")
+    from ..export.onnx_export import ParityError, Tolerance, WeightFormat, export_gguf_to_onnx
+    tolerance = None
+    if min_top1 is not None or max_dlogit is not None:
+        base = Tolerance.for_format(weights)
+        tolerance = Tolerance(base.min_top1 if min_top1 is None else min_top1,
+                              base.max_dlogit if max_dlogit is None else max_dlogit)
+    out = out or model_cache_dir(cache_dir) / artifact_name(model, weights)
+    click.echo(f"exporting {source.path.name} -> {out} ({weights})", err=True)
+    try:
+        manifest = export_gguf_to_onnx(source, out, WeightFormat(weights), tolerance=tolerance, threads=threads)
+    except ParityError as e:
+        raise click.ClickException(f"{e}\nthe artifact in {out} is kept for inspection and marked failed") from None
+    import json
+    parity = json.loads(manifest.read_text("utf-8"))["parity"]
+    click.echo(f"parity gate PASS: top-1 agreement {parity['top1']:.2%}, max |dlogit| {parity['max_dlogit']:.4g} "
+               f"({parity['positions']} positions)", err=True)
+    click.echo(str(out))
+
+
+def _export_gguf(source, model, weights, out, layers, cache_dir) -> None:
+    from ..export.gguf_out import write_gguf
+    if weights not in GGUF_DTYPES:
+        raise click.BadParameter(f"--format gguf writes {' or '.join(GGUF_DTYPES)}, not {weights}",
+                                 param_hint="--weights")
+    kept = parse_layers(layers, source.config.n_layers) if layers else None
+    tag = f"-layers{len(kept)}" if kept else ""
+    out = out or model_cache_dir(cache_dir) / f"{source.path.stem}{tag}.{GGUF_DTYPES[weights]}.gguf"
+    path = write_gguf(out, source, source.load_weights(), dtype=GGUF_DTYPES[weights], layers=kept)
+    click.echo(str(path))

@@ -1,0 +1,145 @@
+"""Export a model to an ONNX artifact directory: model.onnx + model.onnx.data + tokenizer files + manifest.json.
+
+    out/
+      model.onnx            graph (path-named nodes), weights as ONNX external data in:
+      model.onnx.data
+      tokenizer.json        serialized HF tokenizer built from the GGUF vocabulary
+      chat_template.jinja   the model's chat template (when it has one)
+      manifest.json         models/manifest.py describes the fields
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from .. import __version__
+from ..models.config import Weights
+from ..models.manifest import FORMAT, FORMAT_VERSION, MANIFEST, config_to_dict, sha256_file
+from ..models.tokenizer_spec import TokenizerSpec
+from .gguf_in import GGUFModel
+from .onnx_graph import GraphIO, build_decoder
+from .onnx_ir import IR_VERSION, MS_OPSET, OPSET
+from .onnx_linear import ExportOptions, TensorRecord, WeightFormat
+from .parity_gate import GateReport, ParityError, Tolerance, check_artifact
+
+MODEL_FILE = "model.onnx"
+DATA_FILE = "model.onnx.data"
+
+
+class FloatSource:
+    """WeightSource over canonical float weights only (everything below int formats is re-quantized)."""
+
+    def __init__(self, weights: Weights, types: dict[str, str] | None = None) -> None:
+        self.weights = weights
+        self._types = types or {}
+
+    def float(self, name: str) -> np.ndarray:
+        return self.weights[name]
+
+    def blocks(self, name: str) -> tuple[str, np.ndarray] | None:
+        return None
+
+    def source_type(self, name: str) -> str:
+        return self._types.get(name, "F32")
+
+
+class GGUFSource(FloatSource):
+    """WeightSource over a GGUF file: dequantized floats plus the stored blocks for exact transcoding."""
+
+    def __init__(self, gguf: GGUFModel, weights: Weights | None = None) -> None:
+        super().__init__(weights or gguf.load_weights(), gguf.tensor_types())
+        self.gguf = gguf
+
+    def blocks(self, name: str) -> tuple[str, np.ndarray] | None:
+        qtype, raw = self.gguf.raw_blocks(name)
+        return None if qtype in ("F32", "F16", "BF16") else (qtype, raw)
+
+
+def export_onnx(src: FloatSource, out_dir: str | Path, opts: ExportOptions, *,
+                tokenizer: TokenizerSpec | None = None, provenance: Path | None = None) -> Path:
+    """Build, save and describe one decoder artifact; returns the manifest path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = src.weights.config
+    io = GraphIO()
+    model, records = build_decoder(cfg, src, opts, io)
+    for stale in (MODEL_FILE, DATA_FILE):  # save_model appends to an existing data file
+        (out / stale).unlink(missing_ok=True)
+    onnx.save_model(model, str(out / MODEL_FILE), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=DATA_FILE, size_threshold=1024)
+    files = [MODEL_FILE, DATA_FILE]
+    tok = _write_tokenizer(out, tokenizer, files) if tokenizer is not None else None
+    manifest = {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "model": MODEL_FILE, "weights_file": DATA_FILE,
+        "weight_format": opts.fmt.value, "accuracy_level": opts.accuracy_level, "exact_mins": opts.exact_mins,
+        "config": config_to_dict(cfg),
+        "io": {**dataclasses.asdict(io), "kv_layout": "BNSH [1, n_kv_heads, max_ctx, head_dim]", "kv_dtype": "float32",
+               "max_positions": cfg.context_length, "attention": "com.microsoft.GroupQueryAttention shared buffers"},
+        "tensors": {name: dataclasses.asdict(r) for name, r in sorted(records.items())},
+        "exact_tensors": sum(r.exact for r in records.values()), "n_tensors": len(records),
+        "files": {name: {"sha256": sha256_file(out / name), "bytes": (out / name).stat().st_size} for name in files},
+        "provenance": _provenance(provenance),
+        "tokenizer": tok,
+        "parity": None,  # filled in by gate_artifact
+    }
+    path = out / MANIFEST
+    path.write_text(json.dumps(manifest, indent=1) + "\n", "utf-8")
+    return path
+
+
+def _write_tokenizer(out: Path, spec: TokenizerSpec, files: list[str]) -> dict:
+    (out / "tokenizer.json").write_text(spec.hf_json, "utf-8")
+    files.append("tokenizer.json")
+    template = None
+    if spec.chat_template:
+        template = "chat_template.jinja"
+        (out / template).write_text(spec.chat_template, "utf-8")
+        files.append(template)
+    return {"file": "tokenizer.json", "chat_template": template, "bos_id": spec.bos_id, "eos_ids": list(spec.eos_ids),
+            "add_bos": spec.add_bos, "bos_token": spec.bos_token, "eos_token": spec.eos_token}
+
+
+def _provenance(source: Path | None) -> dict:
+    import onnxruntime  # noqa: F401  (only its version is recorded; export itself needs no session)
+    info = {"exporter": f"specedge {__version__}", "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
+            "opset": OPSET, "ms_opset": MS_OPSET, "ir_version": IR_VERSION}
+    if source is not None:
+        info.update(source=str(source), source_sha256=sha256_file(source), source_bytes=os.path.getsize(source))
+    return info
+
+
+def gate_artifact(manifest_path: Path, weights: Weights, tokenizer: TokenizerSpec, *,
+                  tolerance: Tolerance | None = None, threads: int | None = None) -> GateReport:
+    """Run the parity gate, record its numbers in the manifest ("parity"), raise ParityError when out of tolerance.
+    A failed artifact stays on disk for inspection, marked failed; the engine refuses to load it."""
+    from ..runtime.tokenizer import Tokenizer
+    report = check_artifact(manifest_path.parent, weights, Tokenizer(tokenizer), tolerance=tolerance, threads=threads)
+    manifest = json.loads(manifest_path.read_text("utf-8"))
+    manifest["parity"] = report.to_dict()
+    manifest_path.write_text(json.dumps(manifest, indent=1) + "\n", "utf-8")
+    if not report.passed:
+        raise ParityError(report)
+    return report
+
+
+def export_gguf_to_onnx(gguf: GGUFModel, out_dir: str | Path, fmt: WeightFormat, *, accuracy_level: int = 4,
+                        exact_mins: bool = True, gate: bool = True, tolerance: Tolerance | None = None,
+                        threads: int | None = None) -> Path:
+    """The GGUF path of `specedge export`: blocks transcoded where exact, tokenizer and template carried over,
+    then the parity gate (gate=False skips it and records "parity": null; only tests and benchmarks do that)."""
+    src = GGUFSource(gguf)
+    spec = gguf.tokenizer_spec()
+    path = export_onnx(src, out_dir, ExportOptions(fmt, accuracy_level, exact_mins), tokenizer=spec,
+                       provenance=gguf.path)
+    if gate:
+        gate_artifact(path, src.weights, spec, tolerance=tolerance, threads=threads)
+    return path
+
+
+__all__ = ["ExportOptions", "FloatSource", "GGUFSource", "GateReport", "ParityError", "TensorRecord", "Tolerance",
+           "WeightFormat", "export_gguf_to_onnx", "export_onnx", "gate_artifact"]

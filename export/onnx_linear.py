@@ -1,0 +1,138 @@
+"""Linear layers y = x @ W^T in each weight format, and the per-tensor record of how each weight was stored.
+
+Formats (the measured reasons are in docs/onnx.md):
+  fp32        MatMul with W^T float32
+  fp16        W^T stored float16, Cast to float32 (onnxruntime folds the Cast at load: smaller files, fp32 speed)
+  int8        MatMulNBits bits=8, block 32: GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K transcoded exactly, others re-quantized
+  int8-dynamic  DynamicQuantizeMatMul: int8 per-output-channel weights, activations quantized per tensor per call
+              (re-quantized; the flattest verify cost, but per-tensor activation scales fail the parity gate on
+              models with outlier channels such as SmolLM2: docs/onnx.md)
+  int4        MatMulNBits bits=4, block 32: GGUF Q4_0 / Q4_1 / Q4_K exact; Q8_0 sources stay 8-bit (exact)
+Several canonical tensors may be fused into one linear (q|k|v, gate|up): their rows are stacked.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from .onnx_ir import MS_DOMAIN, GraphBuilder
+from .quant import BLOCK, BlockQuant, concat_rows, from_gguf_blocks, pack_nbits, quantize_blocks, \
+    quantize_per_channel_int8
+
+
+class WeightFormat(enum.Enum):
+    FP32 = "fp32"
+    FP16 = "fp16"
+    INT8 = "int8"
+    INT8_DYNAMIC = "int8-dynamic"
+    INT4 = "int4"
+
+    @property
+    def nbits(self) -> int | None:
+        return {WeightFormat.INT4: 4, WeightFormat.INT8: 8}.get(self)
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    fmt: WeightFormat = WeightFormat.FP32
+    accuracy_level: int = 4  # MatMulNBits: 4 = int8 activations (fast), 0 = float activations (slow)
+    exact_mins: bool = True  # keep GGUF block minimums exactly (extra min-term nodes) or re-quantize to zero points
+
+
+class WeightSource(Protocol):
+    """Canonical weights, plus the raw GGUF blocks where the model came from a quantized GGUF."""
+
+    def float(self, name: str) -> np.ndarray: ...  # float32 canonical [out, in] (or 1-D)
+
+    def blocks(self, name: str) -> tuple[str, np.ndarray] | None: ...  # (GGUF type name, uint8 [rows, row_bytes])
+
+    def source_type(self, name: str) -> str: ...  # e.g. "F32", "Q4_1"
+
+
+@dataclass(frozen=True)
+class TensorRecord:
+    """How one canonical tensor is stored in the graph (written to the manifest)."""
+
+    linear: str  # the node path using it
+    storage: str  # fp32 | fp16 | int8-channel | nbits{4,8}-zp | nbits{4,8}-zp-min (residual block offsets m)
+    source_type: str
+    exact: bool  # the graph's weight equals the canonical float32 weight bit for bit
+    max_abs_err: float
+
+
+def _record(path: str, storage: str, src: WeightSource, name: str, approx: np.ndarray) -> TensorRecord:
+    ref = src.float(name)
+    err = float(np.abs(approx.astype(np.float32) - ref).max()) if ref.size else 0.0
+    return TensorRecord(path, storage, src.source_type(name), bool(np.array_equal(approx, ref)), err)
+
+
+def block_quant(src: WeightSource, name: str, bits: int, exact_mins: bool = True) -> BlockQuant:
+    """GGUF blocks transcoded when they fit in `bits` (exact), else re-quantized from float.
+    exact_mins=False re-quantizes min-form blocks (Q4_1, Q4_K) to zero points: lossy, but no min-term nodes."""
+    raw = src.blocks(name)
+    w = src.float(name)
+    if raw is not None:
+        bq = from_gguf_blocks(raw[0], raw[1], w.shape[1])
+        if bq is not None and bq.m is not None and not exact_mins:
+            bq = None
+        if bq is not None and bq.bits <= bits:
+            return bq.with_bits(bits)
+        if bq is not None and bits == 4:  # a Q8_0 tensor in an int4 export: keep it exact at 8 bits
+            return bq
+    return quantize_blocks(w, bits)
+
+
+def linear(g: GraphBuilder, x: str, parts: Sequence[str], src: WeightSource, opts: ExportOptions, prefix: str,
+           name: str) -> tuple[str, dict[str, TensorRecord]]:
+    """y = x @ concat(parts)^T; returns (y, records). `prefix` names the initializers, `name` the node."""
+    path, fmt = g.path(name), opts.fmt
+    if fmt in (WeightFormat.FP32, WeightFormat.FP16):
+        dtype = np.float32 if fmt is WeightFormat.FP32 else np.float16
+        ws = [src.float(p) for p in parts]
+        w = g.const(prefix + ".weight", np.concatenate(ws).T.astype(dtype))
+        if fmt is WeightFormat.FP16:
+            w = g.op1("Cast", [w], name + "/cast", to=1)
+        recs = {p: _record(path, fmt.value, src, p, wp.astype(dtype).astype(np.float32)) for p, wp in zip(parts, ws)}
+        return g.op1("MatMul", [x, w], name), recs
+    if fmt is WeightFormat.INT8_DYNAMIC:
+        ws = [src.float(p) for p in parts]
+        q, scale = quantize_per_channel_int8(np.concatenate(ws))
+        y = g.op1("DynamicQuantizeMatMul", [x, g.const(prefix + ".qweight", q), g.const(prefix + ".scales", scale)],
+                  name, domain=MS_DOMAIN)
+        deq = (q.T.astype(np.float32) * scale[:, None])
+        rows = np.cumsum([0] + [w.shape[0] for w in ws])
+        return y, {p: _record(path, "int8-channel", src, p, deq[rows[i]:rows[i + 1]]) for i, p in enumerate(parts)}
+    bqs = [block_quant(src, p, fmt.nbits, opts.exact_mins) for p in parts]
+    bq = concat_rows(bqs)
+    y = nbits_matmul(g, x, bq, prefix, name, accuracy_level=opts.accuracy_level)
+    storage = f"nbits{bq.bits}-{'zp-min' if bq.m is not None else 'zp'}"
+    deq = bq.dequantize()
+    rows = np.cumsum([0] + [b.shape[0] for b in bqs])
+    return y, {p: _record(path, storage, src, p, deq[rows[i]:rows[i + 1]]) for i, p in enumerate(parts)}
+
+
+def nbits_matmul(g: GraphBuilder, x: str, bq: BlockQuant, prefix: str, name: str, *, accuracy_level: int) -> str:
+    """MatMulNBits, plus the residual block-offset term when the blocks carry one (centered Q4_1 / Q4_K).
+
+        x [.., K] ──► MatMulNBits(q, d, zp) ────────────────────────────────► Add ──► y [.., N]
+          └──► Reshape [-1, nb, 32] ──► ReduceSum(axis -1) ──► MatMul(mᵀ [nb, N]) ──┘
+    (sum_j x_j ((q_j - zp) d + m) = d sum_j x_j (q_j - zp) + m sum_j x_j, per block)
+    """
+    n, k = bq.shape
+    b, scales, zp = pack_nbits(bq)
+    inputs = [x, g.const(prefix + ".qweight", b), g.const(prefix + ".scales", scales),
+              g.const(prefix + ".zero_points", zp)]
+    y = g.op1("MatMulNBits", inputs, name, domain=MS_DOMAIN, K=k, N=n, bits=bq.bits, block_size=BLOCK,
+              accuracy_level=accuracy_level)
+    if bq.m is None:
+        return y
+    nb = k // BLOCK
+    shape = g.const(prefix + ".block_shape", np.array([-1, nb, BLOCK], np.int64))
+    blocks = g.op1("Reshape", [x, shape], name + "/blocks")
+    sums = g.op1("ReduceSum", [blocks, g.const(prefix + ".sum_axis", np.array([-1], np.int64))], name + "/block_sum",
+                 keepdims=0)
+    mins = g.op1("MatMul", [sums, g.const(prefix + ".mins", np.ascontiguousarray(bq.m.T))], name + "/min_term")
+    return g.op1("Add", [y, mins], name + "/add_min")

@@ -1,0 +1,116 @@
+"""An exported artifact's manifest.json: what the runtime reads instead of guessing from file names.
+
+Written by export/onnx_export.py, read here (below both export and runtime). Format version 1:
+
+    format, format_version        "specedge-onnx", 1
+    model                         the ONNX graph file (weights in `weights_file`, ONNX external data)
+    weight_format                 fp32 | fp16 | int8 | int8-dynamic | int4
+    config                        ModelConfig fields (rope_scaling nested)
+    io                            graph input/output names ("{i}" = layer index) and the KV layout
+    tensors                       canonical tensor -> {linear, storage, source_type, exact, max_abs_err}
+    files                         file name -> {sha256, bytes} for every file of the artifact but the manifest
+    provenance                    source path and sha256, exporter and library versions
+    tokenizer                     tokenizer.json, chat template file, special ids
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from .config import ModelConfig, RopeScaling
+from .errors import ModelFileError
+from .tokenizer_spec import TokenizerSpec
+
+FORMAT = "specedge-onnx"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+def config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
+    d = dataclasses.asdict(cfg)
+    d["eos_ids"] = list(cfg.eos_ids)
+    return d
+
+
+def config_from_dict(d: Mapping[str, Any]) -> ModelConfig:
+    d = dict(d)
+    d["rope_scaling"] = RopeScaling(**d.get("rope_scaling", {}))
+    d["eos_ids"] = tuple(d.get("eos_ids", ()))
+    return ModelConfig(**d)
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Manifest:
+    root: Path
+    raw: Mapping[str, Any]
+    config: ModelConfig
+
+    @property
+    def model_path(self) -> Path:
+        return self.root / self.raw["model"]
+
+    @property
+    def weight_format(self) -> str:
+        return str(self.raw["weight_format"])
+
+    @property
+    def io(self) -> Mapping[str, Any]:
+        return self.raw["io"]
+
+    @property
+    def tensors(self) -> Mapping[str, Any]:
+        return self.raw["tensors"]
+
+    def tokenizer_spec(self) -> TokenizerSpec:
+        t = self.raw["tokenizer"]
+        template = (self.root / t["chat_template"]).read_text("utf-8") if t.get("chat_template") else None
+        return TokenizerSpec(hf_json=(self.root / t["file"]).read_text("utf-8"), bos_id=t.get("bos_id"),
+                             eos_ids=tuple(t.get("eos_ids", ())), add_bos=bool(t.get("add_bos", False)),
+                             chat_template=template, bos_token=t.get("bos_token"), eos_token=t.get("eos_token"))
+
+    def verify_files(self) -> None:
+        """Every listed file exists with its recorded size and SHA-256; ModelFileError names the first that does not."""
+        for name, meta in self.raw["files"].items():
+            path = self.root / name
+            if not path.is_file():
+                raise ModelFileError(f"{self.root}: artifact file {name} is missing; re-export the model")
+            if path.stat().st_size != meta["bytes"] or sha256_file(path) != meta["sha256"]:
+                raise ModelFileError(f"{path} does not match the SHA-256 in {MANIFEST} (damaged or edited); "
+                                     "re-export the model")
+
+
+def read_manifest(root: str | Path, *, verify: bool = True) -> Manifest:
+    """Read and validate `root/manifest.json`; verify=True also checks every file's hash."""
+    root = Path(root)
+    path = root / MANIFEST
+    if not path.is_file():
+        raise ModelFileError(f"{root} is not an exported model directory (no {MANIFEST}); run `specedge export`")
+    try:
+        raw = json.loads(path.read_text("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelFileError(f"{path} is not valid JSON ({e}); re-export the model") from None
+    if raw.get("format") != FORMAT:
+        raise ModelFileError(f"{path}: format {raw.get('format')!r} is not {FORMAT!r}")
+    if raw.get("format_version") != FORMAT_VERSION:
+        raise ModelFileError(f"{path}: format version {raw.get('format_version')} is not supported by this "
+                             f"specedge (reads version {FORMAT_VERSION}); re-export or upgrade specedge")
+    try:
+        config = config_from_dict(raw["config"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ModelFileError(f"{path}: bad model config ({e})") from None
+    manifest = Manifest(root, raw, config)
+    if verify:
+        manifest.verify_files()
+    return manifest

@@ -1,0 +1,116 @@
+"""ONNX Runtime backend: runs an exported decoder artifact (models/manifest.py) behind the Backend protocol.
+
+KV design: each cache owns preallocated [1, n_kv, capacity, head_dim] float32 OrtValues per layer and one IOBinding
+that binds each of them as both past_key.i and present_key.i. GroupQueryAttention sees the shared buffer and
+writes the T new rows in place at positions [length, length + T); nothing else of the cache moves. The length
+cursor is the only state: forward passes seqlens_k = length + T - 1 and total_sequence_length = length + T, and
+rollback just lowers the cursor (the rejected rows are overwritten next time).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ...models.config import ModelConfig
+from ...models.manifest import Manifest, read_manifest
+from ..kv import LengthCursor
+from ..types import Logits, Mask, Tokens
+from .base import BackendCaps, LayerPlan, check_room
+from .onnx_providers import Device, ProviderChoice, select_providers
+
+
+def _import_ort():
+    try:
+        import onnxruntime
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise ImportError("the ONNX backend needs onnxruntime: pip install 'specedge[onnx]'") from e
+    return onnxruntime
+
+
+class OnnxCache(LengthCursor):
+    """Per-sequence KV buffers and the IOBinding that ties them to the session's past/present names."""
+
+    def __init__(self, backend: "OnnxBackend", capacity: int) -> None:
+        ort = backend.ort
+        c, io = backend.config, backend.io
+        self._capacity = capacity
+        self._length = 0
+        shape = (1, c.n_kv_heads, capacity, c.head_dim)
+        self.binding = backend.session.io_binding()
+        self.binding.bind_output(io["logits"], "cpu")  # first output: get_outputs()[0] is the logits
+        self._buffers = []  # keeps the OrtValues alive for the binding's lifetime
+        for i in range(c.n_layers):
+            for past, present in (("past_key", "present_key"), ("past_value", "present_value")):
+                buf = ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32))
+                self.binding.bind_ortvalue_input(io[past].format(i=i), buf)
+                self.binding.bind_ortvalue_output(io[present].format(i=i), buf)
+                self._buffers.append(buf)
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(np.prod(b.shape())) * 4 for b in self._buffers)
+
+
+class OnnxBackend:
+    """caps: chains only (tree masks and layer plans need graphs this export does not build yet)."""
+
+    name = "onnx"
+
+    def __init__(self, manifest: Manifest | str | Path, *, device: Device | str = Device.CPU,
+                 threads: int | None = None, verify: bool = True, log=None) -> None:
+        self.ort = _import_ort()
+        self.manifest = manifest if isinstance(manifest, Manifest) else read_manifest(manifest, verify=verify)
+        self.config: ModelConfig = self.manifest.config
+        self.io = self.manifest.io
+        self.caps = BackendCaps(tree_mask=False, layer_plan=False, partial_rollback=True,
+                                max_batch_tokens=self.config.context_length)
+        self.threads = threads or min(os.cpu_count() or 1, 8)
+        self.choice: ProviderChoice = select_providers(device, self.ort.get_available_providers(),
+                                                       threads=self.threads)
+        if log is not None and Device(device) is Device.AUTO:
+            log(self.choice.note)
+        opts = self.ort.SessionOptions()
+        opts.intra_op_num_threads = self.threads
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = self.ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = self.ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.session = self.ort.InferenceSession(
+            str(self.manifest.model_path), sess_options=opts,
+            providers=[p for p, _ in self.choice.providers], provider_options=[o for _, o in self.choice.providers])
+        self._weight_bytes = int(self.manifest.raw["files"][self.manifest.raw["weights_file"]]["bytes"])
+
+    def new_cache(self, max_len: int) -> OnnxCache:
+        if max_len > self.config.context_length:
+            raise ValueError(f"a cache of {max_len} positions exceeds the model's context {self.config.context_length}"
+                             " (the RoPE tables end there); lower --ctx")
+        return OnnxCache(self, max_len)
+
+    def weight_bytes(self, plan: LayerPlan | None = None) -> int:
+        """The external weight file size (weights dominate; a tied float head shares the embedding table)."""
+        return self._weight_bytes
+
+    def forward(self, tokens: Tokens, cache: OnnxCache, *, tree_mask: Mask | None = None,
+                plan: LayerPlan | None = None) -> Logits:
+        """float32 logits [T, V] for tokens appended at cache.length; one session run for all T positions."""
+        if tree_mask is not None or plan is not None:
+            raise ValueError("the ONNX backend runs chains of the full model (no tree masks or layer plans yet)")
+        t = len(tokens)
+        if t == 0:
+            raise ValueError("forward needs at least one token")
+        check_room(cache, t)
+        total = cache.length + t
+        b, io = cache.binding, self.io
+        b.bind_cpu_input(io["input_ids"], np.asarray(tokens, dtype=np.int64).reshape(1, t))
+        b.bind_cpu_input(io["seqlens_k"], np.array([total - 1], dtype=np.int32))
+        b.bind_cpu_input(io["total_length"], np.array(total, dtype=np.int32))
+        b.bind_output(io["logits"], "cpu")  # unallocated again: T changes between calls
+        self.session.run_with_iobinding(b)
+        logits = b.get_outputs()[0].numpy()
+        cache.advance(t)
+        return logits

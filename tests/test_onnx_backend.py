@@ -1,0 +1,104 @@
+"""The ONNX Runtime backend on tiny exported models: parity with the NumPy reference through prefill, verify steps
+of width 1..5 and rollbacks to any length; the in-place KV design; lossless speculative decoding; providers."""
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime")
+
+from specedge.export.gguf_in import open_gguf  # noqa: E402
+from specedge.export.onnx_export import export_gguf_to_onnx  # noqa: E402
+from specedge.export.onnx_linear import WeightFormat  # noqa: E402
+from specedge.models.tiny import write_tiny_gguf  # noqa: E402
+from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
+from specedge.runtime.backends.onnx_providers import Device, select_providers  # noqa: E402
+from specedge.runtime.backends.onnxrt import OnnxBackend  # noqa: E402
+from specedge.runtime.decode import decode  # noqa: E402
+from specedge.runtime.drafters.ngram import NgramDrafter  # noqa: E402
+from specedge.runtime.types import SamplingParams  # noqa: E402
+
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def pair(request, tmp_path_factory):
+    """(ONNX fp32 backend, NumPy float32 backend) over the same tiny GGUF; llama with 3 layers, untied qwen2."""
+    d = tmp_path_factory.mktemp(f"onnx-{request.param}")
+    tied = request.param == "llama"
+    gguf = open_gguf(write_tiny_gguf(d / "m.gguf", arch=request.param, n_layers=3, tied=tied, seed=3))
+    export_gguf_to_onnx(gguf, d / "onnx", WeightFormat.FP32, gate=False)
+    return OnnxBackend(d / "onnx", threads=1), NumpyBackend(gguf.load_weights())
+
+
+def test_prompt_then_verify_steps_with_rollbacks_match_numpy(pair):
+    onnx_b, ref = pair
+    rng = np.random.default_rng(0)
+    toks = rng.integers(0, onnx_b.config.vocab_size, 200).astype(np.int32)
+    co, cr = onnx_b.new_cache(96), ref.new_cache(96)
+    np.testing.assert_allclose(onnx_b.forward(toks[:9], co), ref.forward(toks[:9], cr), atol=TOL)
+    pos = 9
+    for step in range(14):
+        width = 1 + step % 5  # verify widths 1..5 (k = 0..4)
+        got, want = onnx_b.forward(toks[pos:pos + width], co), ref.forward(toks[pos:pos + width], cr)
+        assert got.shape == (width, onnx_b.config.vocab_size) and got.dtype == np.float32
+        np.testing.assert_allclose(got, want, atol=TOL)
+        keep = int(rng.integers(0, width + 1))  # accept a prefix of the verified positions
+        if step % 6 == 5:
+            keep = -int(rng.integers(1, 5))  # sometimes roll back into older positions too
+        co.rollback(pos + keep)
+        cr.rollback(pos + keep)
+        pos += keep
+        assert co.length == cr.length == pos
+        toks[pos:pos + 8] = rng.integers(0, onnx_b.config.vocab_size, 8)  # what follows a rejection is new
+
+
+def test_kv_rows_are_written_in_place(pair):
+    """The shared past/present buffers hold the rotated keys of exactly the committed positions."""
+    onnx_b, ref = pair
+    toks = np.arange(20, 32, dtype=np.int32)
+    co, cr = onnx_b.new_cache(16), ref.new_cache(16)
+    onnx_b.forward(toks[:5], co)
+    ref.forward(toks[:5], cr)
+    onnx_b.forward(toks[5:8], co)
+    ref.forward(toks[5:8], cr)
+    key0 = co._buffers[0].numpy()[0]  # layer 0 key buffer [n_kv, capacity, hd]
+    np.testing.assert_allclose(key0[:, :8], cr.k[0, :, :8], atol=1e-5)
+    assert not key0[:, 8:].any()
+
+
+def test_speculative_greedy_equals_plain_greedy(pair):
+    onnx_b, _ = pair
+    params = SamplingParams()
+    prompt = np.array([5, 9, 14, 5, 9, 14, 5, 9, 30, 31, 5, 9], dtype=np.int32)
+    plain = [e.token for e in decode(onnx_b, prompt, params, max_tokens=40)]
+    for k in (1, 3, 5):
+        spec = [e.token for e in decode(onnx_b, prompt, params, drafter=NgramDrafter(), k=k, max_tokens=40)]
+        assert spec == plain
+
+
+def test_errors_are_clear(pair):
+    onnx_b, _ = pair
+    cache = onnx_b.new_cache(4)
+    with pytest.raises(ValueError, match="context full"):
+        onnx_b.forward(np.arange(5, dtype=np.int32), cache)
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        onnx_b.new_cache(onnx_b.config.context_length + 1)
+    with pytest.raises(ValueError, match="tree masks"):
+        onnx_b.forward(np.arange(2, dtype=np.int32), cache, tree_mask=np.ones((2, 2), bool))
+
+
+def test_provider_selection():
+    cpu_only = ["CPUExecutionProvider"]
+    assert select_providers("cpu", cpu_only).providers == [("CPUExecutionProvider", {})]
+    auto = select_providers(Device.AUTO, cpu_only)
+    assert auto.device is Device.CPU and "cuda" in auto.note and "chose cpu" in auto.note
+    gpu = select_providers("auto", ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert gpu.device is Device.CUDA and [p for p, _ in gpu.providers] == ["CUDAExecutionProvider",
+                                                                           "CPUExecutionProvider"]
+    with pytest.raises(ValueError, match="onnxruntime-gpu"):
+        select_providers("cuda", cpu_only)
+    with pytest.raises(ValueError, match="QNNExecutionProvider"):
+        select_providers("qnn", cpu_only)
+    with pytest.raises(ValueError):
+        select_providers("tpu", cpu_only)
+    assert select_providers("xnnpack", ["XnnpackExecutionProvider", "CPUExecutionProvider"], threads=2
+                            ).providers[0] == ("XnnpackExecutionProvider", {"intra_op_num_threads": "2"})

@@ -1,0 +1,64 @@
+"""Lossless speculative decoding on the ONNX backend with the real default model (SmolLM2-135M-Instruct Q4_1),
+exported once per format (parity-gated) into a temporary directory.
+
+Greedy speculative output must equal plain greedy output for 20 dev prompts x 64 tokens, with the n-gram drafter
+and with a model drafter (the same artifact in a second session). Every divergence is reported with the target's
+top-2 margin on the plain path.
+
+int8 is expected to fail today (strict xfail, docs/onnx.md "Batch invariance"): GroupQueryAttention's multi-token
+path is not bit-identical to its one-token path (5e-5 on fp32 logits), and the int8 activation rounding inside
+every MatMulNBits turns that into logit differences up to 1.1 (16 of 20 prompts diverged, top-2 margins up to 0.32).
+"""
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime")
+
+from specedge.apps.engine import DrafterSpec, load_onnx, make_drafter  # noqa: E402
+from specedge.export.gguf_in import open_gguf  # noqa: E402
+from specedge.export.onnx_export import export_gguf_to_onnx  # noqa: E402
+from specedge.export.onnx_linear import WeightFormat  # noqa: E402
+from specedge.models.catalog import resolve_model  # noqa: E402
+from specedge.runtime.decode import decode  # noqa: E402
+from specedge.runtime.stats import DecodeStats  # noqa: E402
+from specedge.runtime.types import SamplingParams  # noqa: E402
+
+from test_real_decode import N_TOKENS, plain_path_margin, prompts_for  # noqa: E402  (tests/ is on sys.path)
+
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+GREEDY = SamplingParams()
+CTX = 512
+
+
+@pytest.fixture(scope="module", params=["fp32", "int8"])
+def artifact(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp("smollm2-onnx") / f"smollm2-135m-onnx-{request.param}"
+    export_gguf_to_onnx(open_gguf(resolve_model("smollm2-135m")), out, WeightFormat(request.param), threads=2)
+    return out
+
+
+def greedy(model, prompt, drafter=None, stats=None):
+    return [e.token for e in decode(model.backend, prompt, GREEDY, drafter=drafter, k=4, max_tokens=N_TOKENS,
+                                    eos_ids=(), stats=stats, ctx=CTX)]
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "model"])
+def test_onnx_speculative_equals_plain(request, artifact, drafter):
+    if artifact.name.endswith("int8"):
+        request.applymarker(pytest.mark.xfail(strict=True, reason="GQA batch variance amplified by int8 activation "
+                                                                  "rounding (module docstring)"))
+    model = load_onnx(str(artifact), device="cpu", threads=2)
+    spec = DrafterSpec.parse("ngram" if drafter == "ngram" else f"model:{artifact}")
+    stats = DecodeStats()
+    diverged = []
+    for i, prompt in enumerate(prompts_for(model)):
+        prompt = prompt[:CTX - N_TOKENS - 8]
+        plain = greedy(model, prompt)
+        fast = greedy(model, prompt, make_drafter(spec, model, GREEDY, ctx=CTX, threads=2, device="cpu"), stats)
+        if fast != plain:
+            at = next(j for j, (a, b) in enumerate(zip(fast, plain)) if a != b)
+            diverged.append((i, at, plain_path_margin(model, np.asarray(prompt), plain, at)))
+    print(f"onnx {artifact.name} {drafter}: {stats.summary()}; divergences (prompt, position, top-2 margin): "
+          f"{diverged}")
+    assert stats.n_drafted > 0
+    assert not diverged, f"speculative output differs from plain greedy: {diverged}"
