@@ -22,7 +22,7 @@ from ..models.config import Weights
 from ..models.manifest import FORMAT, FORMAT_VERSION, MANIFEST, config_to_dict, sha256_file
 from ..models.tokenizer_spec import TokenizerSpec
 from .gguf_in import GGUFModel
-from .onnx_graph import GraphIO, build_decoder
+from .onnx_graph import PAD_ROWS, GraphIO, build_decoder
 from .onnx_ir import IR_VERSION, MS_OPSET, OPSET
 from .onnx_linear import ExportOptions, TensorRecord, WeightFormat
 from .parity_gate import GateReport, ParityError, Tolerance, check_artifact
@@ -79,7 +79,8 @@ def export_onnx(src: FloatSource, out_dir: str | Path, opts: ExportOptions, *,
         "weight_format": opts.fmt.value, "accuracy_level": opts.accuracy_level, "exact_mins": opts.exact_mins,
         "config": config_to_dict(cfg),
         "io": {**dataclasses.asdict(io), "kv_layout": "BNSH [1, n_kv_heads, max_ctx, head_dim]", "kv_dtype": "float32",
-               "max_positions": cfg.context_length, "attention": "com.microsoft.GroupQueryAttention shared buffers"},
+               "max_positions": cfg.context_length, "attention": "com.microsoft.GroupQueryAttention shared buffers",
+               "kv_pad_rows": PAD_ROWS},
         "tensors": {name: dataclasses.asdict(r) for name, r in sorted(records.items())},
         "exact_tensors": sum(r.exact for r in records.values()), "n_tensors": len(records),
         "files": {name: {"sha256": sha256_file(out / name), "bytes": (out / name).stat().st_size} for name in files},

@@ -22,6 +22,13 @@ from .onnx_ir import MS_DOMAIN, GraphBuilder
 from .onnx_linear import ExportOptions, TensorRecord, WeightFormat, WeightSource, linear
 
 
+PAD_ROWS = 1  # zero rows appended to every GroupQueryAttention call (see attention())
+
+
+def qkv_width(cfg: ModelConfig) -> int:
+    return (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+
+
 @dataclass(frozen=True)
 class GraphIO:
     """Names of the graph's inputs and outputs (copied into the manifest; the runtime reads them from there)."""
@@ -45,6 +52,7 @@ def build_decoder(cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: 
     seqlens = g.input(io.seqlens_k, np.int32, [1])
     total = g.input(io.total_length, np.int32, [])
     cos, sin = rope_tables(g, cfg)
+    seqlens, total = padded_lengths(g, seqlens, total)
     h = embed(g, cfg, src, opts, ids, records)
     with g.scope("layers.0"):
         x = rms_norm(g, cfg, src, h, "layers.0.attn_norm", "attn_norm")
@@ -57,10 +65,19 @@ def build_decoder(cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: 
 
 
 def rope_tables(g: GraphBuilder, cfg: ModelConfig) -> tuple[str, str]:
-    """cos/sin [context_length, head_dim/2], angles in float64 as the NumPy reference computes them."""
-    angles = np.arange(cfg.context_length, dtype=np.float64)[:, None] * rope_inv_freq(cfg)[None, :]
+    """cos/sin [context_length + PAD_ROWS, head_dim/2] (the pad row's position too), angles in float64 as the NumPy
+    reference computes them."""
+    angles = np.arange(cfg.context_length + PAD_ROWS, dtype=np.float64)[:, None] * rope_inv_freq(cfg)[None, :]
     return (g.const("rope.cos", np.cos(angles).astype(np.float32)),
             g.const("rope.sin", np.sin(angles).astype(np.float32)))
+
+
+def padded_lengths(g: GraphBuilder, seqlens: str, total: str) -> tuple[str, str]:
+    """seqlens_k and total_sequence_length as GroupQueryAttention sees them: one pad row past the T real ones."""
+    with g.scope("attn_pad"):
+        pad = np.int32(PAD_ROWS)
+        return (g.op1("Add", [seqlens, g.const("attn_pad.rows", np.array([pad]))], "seqlens_k"),
+                g.op1("Add", [total, g.const("attn_pad.rows_scalar", np.array(pad))], "total_length"))
 
 
 def embed(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: ExportOptions, ids: str,
@@ -118,8 +135,16 @@ def attention(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: Export
               attn_inputs: tuple[str, str, str, str], records: dict[str, TensorRecord]) -> str:
     """Fused q|k|v projection, GroupQueryAttention on the packed QKV (RoPE inside, in-place KV), output projection.
 
-        x ─► qkv_proj ─(+ q|k|v bias)─► GroupQueryAttention ─► o_proj ─► out
-          past_key.i, past_value.i ─────┘        └─► present_key.i, present_value.i (same buffers)
+        x ─► qkv_proj ─(+ q|k|v bias)─► Concat(zero row) ─► GroupQueryAttention ─► Slice(drop row) ─► o_proj ─► out
+          past_key.i, past_value.i ───────────────────────────┘        └─► present_key.i, present_value.i (same buffers)
+
+    Batch invariance: onnxruntime's CPU GroupQueryAttention multiplies probs x V with MLAS, which takes a GEMV path
+    when the op sees one row and a GEMM path for two or more; the two round differently (~1e-7 relative), and int8
+    activation rounding downstream amplifies that into logit differences up to ~1 between a verify batch and
+    one-token decoding. A zero row appended at position L+T keeps every call on the GEMM path, where rows are computed
+    identically for any row count and any zero-padded total length, so T=1 and T=k+1 give bit-identical logits.
+    The pad row's K/V land at position L+T (beyond the cursor; the next call overwrites them) and no real row attends
+    to it (causal). The runtime allocates PAD_ROWS extra cache rows for it.
     """
     p = f"layers.{i}"
     seqlens, total, cos, sin = attn_inputs
@@ -133,10 +158,17 @@ def attention(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: Export
     past_v = g.input(io.past_value.format(i=i), np.float32, kv_shape)
     present_k = g.output(io.present_key.format(i=i), np.float32, kv_shape)
     present_v = g.output(io.present_value.format(i=i), np.float32, kv_shape)
-    attn = g.op("GroupQueryAttention", [qkv, "", "", past_k, past_v, seqlens, total, cos, sin], "gqa",
+    d = qkv_width(cfg)
+    if not g.has_const("attn_pad.zeros"):
+        g.const("attn_pad.zeros", np.zeros((1, PAD_ROWS, d), np.float32))
+    padded = g.op1("Concat", [qkv, "attn_pad.zeros"], "pad_rows", axis=1)
+    attn = g.op("GroupQueryAttention", [padded, "", "", past_k, past_v, seqlens, total, cos, sin], "gqa",
                 outputs=[g.path("gqa") + "/out0", present_k, present_v], domain=MS_DOMAIN,
                 num_heads=cfg.n_heads, kv_num_heads=cfg.n_kv_heads, do_rotary=1, rotary_interleaved=0,
                 scale=float(1.0 / np.sqrt(cfg.head_dim)))[0]
+    attn = g.op1("Slice", [attn, g.const_once("attn_pad.start", np.array([0], np.int64)),
+                           g.const_once("attn_pad.end", np.array([-PAD_ROWS], np.int64)),
+                           g.const_once("attn_pad.axis", np.array([1], np.int64))], "unpad_rows")
     out, recs = linear(g, attn, [f"{p}.o"], src, opts, f"{p}.attn.o_proj", "o_proj")
     records.update(recs)
     return out

@@ -76,6 +76,10 @@ class GraphBuilder:
         self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
         return name
 
+    def const_once(self, name: str, array: np.ndarray) -> str:
+        """A shared initializer: added on first use, reused by name afterwards."""
+        return name if name in self._init_names else self.const(name, array)
+
     def has_const(self, name: str) -> bool:
         return name in self._init_names
 

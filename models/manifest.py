@@ -1,12 +1,14 @@
 """An exported artifact's manifest.json: what the runtime reads instead of guessing from file names.
 
-Written by export/onnx_export.py, read here (below both export and runtime). Format version 1:
+Written by export/onnx_export.py, read here (below both export and runtime). Format version 2 (version 1
+artifacts predate the pad row that makes verify batches bit-identical to one-token decoding; they must be re-exported):
 
-    format, format_version        "specedge-onnx", 1
+    format, format_version        "specedge-onnx", 2
     model                         the ONNX graph file (weights in `weights_file`, ONNX external data)
     weight_format                 fp32 | fp16 | int8 | int8-dynamic | int4
     config                        ModelConfig fields (rope_scaling nested)
-    io                            graph input/output names ("{i}" = layer index) and the KV layout
+    io                            graph input/output names ("{i}" = layer index), the KV layout, and kv_pad_rows:
+                                  cache rows past the capacity that the graph writes scratch K/V into
     tensors                       canonical tensor -> {linear, storage, source_type, exact, max_abs_err}
     files                         file name -> {sha256, bytes} for every file of the artifact but the manifest
     provenance                    source path and sha256, exporter and library versions
@@ -26,7 +28,7 @@ from .errors import ModelFileError
 from .tokenizer_spec import TokenizerSpec
 
 FORMAT = "specedge-onnx"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 
 

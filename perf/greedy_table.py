@@ -1,10 +1,11 @@
 """Greedy speculative decoding on dev prompts: tokens/s and mean accepted length per backend and drafter.
 
     python -m specedge.perf.greedy_table --model smollm2-135m --limit 20 --max-tokens 128 \
-        --backends numpy llamacpp --drafters none ngram model:smollm2-135m --k 4
+        --targets numpy llamacpp onnx:smollm2-135m-onnx-int4 --drafters none ngram --k 2 4
 
-All configurations run in one process, each prompt through every configuration in turn, so slow
-drift of the machine affects them alike. Writes a markdown table to stdout and JSON to --out.
+All configurations (targets x drafters x k) run in one process, each prompt through every configuration in turn,
+so slow drift of the machine affects them alike. ms/step is decode time per target call (drafting, verification
+and bookkeeping included); ms/target call is the time inside the target's forward. Writes a markdown table to stdout and JSON to --out.
 """
 from __future__ import annotations
 
@@ -22,46 +23,60 @@ from ..runtime.types import SamplingParams
 from .devset import load_prompts
 
 
+def parse_target(text: str, default_model: str) -> tuple[BackendKind, str]:
+    """'onnx:/path/to/artifact' | 'llamacpp' | 'numpy:model.gguf' -> (backend kind, model)."""
+    kind, _, model = text.partition(":")
+    return BackendKind(kind), model or default_model
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--model", default="smollm2-135m", help="model for targets that do not name one")
     ap.add_argument("--limit", type=int, default=20)
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--backends", nargs="+", default=["numpy", "llamacpp"])
-    ap.add_argument("--drafters", nargs="+", default=["none", "ngram", "model:smollm2-135m"])
-    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--backends", "--targets", nargs="+", default=["numpy", "llamacpp"], dest="targets",
+                    help="backend[:model] each, e.g. llamacpp onnx:smollm2-135m-onnx-int4")
+    ap.add_argument("--drafters", nargs="+", default=["none", "ngram", "model:smollm2-135m"],
+                    help="the first one is the baseline (normally none); a model drafter uses the target's backend")
+    ap.add_argument("--k", type=int, nargs="+", default=[4], help="draft lengths (each drafter runs with each)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     params = SamplingParams()
     prompts = load_prompts(limit=a.limit)
+    runs = []  # (target label, drafter label, k, target, drafter)
+    for t in a.targets:
+        kind, model = parse_target(t, a.model)
+        target = load_model(model, kind, ctx=2048, threads=a.threads, device="cpu")
+        for d in a.drafters:
+            for k in ([0] if d == "none" else a.k):
+                runs.append((t, d, k, target, make_drafter(DrafterSpec.parse(d), target, params, ctx=2048,
+                                                           threads=a.threads, device="cpu")))
+    agg = [DecodeStats() for _ in runs]
+    outputs = [[] for _ in runs]
+    for p in prompts:  # every prompt through every configuration in turn: drift hits them alike
+        for i, (t, d, k, target, drafter) in enumerate(runs):
+            tok = target.tokenizer
+            ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": p.text}]))
+            r = generate(target.backend, tok, ids, params, drafter=drafter, k=max(k, 1), max_tokens=a.max_tokens,
+                         rng=np.random.default_rng(0), stats=agg[i], ctx=2048)
+            outputs[i].append(r.tokens)
     rows = []
-    for b in a.backends:
-        target = load_model(a.model, BackendKind(b), ctx=2048, threads=a.threads)
-        configs = [(d, make_drafter(DrafterSpec.parse(d), target, params, ctx=2048, threads=a.threads))
-                   for d in a.drafters]
-        ids = [target.tokenizer.encode(target.tokenizer.apply_chat_template([{"role": "user", "content": p.text}]))
-               for p in prompts]
-        agg = {d: DecodeStats() for d, _ in configs}
-        outputs = {d: [] for d, _ in configs}
-        for pid in ids:
-            for d, drafter in configs:
-                r = generate(target.backend, target.tokenizer, pid, params, drafter=drafter, k=a.k,
-                             max_tokens=a.max_tokens, rng=np.random.default_rng(0), stats=agg[d], ctx=2048)
-                outputs[d].append(r.tokens)
-        base = agg[configs[0][0]].tokens_per_s
-        for d, _ in configs:
-            s = agg[d]
-            same = sum(o == p for o, p in zip(outputs[d], outputs[configs[0][0]]))
-            rows.append(dict(backend=b, drafter=d, k=a.k if d != "none" else 0, tokens_per_s=s.tokens_per_s,
-                             mean_accepted_length=s.mean_accepted_length, speedup=s.tokens_per_s / base,
-                             identical_to_first=same, n_prompts=len(ids), tokens=s.n_generated))
-        del target, configs
-    print(f"| backend | drafter | k | tok/s | mean accepted length | speedup vs {a.drafters[0]} | identical |")
-    print("|---|---|---|---|---|---|---|")
+    for i, (t, d, k, _, _) in enumerate(runs):
+        base = next(j for j, r in enumerate(runs) if r[0] == t)  # the target's first configuration
+        s = agg[i]
+        rows.append(dict(target=t, drafter=d, k=k, tokens_per_s=s.tokens_per_s,
+                         mean_accepted_length=s.mean_accepted_length, speedup=s.tokens_per_s / agg[base].tokens_per_s,
+                         identical_to_first=sum(o == b for o, b in zip(outputs[i], outputs[base])),
+                         n_prompts=len(prompts), tokens=s.n_generated, step_ms=1e3 * s.decode_s / max(s.n_target_forwards, 1),
+                         forward_ms=1e3 * s.forward_s / max(s.n_target_forwards, 1)))
+    print(f"| target | drafter | k | tok/s | mean accepted length | speedup vs {a.drafters[0]} | identical | "
+          "ms/step | ms/target call |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['backend']} | {r['drafter']} | {r['k']} | {r['tokens_per_s']:.1f} | "
-              f"{r['mean_accepted_length']:.2f} | {r['speedup']:.2f}x | {r['identical_to_first']}/{r['n_prompts']} |")
+        print(f"| {r['target']} | {r['drafter']} | {r['k']} | {r['tokens_per_s']:.1f} | "
+              f"{r['mean_accepted_length']:.2f} | {r['speedup']:.2f}x | {r['identical_to_first']}/{r['n_prompts']} | "
+              f"{r['step_ms']:.2f} | {r['forward_ms']:.2f} |")
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"args": vars(a), "time": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows}, f, indent=2)

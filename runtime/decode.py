@@ -57,7 +57,10 @@ def speculative_step(target: Backend, drafter: Drafter | None, verifier: Verifie
     draft = drafter.propose(context, k, rng) if (drafter is not None and k > 0) else EMPTY_DRAFT
     t1 = time.perf_counter()
     base = seq.cache.length
-    logits = target.forward(np.concatenate([context[-1:], draft.tokens]).astype(np.int32), seq.cache)
+    step_tokens = np.concatenate([context[-1:], draft.tokens]).astype(np.int32)
+    tf = time.perf_counter()
+    logits = target.forward(step_tokens, seq.cache)
+    forward_s = time.perf_counter() - tf
     p = logits_to_probs(logits, params, history=np.concatenate([context, draft.tokens]))
     verdict = verifier.verify(draft, p, rng)
     seq.cache.rollback(base + 1 + verdict.n_accepted)  # [last, accepted...] are now committed in the cache
@@ -66,7 +69,8 @@ def speculative_step(target: Backend, drafter: Drafter | None, verifier: Verifie
     if drafter is not None:
         drafter.accept(verdict.n_accepted, verdict.next_token)
     t2 = time.perf_counter()
-    return emitted, StepStats(k=draft.k, n_accepted=verdict.n_accepted, draft_s=t1 - t0, verify_s=t2 - t1)
+    return emitted, StepStats(k=draft.k, n_accepted=verdict.n_accepted, draft_s=t1 - t0, verify_s=t2 - t1,
+                              forward_s=forward_s)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ class DecodeStats:
     decode_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
+    forward_s: float = 0.0  # inside target forwards (part of verify_s)
     accepted_hist: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))  # [kmax+1] rounds by n
     proposed_at: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # [kmax] rounds with k > i
     accepted_at: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # [kmax] pos i accepted
@@ -48,6 +49,7 @@ class DecodeStats:
         self.accepted_at[:step.n_accepted] += 1
         self.draft_s += step.draft_s
         self.verify_s += step.verify_s
+        self.forward_s += step.forward_s
 
     def _grow(self, k: int) -> None:
         extra = k + 1 - len(self.accepted_hist)
@@ -87,7 +89,8 @@ class DecodeStats:
             "accepted_hist": [int(v) for v in self.accepted_hist],
             "acceptance_by_position": [float(v) for v in self.acceptance_by_position],
             "prefill_s": float(self.prefill_s), "decode_s": float(self.decode_s), "draft_s": float(self.draft_s),
-            "verify_s": float(self.verify_s), "tokens_per_s": float(self.tokens_per_s),
+            "verify_s": float(self.verify_s), "forward_s": float(self.forward_s),
+            "tokens_per_s": float(self.tokens_per_s),
         }
 
     def summary(self) -> str:

@@ -101,7 +101,8 @@ class StepStats:
     k: int
     n_accepted: int
     draft_s: float = 0.0
-    verify_s: float = 0.0
+    verify_s: float = 0.0  # the target forward, verification and commit
+    forward_s: float = 0.0  # of verify_s, the time inside the target's forward (the rest is runtime overhead)
 
 
 @dataclass(frozen=True)

@@ -102,3 +102,24 @@ def test_provider_selection():
         select_providers("tpu", cpu_only)
     assert select_providers("xnnpack", ["XnnpackExecutionProvider", "CPUExecutionProvider"], threads=2
                             ).providers[0] == ("XnnpackExecutionProvider", {"intra_op_num_threads": "2"})
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "fp16", "int8", "int4"])
+def test_verify_batch_logits_equal_one_token_logits_bit_for_bit(tmp_path, fmt):
+    """Lossless speculation on ONNX rests on this: T positions in one call give exactly the logits of T one-token
+    calls, at any cache length and after rollbacks (export/onnx_graph.attention: the pad row keeps onnxruntime's
+    attention on one GEMM path). Without the pad row this fails in every format (GEMV vs GEMM rounding)."""
+    gguf = open_gguf(write_tiny_gguf(tmp_path / "m.gguf", arch="llama", n_layers=2, dtype="q4_1", seed=5))
+    export_gguf_to_onnx(gguf, tmp_path / "onnx", WeightFormat(fmt), gate=False)
+    be = OnnxBackend(tmp_path / "onnx", threads=2)
+    rng = np.random.default_rng(1)
+    for past in (1, 7, 40):
+        toks = rng.integers(0, be.config.vocab_size, past + 6).astype(np.int32)
+        batched, single = be.new_cache(64), be.new_cache(64)
+        be.forward(toks[:past], batched)
+        be.forward(toks[:past], single)
+        be.forward(toks[past:past + 3], batched)  # a verify step that is then rolled back
+        batched.rollback(past)
+        got = be.forward(toks[past:], batched)
+        want = np.concatenate([be.forward(toks[j:j + 1], single) for j in range(past, past + 6)])
+        assert np.array_equal(got, want), f"{fmt} past={past}: max |d| {np.abs(got - want).max():.3g}"

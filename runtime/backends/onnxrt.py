@@ -29,6 +29,26 @@ def _import_ort():
     return onnxruntime
 
 
+def read_bytes_per_token(model_path: Path) -> int:
+    """Bytes of initializers a one-token forward reads: all of them, except that a table consumed only by Gather
+    (the token embedding, unless a tied float head reads it too) costs one row."""
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    users: dict[str, set[str]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            users.setdefault(name, set()).add(node.op_type)
+    total = 0
+    for t in model.graph.initializer:
+        n = ExternalDataInfo(t).length if uses_external_data(t) else len(t.raw_data)
+        if users.get(t.name) == {"Gather"} and len(t.dims) == 2 and t.dims[0] > 0:
+            n //= t.dims[0]
+        total += int(n)
+    return total
+
+
 class OnnxCache(LengthCursor):
     """Per-sequence KV buffers and the IOBinding that ties them to the session's past/present names."""
 
@@ -37,7 +57,8 @@ class OnnxCache(LengthCursor):
         c, io = backend.config, backend.io
         self._capacity = capacity
         self._length = 0
-        shape = (1, c.n_kv_heads, capacity, c.head_dim)
+        # kv_pad_rows: the graph writes scratch K/V rows just past the last real one (export/onnx_graph.attention)
+        shape = (1, c.n_kv_heads, capacity + int(io.get("kv_pad_rows", 0)), c.head_dim)
         self.binding = backend.session.io_binding()
         self.binding.bind_output(io["logits"], "cpu")  # first output: get_outputs()[0] is the logits
         self._buffers = []  # keeps the OrtValues alive for the binding's lifetime
@@ -83,7 +104,7 @@ class OnnxBackend:
         self.session = self.ort.InferenceSession(
             str(self.manifest.model_path), sess_options=opts,
             providers=[p for p, _ in self.choice.providers], provider_options=[o for _, o in self.choice.providers])
-        self._weight_bytes = int(self.manifest.raw["files"][self.manifest.raw["weights_file"]]["bytes"])
+        self._weight_bytes = read_bytes_per_token(self.manifest.model_path)
 
     def new_cache(self, max_len: int) -> OnnxCache:
         if max_len > self.config.context_length:
@@ -92,7 +113,7 @@ class OnnxBackend:
         return OnnxCache(self, max_len)
 
     def weight_bytes(self, plan: LayerPlan | None = None) -> int:
-        """The external weight file size (weights dominate; a tied float head shares the embedding table)."""
+        """Initializer bytes one decode step reads (read_bytes_per_token)."""
         return self._weight_bytes
 
     def forward(self, tokens: Tokens, cache: OnnxCache, *, tree_mask: Mask | None = None,

@@ -1,0 +1,93 @@
+"""The verify-cost curve T(n)/T(1) and plain-decode speed of several targets, measured in one process.
+
+    python -m specedge.perf.verify_cost --targets llamacpp:smollm2-135m onnx:smollm2-135m-onnx-int4 \
+        --threads 2 --ctx 128 --reps 15 --widths 1 2 3 4 5 6 8 12 16
+
+T(n) = wall time of one forward of n tokens appended at a fixed cache length (rolled back after each call, as a
+rejected draft is); the statistic over --reps is the minimum (robust on a shared machine) or the median. Targets are
+measured in interleaved rounds so drift hits them alike. Also: plain greedy decoding tokens/s (best of --rounds
+runs of --decode tokens), the weight bytes one token reads, and the bandwidth that implies at T(1).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+from ..apps.engine import load_model
+from ..runtime.decode import decode
+from ..runtime.types import SamplingParams
+from .greedy_table import parse_target
+
+
+def time_forward(backend, cache, n: int, rng: np.random.Generator) -> float:
+    base = cache.length
+    toks = rng.integers(0, backend.config.vocab_size, n).astype(np.int32)
+    t0 = time.perf_counter()
+    backend.forward(toks, cache)
+    dt = time.perf_counter() - t0
+    cache.rollback(base)
+    return dt
+
+
+def plain_tok_s(backend, n_decode: int, rng: np.random.Generator) -> float:
+    prompt = rng.integers(0, backend.config.vocab_size, 32).astype(np.int32)
+    t0 = time.perf_counter()
+    n_out = sum(1 for _ in decode(backend, prompt, SamplingParams(), max_tokens=n_decode, eos_ids=()))
+    return n_out / (time.perf_counter() - t0)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--targets", nargs="+", default=["llamacpp", "numpy"], help="backend[:model] each")
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ctx", type=int, default=128, help="cache length the verify calls append at")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--widths", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6, 8, 12, 16])
+    ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--stat", choices=["min", "median"], default="min")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    stat = min if a.stat == "min" else statistics.median
+    rng = np.random.default_rng(0)
+    runs = []
+    for t in a.targets:
+        kind, model = parse_target(t, a.model)
+        m = load_model(model, kind, ctx=a.ctx + max(a.widths) + 64, threads=a.threads, device="cpu")
+        cache = m.backend.new_cache(a.ctx + max(a.widths) + 1)
+        m.backend.forward(rng.integers(0, m.backend.config.vocab_size, a.ctx).astype(np.int32), cache)
+        for _ in range(3):
+            time_forward(m.backend, cache, 1, rng)  # warm-up
+        runs.append((t, m.backend, cache, {n: [] for n in a.widths}, []))
+    for _ in range(a.reps):
+        for _, backend, cache, times, _ in runs:
+            for n in a.widths:
+                times[n].append(time_forward(backend, cache, n, rng))
+    for _ in range(a.rounds):
+        for _, backend, _, _, speeds in runs:
+            speeds.append(plain_tok_s(backend, a.decode, rng))
+    rows = []
+    for t, backend, _, times, speeds in runs:
+        ms = {n: 1e3 * stat(v) for n, v in times.items()}
+        wb = backend.weight_bytes()
+        rows.append(dict(target=t, weight_mb=wb / 1e6, tok_s=max(speeds), ms=ms,
+                         ratio={n: ms[n] / ms[1] for n in a.widths}, gb_s_at_t1=wb / (ms[1] * 1e-3) / 1e9))
+    print(f"threads={a.threads} ctx={a.ctx} reps={a.reps} stat={a.stat}")
+    print("| target | weight MB read/token | plain tok/s | T(1) ms | implied GB/s | "
+          + " | ".join(f"T({n})/T(1)" for n in a.widths[1:]) + " |")
+    print("|---|---|---|---|---|" + "---|" * (len(a.widths) - 1))
+    for r in rows:
+        print(f"| {r['target']} | {r['weight_mb']:.0f} | {r['tok_s']:.1f} | {r['ms'][a.widths[0]]:.2f} | "
+              f"{r['gb_s_at_t1']:.1f} | " + " | ".join(f"{r['ratio'][n]:.2f}" for n in a.widths[1:]) + " |")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"args": vars(a), "time": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
