@@ -39,33 +39,37 @@ def main(argv=None) -> None:
     ap.add_argument("--drafters", nargs="+", default=["none", "ngram", "model:smollm2-135m"],
                     help="the first one is the baseline (normally none); a model drafter uses the target's backend")
     ap.add_argument("--k", type=int, nargs="+", default=[4], help="draft lengths (each drafter runs with each)")
+    ap.add_argument("--adaptive", choices=["off", "on", "both"], default="off",
+                    help="adaptive draft length (runtime/draft_length.py; k is then the maximum)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     params = SamplingParams()
     prompts = load_prompts(limit=a.limit)
-    runs = []  # (target label, drafter label, k, target, drafter)
+    runs = []  # (target label, drafter label, k, adaptive, target, drafter)
+    modes = {"off": [False], "on": [True], "both": [False, True]}[a.adaptive]
     for t in a.targets:
         kind, model = parse_target(t, a.model)
         target = load_model(model, kind, ctx=2048, threads=a.threads, device="cpu")
         for d in a.drafters:
-            for k in ([0] if d == "none" else a.k):
-                runs.append((t, d, k, target, make_drafter(DrafterSpec.parse(d), target, params, ctx=2048,
-                                                           threads=a.threads, device="cpu")))
+            for k, adaptive in ([(0, False)] if d == "none" else [(k, m) for k in a.k for m in modes]):
+                runs.append((t, d, k, adaptive, target, make_drafter(DrafterSpec.parse(d), target, params, ctx=2048,
+                                                                     threads=a.threads, device="cpu")))
     agg = [DecodeStats() for _ in runs]
     outputs = [[] for _ in runs]
     for p in prompts:  # every prompt through every configuration in turn: drift hits them alike
-        for i, (t, d, k, target, drafter) in enumerate(runs):
+        for i, (t, d, k, adaptive, target, drafter) in enumerate(runs):
             tok = target.tokenizer
             ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": p.text}]))
             r = generate(target.backend, tok, ids, params, drafter=drafter, k=max(k, 1), max_tokens=a.max_tokens,
-                         rng=np.random.default_rng(0), stats=agg[i], ctx=2048)
+                         rng=np.random.default_rng(0), stats=agg[i], ctx=2048,
+                         adaptive_k=adaptive)
             outputs[i].append(r.tokens)
     rows = []
-    for i, (t, d, k, _, _) in enumerate(runs):
+    for i, (t, d, k, adaptive, _, _) in enumerate(runs):
         base = next(j for j, r in enumerate(runs) if r[0] == t)  # the target's first configuration
         s = agg[i]
-        rows.append(dict(target=t, drafter=d, k=k, tokens_per_s=s.tokens_per_s,
+        rows.append(dict(target=t, drafter=d, k=f"<={k} adaptive" if adaptive else k, tokens_per_s=s.tokens_per_s,
                          mean_accepted_length=s.mean_accepted_length, speedup=s.tokens_per_s / agg[base].tokens_per_s,
                          identical_to_first=sum(o == b for o, b in zip(outputs[i], outputs[base])),
                          n_prompts=len(prompts), tokens=s.n_generated, step_ms=1e3 * s.decode_s / max(s.n_target_forwards, 1),

@@ -4,8 +4,8 @@
         --threads 2 --ctx 128 --reps 15 --widths 1 2 3 4 5 6 8 12 16
 
 T(n) = wall time of one forward of n tokens appended at a fixed cache length (rolled back after each call, as a
-rejected draft is); the statistic over --reps is the minimum (robust on a shared machine) or the median. Targets are
-measured in interleaved rounds so drift hits them alike. Also: plain greedy decoding tokens/s (best of --rounds
+rejected draft is); the statistic over --rounds x --reps is the minimum (robust on a shared machine) or the median. Targets are
+measured in interleaved rounds so drift hits them alike, each alone within its turn. Also: plain greedy decoding tokens/s (best of --rounds
 runs of --decode tokens), the weight bytes one token reads, and the bandwidth that implies at T(1).
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ import numpy as np
 
 from ..apps.engine import load_model
 from ..runtime.decode import decode
+from ..runtime.stats import DecodeStats
 from ..runtime.types import SamplingParams
 from .greedy_table import parse_target
 
@@ -34,10 +35,12 @@ def time_forward(backend, cache, n: int, rng: np.random.Generator) -> float:
 
 
 def plain_tok_s(backend, n_decode: int, rng: np.random.Generator) -> float:
+    """Decode-phase tokens/s (prefill excluded) of plain greedy decoding after a 32-token random prompt."""
     prompt = rng.integers(0, backend.config.vocab_size, 32).astype(np.int32)
-    t0 = time.perf_counter()
-    n_out = sum(1 for _ in decode(backend, prompt, SamplingParams(), max_tokens=n_decode, eos_ids=()))
-    return n_out / (time.perf_counter() - t0)
+    stats = DecodeStats()
+    for _ in decode(backend, prompt, SamplingParams(), max_tokens=n_decode, eos_ids=(), stats=stats):
+        pass
+    return stats.tokens_per_s
 
 
 def main(argv=None) -> None:
@@ -46,7 +49,7 @@ def main(argv=None) -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=128, help="cache length the verify calls append at")
-    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--widths", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6, 8, 12, 16])
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
@@ -59,20 +62,21 @@ def main(argv=None) -> None:
     for t in a.targets:
         kind, model = parse_target(t, a.model)
         m = load_model(model, kind, ctx=a.ctx + max(a.widths) + 64, threads=a.threads, device="cpu")
-        cache = m.backend.new_cache(a.ctx + max(a.widths) + 1)
-        m.backend.forward(rng.integers(0, m.backend.config.vocab_size, a.ctx).astype(np.int32), cache)
-        for _ in range(3):
-            time_forward(m.backend, cache, 1, rng)  # warm-up
-        runs.append((t, m.backend, cache, {n: [] for n in a.widths}, []))
-    for _ in range(a.reps):
-        for _, backend, cache, times, _ in runs:
-            for n in a.widths:
-                times[n].append(time_forward(backend, cache, n, rng))
+        runs.append((t, m.backend, {n: [] for n in a.widths}, []))
+    # Rounds interleave the targets; within a round one target runs alone (after a warm-up), because engines'
+    # thread pools spin after work and would steal the 2 cores from each other call by call.
     for _ in range(a.rounds):
-        for _, backend, _, _, speeds in runs:
+        for _, backend, times, speeds in runs:
+            cache = backend.new_cache(a.ctx + max(a.widths) + 1)  # llama.cpp holds one live sequence: a new one
+            backend.forward(rng.integers(0, backend.config.vocab_size, a.ctx).astype(np.int32), cache)
+            for _ in range(3):
+                time_forward(backend, cache, 1, rng)
+            for _ in range(a.reps):
+                for n in a.widths:
+                    times[n].append(time_forward(backend, cache, n, rng))
             speeds.append(plain_tok_s(backend, a.decode, rng))
     rows = []
-    for t, backend, _, times, speeds in runs:
+    for t, backend, times, speeds in runs:
         ms = {n: 1e3 * stat(v) for n, v in times.items()}
         wb = backend.weight_bytes()
         rows.append(dict(target=t, weight_mb=wb / 1e6, tok_s=max(speeds), ms=ms,

@@ -13,6 +13,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .backends.base import Backend, KVCache
+from .draft_length import AdaptiveDraftLength
 from .drafters.base import Drafter
 from .sampling import logits_to_probs
 from .stats import DecodeStats
@@ -46,8 +47,10 @@ def prefill(target: Backend, seq: SeqState) -> None:
 
 
 def speculative_step(target: Backend, drafter: Drafter | None, verifier: Verifier, params: SamplingParams,
-                     seq: SeqState, k: int, rng: np.random.Generator) -> tuple[list[int], StepStats]:
-    """One round: draft <= k tokens, one target forward over [last, *draft], verify, commit.
+                     seq: SeqState, k: int, rng: np.random.Generator, policy: AdaptiveDraftLength | None = None
+                     ) -> tuple[list[int], StepStats]:
+    """One round: draft <= k tokens, keep the prefix worth verifying (policy; all without one), one target forward
+    over [last, *draft], verify, commit.
 
     requires: seq.cache.length == seq.n - 1 and room for k+1 more positions.
     returns:  the emitted tokens (accepted draft tokens + one recovered/bonus token; >= 1) and stats.
@@ -55,6 +58,8 @@ def speculative_step(target: Backend, drafter: Drafter | None, verifier: Verifie
     t0 = time.perf_counter()
     context = seq.tokens
     draft = drafter.propose(context, k, rng) if (drafter is not None and k > 0) else EMPTY_DRAFT
+    if policy is not None and draft.k:
+        draft = draft.prefix(policy.choose(draft.kind, draft.k))
     t1 = time.perf_counter()
     base = seq.cache.length
     step_tokens = np.concatenate([context[-1:], draft.tokens]).astype(np.int32)
@@ -63,6 +68,8 @@ def speculative_step(target: Backend, drafter: Drafter | None, verifier: Verifie
     forward_s = time.perf_counter() - tf
     p = logits_to_probs(logits, params, history=np.concatenate([context, draft.tokens]))
     verdict = verifier.verify(draft, p, rng)
+    if policy is not None:
+        policy.observe(draft.kind, draft.k, verdict.n_accepted, len(step_tokens), forward_s)
     seq.cache.rollback(base + 1 + verdict.n_accepted)  # [last, accepted...] are now committed in the cache
     emitted = [int(x) for x in draft.tokens[:verdict.n_accepted]] + [int(verdict.next_token)]
     seq.extend(emitted)
@@ -82,8 +89,13 @@ class TokenEvent:
 
 def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: Drafter | None = None,
            k: int = 4, max_tokens: int = 128, eos_ids: Sequence[int] = (), rng: np.random.Generator | None = None,
-           stats: DecodeStats | None = None, ctx: int | None = None) -> Iterator[TokenEvent]:
+           stats: DecodeStats | None = None, ctx: int | None = None, adaptive_k: bool = False
+           ) -> Iterator[TokenEvent]:
     """Generate up to max_tokens tokens; yields one event per emitted token, the last one with a finish reason.
+
+    adaptive_k: verify only the prefix of each draft that pays for its verification, learned online from this
+    target's call times and the drafter's acceptance (runtime/draft_length.py); k is then the maximum. Lossless
+    either way: only speed changes.
 
     The loop only handles stopping (eos, length) and bookkeeping; each round is `speculative_step`.
     Stop strings and cancellation are the caller's (it stops iterating).
@@ -101,6 +113,7 @@ def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: 
     rng = rng if rng is not None else np.random.default_rng(0)
     stats = stats if stats is not None else DecodeStats()
     verifier = make_verifier(params)
+    policy = AdaptiveDraftLength(k) if (adaptive_k and drafter is not None and k > 0) else None
     eos = set(int(e) for e in eos_ids)
     seq = SeqState(prompt, target.new_cache(min(limit, len(prompt) + max_tokens + k + 1)))
     t0 = time.perf_counter()
@@ -113,7 +126,7 @@ def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: 
     try:
         while True:
             room = seq.cache.capacity - seq.cache.length - 1
-            emitted, step = speculative_step(target, drafter, verifier, params, seq, min(k, room), rng)
+            emitted, step = speculative_step(target, drafter, verifier, params, seq, min(k, room), rng, policy)
             stats.record(step)
             for j, tok in enumerate(emitted):
                 produced += 1

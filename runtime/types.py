@@ -66,6 +66,11 @@ class Draft:
 
     tokens: Tokens  # [k]
     q: Probs | None = None  # [k, V] draft distributions after the SAME logits processing as p
+    kind: int = 0  # the drafter's label for how it made this draft (n-gram: the matched length); runtime/draft_length
+
+    def prefix(self, j: int) -> "Draft":
+        """The first j tokens (what verification sees when the rest is not worth its cost)."""
+        return Draft(self.tokens[:j], None if self.q is None else self.q[:j], self.kind)
 
     @property
     def k(self) -> int:

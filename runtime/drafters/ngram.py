@@ -55,7 +55,7 @@ class NgramDrafter:
             for n in range(min(self.max_n, L - 1), self.min_n - 1, -1):
                 end = self._index.get(tuple(self._buf[L - n:L].tolist()))
                 if end is not None:
-                    return Draft(tokens=self._buf[end:min(end + k, L)].copy(), q=None)
+                    return Draft(tokens=self._buf[end:min(end + k, L)].copy(), q=None, kind=n)
         return Draft(tokens=np.zeros(0, dtype=np.int32), q=None)
 
     def accept(self, n_accepted: int, next_token: int) -> None:

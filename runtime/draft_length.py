@@ -1,0 +1,112 @@
+"""How much of a draft to verify: the prefix that maximizes expected tokens per unit of target time.
+
+Verifying j draft tokens costs one target call over j+1 positions, T(j+1); it yields 1 + sum_{i<=j} prod_{l<=i} a_l
+tokens in expectation, where a_l is the probability that draft token l is accepted given tokens 1..l-1 were. So
+
+    j* = argmax_{0 <= j <= len(draft)}  (1 + sum_{i=1..j} prod_{l=1..i} a_l) / (T(j+1) / T(1))
+
+Both factors are learned online, per target and per run:
+- T(w)/T(1) from the timed target calls of each width (VerifyCost: a running average per width; widths not seen yet
+  are interpolated, or extrapolated with a prior slope). On a compute-bound kernel (llama.cpp Q4 here: T(5)/T(1) ~2.6)
+  this cuts drafts short; on a flat one (ONNX int8: ~1.5) it lets them run.
+- a_l per draft kind and position (AcceptanceModel: Beta(1, 1) counts that decay, so a kind whose drafts stopped being
+  verified drifts back to the prior and gets tried again). The kind is the drafter's label for how it made the draft
+  (the n-gram drafter labels drafts by the matched n-gram length: a 3-gram match is far more reliable than a 1-gram).
+
+Truncation never changes what is emitted (the verifier sees a shorter draft; the output is the target's either way):
+the policy trades only speed.
+
+Example: a = [0.8, 0.8, 0.8], T(w)/T(1) = [1, 1.15, 1.30, 1.50] for w = 1..4
+    j = 0: 1 / 1 = 1.00;  j = 1: 1.8 / 1.15 = 1.57;  j = 2: 2.44 / 1.30 = 1.88;  j = 3: 2.95 / 1.50 = 1.97  -> j* = 3
+With a = [0.3, 0.3, 0.3]: 1.00, 1.13, 1.07, 0.95 -> j* = 1.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class VerifyCost:
+    """Running estimate of T(w), the wall time of a target call over w positions."""
+
+    def __init__(self, prior_slope: float = 0.15, weight: float = 0.1) -> None:
+        self.prior_slope = prior_slope  # T(w)/T(1) = 1 + slope * (w - 1) until widths are observed
+        self.weight = weight
+        self._t: dict[int, float] = {}
+
+    def observe(self, width: int, seconds: float) -> None:
+        old = self._t.get(width)
+        if old is None:
+            self._t[width] = seconds
+        else:  # clip outliers (a preempted call) so one bad sample cannot swing the choice
+            self._t[width] = old + self.weight * (min(seconds, 3 * old) - old)
+
+    def relative(self, width: int) -> float:
+        """T(width) / T(1)."""
+        if 1 not in self._t or width == 1:
+            return 1.0 + self.prior_slope * (width - 1)
+        t1 = self._t[1]
+        if width in self._t:
+            return self._t[width] / t1
+        known = sorted(self._t)
+        lo = max((w for w in known if w < width), default=1)
+        hi = min((w for w in known if w > width), default=None)
+        r_lo = self._t[lo] / t1
+        if hi is None:  # beyond the widest observed: extend with the prior slope
+            return r_lo + self.prior_slope * (width - lo)
+        r_hi = self._t[hi] / t1
+        return r_lo + (r_hi - r_lo) * (width - lo) / (hi - lo)
+
+
+class AcceptanceModel:
+    """Per (draft kind, position) acceptance counts with a Beta(1, 1) prior and exponential forgetting."""
+
+    def __init__(self, k_max: int, decay: float = 0.995) -> None:
+        self.k_max, self.decay = k_max, decay
+        self._acc: dict[int, np.ndarray] = {}
+        self._seen: dict[int, np.ndarray] = {}
+
+    def _counts(self, kind: int) -> tuple[np.ndarray, np.ndarray]:
+        if kind not in self._acc:
+            self._acc[kind], self._seen[kind] = np.zeros(self.k_max), np.zeros(self.k_max)
+        return self._acc[kind], self._seen[kind]
+
+    def probs(self, kind: int, n: int) -> np.ndarray:
+        """[n] estimated conditional acceptance probabilities of positions 1..n."""
+        acc, seen = self._counts(kind)
+        n = min(n, self.k_max)
+        return (acc[:n] + 1.0) / (seen[:n] + 2.0)
+
+    def observe(self, kind: int, verified: int, n_accepted: int) -> None:
+        """A draft of this kind had `verified` tokens checked; the first n_accepted passed."""
+        for a, s in zip(self._acc.values(), self._seen.values()):
+            a *= self.decay
+            s *= self.decay
+        acc, seen = self._counts(kind)
+        reached = min(n_accepted + 1, verified)  # positions whose predecessors were all accepted
+        seen[:reached] += 1.0
+        acc[:n_accepted] += 1.0
+
+
+def best_prefix(accept: np.ndarray, relative_cost) -> int:
+    """argmax_j (1 + sum_{i<=j} prod_{l<=i} accept_l) / relative_cost(j + 1), j = 0..len(accept)."""
+    gains = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(accept))])
+    rates = gains / np.array([relative_cost(j + 1) for j in range(len(gains))])
+    return int(np.argmax(rates))
+
+
+class AdaptiveDraftLength:
+    """The policy the decode loop consults: `choose` before verification, `observe` after it."""
+
+    def __init__(self, k_max: int) -> None:
+        self.cost = VerifyCost()
+        self.acceptance = AcceptanceModel(k_max)
+
+    def choose(self, kind: int, n_drafted: int) -> int:
+        if n_drafted == 0:
+            return 0
+        return best_prefix(self.acceptance.probs(kind, n_drafted), self.cost.relative)
+
+    def observe(self, kind: int, verified: int, n_accepted: int, width: int, seconds: float) -> None:
+        self.cost.observe(width, seconds)
+        if verified:
+            self.acceptance.observe(kind, verified, n_accepted)

@@ -1,0 +1,87 @@
+"""Adaptive draft length (runtime/draft_length.py): the choice rule, the online cost and acceptance estimates, and
+that it changes speed only, never the output."""
+import numpy as np
+import pytest
+
+from specedge.runtime.decode import decode
+from specedge.runtime.draft_length import AcceptanceModel, AdaptiveDraftLength, VerifyCost, best_prefix
+from specedge.runtime.drafters.model import ModelDrafter
+from specedge.runtime.drafters.ngram import NgramDrafter
+from specedge.runtime.stats import DecodeStats
+
+from test_decode import GREEDY, PROMPTS, RandomDrafter, tiny, tokens_of  # noqa: F401  (fixture)
+
+CURVE = {1: 1.0, 2: 1.15, 3: 1.30, 4: 1.50}
+
+
+def test_best_prefix_worked_examples():
+    assert best_prefix(np.full(3, 0.8), CURVE.get) == 3  # 1, 1.57, 1.88, 1.97
+    assert best_prefix(np.full(3, 0.3), CURVE.get) == 1  # 1, 1.13, 1.07, 0.95
+    assert best_prefix(np.full(3, 0.1), CURVE.get) == 0  # 1, 0.96, ...
+    steep = {1: 1.0, 2: 1.35, 3: 1.67, 4: 2.02}.get  # llama.cpp Q4 on this CPU
+    assert best_prefix(np.full(3, 0.3), steep) == 0
+
+
+def test_verify_cost_learns_ratios_interpolates_and_clips():
+    c = VerifyCost(prior_slope=0.2)
+    assert c.relative(3) == pytest.approx(1.4)  # prior before any observation
+    c.observe(1, 0.010)
+    c.observe(5, 0.020)
+    assert c.relative(5) == pytest.approx(2.0)
+    assert c.relative(3) == pytest.approx(1.5)  # between the observed widths
+    assert c.relative(7) == pytest.approx(2.4)  # beyond: the prior slope
+    c.observe(5, 10.0)  # a preempted call moves the estimate by at most weight * 2 * old
+    assert c.relative(5) < 2.5
+
+
+def test_acceptance_model_converges_and_forgets():
+    m = AcceptanceModel(k_max=3, decay=1.0)
+    assert np.allclose(m.probs(1, 3), 0.5)
+    rng = np.random.default_rng(0)
+    for _ in range(2000):  # position i accepted with prob 0.9 given the previous were
+        n = 0
+        while n < 3 and rng.random() < 0.9:
+            n += 1
+        m.observe(1, 3, n)
+    assert np.allclose(m.probs(1, 3), 0.9, atol=0.03)
+    assert np.allclose(m.probs(2, 3), 0.5)  # kinds are separate
+    forget = AcceptanceModel(k_max=2, decay=0.9)
+    forget.observe(1, 2, 0)
+    for _ in range(100):
+        forget.observe(2, 2, 2)
+    assert forget.probs(1, 1)[0] == pytest.approx(0.5, abs=0.01)  # back at the prior: it gets tried again
+
+
+@pytest.mark.parametrize("which", ["ngram", "random", "self"])
+def test_adaptive_length_never_changes_greedy_output(tiny, which):  # noqa: F811
+    target, _, tok = tiny
+    for text in PROMPTS:
+        prompt = tok.encode(text)
+        drafter = {"ngram": NgramDrafter(), "random": RandomDrafter(target.config.vocab_size),
+                   "self": ModelDrafter(target, GREEDY)}[which]
+        got = [e.token for e in decode(target, prompt, GREEDY, drafter=drafter, k=4, max_tokens=40,
+                                       adaptive_k=True)]
+        assert got == tokens_of(target, prompt), (which, text)
+
+
+def test_adaptive_length_stops_verifying_a_drafter_that_is_always_wrong(tiny):  # noqa: F811
+    target, _, tok = tiny
+    prompt = tok.encode(PROMPTS[0])
+    fixed, adaptive = DecodeStats(), DecodeStats()
+    for stats, flag in ((fixed, False), (adaptive, True)):
+        for _ in decode(target, prompt, GREEDY, drafter=RandomDrafter(target.config.vocab_size), k=4,
+                        max_tokens=60, stats=stats, adaptive_k=flag):
+            pass
+    assert fixed.n_drafted == 4 * fixed.n_target_forwards
+    assert adaptive.n_drafted < 0.3 * fixed.n_drafted
+
+
+def test_policy_keeps_full_drafts_that_are_always_accepted():
+    p = AdaptiveDraftLength(k_max=4)
+    for w, t in CURVE.items():
+        p.cost.observe(w, t)
+    p.cost.observe(5, 1.62)
+    for _ in range(50):
+        p.observe(kind=3, verified=4, n_accepted=4, width=5, seconds=1.62)
+    assert p.choose(3, 4) == 4
+    assert p.choose(3, 0) == 0
