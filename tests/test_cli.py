@@ -30,6 +30,17 @@ def test_generate_json_is_valid_and_lossless(tiny_path):
     assert 0 < len(obj["tokens"]) <= 24
 
 
+@pytest.mark.parametrize("flag", ["--adaptive-k", "--fixed-k"])
+def test_draft_length_mode_is_reported_and_lossless(tiny_path, flag):
+    r = run("generate", tiny_path, "the cat sat", "--backend", "numpy", "--drafter", f"model:{tiny_path}", "--k", 4,
+            "--max-tokens", 16, "--json", "--baseline", flag)
+    assert r.exit_code == 0, r.output
+    stats = json.loads(r.stdout.strip().splitlines()[-1])["stats"]
+    assert stats["adaptive_k"] is (flag == "--adaptive-k") and stats["identical_to_baseline"] is True
+    if flag == "--fixed-k":
+        assert stats["n_drafted"] == 4 * stats["n_target_forwards"]
+
+
 def test_generate_stats_go_to_stderr(tiny_path):
     r = run("generate", tiny_path, "the cat", "--backend", "numpy", "--drafter", f"model:{tiny_path}", "--k", 3,
             "--max-tokens", 12, "--stats")
