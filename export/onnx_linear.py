@@ -7,7 +7,8 @@ Formats (the measured reasons are in docs/onnx.md):
   int8-dynamic  DynamicQuantizeMatMul: int8 per-output-channel weights, activations quantized per tensor per call
               (re-quantized; the flattest verify cost, but per-tensor activation scales fail the parity gate on
               models with outlier channels such as SmolLM2: docs/onnx.md)
-  int4        MatMulNBits bits=4, block 32: GGUF Q4_0 / Q4_1 / Q4_K exact; Q8_0 sources stay 8-bit (exact)
+  int4        MatMulNBits bits=4, block 32: GGUF Q4_0 / Q4_1 / Q4_K exact; Q8_0 sources stay 8-bit (exact), and
+              other finer quantized sources (Q5_x, Q6_K) are re-quantized to 8 bits, not 4
 Several canonical tensors may be fused into one linear (q|k|v, gate|up): their rows are stacked.
 """
 from __future__ import annotations
@@ -71,18 +72,20 @@ def _record(path: str, storage: str, src: WeightSource, name: str, approx: np.nd
 
 def block_quant(src: WeightSource, name: str, bits: int, exact_mins: bool = True) -> BlockQuant:
     """GGUF blocks transcoded when they fit in `bits` (exact), else re-quantized from float.
-    exact_mins=False re-quantizes min-form blocks (Q4_1, Q4_K) to zero points: lossy, but no min-term nodes."""
+    exact_mins=False re-quantizes min-form blocks (Q4_1, Q4_K) to zero points: lossy, but no min-term nodes.
+    In an int4 export, a Q8_0 tensor stays exact at 8 bits, and a finer GGUF type with no exact block-32 form
+    (Q5_x, Q6_K: what a Q4_K_M file keeps for attn_v and ffn_down) is re-quantized to 8 bits, not 4: 4 bits would
+    undo the mix the file chose (Qwen2.5-Coder-0.5B Q4_K_M all at 4 bits failed the parity gate at 84% top-1)."""
     raw = src.blocks(name)
     w = src.float(name)
-    if raw is not None:
-        bq = from_gguf_blocks(raw[0], raw[1], w.shape[1])
-        if bq is not None and bq.m is not None and not exact_mins:
-            bq = None
-        if bq is not None and bq.bits <= bits:
-            return bq.with_bits(bits)
-        if bq is not None and bits == 4:  # a Q8_0 tensor in an int4 export: keep it exact at 8 bits
-            return bq
-    return quantize_blocks(w, bits)
+    if raw is None:
+        return quantize_blocks(w, bits)
+    bq = from_gguf_blocks(raw[0], raw[1], w.shape[1])
+    if bq is None:
+        return quantize_blocks(w, max(bits, 8))
+    if bq.m is not None and not exact_mins:
+        return quantize_blocks(w, bits)
+    return bq.with_bits(bits) if bq.bits <= bits else bq
 
 
 def linear(g: GraphBuilder, x: str, parts: Sequence[str], src: WeightSource, opts: ExportOptions, prefix: str,

@@ -202,3 +202,28 @@ def test_requantized_mins_trade_exactness_for_fewer_nodes(tiny_dir):
     twin = _dequantized_equivalent(gguf, WeightFormat.INT4, GGUFSource(gguf), exact_mins=False)
     _, _, a, b = _parity(d, gguf, ref_weights=twin)
     np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+def test_int4_keeps_finer_gguf_types_at_8_bits():
+    """A Q4_K_M file's Q6_K tensors have no exact block-32 form: an int4 export stores them at 8 bits (near
+    lossless) instead of re-quantizing them to 4 bits; a float source is quantized to the 4 bits asked for."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 64)).astype(np.float32)
+
+    class Src:
+        def __init__(self, blocks):
+            self._blocks = blocks
+
+        def float(self, name):
+            return w
+
+        def blocks(self, name):
+            return self._blocks
+
+        def source_type(self, name):
+            return "Q6_K" if self._blocks else "F32"
+
+    fine = block_quant(Src(("Q6_K", np.zeros((8, 210), np.uint8))), "t", 4)
+    assert fine.bits == 8
+    assert np.abs(fine.dequantize() - w).max() < np.abs(w).max() / 100
+    assert block_quant(Src(None), "t", 4).bits == 4
