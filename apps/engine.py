@@ -3,7 +3,7 @@
     GGUF backends (numpy, llamacpp): catalogue name or .gguf path -> GGUF -> tokenizer + backend
     onnx: an exported directory, or a name like smollm2-135m-onnx-int8 found in the model cache (where
           `specedge export` writes by default) -> manifest (hashes verified, parity gate passed) -> tokenizer.json
-          + chat template from the artifact + OnnxBackend
+          + chat template from the artifact + the backend for the manifest's format (ours or optimum's layout)
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ..models.catalog import model_cache_dir, resolve_model
 from ..models.errors import ModelFileError
 from ..models.manifest import MANIFEST, read_manifest
 from ..export.gguf_in import GGUFModel, open_gguf
-from ..runtime.backends import Backend, BackendKind, open_backend
+from ..runtime.backends import Backend, BackendKind, open_backend, open_onnx
 from ..runtime.drafters.base import Drafter
 from ..runtime.drafters.model import ModelDrafter
 from ..runtime.drafters.ngram import NgramDrafter
@@ -32,9 +32,12 @@ class LoadedModel:
     kind: BackendKind
 
 
-def artifact_name(model: str, weights: str) -> str:
-    """The cache name `specedge export` gives an artifact: smollm2-135m + int8 -> smollm2-135m-onnx-int8."""
-    return f"{Path(model).stem if model.endswith('.gguf') else model}-onnx-{weights}"
+def artifact_name(model: str, weights: str, via: str = "specedge") -> str:
+    """The cache name `specedge export` gives an artifact: smollm2-135m + int8 -> smollm2-135m-onnx-int8; a checkpoint
+    directory by its name (path/SmolLM2-135M + fp32 -> SmolLM2-135M-onnx-fp32; via optimum: -optimum-fp32)."""
+    p = Path(model)
+    base = p.stem if model.endswith(".gguf") else p.resolve().name if p.is_dir() else model
+    return f"{base}-{'optimum' if via == 'optimum' else 'onnx'}-{weights}"
 
 
 def resolve_artifact(name_or_path: str, cache_dir: Path | None = None) -> Path:
@@ -54,8 +57,8 @@ def resolve_artifact(name_or_path: str, cache_dir: Path | None = None) -> Path:
 
 def load_onnx(name_or_path: str, *, device: str = "auto", threads: int | None = None,
               cache_dir: Path | None = None, log=None) -> LoadedModel:
-    """Manifest -> verified files -> parity gate recorded as passed -> tokenizer + OnnxBackend."""
-    from ..runtime.backends.onnxrt import OnnxBackend
+    """Manifest -> verified files -> parity gate recorded as passed -> tokenizer + the backend for its format
+    (OnnxBackend for our builder's graphs, OptimumBackend for `--via optimum` exports)."""
     root = resolve_artifact(name_or_path, cache_dir)
     manifest = read_manifest(root, verify=True)
     parity = manifest.raw.get("parity")
@@ -64,7 +67,7 @@ def load_onnx(name_or_path: str, *, device: str = "auto", threads: int | None = 
                              f"|dlogit| {parity.get('max_dlogit')}); re-export in another --weights format")
     if manifest.raw.get("tokenizer") is None:
         raise ModelFileError(f"{root}/{MANIFEST} lists no tokenizer; re-export the model with `specedge export`")
-    backend = OnnxBackend(manifest, device=device, threads=threads, log=log)
+    backend = open_onnx(manifest, device=device, threads=threads, log=log)  # by the manifest's format
     return LoadedModel(root, None, Tokenizer(manifest.tokenizer_spec()), backend, BackendKind.ONNX)
 
 
@@ -75,6 +78,9 @@ def load_model(name_or_path: str, kind: BackendKind, *, ctx: int | None = None, 
     if device not in ("auto", "cpu"):
         raise ValueError(f"--device {device} applies to --backend onnx; the {kind.value} backend runs on the CPU")
     if Path(name_or_path).is_dir():
+        if (Path(name_or_path) / "config.json").is_file() and not (Path(name_or_path) / MANIFEST).is_file():
+            raise ValueError(f"{name_or_path} is a Hugging Face checkpoint: export it with `specedge export "
+                             f"{name_or_path} --format onnx` and run the result with --backend onnx")
         raise ValueError(f"{name_or_path} is a directory (an exported artifact?): use --backend onnx")
     path = resolve_model(name_or_path, cache_dir)
     gguf = open_gguf(path)

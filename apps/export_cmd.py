@@ -1,15 +1,20 @@
-"""`specedge export`: a GGUF model -> a parity-gated ONNX artifact, or a layer-subset GGUF drafter for llama.cpp.
+"""`specedge export`: a GGUF model or a Hugging Face checkpoint directory -> a parity-gated ONNX artifact, or a
+layer-subset GGUF drafter for llama.cpp.
 
     specedge export smollm2-135m --format onnx --weights int8            -> <cache>/smollm2-135m-onnx-int8/
+    specedge export path/to/hf-checkpoint --format onnx --weights int4   -> <cache>/hf-checkpoint-onnx-int4/
+    specedge export path/to/hf-checkpoint --weights fp32 --via optimum   -> <cache>/hf-checkpoint-optimum-fp32/
     specedge export smollm2-135m --format gguf --weights fp16 --layers 0-9 --out drafter.gguf
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
 
 from ..export.gguf_in import open_gguf
+from ..export.hf_in import is_hf_dir, open_hf
 from ..models.catalog import model_cache_dir, resolve_model
 from .engine import artifact_name
 
@@ -36,8 +41,8 @@ def parse_layers(text: str, n_layers: int) -> list[int]:
 @click.argument("model")
 @click.option("--format", "fmt", type=click.Choice(["onnx", "gguf"]), default="onnx", show_default=True)
 @click.option("--weights", type=click.Choice(ONNX_WEIGHTS), default=None,
-              help="onnx (default int8): any; int8/int4 transcode GGUF blocks exactly (docs/onnx.md). "
-                   "gguf (default fp32): fp32 | fp16.")
+              help="onnx (default int8; fp32 with --via optimum, its only format): any; int8/int4 transcode GGUF "
+                   "blocks exactly and re-quantize float checkpoints (docs/onnx.md). gguf (default fp32): fp32 | fp16.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Output directory (onnx) or .gguf file; default: the model cache, <model>-onnx-<weights>.")
 @click.option("--layers", default=None, help="gguf: source layers to keep, e.g. 0-9 (a layer-subset drafter).")
@@ -46,32 +51,53 @@ def parse_layers(text: str, n_layers: int) -> list[int]:
               help="Parity gate: minimum top-1 agreement (default per format).")
 @click.option("--max-dlogit", type=click.FloatRange(0, None), default=None,
               help="Parity gate: maximum |logit difference| (default per format).")
+@click.option("--via", type=click.Choice(["specedge", "optimum"]), default="specedge", show_default=True,
+              help="Hugging Face directory: our graph builder (llama, qwen2), or optimum for other architectures "
+                   "(fp32 only, and slower: its graph copies the KV cache every step; docs/onnx.md).")
 @click.option("--cache-dir", type=click.Path(path_type=Path), default=None, help="Model cache.")
-def export_cmd(model, fmt, weights, out, layers, threads, min_top1, max_dlogit, cache_dir) -> None:
-    """Export MODEL (catalogue name or .gguf path). ONNX exports must pass the parity gate against the NumPy
-    reference (numbers printed; out of tolerance exits non-zero and marks the artifact failed)."""
+def export_cmd(model, fmt, weights, out, layers, threads, min_top1, max_dlogit, via, cache_dir) -> None:
+    """Export MODEL (catalogue name, .gguf path, or a Hugging Face checkpoint directory with config.json and
+    *.safetensors). ONNX exports must pass the parity gate against a reference (the NumPy reference; transformers
+    for --via optimum): numbers printed, out of tolerance exits non-zero and marks the artifact failed."""
+    hf = is_hf_dir(model)
+    if via == "optimum" and not hf:
+        raise click.BadParameter("--via optimum exports a Hugging Face checkpoint directory", param_hint="--via")
+    if hf and fmt != "onnx":
+        raise click.BadParameter("a Hugging Face directory exports to --format onnx", param_hint="--format")
     try:
-        source = open_gguf(resolve_model(model, cache_dir))
+        source = None if hf else open_gguf(resolve_model(model, cache_dir))
     except (ValueError, FileNotFoundError) as e:
         raise click.ClickException(str(e)) from None
     if fmt == "gguf":
         return _export_gguf(source, model, weights or "fp32", out, layers, cache_dir)
-    weights = weights or "int8"
     if layers is not None:
         raise click.BadParameter("--layers applies to --format gguf", param_hint="--layers")
-    from ..export.onnx_export import ParityError, Tolerance, WeightFormat, export_gguf_to_onnx
+    weights = weights or ("fp32" if via == "optimum" else "int8")
+    if via == "optimum" and weights != "fp32":
+        raise click.BadParameter("--via optimum exports fp32 weights only; llama and qwen2 checkpoints get int8/int4 "
+                                 "from our builder (drop --via optimum)", param_hint="--weights")
+    from ..export.onnx_export import ParityError, Tolerance, WeightFormat, export_gguf_to_onnx, export_hf_to_onnx
     tolerance = None
     if min_top1 is not None or max_dlogit is not None:
         base = Tolerance.for_format(weights)
         tolerance = Tolerance(base.min_top1 if min_top1 is None else min_top1,
                               base.max_dlogit if max_dlogit is None else max_dlogit)
-    out = out or model_cache_dir(cache_dir) / artifact_name(model, weights)
-    click.echo(f"exporting {source.path.name} -> {out} ({weights})", err=True)
+    out = out or model_cache_dir(cache_dir) / artifact_name(model, weights, via=via)
+    click.echo(f"exporting {Path(model).name} -> {out} ({weights}{', via optimum' if via == 'optimum' else ''})",
+               err=True)
     try:
-        manifest = export_gguf_to_onnx(source, out, WeightFormat(weights), tolerance=tolerance, threads=threads)
+        if via == "optimum":
+            from ..export.optimum_export import export_via_optimum
+            manifest = export_via_optimum(model, out, tolerance=tolerance, threads=threads)
+        elif hf:
+            manifest = export_hf_to_onnx(open_hf(model), out, WeightFormat(weights), tolerance=tolerance,
+                                         threads=threads)
+        else:
+            manifest = export_gguf_to_onnx(source, out, WeightFormat(weights), tolerance=tolerance, threads=threads)
     except ParityError as e:
         raise click.ClickException(f"{e}\nthe artifact in {out} is kept for inspection and marked failed") from None
-    import json
+    except (ValueError, ImportError) as e:
+        raise click.ClickException(str(e)) from None
     parity = json.loads(manifest.read_text("utf-8"))["parity"]
     click.echo(f"parity gate PASS: top-1 agreement {parity['top1']:.2%}, max |dlogit| {parity['max_dlogit']:.4g} "
                f"({parity['positions']} positions)", err=True)

@@ -1,9 +1,12 @@
 """Export a model to an ONNX artifact directory: model.onnx + model.onnx.data + tokenizer files + manifest.json.
 
+Sources: a GGUF file (export_gguf_to_onnx) or a Hugging Face checkpoint directory (export_hf_to_onnx); both become
+canonical weights, the same graph builder, and the same parity gate against the NumPy reference.
+
     out/
       model.onnx            graph (path-named nodes), weights as ONNX external data in:
       model.onnx.data
-      tokenizer.json        serialized HF tokenizer built from the GGUF vocabulary
+      tokenizer.json        serialized HF tokenizer (built from the GGUF vocabulary, or the checkpoint's own)
       chat_template.jinja   the model's chat template (when it has one)
       manifest.json         models/manifest.py describes the fields
 """
@@ -22,6 +25,7 @@ from ..models.config import Weights
 from ..models.manifest import FORMAT, FORMAT_VERSION, MANIFEST, config_to_dict, sha256_file
 from ..models.tokenizer_spec import TokenizerSpec
 from .gguf_in import GGUFModel
+from .hf_in import HFModel
 from .onnx_graph import PAD_ROWS, GraphIO, build_decoder
 from .onnx_ir import IR_VERSION, MS_OPSET, OPSET
 from .onnx_linear import ExportOptions, TensorRecord, WeightFormat
@@ -73,7 +77,7 @@ def export_onnx(src: FloatSource, out_dir: str | Path, opts: ExportOptions, *,
     onnx.save_model(model, str(out / MODEL_FILE), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=DATA_FILE, size_threshold=1024)
     files = [MODEL_FILE, DATA_FILE]
-    tok = _write_tokenizer(out, tokenizer, files) if tokenizer is not None else None
+    tok = write_tokenizer(out, tokenizer, files) if tokenizer is not None else None
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "model": MODEL_FILE, "weights_file": DATA_FILE,
         "weight_format": opts.fmt.value, "accuracy_level": opts.accuracy_level, "exact_mins": opts.exact_mins,
@@ -93,7 +97,8 @@ def export_onnx(src: FloatSource, out_dir: str | Path, opts: ExportOptions, *,
     return path
 
 
-def _write_tokenizer(out: Path, spec: TokenizerSpec, files: list[str]) -> dict:
+def write_tokenizer(out: Path, spec: TokenizerSpec, files: list[str]) -> dict:
+    """tokenizer.json (+ chat_template.jinja) into `out`, their names appended to `files`; the manifest's section."""
     (out / "tokenizer.json").write_text(spec.hf_json, "utf-8")
     files.append("tokenizer.json")
     template = None
@@ -106,12 +111,26 @@ def _write_tokenizer(out: Path, spec: TokenizerSpec, files: list[str]) -> dict:
 
 
 def _provenance(source: Path | None) -> dict:
+    """Exporter versions, and the source: a GGUF file's hash, or every file's hash of a checkpoint directory."""
     import onnxruntime  # noqa: F401  (only its version is recorded; export itself needs no session)
     info = {"exporter": f"specedge {__version__}", "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
             "opset": OPSET, "ms_opset": MS_OPSET, "ir_version": IR_VERSION}
-    if source is not None:
+    if source is not None and source.is_dir():
+        info.update(source=str(source), source_files={f.name: sha256_file(f) for f in sorted(source.iterdir())
+                                                      if f.is_file()})
+    elif source is not None:
         info.update(source=str(source), source_sha256=sha256_file(source), source_bytes=os.path.getsize(source))
     return info
+
+
+def record_gate(manifest_path: Path, report: GateReport) -> GateReport:
+    """Write the gate's numbers into the manifest ("parity"); raise ParityError when out of tolerance."""
+    manifest = json.loads(manifest_path.read_text("utf-8"))
+    manifest["parity"] = report.to_dict()
+    manifest_path.write_text(json.dumps(manifest, indent=1) + "\n", "utf-8")
+    if not report.passed:
+        raise ParityError(report)
+    return report
 
 
 def gate_artifact(manifest_path: Path, weights: Weights, tokenizer: TokenizerSpec, *,
@@ -120,12 +139,7 @@ def gate_artifact(manifest_path: Path, weights: Weights, tokenizer: TokenizerSpe
     A failed artifact stays on disk for inspection, marked failed; the engine refuses to load it."""
     from ..runtime.tokenizer import Tokenizer
     report = check_artifact(manifest_path.parent, weights, Tokenizer(tokenizer), tolerance=tolerance, threads=threads)
-    manifest = json.loads(manifest_path.read_text("utf-8"))
-    manifest["parity"] = report.to_dict()
-    manifest_path.write_text(json.dumps(manifest, indent=1) + "\n", "utf-8")
-    if not report.passed:
-        raise ParityError(report)
-    return report
+    return record_gate(manifest_path, report)
 
 
 def export_gguf_to_onnx(gguf: GGUFModel, out_dir: str | Path, fmt: WeightFormat, *, accuracy_level: int = 4,
@@ -142,5 +156,17 @@ def export_gguf_to_onnx(gguf: GGUFModel, out_dir: str | Path, fmt: WeightFormat,
     return path
 
 
+def export_hf_to_onnx(hf: HFModel, out_dir: str | Path, fmt: WeightFormat, *, accuracy_level: int = 4,
+                      gate: bool = True, tolerance: Tolerance | None = None, threads: int | None = None) -> Path:
+    """The Hugging Face path of `specedge export`: safetensors weights (F32/F16/BF16 widened to float32; int
+    formats re-quantized from them), the checkpoint's tokenizer and template, then the same parity gate."""
+    src = FloatSource(hf.load_weights(), hf.tensor_types())
+    spec = hf.tokenizer_spec()
+    path = export_onnx(src, out_dir, ExportOptions(fmt, accuracy_level), tokenizer=spec, provenance=hf.path)
+    if gate:
+        gate_artifact(path, src.weights, spec, tolerance=tolerance, threads=threads)
+    return path
+
+
 __all__ = ["ExportOptions", "FloatSource", "GGUFSource", "GateReport", "ParityError", "TensorRecord", "Tolerance",
-           "WeightFormat", "export_gguf_to_onnx", "export_onnx", "gate_artifact"]
+           "WeightFormat", "export_gguf_to_onnx", "export_hf_to_onnx", "export_onnx", "gate_artifact", "record_gate"]

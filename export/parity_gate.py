@@ -86,9 +86,10 @@ def gate_prompts(tokenizer: Tokenizer, max_len: int = 96, texts: Sequence[str] =
     return [ids for ids in out if len(ids)]
 
 
-def measure(backend, reference: NumpyBackend, prompts: Sequence[np.ndarray], weight_format: str,
+def measure(backend, reference, prompts: Sequence[np.ndarray], weight_format: str,
             tolerance: Tolerance | None = None) -> GateReport:
-    """Evaluate every prompt once on both backends; compare logits at every position."""
+    """Evaluate every prompt once on both backends; compare logits at every position. `reference` is the NumPy
+    backend, or anything with the same new_cache / forward (transformers' forward for `--via optimum` exports)."""
     positions = agree = 0
     worst = 0.0
     for ids in prompts:
@@ -105,8 +106,8 @@ def check_artifact(artifact: str | Path, weights: Weights, tokenizer: Tokenizer,
                    tolerance: Tolerance | None = None, threads: int | None = None,
                    verify_files: bool = True) -> GateReport:
     """Run the gate on an exported directory against the NumPy reference of `weights` (no exception on failure)."""
-    from ..runtime.backends.onnxrt import OnnxBackend
-    backend = OnnxBackend(artifact, threads=threads, verify=verify_files)
+    from ..runtime.backends import open_onnx
+    backend = open_onnx(artifact, threads=threads, verify=verify_files)
     prompts = gate_prompts(tokenizer, max_len=min(96, weights.config.context_length))
     return measure(backend, NumpyBackend(weights), prompts, backend.manifest.weight_format, tolerance)
 

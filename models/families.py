@@ -1,7 +1,9 @@
 """Registry of model families: `family(arch)` returns the module that knows that architecture.
 
-Each family module exposes ARCH, config_from_gguf(meta, tensors), GLOBAL_NAMES / LAYER_NAMES
-(GGUF -> canonical), from_gguf_layout / to_gguf_layout (row-order quirks) and tokenizer_pre.
+Each family module exposes ARCH (the GGUF general.architecture and the Hugging Face model_type),
+config_from_gguf(meta, tensors), config_from_hf(config_json), GLOBAL_NAMES / LAYER_NAMES (GGUF -> canonical;
+Hugging Face names are one table for all, family_base.HF_*), from_gguf_layout / to_gguf_layout (row-order quirks)
+and tokenizer_pre.
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""What llama-like families share: the GGUF -> canonical weight name table and config-from-metadata.
+"""What llama-like families share: the GGUF and Hugging Face -> canonical weight name tables, and configs from
+GGUF metadata or a Hugging Face config.json.
 
 Family modules (llama.py, qwen2.py) call these with their own quirks; nothing here branches on
 an architecture string.
@@ -30,6 +31,29 @@ LAYER_NAMES: dict[str, str] = {
     "ffn_up.weight": "up",
     "ffn_down.weight": "down",
 }
+# Hugging Face (LlamaForCausalLM / Qwen2ForCausalLM state dict) -> canonical. HF rows are already canonical
+# (rotate_half Q/K order, [out, in]): only names change.
+HF_GLOBAL_NAMES: dict[str, str] = {
+    "model.embed_tokens.weight": "embed",
+    "model.norm.weight": "norm",
+    "lm_head.weight": "lm_head",
+}
+HF_LAYER_NAMES: dict[str, str] = {
+    "input_layernorm.weight": "attn_norm",
+    "self_attn.q_proj.weight": "q",
+    "self_attn.k_proj.weight": "k",
+    "self_attn.v_proj.weight": "v",
+    "self_attn.o_proj.weight": "o",
+    "self_attn.q_proj.bias": "q_bias",
+    "self_attn.k_proj.bias": "k_bias",
+    "self_attn.v_proj.bias": "v_bias",
+    "post_attention_layernorm.weight": "ffn_norm",
+    "mlp.gate_proj.weight": "gate",
+    "mlp.up_proj.weight": "up",
+    "mlp.down_proj.weight": "down",
+}
+HF_IGNORED = re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")  # a buffer old checkpoints saved
+_HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _LAYER_TO_GGUF = {v: k for k, v in LAYER_NAMES.items()}
 _GLOBAL_TO_GGUF = {v: k for k, v in GLOBAL_NAMES.items()}
 _BLK = re.compile(r"^blk\.(\d+)\.(.+)$")
@@ -46,6 +70,16 @@ def gguf_to_canonical(name: str) -> str | None:
     m = _BLK.match(name)
     if m and m.group(2) in LAYER_NAMES:
         return f"layers.{m.group(1)}.{LAYER_NAMES[m.group(2)]}"
+    return None
+
+
+def hf_to_canonical(name: str) -> str | None:
+    """Hugging Face state-dict name -> canonical name, or None if the table does not know it."""
+    if name in HF_GLOBAL_NAMES:
+        return HF_GLOBAL_NAMES[name]
+    m = _HF_LAYER.match(name)
+    if m and m.group(2) in HF_LAYER_NAMES:
+        return f"layers.{m.group(1)}.{HF_LAYER_NAMES[m.group(2)]}"
     return None
 
 
@@ -132,4 +166,69 @@ def llama_like_config(meta: Mapping[str, Any], tensors: Mapping[str, tuple[int, 
         bos_id=bos,
         eos_ids=eos,
         name=str(meta.get("general.name", "")),
+    )
+
+
+def _hf_value(hf: Mapping[str, Any], key: str, kind=int):
+    if hf.get(key) is None:
+        raise ValueError(f"config.json lacks required key {key!r}")
+    return kind(hf[key])
+
+
+def _ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(int(v) for v in value) if isinstance(value, (list, tuple)) else (int(value),)
+
+
+def hf_rope(hf: Mapping[str, Any]) -> tuple[float, RopeScaling]:
+    """(theta, scaling) from config.json: `rope_theta` + `rope_scaling` (transformers 4) or `rope_parameters` (5)."""
+    params = hf.get("rope_parameters") or {}
+    theta = float(hf.get("rope_theta", params.get("rope_theta", 10000.0)))
+    scaling = hf.get("rope_scaling") or params
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind in ("default", None):
+        return theta, RopeScaling()
+    factor = float(scaling.get("factor", 1.0))
+    if kind == "linear":
+        return theta, RopeScaling(kind="linear", factor=factor)
+    if kind == "llama3":
+        return theta, RopeScaling(kind="llama3", factor=factor,
+                                  original_context=int(scaling["original_max_position_embeddings"]),
+                                  low_freq_factor=float(scaling.get("low_freq_factor", 1.0)),
+                                  high_freq_factor=float(scaling.get("high_freq_factor", 4.0)))
+    raise ValueError(f"rope scaling {kind!r} is not built by specedge (supported: linear, llama3)")
+
+
+def llama_like_config_from_hf(hf: Mapping[str, Any], *, arch: str, qkv_bias: bool) -> ModelConfig:
+    """ModelConfig from a Hugging Face config.json of a llama-like model; ValueError names what is not supported."""
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"activation {hf['hidden_act']!r} is not supported (the builder runs SwiGLU with silu)")
+    if hf.get("mlp_bias"):
+        raise ValueError("MLP biases (mlp_bias: true) are not supported")
+    if float(hf.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ValueError(f"partial rotary embeddings (partial_rotary_factor {hf['partial_rotary_factor']}) "
+                         "are not supported")
+    d_model = _hf_value(hf, "hidden_size")
+    n_heads = _hf_value(hf, "num_attention_heads")
+    theta, scaling = hf_rope(hf)
+    eos = _ids(hf.get("eos_token_id"))
+    bos = hf.get("bos_token_id")
+    return ModelConfig(
+        arch=arch,
+        n_layers=_hf_value(hf, "num_hidden_layers"),
+        d_model=d_model,
+        n_heads=n_heads,
+        n_kv_heads=int(hf.get("num_key_value_heads") or n_heads),
+        head_dim=int(hf.get("head_dim") or d_model // n_heads),
+        d_ff=_hf_value(hf, "intermediate_size"),
+        vocab_size=_hf_value(hf, "vocab_size"),
+        rms_eps=_hf_value(hf, "rms_norm_eps", float),
+        rope_theta=theta,
+        context_length=int(hf.get("max_position_embeddings") or 2048),
+        tied_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        qkv_bias=qkv_bias,
+        rope_scaling=scaling,
+        bos_id=None if bos is None else int(bos),
+        eos_ids=eos,
     )

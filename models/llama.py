@@ -22,6 +22,14 @@ def config_from_gguf(meta: Mapping[str, Any], tensors: Mapping[str, tuple[int, .
     return family_base.llama_like_config(meta, tensors, arch=ARCH, qkv_bias="blk.0.attn_q.bias" in tensors)
 
 
+def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
+    """ModelConfig from a Hugging Face config.json (LlamaForCausalLM); `attention_bias` gives q/k/v(/o) biases."""
+    if hf.get("attention_bias"):
+        # LlamaAttention puts the same flag on o_proj, which has no canonical tensor (nor a GGUF one).
+        raise ValueError("attention_bias: true (llama q/k/v/o biases) is not supported")
+    return family_base.llama_like_config_from_hf(hf, arch=ARCH, qkv_bias=False)
+
+
 def _heads(canonical: str, config: ModelConfig) -> int | None:
     """Heads whose rows are permuted in GGUF: q (and its bias) by n_heads, k by n_kv_heads."""
     kind = canonical.rsplit(".", 1)[-1]

@@ -1,15 +1,20 @@
 """An exported artifact's manifest.json: what the runtime reads instead of guessing from file names.
 
-Written by export/onnx_export.py, read here (below both export and runtime). Format version 2 (version 1
-artifacts predate the pad row that makes verify batches bit-identical to one-token decoding; they must be re-exported):
+Two formats, each with its own version; the runtime picks its backend by `format` (runtime/backends/__init__.py):
+  "specedge-onnx" 2        our graph builder (export/onnx_export.py): GroupQueryAttention over shared in-place KV
+                           buffers (version 1 artifacts predate the pad row that makes verify batches bit-identical
+                           to one-token decoding; they must be re-exported)
+  "optimum-onnx" 1         Hugging Face optimum's text-generation-with-past graph (export/optimum_export.py):
+                           past_key_values.N.key/value in, present.N.key/value out (a full copy of the KV per call)
 
-    format, format_version        "specedge-onnx", 2
+    format, format_version        as above
     model                         the ONNX graph file (weights in `weights_file`, ONNX external data)
     weight_format                 fp32 | fp16 | int8 | int8-dynamic | int4
     config                        ModelConfig fields (rope_scaling nested)
     io                            graph input/output names ("{i}" = layer index), the KV layout, and kv_pad_rows:
                                   cache rows past the capacity that the graph writes scratch K/V into
     tensors                       canonical tensor -> {linear, storage, source_type, exact, max_abs_err}
+                                  (specedge-onnx only)
     files                         file name -> {sha256, bytes} for every file of the artifact but the manifest
     provenance                    source path and sha256, exporter and library versions
     tokenizer                     tokenizer.json, chat template file, special ids
@@ -29,6 +34,9 @@ from .tokenizer_spec import TokenizerSpec
 
 FORMAT = "specedge-onnx"
 FORMAT_VERSION = 2
+OPTIMUM_FORMAT = "optimum-onnx"
+OPTIMUM_FORMAT_VERSION = 1
+FORMAT_VERSIONS = {FORMAT: FORMAT_VERSION, OPTIMUM_FORMAT: OPTIMUM_FORMAT_VERSION}
 MANIFEST = "manifest.json"
 
 
@@ -60,6 +68,10 @@ class Manifest:
     config: ModelConfig
 
     @property
+    def format(self) -> str:
+        return str(self.raw["format"])
+
+    @property
     def model_path(self) -> Path:
         return self.root / self.raw["model"]
 
@@ -73,7 +85,7 @@ class Manifest:
 
     @property
     def tensors(self) -> Mapping[str, Any]:
-        return self.raw["tensors"]
+        return self.raw.get("tensors", {})
 
     def tokenizer_spec(self) -> TokenizerSpec:
         t = self.raw["tokenizer"]
@@ -103,11 +115,12 @@ def read_manifest(root: str | Path, *, verify: bool = True) -> Manifest:
         raw = json.loads(path.read_text("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ModelFileError(f"{path} is not valid JSON ({e}); re-export the model") from None
-    if raw.get("format") != FORMAT:
-        raise ModelFileError(f"{path}: format {raw.get('format')!r} is not {FORMAT!r}")
-    if raw.get("format_version") != FORMAT_VERSION:
-        raise ModelFileError(f"{path}: format version {raw.get('format_version')} is not supported by this "
-                             f"specedge (reads version {FORMAT_VERSION}); re-export or upgrade specedge")
+    fmt = raw.get("format")
+    if fmt not in FORMAT_VERSIONS:
+        raise ModelFileError(f"{path}: format {fmt!r} is not one of {', '.join(map(repr, FORMAT_VERSIONS))}")
+    if raw.get("format_version") != FORMAT_VERSIONS[fmt]:
+        raise ModelFileError(f"{path}: {fmt} format version {raw.get('format_version')} is not supported by this "
+                             f"specedge (reads version {FORMAT_VERSIONS[fmt]}); re-export or upgrade specedge")
     try:
         config = config_from_dict(raw["config"])
     except (KeyError, TypeError, ValueError) as e:

@@ -21,6 +21,14 @@ def config_from_gguf(meta: Mapping[str, Any], tensors: Mapping[str, tuple[int, .
     return family_base.llama_like_config(meta, tensors, arch=ARCH, qkv_bias="blk.0.attn_q.bias" in tensors)
 
 
+def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
+    """ModelConfig from a Hugging Face config.json (Qwen2ForCausalLM: q/k/v biases, no o bias)."""
+    window = hf.get("sliding_window")
+    if hf.get("use_sliding_window") and window and window < int(hf.get("max_position_embeddings") or 0):
+        raise ValueError(f"sliding-window attention (window {window}) is not supported")
+    return family_base.llama_like_config_from_hf(hf, arch=ARCH, qkv_bias=True)
+
+
 def to_gguf_layout(canonical: str, w: np.ndarray, config: ModelConfig) -> np.ndarray:
     """Canonical -> GGUF layout: identical for qwen2."""
     return w

@@ -1,11 +1,21 @@
-"""Backends behind one protocol; `open_backend` builds one from a GGUF model by kind."""
+"""Backends behind one protocol; `open_backend` builds one from a GGUF model by kind, `open_onnx` one from an
+exported artifact by its manifest's format."""
 from __future__ import annotations
 
 import enum
+from importlib import import_module
+from pathlib import Path
 
 import numpy as np
 
+from ...models.manifest import FORMAT, OPTIMUM_FORMAT, Manifest, read_manifest
 from .base import Backend, BackendCaps, KVCache, LayerPlan
+
+# manifest format -> (module, class) of the backend that runs that graph layout (imported on use: onnxruntime)
+ONNX_BACKENDS: dict[str, tuple[str, str]] = {
+    FORMAT: (".onnxrt", "OnnxBackend"),
+    OPTIMUM_FORMAT: (".onnx_optimum", "OptimumBackend"),
+}
 
 
 class BackendKind(enum.Enum):
@@ -29,4 +39,13 @@ def open_backend(kind: BackendKind, gguf, *, n_ctx: int | None = None, n_threads
     raise ValueError(f"unknown backend {kind!r}; choose one of {[k.value for k in BackendKind]}")
 
 
-__all__ = ["Backend", "BackendCaps", "BackendKind", "KVCache", "LayerPlan", "open_backend"]
+def open_onnx(manifest: Manifest | str | Path, *, device: str = "cpu", threads: int | None = None,
+              verify: bool = True, log=None) -> Backend:
+    """The ONNX Runtime backend for an exported artifact, chosen by its manifest's `format`."""
+    if not isinstance(manifest, Manifest):
+        manifest = read_manifest(manifest, verify=verify)
+    module, cls = ONNX_BACKENDS[manifest.format]  # read_manifest accepts only formats listed there
+    return getattr(import_module(module, __name__), cls)(manifest, device=device, threads=threads, log=log)
+
+
+__all__ = ["Backend", "BackendCaps", "BackendKind", "KVCache", "LayerPlan", "open_backend", "open_onnx"]

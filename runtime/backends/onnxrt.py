@@ -29,6 +29,24 @@ def _import_ort():
     return onnxruntime
 
 
+def open_session(model_path: Path, *, device: Device | str, threads: int | None, log=None):
+    """(onnxruntime module, InferenceSession, ProviderChoice, threads): one sequential session with all graph
+    optimizations on the providers `device` selects; `auto` reports its pick through `log`."""
+    ort = _import_ort()
+    threads = threads or min(os.cpu_count() or 1, 8)
+    choice: ProviderChoice = select_providers(device, ort.get_available_providers(), threads=threads)
+    if log is not None and Device(device) is Device.AUTO:
+        log(choice.note)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(str(model_path), sess_options=opts, providers=[p for p, _ in choice.providers],
+                                   provider_options=[o for _, o in choice.providers])
+    return ort, session, choice, threads
+
+
 def read_bytes_per_token(model_path: Path) -> int:
     """Bytes of initializers a one-token forward reads: all of them, except that a table consumed only by Gather
     (the token embedding, unless a tied float head reads it too) costs one row."""
@@ -85,25 +103,13 @@ class OnnxBackend:
 
     def __init__(self, manifest: Manifest | str | Path, *, device: Device | str = Device.CPU,
                  threads: int | None = None, verify: bool = True, log=None) -> None:
-        self.ort = _import_ort()
         self.manifest = manifest if isinstance(manifest, Manifest) else read_manifest(manifest, verify=verify)
         self.config: ModelConfig = self.manifest.config
         self.io = self.manifest.io
         self.caps = BackendCaps(tree_mask=False, layer_plan=False, partial_rollback=True,
                                 max_batch_tokens=self.config.context_length)
-        self.threads = threads or min(os.cpu_count() or 1, 8)
-        self.choice: ProviderChoice = select_providers(device, self.ort.get_available_providers(),
-                                                       threads=self.threads)
-        if log is not None and Device(device) is Device.AUTO:
-            log(self.choice.note)
-        opts = self.ort.SessionOptions()
-        opts.intra_op_num_threads = self.threads
-        opts.inter_op_num_threads = 1
-        opts.execution_mode = self.ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.graph_optimization_level = self.ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.session = self.ort.InferenceSession(
-            str(self.manifest.model_path), sess_options=opts,
-            providers=[p for p, _ in self.choice.providers], provider_options=[o for _, o in self.choice.providers])
+        self.ort, self.session, self.choice, self.threads = open_session(self.manifest.model_path, device=device,
+                                                                         threads=threads, log=log)
         self._weight_bytes = read_bytes_per_token(self.manifest.model_path)
 
     def new_cache(self, max_len: int) -> OnnxCache:
