@@ -41,7 +41,11 @@ class VerifyCost:
             self._t[width] = old + self.weight * (min(seconds, 3 * old) - old)
 
     def relative(self, width: int) -> float:
-        """T(width) / T(1)."""
+        """T(width) / T(1), never below the estimate for a narrower width (timing noise must not make a wider call
+        look cheaper than a narrower one)."""
+        return max([1.0] + [self._relative(w) for w in range(2, width + 1)])
+
+    def _relative(self, width: int) -> float:
         if 1 not in self._t or width == 1:
             return 1.0 + self.prior_slope * (width - 1)
         t1 = self._t[1]

@@ -32,6 +32,10 @@ def test_verify_cost_learns_ratios_interpolates_and_clips():
     assert c.relative(7) == pytest.approx(2.4)  # beyond: the prior slope
     c.observe(5, 10.0)  # a preempted call moves the estimate by at most weight * 2 * old
     assert c.relative(5) < 2.5
+    noisy = VerifyCost()
+    noisy.observe(1, 0.010)
+    noisy.observe(2, 0.009)  # a wider call measured faster than a narrower one
+    assert noisy.relative(2) == 1.0 and noisy.relative(3) >= noisy.relative(2)
 
 
 def test_acceptance_model_converges_and_forgets():
@@ -64,7 +68,10 @@ def test_adaptive_length_never_changes_greedy_output(tiny, which):  # noqa: F811
         assert got == tokens_of(target, prompt), (which, text)
 
 
-def test_adaptive_length_stops_verifying_a_drafter_that_is_always_wrong(tiny):  # noqa: F811
+def test_adaptive_length_stops_verifying_a_drafter_that_is_always_wrong(tiny, monkeypatch):  # noqa: F811
+    # The tiny model's real verify curve is nearly flat and noisy; pin a curve like ONNX int4's so the test
+    # checks the policy, not the machine's timing.
+    monkeypatch.setattr(VerifyCost, "relative", lambda self, w: CURVE.get(w, 1.0 + 0.15 * (w - 1)))
     target, _, tok = tiny
     prompt = tok.encode(PROMPTS[0])
     fixed, adaptive = DecodeStats(), DecodeStats()
