@@ -8,6 +8,8 @@ Formats (the measured reasons are in docs/onnx.md):
               (re-quantized; the flattest verify cost, but per-tensor activation scales fail the parity gate on
               models with outlier channels such as SmolLM2: docs/onnx.md)
   int4        MatMulNBits bits=4, block 32: GGUF Q4_0 / Q4_1 / Q4_K exact; Q8_0 sources stay 8-bit (exact)
+The static profile (export/onnx_static.py) allows standard ai.onnx ops only: `standard_linear` keeps fp32 and fp16 as
+above and makes int8 a DequantizeLinear of per-output-channel symmetric int8 weights feeding a MatMul.
 Several canonical tensors may be fused into one linear (q|k|v, gate|up): their rows are stacked.
 """
 from __future__ import annotations
@@ -136,3 +138,31 @@ def nbits_matmul(g: GraphBuilder, x: str, bq: BlockQuant, prefix: str, name: str
                  keepdims=0)
     mins = g.op1("MatMul", [sums, g.const(prefix + ".mins", np.ascontiguousarray(bq.m.T))], name + "/min_term")
     return g.op1("Add", [y, mins], name + "/add_min")
+
+
+STANDARD_FORMATS = (WeightFormat.FP32, WeightFormat.FP16, WeightFormat.INT8)
+
+
+def standard_linear(g: GraphBuilder, x: str, parts: Sequence[str], src: WeightSource, opts: ExportOptions,
+                    prefix: str, name: str) -> tuple[str, dict[str, TensorRecord]]:
+    """`linear` in standard ai.onnx ops only (no MatMulNBits): fp32, fp16 as `linear`; int8 as
+
+        W int8 [in, out] ──► DequantizeLinear(scale [out], axis=1) ──► MatMul(x, ·) ──► y
+    Per-output-channel symmetric int8 is the weight quantization every NPU toolchain takes (QNN, CoreML, NNAPI);
+    block-wise DequantizeLinear (opset 21) is not yet widely supported there, so GGUF blocks are re-quantized
+    (lossy; recorded per tensor). onnxruntime's CPU provider fuses the pair into MatMulNBits itself.
+    """
+    if opts.fmt is not WeightFormat.INT8:
+        if opts.fmt not in STANDARD_FORMATS:
+            raise ValueError(f"weight format {opts.fmt.value} uses com.microsoft ops; standard-op formats: "
+                             f"{', '.join(f.value for f in STANDARD_FORMATS)}")
+        return linear(g, x, parts, src, opts, prefix, name)
+    path = g.path(name)
+    ws = [src.float(p) for p in parts]
+    q, scale = quantize_per_channel_int8(np.concatenate(ws))  # q [in, out]
+    w = g.op1("DequantizeLinear", [g.const(prefix + ".qweight", q), g.const(prefix + ".scales", scale)],
+              name + "/dequantize", axis=1)
+    deq = q.T.astype(np.float32) * scale[:, None]
+    rows = np.cumsum([0] + [wp.shape[0] for wp in ws])
+    return g.op1("MatMul", [x, w], name), {p: _record(path, "int8-channel-dq", src, p, deq[rows[i]:rows[i + 1]])
+                                           for i, p in enumerate(parts)}

@@ -1,14 +1,19 @@
 """An exported artifact's manifest.json: what the runtime reads instead of guessing from file names.
 
-Written by export/onnx_export.py, read here (below both export and runtime). Format version 2 (version 1
-artifacts predate the pad row that makes verify batches bit-identical to one-token decoding; they must be re-exported):
+Written by export/onnx_export.py, read here (below both export and runtime). Format versions read: 2 (the dynamic
+profile) and 3 (adds the static-shape profile, so a reader that only knows version 2 refuses it instead of failing
+on missing IO names). Version 1 artifacts predate the pad row that makes verify batches bit-identical to one-token
+decoding; they must be re-exported.
 
-    format, format_version        "specedge-onnx", 2
+    format, format_version        "specedge-onnx", 2 (dynamic) or 3 (static)
+    profile                       dynamic (any T, any cache length; GroupQueryAttention) | static (every dimension
+                                  fixed: verify width W, max context C; standard ONNX ops only; for NPU providers)
     model                         the ONNX graph file (weights in `weights_file`, ONNX external data)
     weight_format                 fp32 | fp16 | int8 | int8-dynamic | int4
     config                        ModelConfig fields (rope_scaling nested)
-    io                            graph input/output names ("{i}" = layer index), the KV layout, and kv_pad_rows:
-                                  cache rows past the capacity that the graph writes scratch K/V into
+    io                            graph input/output names ("{i}" = layer index), the KV layout, and
+                                  dynamic: kv_pad_rows (cache rows past the capacity that the graph writes scratch
+                                  K/V into); static: verify_width, max_context, mask_value
     tensors                       canonical tensor -> {linear, storage, source_type, exact, max_abs_err}
     files                         file name -> {sha256, bytes} for every file of the artifact but the manifest
     provenance                    source path and sha256, exporter and library versions
@@ -17,6 +22,7 @@ artifacts predate the pad row that makes verify batches bit-identical to one-tok
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 import json
 from dataclasses import dataclass
@@ -28,8 +34,17 @@ from .errors import ModelFileError
 from .tokenizer_spec import TokenizerSpec
 
 FORMAT = "specedge-onnx"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 2  # what dynamic artifacts are written as
+STATIC_FORMAT_VERSION = 3  # static-profile artifacts: readers of version 2 only must refuse them
+READ_VERSIONS = (FORMAT_VERSION, STATIC_FORMAT_VERSION)
 MANIFEST = "manifest.json"
+
+
+class Profile(enum.Enum):
+    """Shape profile of an exported graph."""
+
+    DYNAMIC = "dynamic"  # T and the cache length are free; com.microsoft GroupQueryAttention (CPU, CUDA, DirectML)
+    STATIC = "static"  # [1, W] in, [1, n_kv, C, head_dim] caches; standard ops only (NPU providers need this)
 
 
 def config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
@@ -72,6 +87,10 @@ class Manifest:
         return self.raw["io"]
 
     @property
+    def profile(self) -> Profile:
+        return Profile(self.raw.get("profile", Profile.DYNAMIC.value))
+
+    @property
     def tensors(self) -> Mapping[str, Any]:
         return self.raw["tensors"]
 
@@ -105,9 +124,18 @@ def read_manifest(root: str | Path, *, verify: bool = True) -> Manifest:
         raise ModelFileError(f"{path} is not valid JSON ({e}); re-export the model") from None
     if raw.get("format") != FORMAT:
         raise ModelFileError(f"{path}: format {raw.get('format')!r} is not {FORMAT!r}")
-    if raw.get("format_version") != FORMAT_VERSION:
+    if raw.get("format_version") not in READ_VERSIONS:
         raise ModelFileError(f"{path}: format version {raw.get('format_version')} is not supported by this "
-                             f"specedge (reads version {FORMAT_VERSION}); re-export or upgrade specedge")
+                             f"specedge (reads versions {', '.join(map(str, READ_VERSIONS))}); re-export or upgrade "
+                             "specedge")
+    try:
+        profile = Profile(raw.get("profile", Profile.DYNAMIC.value))
+    except ValueError:
+        raise ModelFileError(f"{path}: unknown profile {raw.get('profile')!r} (this specedge reads "
+                             f"{', '.join(p.value for p in Profile)}); upgrade specedge") from None
+    if (profile is Profile.STATIC) != (raw["format_version"] == STATIC_FORMAT_VERSION):
+        raise ModelFileError(f"{path}: profile {profile.value} does not match format version "
+                             f"{raw['format_version']}; re-export the model")
     try:
         config = config_from_dict(raw["config"])
     except (KeyError, TypeError, ValueError) as e:
