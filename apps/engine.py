@@ -3,7 +3,7 @@
     GGUF backends (numpy, llamacpp): catalogue name or .gguf path -> GGUF -> tokenizer + backend
     onnx: an exported directory, or a name like smollm2-135m-onnx-int8 found in the model cache (where
           `specedge export` writes by default) -> manifest (hashes verified, parity gate passed) -> tokenizer.json
-          + chat template from the artifact + OnnxBackend
+          + chat template from the artifact + OnnxBackend, or StaticOnnxBackend for the static-shape profile
 """
 from __future__ import annotations
 
@@ -32,9 +32,10 @@ class LoadedModel:
     kind: BackendKind
 
 
-def artifact_name(model: str, weights: str) -> str:
-    """The cache name `specedge export` gives an artifact: smollm2-135m + int8 -> smollm2-135m-onnx-int8."""
-    return f"{Path(model).stem if model.endswith('.gguf') else model}-onnx-{weights}"
+def artifact_name(model: str, weights: str, static: bool = False) -> str:
+    """The cache name `specedge export` gives an artifact: smollm2-135m + int8 -> smollm2-135m-onnx-int8, or
+    smollm2-135m-onnx-static-int8 for the static-shape profile."""
+    return f"{Path(model).stem if model.endswith('.gguf') else model}-onnx-{'static-' if static else ''}{weights}"
 
 
 def resolve_artifact(name_or_path: str, cache_dir: Path | None = None) -> Path:
@@ -54,8 +55,8 @@ def resolve_artifact(name_or_path: str, cache_dir: Path | None = None) -> Path:
 
 def load_onnx(name_or_path: str, *, device: str = "auto", threads: int | None = None,
               cache_dir: Path | None = None, log=None) -> LoadedModel:
-    """Manifest -> verified files -> parity gate recorded as passed -> tokenizer + OnnxBackend."""
-    from ..runtime.backends.onnxrt import OnnxBackend
+    """Manifest -> verified files -> parity gate recorded as passed -> tokenizer + the backend for its profile."""
+    from ..runtime.backends.onnxrt import open_onnx_backend
     root = resolve_artifact(name_or_path, cache_dir)
     manifest = read_manifest(root, verify=True)
     parity = manifest.raw.get("parity")
@@ -64,7 +65,7 @@ def load_onnx(name_or_path: str, *, device: str = "auto", threads: int | None = 
                              f"|dlogit| {parity.get('max_dlogit')}); re-export in another --weights format")
     if manifest.raw.get("tokenizer") is None:
         raise ModelFileError(f"{root}/{MANIFEST} lists no tokenizer; re-export the model with `specedge export`")
-    backend = OnnxBackend(manifest, device=device, threads=threads, log=log)
+    backend = open_onnx_backend(manifest, device=device, threads=threads, log=log)
     return LoadedModel(root, None, Tokenizer(manifest.tokenizer_spec()), backend, BackendKind.ONNX)
 
 

@@ -105,9 +105,9 @@ def check_artifact(artifact: str | Path, weights: Weights, tokenizer: Tokenizer,
                    tolerance: Tolerance | None = None, threads: int | None = None,
                    verify_files: bool = True) -> GateReport:
     """Run the gate on an exported directory against the NumPy reference of `weights` (no exception on failure)."""
-    from ..runtime.backends.onnxrt import OnnxBackend
-    backend = OnnxBackend(artifact, threads=threads, verify=verify_files)
-    prompts = gate_prompts(tokenizer, max_len=min(96, weights.config.context_length))
+    from ..runtime.backends.onnxrt import open_onnx_backend
+    backend = open_onnx_backend(artifact, threads=threads, verify=verify_files)
+    prompts = gate_prompts(tokenizer, max_len=min(96, backend.caps.max_context or weights.config.context_length))
     return measure(backend, NumpyBackend(weights), prompts, backend.manifest.weight_format, tolerance)
 
 
