@@ -147,8 +147,9 @@ def test_every_shape_is_static_and_every_op_standard(tiny, fmt):
     assert shapes["attention_bias"] == [1, 1, W, 64] and shapes["logits"] == [1, W, c.vocab_size]
     assert shapes["past_key.1"] == [1, c.n_kv_heads, 64, c.head_dim]
     assert shapes["new_value.1"] == [1, c.n_kv_heads, W, c.head_dim]
-    if fmt == "int8":
-        assert {r["storage"] for n, r in m.tensors.items() if n != "embed"} == {"int8-channel-dq"}
+    if fmt == "int8":  # block-32 DequantizeLinear: the Q4_1 source blocks transcoded exactly (centered + offsets)
+        assert {r["storage"] for n, r in m.tensors.items() if n != "embed"} == {"dq8-block32-zp-min"}
+        assert all(r["exact"] for r in m.tensors.values())
 
 
 def test_manifest_records_the_profile(tiny, tmp_path):
