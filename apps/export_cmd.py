@@ -41,7 +41,7 @@ def parse_layers(text: str, n_layers: int) -> list[int]:
               help="onnx (default int8): any; int8/int4 transcode GGUF blocks exactly (docs/onnx.md). "
                    "gguf (default fp32): fp32 | fp16.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
-              help="Output directory (onnx) or .gguf file; default: the model cache, <model>-onnx-<weights>.")
+              help="Output directory (onnx) or .gguf file; default: the model cache, <model>-onnx-[static-]<weights>.")
 @click.option("--layers", default=None, help="gguf: source layers to keep, e.g. 0-9 (a layer-subset drafter).")
 @click.option("--profile", type=click.Choice(["dynamic", "static"]), default="dynamic", show_default=True,
               help="onnx: dynamic (any length; CPU/CUDA/DirectML) or static (every shape fixed, standard ops only: "

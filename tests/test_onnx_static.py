@@ -203,11 +203,12 @@ def test_cli_export_static_then_generate(tiny, tmp_path):
     assert "static W=4 C=80" in r.stderr and "parity gate PASS" in r.stderr
     m = read_manifest(out)
     assert m.profile is Profile.STATIC and m.raw["parity"]["passed"] and m.io["verify_width"] == 4
-    r = run("generate", out, "hello world", "--backend", "onnx", "--device", "cpu", "--threads", 1,
-            "--drafter", "ngram", "--max-tokens", 20, "--json", "--baseline")
-    assert r.exit_code == 0, r.output
-    stats = json.loads(r.stdout.strip().splitlines()[-1])["stats"]
-    assert stats["identical_to_baseline"] is True and stats["backend"] == "onnx"
+    for drafter in ("ngram", f"model:{out}"):  # a static drafter's cache defaults to its max context (80)
+        r = run("generate", out, "hello world", "--backend", "onnx", "--device", "cpu", "--threads", 1,
+                "--drafter", drafter, "--max-tokens", 20, "--json", "--baseline")
+        assert r.exit_code == 0, r.output
+        stats = json.loads(r.stdout.strip().splitlines()[-1])["stats"]
+        assert stats["identical_to_baseline"] is True and stats["backend"] == "onnx"
     r = run("generate", out, "hello world", "--backend", "onnx", "--device", "cpu", "--max-tokens", 200)
     assert r.exit_code != 0 and "--max-context 80" in r.output
     r = run("generate", out, "hi", "--backend", "onnx", "--device", "qnn")
