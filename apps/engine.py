@@ -3,7 +3,8 @@
     GGUF backends (numpy, llamacpp): catalogue name or .gguf path -> GGUF -> tokenizer + backend
     onnx: an exported directory, or a name like smollm2-135m-onnx-int8 found in the model cache (where
           `specedge export` writes by default) -> manifest (hashes verified, parity gate passed) -> tokenizer.json
-          + chat template from the artifact + the backend for the manifest's format (ours or optimum's layout)
+          + chat template from the artifact + the backend for the manifest's format and profile (ours, its
+          static-shape profile, or optimum's layout)
 """
 from __future__ import annotations
 
@@ -32,12 +33,13 @@ class LoadedModel:
     kind: BackendKind
 
 
-def artifact_name(model: str, weights: str, via: str = "specedge") -> str:
-    """The cache name `specedge export` gives an artifact: smollm2-135m + int8 -> smollm2-135m-onnx-int8; a checkpoint
-    directory by its name (path/SmolLM2-135M + fp32 -> SmolLM2-135M-onnx-fp32; via optimum: -optimum-fp32)."""
+def artifact_name(model: str, weights: str, via: str = "specedge", static: bool = False) -> str:
+    """The cache name `specedge export` gives an artifact: smollm2-135m + int8 -> smollm2-135m-onnx-int8 (static
+    profile: smollm2-135m-onnx-static-int8); a checkpoint directory by its name (path/SmolLM2-135M + fp32 ->
+    SmolLM2-135M-onnx-fp32; via optimum: -optimum-fp32)."""
     p = Path(model)
     base = p.stem if model.endswith(".gguf") else p.resolve().name if p.is_dir() else model
-    return f"{base}-{'optimum' if via == 'optimum' else 'onnx'}-{weights}"
+    return f"{base}-{'optimum' if via == 'optimum' else 'onnx'}-{'static-' if static else ''}{weights}"
 
 
 def resolve_artifact(name_or_path: str, cache_dir: Path | None = None) -> Path:
@@ -57,8 +59,8 @@ def resolve_artifact(name_or_path: str, cache_dir: Path | None = None) -> Path:
 
 def load_onnx(name_or_path: str, *, device: str = "auto", threads: int | None = None,
               cache_dir: Path | None = None, log=None) -> LoadedModel:
-    """Manifest -> verified files -> parity gate recorded as passed -> tokenizer + the backend for its format
-    (OnnxBackend for our builder's graphs, OptimumBackend for `--via optimum` exports)."""
+    """Manifest -> verified files -> parity gate recorded as passed -> tokenizer + the backend for its format and
+    profile (OnnxBackend, StaticOnnxBackend for the static-shape profile, OptimumBackend for `--via optimum`)."""
     root = resolve_artifact(name_or_path, cache_dir)
     manifest = read_manifest(root, verify=True)
     parity = manifest.raw.get("parity")
@@ -67,7 +69,7 @@ def load_onnx(name_or_path: str, *, device: str = "auto", threads: int | None = 
                              f"|dlogit| {parity.get('max_dlogit')}); re-export in another --weights format")
     if manifest.raw.get("tokenizer") is None:
         raise ModelFileError(f"{root}/{MANIFEST} lists no tokenizer; re-export the model with `specedge export`")
-    backend = open_onnx(manifest, device=device, threads=threads, log=log)  # by the manifest's format
+    backend = open_onnx(manifest, device=device, threads=threads, log=log)  # by the manifest's format and profile
     return LoadedModel(root, None, Tokenizer(manifest.tokenizer_spec()), backend, BackendKind.ONNX)
 
 

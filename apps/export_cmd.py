@@ -4,6 +4,8 @@ layer-subset GGUF drafter for llama.cpp.
     specedge export smollm2-135m --format onnx --weights int8            -> <cache>/smollm2-135m-onnx-int8/
     specedge export path/to/hf-checkpoint --format onnx --weights int4   -> <cache>/hf-checkpoint-onnx-int4/
     specedge export path/to/hf-checkpoint --weights fp32 --via optimum   -> <cache>/hf-checkpoint-optimum-fp32/
+    specedge export smollm2-135m --format onnx --weights int8 --profile static --verify-width 5 --max-context 512
+                                                                         -> <cache>/smollm2-135m-onnx-static-int8/
     specedge export smollm2-135m --format gguf --weights fp16 --layers 0-9 --out drafter.gguf
 """
 from __future__ import annotations
@@ -44,8 +46,15 @@ def parse_layers(text: str, n_layers: int) -> list[int]:
               help="onnx (default int8; fp32 with --via optimum, its only format): any; int8/int4 transcode GGUF "
                    "blocks exactly and re-quantize float checkpoints (docs/onnx.md). gguf (default fp32): fp32 | fp16.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
-              help="Output directory (onnx) or .gguf file; default: the model cache, <model>-onnx-<weights>.")
+              help="Output directory (onnx) or .gguf file; default: the model cache, <model>-onnx-[static-]<weights>.")
 @click.option("--layers", default=None, help="gguf: source layers to keep, e.g. 0-9 (a layer-subset drafter).")
+@click.option("--profile", type=click.Choice(["dynamic", "static"]), default="dynamic", show_default=True,
+              help="onnx: dynamic (any length; CPU/CUDA/DirectML) or static (every shape fixed, standard ops only: "
+                   "for NPU providers such as qnn, coreml; weights fp32, fp16 or int8).")
+@click.option("--verify-width", type=click.IntRange(1, None), default=None,
+              help="static: positions per call, W = k + 1 (default 5); longer inputs run in W-sized pieces.")
+@click.option("--max-context", type=click.IntRange(1, None), default=None,
+              help="static: cache slots = most positions a sequence may hold (default 512).")
 @click.option("--threads", type=click.IntRange(1, None), default=None, help="Threads for the parity gate.")
 @click.option("--min-top1", type=click.FloatRange(0, 1), default=None,
               help="Parity gate: minimum top-1 agreement (default per format).")
@@ -55,7 +64,8 @@ def parse_layers(text: str, n_layers: int) -> list[int]:
               help="Hugging Face directory: our graph builder (llama, qwen2), or optimum for other architectures "
                    "(fp32 only, and slower: its graph copies the KV cache every step; docs/onnx.md).")
 @click.option("--cache-dir", type=click.Path(path_type=Path), default=None, help="Model cache.")
-def export_cmd(model, fmt, weights, out, layers, threads, min_top1, max_dlogit, via, cache_dir) -> None:
+def export_cmd(model, fmt, weights, out, layers, profile, verify_width, max_context, threads, min_top1, max_dlogit,
+               via, cache_dir) -> None:
     """Export MODEL (catalogue name, .gguf path, or a Hugging Face checkpoint directory with config.json and
     *.safetensors). ONNX exports must pass the parity gate against a reference (the NumPy reference; transformers
     for --via optimum): numbers printed, out of tolerance exits non-zero and marks the artifact failed."""
@@ -69,6 +79,9 @@ def export_cmd(model, fmt, weights, out, layers, threads, min_top1, max_dlogit, 
     except (ValueError, FileNotFoundError) as e:
         raise click.ClickException(str(e)) from None
     if fmt == "gguf":
+        if profile != "dynamic" or verify_width is not None or max_context is not None:
+            raise click.BadParameter("--profile, --verify-width and --max-context apply to --format onnx",
+                                     param_hint="--profile")
         return _export_gguf(source, model, weights or "fp32", out, layers, cache_dir)
     if layers is not None:
         raise click.BadParameter("--layers applies to --format gguf", param_hint="--layers")
@@ -76,24 +89,35 @@ def export_cmd(model, fmt, weights, out, layers, threads, min_top1, max_dlogit, 
     if via == "optimum" and weights != "fp32":
         raise click.BadParameter("--via optimum exports fp32 weights only; llama and qwen2 checkpoints get int8/int4 "
                                  "from our builder (drop --via optimum)", param_hint="--weights")
+    if via == "optimum" and profile != "dynamic":
+        raise click.BadParameter("--profile static is built by our graph builder; drop --via optimum",
+                                 param_hint="--profile")
+    try:
+        hf_model = open_hf(model) if hf and via != "optimum" else None
+    except (ValueError, FileNotFoundError) as e:
+        raise click.ClickException(str(e)) from None
+    config = hf_model.config if hf_model is not None else getattr(source, "config", None)
+    static = _static_shape(profile, weights, verify_width, max_context, config) if config is not None else None
     from ..export.onnx_export import ParityError, Tolerance, WeightFormat, export_gguf_to_onnx, export_hf_to_onnx
     tolerance = None
     if min_top1 is not None or max_dlogit is not None:
         base = Tolerance.for_format(weights)
         tolerance = Tolerance(base.min_top1 if min_top1 is None else min_top1,
                               base.max_dlogit if max_dlogit is None else max_dlogit)
-    out = out or model_cache_dir(cache_dir) / artifact_name(model, weights, via=via)
-    click.echo(f"exporting {Path(model).name} -> {out} ({weights}{', via optimum' if via == 'optimum' else ''})",
-               err=True)
+    out = out or model_cache_dir(cache_dir) / artifact_name(model, weights, via=via, static=static is not None)
+    shape = "" if static is None else f", static W={static.verify_width} C={static.max_context}"
+    click.echo(f"exporting {Path(model).name} -> {out} ({weights}{', via optimum' if via == 'optimum' else ''}"
+               f"{shape})", err=True)
     try:
         if via == "optimum":
             from ..export.optimum_export import export_via_optimum
             manifest = export_via_optimum(model, out, tolerance=tolerance, threads=threads)
         elif hf:
-            manifest = export_hf_to_onnx(open_hf(model), out, WeightFormat(weights), tolerance=tolerance,
-                                         threads=threads)
+            manifest = export_hf_to_onnx(hf_model, out, WeightFormat(weights), tolerance=tolerance, threads=threads,
+                                         static=static)
         else:
-            manifest = export_gguf_to_onnx(source, out, WeightFormat(weights), tolerance=tolerance, threads=threads)
+            manifest = export_gguf_to_onnx(source, out, WeightFormat(weights), tolerance=tolerance, threads=threads,
+                                           static=static)
     except ParityError as e:
         raise click.ClickException(f"{e}\nthe artifact in {out} is kept for inspection and marked failed") from None
     except (ValueError, ImportError) as e:
@@ -102,6 +126,28 @@ def export_cmd(model, fmt, weights, out, layers, threads, min_top1, max_dlogit, 
     click.echo(f"parity gate PASS: top-1 agreement {parity['top1']:.2%}, max |dlogit| {parity['max_dlogit']:.4g} "
                f"({parity['positions']} positions)", err=True)
     click.echo(str(out))
+
+
+def _static_shape(profile, weights, verify_width, max_context, config):
+    """The StaticShape for --profile static (defaults W=5, C=512 capped at the model's context), None for dynamic."""
+    from ..export.onnx_static import StaticShape
+    from ..export.onnx_linear import STANDARD_FORMATS
+    if profile == "dynamic":
+        if verify_width is not None or max_context is not None:
+            raise click.BadParameter("--verify-width and --max-context apply to --profile static",
+                                     param_hint="--profile")
+        return None
+    if weights not in {f.value for f in STANDARD_FORMATS}:
+        raise click.BadParameter(f"--profile static takes fp32, fp16 or int8 (standard ONNX ops; NPU providers do "
+                                 f"not run {weights}'s com.microsoft MatMul ops)", param_hint="--weights")
+    default = StaticShape()
+    shape = StaticShape(verify_width or default.verify_width,
+                        max_context or min(default.max_context, config.context_length))
+    try:
+        shape.check(config)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--max-context") from None
+    return shape
 
 
 def _export_gguf(source, model, weights, out, layers, cache_dir) -> None:

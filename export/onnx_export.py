@@ -9,6 +9,9 @@ canonical weights, the same graph builder, and the same parity gate against the 
       tokenizer.json        serialized HF tokenizer (built from the GGUF vocabulary, or the checkpoint's own)
       chat_template.jinja   the model's chat template (when it has one)
       manifest.json         models/manifest.py describes the fields
+
+Two graph profiles: dynamic (export/onnx_graph.py: any T, any cache length) and static (export/onnx_static.py:
+fixed verify width and max context, standard ops only, for NPU execution providers).
 """
 from __future__ import annotations
 
@@ -22,13 +25,15 @@ import onnx
 
 from .. import __version__
 from ..models.config import Weights
-from ..models.manifest import FORMAT, FORMAT_VERSION, MANIFEST, config_to_dict, sha256_file
+from ..models.manifest import FORMAT, FORMAT_VERSION, MANIFEST, STATIC_FORMAT_VERSION, Profile, config_to_dict, \
+    sha256_file
 from ..models.tokenizer_spec import TokenizerSpec
 from .gguf_in import GGUFModel
 from .hf_in import HFModel
 from .onnx_graph import PAD_ROWS, GraphIO, build_decoder
 from .onnx_ir import IR_VERSION, MS_OPSET, OPSET
 from .onnx_linear import ExportOptions, TensorRecord, WeightFormat
+from .onnx_static import MASK_VALUE, StaticIO, StaticShape, build_static_decoder
 from .parity_gate import GateReport, ParityError, Tolerance, check_artifact
 
 MODEL_FILE = "model.onnx"
@@ -65,13 +70,17 @@ class GGUFSource(FloatSource):
 
 
 def export_onnx(src: FloatSource, out_dir: str | Path, opts: ExportOptions, *,
-                tokenizer: TokenizerSpec | None = None, provenance: Path | None = None) -> Path:
-    """Build, save and describe one decoder artifact; returns the manifest path."""
+                tokenizer: TokenizerSpec | None = None, provenance: Path | None = None,
+                static: StaticShape | None = None) -> Path:
+    """Build, save and describe one decoder artifact (the static-shape profile when `static` is given); returns the
+    manifest path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = src.weights.config
-    io = GraphIO()
-    model, records = build_decoder(cfg, src, opts, io)
+    if static is None:
+        model, records = build_decoder(cfg, src, opts, GraphIO())
+    else:
+        model, records = build_static_decoder(cfg, src, opts, static, StaticIO())
     for stale in (MODEL_FILE, DATA_FILE):  # save_model appends to an existing data file
         (out / stale).unlink(missing_ok=True)
     onnx.save_model(model, str(out / MODEL_FILE), save_as_external_data=True, all_tensors_to_one_file=True,
@@ -79,12 +88,9 @@ def export_onnx(src: FloatSource, out_dir: str | Path, opts: ExportOptions, *,
     files = [MODEL_FILE, DATA_FILE]
     tok = write_tokenizer(out, tokenizer, files) if tokenizer is not None else None
     manifest = {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "model": MODEL_FILE, "weights_file": DATA_FILE,
-        "weight_format": opts.fmt.value, "accuracy_level": opts.accuracy_level, "exact_mins": opts.exact_mins,
+        "format": FORMAT, "model": MODEL_FILE, "weights_file": DATA_FILE, "weight_format": opts.fmt.value,
+        **(_dynamic_fields(cfg, opts) if static is None else _static_fields(cfg, static)),
         "config": config_to_dict(cfg),
-        "io": {**dataclasses.asdict(io), "kv_layout": "BNSH [1, n_kv_heads, max_ctx, head_dim]", "kv_dtype": "float32",
-               "max_positions": cfg.context_length, "attention": "com.microsoft.GroupQueryAttention shared buffers",
-               "kv_pad_rows": PAD_ROWS},
         "tensors": {name: dataclasses.asdict(r) for name, r in sorted(records.items())},
         "exact_tensors": sum(r.exact for r in records.values()), "n_tensors": len(records),
         "files": {name: {"sha256": sha256_file(out / name), "bytes": (out / name).stat().st_size} for name in files},
@@ -95,6 +101,22 @@ def export_onnx(src: FloatSource, out_dir: str | Path, opts: ExportOptions, *,
     path = out / MANIFEST
     path.write_text(json.dumps(manifest, indent=1) + "\n", "utf-8")
     return path
+
+
+def _dynamic_fields(cfg, opts: ExportOptions) -> dict:
+    return {"format_version": FORMAT_VERSION, "profile": Profile.DYNAMIC.value,
+            "accuracy_level": opts.accuracy_level, "exact_mins": opts.exact_mins,
+            "io": {**dataclasses.asdict(GraphIO()), "kv_layout": "BNSH [1, n_kv_heads, max_ctx, head_dim]",
+                   "kv_dtype": "float32", "max_positions": cfg.context_length,
+                   "attention": "com.microsoft.GroupQueryAttention shared buffers", "kv_pad_rows": PAD_ROWS}}
+
+
+def _static_fields(cfg, shape: StaticShape) -> dict:
+    return {"format_version": STATIC_FORMAT_VERSION, "profile": Profile.STATIC.value,
+            "io": {**dataclasses.asdict(StaticIO()), "verify_width": shape.verify_width,
+                   "max_context": shape.max_context, "mask_value": MASK_VALUE,
+                   "kv_layout": "BNSH [1, n_kv_heads, max_context, head_dim], slot = position", "kv_dtype": "float32",
+                   "attention": "masked over all max_context slots; new rows scattered in (export/onnx_static.py)"}}
 
 
 def write_tokenizer(out: Path, spec: TokenizerSpec, files: list[str]) -> dict:
@@ -144,29 +166,34 @@ def gate_artifact(manifest_path: Path, weights: Weights, tokenizer: TokenizerSpe
 
 def export_gguf_to_onnx(gguf: GGUFModel, out_dir: str | Path, fmt: WeightFormat, *, accuracy_level: int = 4,
                         exact_mins: bool = True, gate: bool = True, tolerance: Tolerance | None = None,
-                        threads: int | None = None) -> Path:
+                        threads: int | None = None, static: StaticShape | None = None) -> Path:
     """The GGUF path of `specedge export`: blocks transcoded where exact, tokenizer and template carried over,
-    then the parity gate (gate=False skips it and records "parity": null; only tests and benchmarks do that)."""
+    then the parity gate (gate=False skips it and records "parity": null; only tests and benchmarks do that).
+    `static` selects the static-shape profile (export/onnx_static.py)."""
     src = GGUFSource(gguf)
     spec = gguf.tokenizer_spec()
     path = export_onnx(src, out_dir, ExportOptions(fmt, accuracy_level, exact_mins), tokenizer=spec,
-                       provenance=gguf.path)
+                       provenance=gguf.path, static=static)
     if gate:
         gate_artifact(path, src.weights, spec, tolerance=tolerance, threads=threads)
     return path
 
 
 def export_hf_to_onnx(hf: HFModel, out_dir: str | Path, fmt: WeightFormat, *, accuracy_level: int = 4,
-                      gate: bool = True, tolerance: Tolerance | None = None, threads: int | None = None) -> Path:
+                      gate: bool = True, tolerance: Tolerance | None = None, threads: int | None = None,
+                      static: StaticShape | None = None) -> Path:
     """The Hugging Face path of `specedge export`: safetensors weights (F32/F16/BF16 widened to float32; int
-    formats re-quantized from them), the checkpoint's tokenizer and template, then the same parity gate."""
+    formats re-quantized from them), the checkpoint's tokenizer and template, then the same parity gate.
+    `static` selects the static-shape profile (export/onnx_static.py)."""
     src = FloatSource(hf.load_weights(), hf.tensor_types())
     spec = hf.tokenizer_spec()
-    path = export_onnx(src, out_dir, ExportOptions(fmt, accuracy_level), tokenizer=spec, provenance=hf.path)
+    path = export_onnx(src, out_dir, ExportOptions(fmt, accuracy_level), tokenizer=spec, provenance=hf.path,
+                       static=static)
     if gate:
         gate_artifact(path, src.weights, spec, tolerance=tolerance, threads=threads)
     return path
 
 
-__all__ = ["ExportOptions", "FloatSource", "GGUFSource", "GateReport", "ParityError", "TensorRecord", "Tolerance",
-           "WeightFormat", "export_gguf_to_onnx", "export_hf_to_onnx", "export_onnx", "gate_artifact", "record_gate"]
+__all__ = ["ExportOptions", "FloatSource", "GGUFSource", "GateReport", "ParityError", "StaticShape", "TensorRecord",
+           "Tolerance", "WeightFormat", "export_gguf_to_onnx", "export_hf_to_onnx", "export_onnx", "gate_artifact",
+           "record_gate"]

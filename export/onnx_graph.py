@@ -175,18 +175,18 @@ def attention(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: Export
 
 
 def mlp(g: GraphBuilder, src: WeightSource, opts: ExportOptions, p: str, x: str,
-        records: dict[str, TensorRecord]) -> str:
-    """SwiGLU with a fused gate|up projection.
+        records: dict[str, TensorRecord], lin=linear) -> str:
+    """SwiGLU with a fused gate|up projection (`lin` builds the linears: onnx_linear.linear or standard_linear).
 
         x ─► gate_up_proj ─► Split ─┬─ gate ─► Sigmoid ─► Mul(gate) ─► Mul ─► down_proj ─► out
                                     └─ up ────────────────────────────┘
     """
-    gu, recs = linear(g, x, [f"{p}.gate", f"{p}.up"], src, opts, f"{p}.mlp.gate_up_proj", "gate_up_proj")
+    gu, recs = lin(g, x, [f"{p}.gate", f"{p}.up"], src, opts, f"{p}.mlp.gate_up_proj", "gate_up_proj")
     records.update(recs)
     gate, up = g.op("Split", [gu], "split", n_out=2, axis=-1, num_outputs=2)
     silu = g.op1("Mul", [gate, g.op1("Sigmoid", [gate], "sigmoid")], "silu")
     act = g.op1("Mul", [silu, up], "swiglu")
-    out, recs = linear(g, act, [f"{p}.down"], src, opts, f"{p}.mlp.down_proj", "down_proj")
+    out, recs = lin(g, act, [f"{p}.down"], src, opts, f"{p}.mlp.down_proj", "down_proj")
     records.update(recs)
     return out
 

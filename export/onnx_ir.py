@@ -92,8 +92,11 @@ class GraphBuilder:
         return name
 
     def model(self, *, producer: str, doc: str = "") -> onnx.ModelProto:
+        """The ModelProto; com.microsoft is imported only when a node uses it (a standard-ops graph declares none)."""
         graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.initializers, doc_string=doc)
-        model = helper.make_model(graph, producer_name=producer, opset_imports=[
-            helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, MS_OPSET)])
+        opsets = [helper.make_opsetid("", OPSET)]
+        if any(n.domain == MS_DOMAIN for n in self.nodes):
+            opsets.append(helper.make_opsetid(MS_DOMAIN, MS_OPSET))
+        model = helper.make_model(graph, producer_name=producer, opset_imports=opsets)
         model.ir_version = IR_VERSION
         return model

@@ -9,6 +9,8 @@ Formats (the measured reasons are in docs/onnx.md):
               models with outlier channels such as SmolLM2: docs/onnx.md)
   int4        MatMulNBits bits=4, block 32: GGUF Q4_0 / Q4_1 / Q4_K exact; Q8_0 sources stay 8-bit (exact), and
               other finer quantized sources (Q5_x, Q6_K) are re-quantized to 8 bits, not 4
+The static profile (export/onnx_static.py) allows standard ai.onnx ops only: `standard_linear` keeps fp32 and fp16 as
+above and makes int8 a block-32 DequantizeLinear (GGUF blocks transcoded exactly, as for MatMulNBits) feeding a MatMul.
 Several canonical tensors may be fused into one linear (q|k|v, gate|up): their rows are stacked.
 """
 from __future__ import annotations
@@ -130,12 +132,53 @@ def nbits_matmul(g: GraphBuilder, x: str, bq: BlockQuant, prefix: str, name: str
               g.const(prefix + ".zero_points", zp)]
     y = g.op1("MatMulNBits", inputs, name, domain=MS_DOMAIN, K=k, N=n, bits=bq.bits, block_size=BLOCK,
               accuracy_level=accuracy_level)
-    if bq.m is None:
-        return y
-    nb = k // BLOCK
+    return y if bq.m is None else add_block_offsets(g, x, y, bq, prefix, name)
+
+
+def add_block_offsets(g: GraphBuilder, x: str, y: str, bq: BlockQuant, prefix: str, name: str) -> str:
+    """y + blocksum(x) @ mᵀ: the residual block offsets of centered min-form blocks, in standard ops.
+
+        x [.., K] ──► Reshape [-1, nb, 32] ──► ReduceSum(axis -1) ──► MatMul(mᵀ [nb, N]) ──► Add(y)
+    """
+    nb = bq.shape[1] // BLOCK
     shape = g.const(prefix + ".block_shape", np.array([-1, nb, BLOCK], np.int64))
     blocks = g.op1("Reshape", [x, shape], name + "/blocks")
     sums = g.op1("ReduceSum", [blocks, g.const(prefix + ".sum_axis", np.array([-1], np.int64))], name + "/block_sum",
                  keepdims=0)
     mins = g.op1("MatMul", [sums, g.const(prefix + ".mins", np.ascontiguousarray(bq.m.T))], name + "/min_term")
     return g.op1("Add", [y, mins], name + "/add_min")
+
+
+STANDARD_FORMATS = (WeightFormat.FP32, WeightFormat.FP16, WeightFormat.INT8)
+
+
+def standard_linear(g: GraphBuilder, x: str, parts: Sequence[str], src: WeightSource, opts: ExportOptions,
+                    prefix: str, name: str) -> tuple[str, dict[str, TensorRecord]]:
+    """`linear` in standard ai.onnx ops only (no MatMulNBits): fp32, fp16 as `linear`; int8 as block-32 weights
+
+        q uint8 [K, N] ──► DequantizeLinear(d, zp [K/32, N], axis 0, block_size 32) ──► MatMul(x, ·) ──► y
+        (+ the residual block-offset term of centered Q4_1 / Q4_K blocks, add_block_offsets)
+    GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K blocks are transcoded exactly (same BlockQuant as MatMulNBits int8), other
+    sources re-quantized per block. onnxruntime's CPU provider fuses DequantizeLinear + MatMul into MatMulNBits.
+    Per-output-channel int8 was measured and rejected: 95.5% top-1 on SmolLM2 vs 99.2% (docs/onnx.md).
+    """
+    if opts.fmt is not WeightFormat.INT8:
+        if opts.fmt not in STANDARD_FORMATS:
+            raise ValueError(f"weight format {opts.fmt.value} uses com.microsoft ops; standard-op formats: "
+                             f"{', '.join(f.value for f in STANDARD_FORMATS)}")
+        return linear(g, x, parts, src, opts, prefix, name)
+    path = g.path(name)
+    bqs = [block_quant(src, p, 8, opts.exact_mins).with_bits(8) for p in parts]
+    bq = concat_rows(bqs)
+    n, k = bq.shape
+    q = g.const(prefix + ".qweight", np.ascontiguousarray(bq.q.reshape(n, k).T))
+    d = g.const(prefix + ".scales", np.ascontiguousarray(bq.d.T.astype(np.float32)))
+    zp = g.const(prefix + ".zero_points", np.ascontiguousarray(bq.zp.T))
+    w = g.op1("DequantizeLinear", [q, d, zp], name + "/dequantize", axis=0, block_size=BLOCK)
+    y = g.op1("MatMul", [x, w], name)
+    if bq.m is not None:
+        y = add_block_offsets(g, x, y, bq, prefix, name)
+    storage = f"dq8-block{BLOCK}-{'zp-min' if bq.m is not None else 'zp'}"
+    deq = bq.dequantize()
+    rows = np.cumsum([0] + [b.shape[0] for b in bqs])
+    return y, {p: _record(path, storage, src, p, deq[rows[i]:rows[i + 1]]) for i, p in enumerate(parts)}

@@ -108,7 +108,7 @@ def check_artifact(artifact: str | Path, weights: Weights, tokenizer: Tokenizer,
     """Run the gate on an exported directory against the NumPy reference of `weights` (no exception on failure)."""
     from ..runtime.backends import open_onnx
     backend = open_onnx(artifact, threads=threads, verify=verify_files)
-    prompts = gate_prompts(tokenizer, max_len=min(96, weights.config.context_length))
+    prompts = gate_prompts(tokenizer, max_len=min(96, backend.caps.max_context or weights.config.context_length))
     return measure(backend, NumpyBackend(weights), prompts, backend.manifest.weight_format, tolerance)
 
 

@@ -1,18 +1,25 @@
 """An exported artifact's manifest.json: what the runtime reads instead of guessing from file names.
 
-Two formats, each with its own version; the runtime picks its backend by `format` (runtime/backends/__init__.py):
-  "specedge-onnx" 2        our graph builder (export/onnx_export.py): GroupQueryAttention over shared in-place KV
-                           buffers (version 1 artifacts predate the pad row that makes verify batches bit-identical
-                           to one-token decoding; they must be re-exported)
+Written by export/onnx_export.py (and export/optimum_export.py), read here (below both export and runtime). Two
+formats, each with its own versions; the runtime picks its backend by `format` and `profile`
+(runtime/backends/__init__.py open_onnx):
+  "specedge-onnx" 2        our graph builder, dynamic profile: GroupQueryAttention over shared in-place KV buffers
+                           (version 1 artifacts predate the pad row that makes verify batches bit-identical to
+                           one-token decoding; they must be re-exported)
+  "specedge-onnx" 3        our graph builder, static-shape profile (every dimension fixed; for NPU providers), so a
+                           reader that only knows version 2 refuses it instead of failing on missing IO names
   "optimum-onnx" 1         Hugging Face optimum's text-generation-with-past graph (export/optimum_export.py):
                            past_key_values.N.key/value in, present.N.key/value out (a full copy of the KV per call)
 
     format, format_version        as above
+    profile                       dynamic (any T, any cache length; GroupQueryAttention) | static (every dimension
+                                  fixed: verify width W, max context C; standard ONNX ops only; for NPU providers)
     model                         the ONNX graph file (weights in `weights_file`, ONNX external data)
     weight_format                 fp32 | fp16 | int8 | int8-dynamic | int4
     config                        ModelConfig fields (rope_scaling nested)
-    io                            graph input/output names ("{i}" = layer index), the KV layout, and kv_pad_rows:
-                                  cache rows past the capacity that the graph writes scratch K/V into
+    io                            graph input/output names ("{i}" = layer index), the KV layout, and
+                                  dynamic: kv_pad_rows (cache rows past the capacity that the graph writes scratch
+                                  K/V into); static: verify_width, max_context, mask_value
     tensors                       canonical tensor -> {linear, storage, source_type, exact, max_abs_err}
                                   (specedge-onnx only)
     files                         file name -> {sha256, bytes} for every file of the artifact but the manifest
@@ -22,6 +29,7 @@ Two formats, each with its own version; the runtime picks its backend by `format
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 import json
 from dataclasses import dataclass
@@ -33,11 +41,19 @@ from .errors import ModelFileError
 from .tokenizer_spec import TokenizerSpec
 
 FORMAT = "specedge-onnx"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 2  # what dynamic artifacts are written as
+STATIC_FORMAT_VERSION = 3  # static-profile artifacts: readers of version 2 only must refuse them
 OPTIMUM_FORMAT = "optimum-onnx"
 OPTIMUM_FORMAT_VERSION = 1
-FORMAT_VERSIONS = {FORMAT: FORMAT_VERSION, OPTIMUM_FORMAT: OPTIMUM_FORMAT_VERSION}
+READ_VERSIONS = {FORMAT: (FORMAT_VERSION, STATIC_FORMAT_VERSION), OPTIMUM_FORMAT: (OPTIMUM_FORMAT_VERSION,)}
 MANIFEST = "manifest.json"
+
+
+class Profile(enum.Enum):
+    """Shape profile of an exported graph."""
+
+    DYNAMIC = "dynamic"  # T and the cache length are free; com.microsoft GroupQueryAttention (CPU, CUDA, DirectML)
+    STATIC = "static"  # [1, W] in, [1, n_kv, C, head_dim] caches; standard ops only (NPU providers need this)
 
 
 def config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
@@ -84,6 +100,10 @@ class Manifest:
         return self.raw["io"]
 
     @property
+    def profile(self) -> Profile:
+        return Profile(self.raw.get("profile", Profile.DYNAMIC.value))
+
+    @property
     def tensors(self) -> Mapping[str, Any]:
         return self.raw.get("tensors", {})
 
@@ -116,11 +136,20 @@ def read_manifest(root: str | Path, *, verify: bool = True) -> Manifest:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ModelFileError(f"{path} is not valid JSON ({e}); re-export the model") from None
     fmt = raw.get("format")
-    if fmt not in FORMAT_VERSIONS:
-        raise ModelFileError(f"{path}: format {fmt!r} is not one of {', '.join(map(repr, FORMAT_VERSIONS))}")
-    if raw.get("format_version") != FORMAT_VERSIONS[fmt]:
+    if fmt not in READ_VERSIONS:
+        raise ModelFileError(f"{path}: format {fmt!r} is not one of {', '.join(map(repr, READ_VERSIONS))}")
+    if raw.get("format_version") not in READ_VERSIONS[fmt]:
         raise ModelFileError(f"{path}: {fmt} format version {raw.get('format_version')} is not supported by this "
-                             f"specedge (reads version {FORMAT_VERSIONS[fmt]}); re-export or upgrade specedge")
+                             f"specedge (reads versions {', '.join(map(str, READ_VERSIONS[fmt]))}); re-export or "
+                             "upgrade specedge")
+    try:
+        profile = Profile(raw.get("profile", Profile.DYNAMIC.value))
+    except ValueError:
+        raise ModelFileError(f"{path}: unknown profile {raw.get('profile')!r} (this specedge reads "
+                             f"{', '.join(p.value for p in Profile)}); upgrade specedge") from None
+    if fmt == FORMAT and (profile is Profile.STATIC) != (raw["format_version"] == STATIC_FORMAT_VERSION):
+        raise ModelFileError(f"{path}: profile {profile.value} does not match format version "
+                             f"{raw['format_version']}; re-export the model")
     try:
         config = config_from_dict(raw["config"])
     except (KeyError, TypeError, ValueError) as e:

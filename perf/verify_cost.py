@@ -4,9 +4,12 @@
         --threads 2 --ctx 128 --reps 15 --widths 1 2 3 4 5 6 8 12 16
 
 T(n) = wall time of one forward of n tokens appended at a fixed cache length (rolled back after each call, as a
-rejected draft is); the statistic over --rounds x --reps is the minimum (robust on a shared machine) or the median. Targets are
-measured in interleaved rounds so drift hits them alike, each alone within its turn. Also: plain greedy decoding tokens/s (best of --rounds
+rejected draft is); the statistic over --rounds x --reps is the minimum (robust on a shared machine) or the
+median. Targets are measured in interleaved rounds so drift hits them alike, each alone within its turn (engines'
+thread pools spin after work). Also: plain greedy decoding tokens/s (best of --rounds
 runs of --decode tokens), the weight bytes one token reads, and the bandwidth that implies at T(1).
+`--clock thread` times T(n) as the calling thread's CPU time instead of wall time: with --threads 1 the backends
+compute on that thread, so the numbers do not grow when other processes load the machine (tok/s stays wall time).
 """
 from __future__ import annotations
 
@@ -24,12 +27,12 @@ from ..runtime.types import SamplingParams
 from .greedy_table import parse_target
 
 
-def time_forward(backend, cache, n: int, rng: np.random.Generator) -> float:
+def time_forward(backend, cache, n: int, rng: np.random.Generator, clock=time.perf_counter) -> float:
     base = cache.length
     toks = rng.integers(0, backend.config.vocab_size, n).astype(np.int32)
-    t0 = time.perf_counter()
+    t0 = clock()
     backend.forward(toks, cache)
-    dt = time.perf_counter() - t0
+    dt = clock() - t0
     cache.rollback(base)
     return dt
 
@@ -54,9 +57,12 @@ def main(argv=None) -> None:
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--stat", choices=["min", "median"], default="min")
+    ap.add_argument("--clock", choices=["wall", "thread"], default="wall",
+                    help="T(n) as wall time, or as this thread's CPU time (meaningful with --threads 1)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     stat = min if a.stat == "min" else statistics.median
+    clock = time.perf_counter if a.clock == "wall" else time.thread_time
     rng = np.random.default_rng(0)
     runs = []
     for t in a.targets:
@@ -73,7 +79,7 @@ def main(argv=None) -> None:
                 time_forward(backend, cache, 1, rng)
             for _ in range(a.reps):
                 for n in a.widths:
-                    times[n].append(time_forward(backend, cache, n, rng))
+                    times[n].append(time_forward(backend, cache, n, rng, clock))
             speeds.append(plain_tok_s(backend, a.decode, rng))
     rows = []
     for t, backend, times, speeds in runs:
@@ -81,7 +87,7 @@ def main(argv=None) -> None:
         wb = backend.weight_bytes()
         rows.append(dict(target=t, weight_mb=wb / 1e6, tok_s=max(speeds), ms=ms,
                          ratio={n: ms[n] / ms[1] for n in a.widths}, gb_s_at_t1=wb / (ms[1] * 1e-3) / 1e9))
-    print(f"threads={a.threads} ctx={a.ctx} reps={a.reps} stat={a.stat}")
+    print(f"threads={a.threads} ctx={a.ctx} reps={a.reps} stat={a.stat} clock={a.clock}")
     print("| target | weight MB read/token | plain tok/s | T(1) ms | implied GB/s | "
           + " | ".join(f"T({n})/T(1)" for n in a.widths[1:]) + " |")
     print("|---|---|---|---|---|" + "---|" * (len(a.widths) - 1))

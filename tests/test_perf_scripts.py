@@ -9,7 +9,8 @@ from specedge.models.tiny import write_tiny_gguf
 from specedge.perf import verify_cost
 
 
-def test_verify_cost_measures_every_target_and_width(tmp_path, capsys):
+@pytest.mark.parametrize("clock", ["wall", "thread"])
+def test_verify_cost_measures_every_target_and_width(tmp_path, capsys, clock):
     ort = pytest.importorskip("onnxruntime")  # noqa: F841
     from specedge.export.onnx_export import export_gguf_to_onnx
     from specedge.export.onnx_linear import WeightFormat
@@ -18,7 +19,8 @@ def test_verify_cost_measures_every_target_and_width(tmp_path, capsys):
     export_gguf_to_onnx(open_gguf(path), tmp_path / "int4", WeightFormat.INT4, gate=False)
     out = tmp_path / "cost.json"
     verify_cost.main(["--targets", f"numpy:{path}", f"onnx:{tmp_path / 'int4'}", "--ctx", "16", "--reps", "2",
-                      "--widths", "1", "2", "4", "--decode", "4", "--rounds", "1", "--out", str(out)])
+                      "--widths", "1", "2", "4", "--decode", "4", "--rounds", "1", "--out", str(out),
+                      "--clock", clock, "--threads", "1"])
     rows = json.loads(out.read_text())["rows"]
     assert [r["target"] for r in rows] == [f"numpy:{path}", f"onnx:{tmp_path / 'int4'}"]
     for r in rows:

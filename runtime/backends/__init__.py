@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...models.manifest import FORMAT, OPTIMUM_FORMAT, Manifest, read_manifest
+from ...models.manifest import FORMAT, OPTIMUM_FORMAT, Manifest, Profile, read_manifest
 from .base import Backend, BackendCaps, KVCache, LayerPlan
 
 # manifest format -> (module, class) of the backend that runs that graph layout (imported on use: onnxruntime)
@@ -41,10 +41,12 @@ def open_backend(kind: BackendKind, gguf, *, n_ctx: int | None = None, n_threads
 
 def open_onnx(manifest: Manifest | str | Path, *, device: str = "cpu", threads: int | None = None,
               verify: bool = True, log=None) -> Backend:
-    """The ONNX Runtime backend for an exported artifact, chosen by its manifest's `format`."""
+    """The ONNX Runtime backend for an exported artifact, chosen by its manifest's `format` and `profile`."""
     if not isinstance(manifest, Manifest):
         manifest = read_manifest(manifest, verify=verify)
     module, cls = ONNX_BACKENDS[manifest.format]  # read_manifest accepts only formats listed there
+    if manifest.profile is Profile.STATIC:  # our builder's static-shape profile (NPU providers)
+        module, cls = ".onnx_static", "StaticOnnxBackend"
     return getattr(import_module(module, __name__), cls)(manifest, device=device, threads=threads, log=log)
 
 

@@ -24,6 +24,7 @@ class BackendCaps:
     layer_plan: bool = False  # forward accepts a LayerPlan (layer skip / early exit)
     partial_rollback: bool = True  # rollback to any length <= current
     max_batch_tokens: int = 512  # most tokens one forward may take
+    max_context: int | None = None  # most positions a cache may hold (None: config.context_length)
 
 
 @dataclass(frozen=True)

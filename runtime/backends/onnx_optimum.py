@@ -69,8 +69,7 @@ class OptimumBackend:
         self.io = self.manifest.io
         self.caps = BackendCaps(tree_mask=False, layer_plan=False, partial_rollback=True,
                                 max_batch_tokens=self.config.context_length)
-        self.ort, self.session, self.choice, self.threads = open_session(self.manifest.model_path, device=device,
-                                                                         threads=threads, log=log)
+        self.ort, self.session, self.choice, self.threads = open_session(self.manifest, device, threads, log)
         inputs = {i.name: i for i in self.session.get_inputs()}
         self._past = [self.io[kind].format(i=i) for i in range(self.config.n_layers) for kind in ("past_key",
                                                                                                   "past_value")]

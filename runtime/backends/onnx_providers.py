@@ -10,8 +10,9 @@
     auto       the first available of cuda, directml, then cpu
 
 The CPU provider is always appended as the fallback for nodes another provider does not take. The NPU / mobile
-providers (qnn, coreml, xnnpack) run only static-shape graphs well, so `auto` does not pick them for the dynamic
-decoder graph; ask for them explicitly.
+providers (qnn, coreml, xnnpack) compile a graph for fixed shapes and take standard ONNX ops only: they require an
+artifact of the static-shape profile (`specedge export ... --profile static`, docs/onnx.md), and asking for them
+with a dynamic artifact is an error. `auto` never picks them (nothing here could test them); ask explicitly.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ _INSTALL = {Device.CUDA: "pip install onnxruntime-gpu (and a matching CUDA/cuDNN
             Device.DIRECTML: "pip install onnxruntime-directml (Windows)",
             Device.XNNPACK: "an onnxruntime build with --use_xnnpack (Android/iOS packages include it)"}
 AUTO_ORDER = (Device.CUDA, Device.DIRECTML, Device.CPU)
+NEEDS_STATIC = frozenset({Device.QNN, Device.COREML, Device.XNNPACK})  # providers that need the static profile
 
 
 @dataclass(frozen=True)
@@ -60,8 +62,10 @@ def _options(device: Device, threads: int | None) -> dict[str, str]:
     return {}
 
 
-def select_providers(device: Device | str, available: list[str], *, threads: int | None = None) -> ProviderChoice:
-    """Providers for `device` given onnxruntime.get_available_providers(); a missing explicit one is an error."""
+def select_providers(device: Device | str, available: list[str], *, threads: int | None = None,
+                     static_shapes: bool = False) -> ProviderChoice:
+    """Providers for `device` given onnxruntime.get_available_providers() and whether the artifact has the static-shape
+    profile; a missing explicit provider, or an NPU provider with a dynamic artifact, is an error naming the fix."""
     device = Device(device)
     cpu = (_PROVIDER[Device.CPU], {})
     if device is Device.AUTO:
@@ -73,9 +77,16 @@ def select_providers(device: Device | str, available: list[str], *, threads: int
                 return ProviderChoice(d, chosen, f"--device auto chose {d.value}{why}")
         raise RuntimeError(f"onnxruntime offers none of {[p for p in available]}; reinstall onnxruntime")
     name = _PROVIDER[device]
+    problems = []
+    if device in NEEDS_STATIC and not static_shapes:
+        problems.append(f"--device {device.value} compiles the graph for fixed shapes and needs a static-shape "
+                        "artifact, but this one has the dynamic profile: re-export with `specedge export MODEL "
+                        "--format onnx --profile static` (fp32, fp16 or int8 weights; docs/onnx.md)")
     if name not in available:
-        raise ValueError(f"--device {device.value} needs ONNX Runtime's {name}, which this onnxruntime does not "
-                         f"provide (available: {', '.join(available)}); install: {_INSTALL[device]}, "
-                         "or use --device cpu / auto")
+        problems.append(f"--device {device.value} needs ONNX Runtime's {name}, which this onnxruntime does not "
+                        f"provide (available: {', '.join(available)}); install: {_INSTALL[device]}, "
+                        "or use --device cpu / auto")
+    if problems:
+        raise ValueError(". Also: ".join(problems))
     chosen = [(name, _options(device, threads))] + ([cpu] if device is not Device.CPU else [])
     return ProviderChoice(device, chosen, f"--device {device.value}: {name}")

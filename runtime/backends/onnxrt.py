@@ -5,16 +5,20 @@ that binds each of them as both past_key.i and present_key.i. GroupQueryAttentio
 writes the T new rows in place at positions [length, length + T); nothing else of the cache moves. The length
 cursor is the only state: forward passes seqlens_k = length + T - 1 and total_sequence_length = length + T, and
 rollback just lowers the cursor (the rejected rows are overwritten next time).
+
+Artifacts of the static-shape profile run on StaticOnnxBackend (onnx_static.py); `runtime.backends.open_onnx` picks the class
+from the manifest.
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ...models.config import ModelConfig
-from ...models.manifest import Manifest, read_manifest
+from ...models.manifest import Manifest, Profile, read_manifest
 from ..kv import LengthCursor
 from ..types import Logits, Mask, Tokens
 from .base import BackendCaps, LayerPlan, check_room
@@ -27,24 +31,6 @@ def _import_ort():
     except ImportError as e:  # pragma: no cover - depends on the install
         raise ImportError("the ONNX backend needs onnxruntime: pip install 'specedge[onnx]'") from e
     return onnxruntime
-
-
-def open_session(model_path: Path, *, device: Device | str, threads: int | None, log=None):
-    """(onnxruntime module, InferenceSession, ProviderChoice, threads): one sequential session with all graph
-    optimizations on the providers `device` selects; `auto` reports its pick through `log`."""
-    ort = _import_ort()
-    threads = threads or min(os.cpu_count() or 1, 8)
-    choice: ProviderChoice = select_providers(device, ort.get_available_providers(), threads=threads)
-    if log is not None and Device(device) is Device.AUTO:
-        log(choice.note)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    session = ort.InferenceSession(str(model_path), sess_options=opts, providers=[p for p, _ in choice.providers],
-                                   provider_options=[o for _, o in choice.providers])
-    return ort, session, choice, threads
 
 
 def read_bytes_per_token(model_path: Path) -> int:
@@ -65,6 +51,26 @@ def read_bytes_per_token(model_path: Path) -> int:
             n //= t.dims[0]
         total += int(n)
     return total
+
+
+def open_session(manifest: Manifest, device: Device | str, threads: int | None, log=None
+                 ) -> tuple[Any, Any, ProviderChoice, int]:
+    """(onnxruntime module, InferenceSession, provider choice, threads) for an artifact on `device`."""
+    ort = _import_ort()
+    threads = threads or min(os.cpu_count() or 1, 8)
+    choice = select_providers(device, ort.get_available_providers(), threads=threads,
+                              static_shapes=manifest.profile is Profile.STATIC)
+    if log is not None and Device(device) is Device.AUTO:
+        log(choice.note)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(str(manifest.model_path), sess_options=opts,
+                                   providers=[p for p, _ in choice.providers],
+                                   provider_options=[o for _, o in choice.providers])
+    return ort, session, choice, threads
 
 
 class OnnxCache(LengthCursor):
@@ -104,12 +110,14 @@ class OnnxBackend:
     def __init__(self, manifest: Manifest | str | Path, *, device: Device | str = Device.CPU,
                  threads: int | None = None, verify: bool = True, log=None) -> None:
         self.manifest = manifest if isinstance(manifest, Manifest) else read_manifest(manifest, verify=verify)
+        if self.manifest.profile is not Profile.DYNAMIC:
+            raise ValueError(f"{self.manifest.root} has the {self.manifest.profile.value} profile: open it with "
+                             "runtime.backends.open_onnx (StaticOnnxBackend)")
         self.config: ModelConfig = self.manifest.config
         self.io = self.manifest.io
         self.caps = BackendCaps(tree_mask=False, layer_plan=False, partial_rollback=True,
                                 max_batch_tokens=self.config.context_length)
-        self.ort, self.session, self.choice, self.threads = open_session(self.manifest.model_path, device=device,
-                                                                         threads=threads, log=log)
+        self.ort, self.session, self.choice, self.threads = open_session(self.manifest, device, threads, log)
         self._weight_bytes = read_bytes_per_token(self.manifest.model_path)
 
     def new_cache(self, max_len: int) -> OnnxCache:

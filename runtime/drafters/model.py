@@ -22,7 +22,7 @@ class ModelDrafter:
         self.params = params
         self.name = name or f"model:{backend.config.name or backend.name}"
         self.weight_bytes_per_token = backend.weight_bytes()
-        self._max_len = max_len or backend.config.context_length
+        self._max_len = max_len or backend.caps.max_context or backend.config.context_length
         self._cache = None
         self._cached = np.zeros(0, dtype=np.int32)  # the tokens whose KV the draft cache holds
 
