@@ -63,24 +63,24 @@ _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 _ROPE_KINDS = {"none": "none", "linear": "linear", "yarn": "yarn", "llama3": "llama3"}
 
 
+def _to_canonical(name: str, globals_: dict[str, str], layer_re: re.Pattern, layer_names: dict[str, str]
+                  ) -> str | None:
+    if name in globals_:
+        return globals_[name]
+    m = layer_re.match(name)
+    if m and m.group(2) in layer_names:
+        return f"layers.{m.group(1)}.{layer_names[m.group(2)]}"
+    return None
+
+
 def gguf_to_canonical(name: str) -> str | None:
     """GGUF tensor name -> canonical name, or None if the table does not know it."""
-    if name in GLOBAL_NAMES:
-        return GLOBAL_NAMES[name]
-    m = _BLK.match(name)
-    if m and m.group(2) in LAYER_NAMES:
-        return f"layers.{m.group(1)}.{LAYER_NAMES[m.group(2)]}"
-    return None
+    return _to_canonical(name, GLOBAL_NAMES, _BLK, LAYER_NAMES)
 
 
 def hf_to_canonical(name: str) -> str | None:
     """Hugging Face state-dict name -> canonical name, or None if the table does not know it."""
-    if name in HF_GLOBAL_NAMES:
-        return HF_GLOBAL_NAMES[name]
-    m = _HF_LAYER.match(name)
-    if m and m.group(2) in HF_LAYER_NAMES:
-        return f"layers.{m.group(1)}.{HF_LAYER_NAMES[m.group(2)]}"
-    return None
+    return _to_canonical(name, HF_GLOBAL_NAMES, _HF_LAYER, HF_LAYER_NAMES)
 
 
 def canonical_to_gguf(name: str) -> str:

@@ -74,6 +74,17 @@ class Backend(Protocol):
     def weight_bytes(self, plan: LayerPlan | None = None) -> int: ...  # bytes of weights one forward reads
 
 
+def check_chain_forward(backend: str, tokens: Tokens, cache: KVCache, tree_mask, plan) -> int:
+    """The preconditions of a backend that runs chains of the full model only; returns T = len(tokens)."""
+    if tree_mask is not None or plan is not None:
+        raise ValueError(f"the {backend} backend runs chains of the full model (no tree masks or layer plans)")
+    t = len(tokens)
+    if t == 0:
+        raise ValueError("forward needs at least one token")
+    check_room(cache, t)
+    return t
+
+
 def check_room(cache: KVCache, n: int) -> None:
     if cache.length + n > cache.capacity:
         raise ValueError(

@@ -28,7 +28,7 @@ from ...models.config import ModelConfig
 from ...models.manifest import Manifest, read_manifest
 from ..kv import LengthCursor
 from ..types import Logits, Mask, Tokens
-from .base import BackendCaps, LayerPlan, check_room
+from .base import BackendCaps, LayerPlan, check_chain_forward
 from .onnx_providers import Device
 from .onnxrt import open_session, read_bytes_per_token
 
@@ -106,12 +106,7 @@ class OptimumBackend:
     def forward(self, tokens: Tokens, cache: OptimumCache, *, tree_mask: Mask | None = None,
                 plan: LayerPlan | None = None) -> Logits:
         """float32 logits [T, V] for tokens appended at cache.length; one session run for all T positions."""
-        if tree_mask is not None or plan is not None:
-            raise ValueError("the optimum ONNX backend runs chains of the full model (no tree masks or layer plans)")
-        t = len(tokens)
-        if t == 0:
-            raise ValueError("forward needs at least one token")
-        check_room(cache, t)
+        t = check_chain_forward("optimum ONNX", tokens, cache, tree_mask, plan)
         n = cache.length
         feeds = {self.io["input_ids"]: np.asarray(tokens, dtype=np.int64).reshape(1, t),
                  self.io["attention_mask"]: np.ones((1, n + t), dtype=np.int64),

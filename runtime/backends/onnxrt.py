@@ -21,7 +21,7 @@ from ...models.config import ModelConfig
 from ...models.manifest import Manifest, Profile, read_manifest
 from ..kv import LengthCursor
 from ..types import Logits, Mask, Tokens
-from .base import BackendCaps, LayerPlan, check_room
+from .base import BackendCaps, LayerPlan, check_chain_forward
 from .onnx_providers import Device, ProviderChoice, select_providers
 
 
@@ -133,12 +133,7 @@ class OnnxBackend:
     def forward(self, tokens: Tokens, cache: OnnxCache, *, tree_mask: Mask | None = None,
                 plan: LayerPlan | None = None) -> Logits:
         """float32 logits [T, V] for tokens appended at cache.length; one session run for all T positions."""
-        if tree_mask is not None or plan is not None:
-            raise ValueError("the ONNX backend runs chains of the full model (no tree masks or layer plans yet)")
-        t = len(tokens)
-        if t == 0:
-            raise ValueError("forward needs at least one token")
-        check_room(cache, t)
+        t = check_chain_forward("ONNX", tokens, cache, tree_mask, plan)
         total = cache.length + t
         b, io = cache.binding, self.io
         b.bind_cpu_input(io["input_ids"], np.asarray(tokens, dtype=np.int64).reshape(1, t))
