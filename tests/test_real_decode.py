@@ -21,7 +21,16 @@ GREEDY = SamplingParams()
 N_PROMPTS, N_TOKENS, CTX = 20, 64, 1024
 
 
+_PLAIN: dict = {}  # (target label, prompt) -> plain greedy output, shared by the drafter parametrizations
+
+
 def greedy(model, prompt, drafter=None, stats=None):
+    if drafter is None:
+        key = (str(model.path), model.kind, tuple(int(t) for t in prompt))
+        if key not in _PLAIN:
+            _PLAIN[key] = [e.token for e in decode(model.backend, prompt, GREEDY, k=4, max_tokens=N_TOKENS,
+                                                   eos_ids=(), ctx=CTX)]
+        return _PLAIN[key]
     return [e.token for e in decode(model.backend, prompt, GREEDY, drafter=drafter, k=4, max_tokens=N_TOKENS,
                                     eos_ids=(), stats=stats, ctx=CTX)]
 
