@@ -40,12 +40,13 @@ class VerifyCost:
         else:  # clip outliers (a preempted call) so one bad sample cannot swing the choice
             self._t[width] = old + self.weight * (min(seconds, 3 * old) - old)
 
-    def relative(self, width: int) -> float:
-        """T(width) / T(1), never below the estimate for a narrower width (timing noise must not make a wider call
+    def curve(self, max_width: int) -> np.ndarray:
+        """[max_width] T(w)/T(1) for w = 1..max_width, never decreasing (timing noise must not make a wider call
         look cheaper than a narrower one)."""
-        return max([1.0] + [self._relative(w) for w in range(2, width + 1)])
+        return np.maximum.accumulate(np.array([1.0] + [self.relative(w) for w in range(2, max_width + 1)]))
 
-    def _relative(self, width: int) -> float:
+    def relative(self, width: int) -> float:
+        """T(width) / T(1) as estimated (observed, interpolated, or extrapolated with the prior slope)."""
         if 1 not in self._t or width == 1:
             return 1.0 + self.prior_slope * (width - 1)
         t1 = self._t[1]
@@ -91,10 +92,10 @@ class AcceptanceModel:
         acc[:n_accepted] += 1.0
 
 
-def best_prefix(accept: np.ndarray, relative_cost) -> int:
-    """argmax_j (1 + sum_{i<=j} prod_{l<=i} accept_l) / relative_cost(j + 1), j = 0..len(accept)."""
+def best_prefix(accept: np.ndarray, costs: np.ndarray) -> int:
+    """argmax_j (1 + sum_{i<=j} prod_{l<=i} accept_l) / costs[j], j = 0..len(accept); costs[j] = T(j+1)/T(1)."""
     gains = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(accept))])
-    rates = gains / np.array([relative_cost(j + 1) for j in range(len(gains))])
+    rates = gains / np.asarray(costs, dtype=float)[:len(gains)]
     return int(np.argmax(rates))
 
 
@@ -108,7 +109,8 @@ class AdaptiveDraftLength:
     def choose(self, kind: int, n_drafted: int) -> int:
         if n_drafted == 0:
             return 0
-        return best_prefix(self.acceptance.probs(kind, n_drafted), self.cost.relative)
+        accept = self.acceptance.probs(kind, n_drafted)
+        return best_prefix(accept, self.cost.curve(len(accept) + 1))
 
     def observe(self, kind: int, verified: int, n_accepted: int, width: int, seconds: float) -> None:
         self.cost.observe(width, seconds)

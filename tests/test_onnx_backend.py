@@ -15,6 +15,7 @@ from specedge.runtime.backends.onnxrt import OnnxBackend  # noqa: E402
 from specedge.runtime.decode import decode  # noqa: E402
 from specedge.runtime.drafters.ngram import NgramDrafter  # noqa: E402
 from specedge.runtime.types import SamplingParams  # noqa: E402
+from verify_walk import walk_verify_steps  # noqa: E402  (tests/ is on the path)
 
 TOL = 1e-4
 
@@ -31,24 +32,7 @@ def pair(request, tmp_path_factory):
 
 def test_prompt_then_verify_steps_with_rollbacks_match_numpy(pair):
     onnx_b, ref = pair
-    rng = np.random.default_rng(0)
-    toks = rng.integers(0, onnx_b.config.vocab_size, 200).astype(np.int32)
-    co, cr = onnx_b.new_cache(96), ref.new_cache(96)
-    np.testing.assert_allclose(onnx_b.forward(toks[:9], co), ref.forward(toks[:9], cr), atol=TOL)
-    pos = 9
-    for step in range(14):
-        width = 1 + step % 5  # verify widths 1..5 (k = 0..4)
-        got, want = onnx_b.forward(toks[pos:pos + width], co), ref.forward(toks[pos:pos + width], cr)
-        assert got.shape == (width, onnx_b.config.vocab_size) and got.dtype == np.float32
-        np.testing.assert_allclose(got, want, atol=TOL)
-        keep = int(rng.integers(0, width + 1))  # accept a prefix of the verified positions
-        if step % 6 == 5:
-            keep = -int(rng.integers(1, 5))  # sometimes roll back into older positions too
-        co.rollback(pos + keep)
-        cr.rollback(pos + keep)
-        pos += keep
-        assert co.length == cr.length == pos
-        toks[pos:pos + 8] = rng.integers(0, onnx_b.config.vocab_size, 8)  # what follows a rejection is new
+    walk_verify_steps(onnx_b, ref, capacity=96, prefill=9, steps=14, max_width=5, tol=TOL)  # verify widths 1..5
 
 
 def test_kv_rows_are_written_in_place(pair):

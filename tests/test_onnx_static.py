@@ -26,6 +26,7 @@ from specedge.runtime.backends.onnxrt import OnnxBackend  # noqa: E402
 from specedge.runtime.decode import decode  # noqa: E402
 from specedge.runtime.drafters.ngram import NgramDrafter  # noqa: E402
 from specedge.runtime.types import SamplingParams  # noqa: E402
+from verify_walk import walk_verify_steps  # noqa: E402  (tests/ is on the path)
 
 TOL = 1e-4
 W, C = 5, 96
@@ -63,24 +64,8 @@ def _export(tiny, fmt: str, shape=StaticShape(W, 64)):
 def test_prompt_then_verify_steps_with_rollbacks_match_numpy(pair):
     static, ref = pair
     assert isinstance(static, StaticOnnxBackend) and static.caps.max_context == C
-    rng = np.random.default_rng(0)
-    toks = rng.integers(0, static.config.vocab_size, 200).astype(np.int32)
-    cs, cr = static.new_cache(C), ref.new_cache(C)
-    np.testing.assert_allclose(static.forward(toks[:13], cs), ref.forward(toks[:13], cr), atol=TOL)  # 5 + 5 + 3
-    pos = 13
-    for step in range(16):
-        width = 1 + step % (W + 2)  # 1..W, and W+1, W+2 (a verify call longer than W runs in two pieces)
-        got, want = static.forward(toks[pos:pos + width], cs), ref.forward(toks[pos:pos + width], cr)
-        assert got.shape == (width, static.config.vocab_size) and got.dtype == np.float32
-        np.testing.assert_allclose(got, want, atol=TOL)
-        keep = int(rng.integers(0, width + 1))  # accept a prefix of the verified positions
-        if step % 6 == 5:
-            keep = -int(rng.integers(1, 5))  # sometimes roll back into older positions too
-        cs.rollback(pos + keep)
-        cr.rollback(pos + keep)
-        pos += keep
-        assert cs.length == cr.length == pos
-        toks[pos:pos + 8] = rng.integers(0, static.config.vocab_size, 8)  # what follows a rejection is new
+    # a 13-token prefill runs as 5 + 5 + 3; widths 1..W, and W+1, W+2 (a verify call longer than W: two pieces)
+    walk_verify_steps(static, ref, capacity=C, prefill=13, steps=16, max_width=W + 2, tol=TOL)
 
 
 def test_kv_rows_land_at_their_positions(pair):
