@@ -119,6 +119,8 @@ def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: 
     t0 = time.perf_counter()
     prefill(target, seq)
     if drafter is not None:
+        if hasattr(drafter, "bind"):  # self-speculative drafters share the target's weights and KV cache
+            drafter.bind(target, seq.cache)
         drafter.begin(prompt)
     stats.prefill_s += time.perf_counter() - t0
     produced, dec0, gen0 = 0, stats.decode_s, stats.n_generated  # the stats may accumulate over calls

@@ -64,8 +64,7 @@ def test_tree_branches_match_their_own_chains(backend):
     cache = backend.new_cache(16)
     backend.forward(np.array([5, 6], np.int32), cache)
     mask = np.array([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=bool)
-    out = backend.forward(np.array([7, 8, 9], np.int32), cache, tree_mask=mask,
-                          positions=np.array([2, 3, 3]))
+    out = backend.forward(np.array([7, 8, 9], np.int32), cache, tree_mask=mask)  # positions 2, 3, 3
     for child, row in ((8, 1), (9, 2)):
         ref = backend.forward(np.array([5, 6, 7, child], np.int32), backend.new_cache(16))[-1]
         np.testing.assert_allclose(out[row], ref, atol=1e-9)

@@ -1,11 +1,20 @@
 """The Backend seam: one loaded model on one device.
 
 Contract of `forward` (gpt-fast style, position is the KV cursor):
-  requires: `cache.length + len(tokens) <= cache.capacity`; tokens are appended at positions
-            `cache.length + arange(T)` (or `cache.length + depth` for a tree);
+  requires: `cache.length + len(tokens) <= cache.capacity`; tokens are appended at cache slots
+            `cache.length + arange(T)`; their RoPE positions are the same for a chain, and
+            `cache.length + depth` for a tree (tree_mask [T, T]: mask[i, j] = j is i or an ancestor of i, nodes in
+            BFS order, node 0 the root; depth[i] = mask[i].sum() - 1, see `tree_depths`);
   effect:   the cache holds their K/V and `cache.length` grows by T;
   returns:  float32 logits [T, V], one row per input token.
-Rollback is `cache.rollback(n)`: the next forward overwrites positions >= n.
+Rollback is `cache.rollback(n)`: the next forward overwrites positions >= n. After a tree forward,
+`cache.compact(src, dst_start)` moves the accepted path's rows (absolute slots `src`, ascending) to
+dst_start, dst_start + 1, ... and sets the length after them.
+
+Backends with `caps.layer_plan` also implement `LayeredBackend`: hidden states after any layer (taps) and the
+final norm + LM head on hidden states, optionally restricted to a subset of vocabulary rows (VocabTrim). The
+self-speculative drafters (layer skip, early exit, DEL, LoRA-Drop) are built on those two calls and share the
+target's KV cache (the Drafter's optional `bind`).
 """
 from __future__ import annotations
 
@@ -72,6 +81,27 @@ class Backend(Protocol):
                 plan: LayerPlan | None = None) -> Logits: ...
 
     def weight_bytes(self, plan: LayerPlan | None = None) -> int: ...  # bytes of weights one forward reads
+
+
+@runtime_checkable
+class LayeredBackend(Backend, Protocol):
+    """A backend that runs layer plans and exposes hidden states (caps.layer_plan)."""
+
+    def hidden(self, tokens: Tokens, cache: KVCache, *, plan: LayerPlan | None = None,
+               tree_mask: Mask | None = None, taps: tuple[int, ...] = ()) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+        """Run the plan's layers over tokens appended at cache.length (cache.length grows by T, like forward).
+        Returns (h [T, D] after the last planned layer, before the final norm; {n: h [T, D] after the first n
+        layers of the full model, for n in taps}); a tap the plan does not reach is absent."""
+        ...
+
+    def logits_from_hidden(self, h: np.ndarray, rows: np.ndarray | None = None) -> Logits:
+        """Final norm + LM head: [T, D] -> float32 logits [T, V], or [T, len(rows)] over those vocabulary rows."""
+        ...
+
+
+def tree_depths(tree_mask: Mask) -> np.ndarray:
+    """depth[i] = number of strict ancestors of node i (row sums of the ancestor-or-self mask, minus one)."""
+    return np.asarray(tree_mask, dtype=bool).sum(axis=1).astype(np.int64) - 1
 
 
 def check_chain_forward(backend: str, tokens: Tokens, cache: KVCache, tree_mask, plan) -> int:

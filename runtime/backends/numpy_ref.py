@@ -10,7 +10,7 @@ import numpy as np
 from ...models.config import ModelConfig, RopeScaling, Weights
 from ..kv import KVCache
 from ..types import Logits, Mask, Tokens
-from .base import BackendCaps, LayerPlan, check_room
+from .base import BackendCaps, LayerPlan, check_room, tree_depths
 
 
 def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
@@ -80,33 +80,41 @@ class NumpyBackend:
         return sum(self._layer_bytes[i] for i in layers) + int(self._lm_head.nbytes) + row_bytes
 
     def forward(self, tokens: Tokens, cache: KVCache, *, tree_mask: Mask | None = None,
-                plan: LayerPlan | None = None, positions: np.ndarray | None = None) -> Logits:
-        """Logits [T, V] for tokens appended at cache.length (positions = cache.length + arange(T) or + depth)."""
+                plan: LayerPlan | None = None) -> Logits:
+        """Logits [T, V] for tokens appended at cache.length (RoPE positions cache.length + arange(T), or + depth
+        for a tree)."""
+        h, _ = self.hidden(tokens, cache, plan=plan, tree_mask=tree_mask)
+        return self.logits_from_hidden(h)
+
+    def logits_from_hidden(self, h: np.ndarray, rows: np.ndarray | None = None) -> Logits:
+        """Final norm + LM head: [T, D] -> float32 logits [T, V] (or [T, len(rows)] over those vocabulary rows)."""
+        x = rms_norm(h, self._w["norm"], self.config.rms_eps)
+        head = self._lm_head if rows is None else self._lm_head[np.asarray(rows, dtype=np.int64)]
+        return np.asarray(x @ head.T, dtype=np.float32)
+
+    def hidden(self, tokens: Tokens, cache: KVCache, *, plan: LayerPlan | None = None,
+               tree_mask: Mask | None = None, taps: tuple[int, ...] = ()) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+        """(h after the plan's last layer, {n: h after the first n layers}) for tokens appended at cache.length;
+        the planned layers write their K/V and cache.length grows by T (LayeredBackend)."""
         tokens = np.asarray(tokens, dtype=np.int64)
         t = int(tokens.shape[0])
+        if t == 0:
+            raise ValueError("forward needs at least one token")
         check_room(cache, t)
-        if positions is None:
-            positions = cache.length + np.arange(t)
-        h = self.hidden_states(tokens, positions, cache, tree_mask, plan)
-        cache.advance(t)
-        return self.head(h)
-
-    def head(self, h: np.ndarray) -> Logits:
-        """Final norm + LM head: [T, D] -> float32 logits [T, V]."""
-        x = rms_norm(h, self._w["norm"], self.config.rms_eps)
-        return np.asarray(x @ self._lm_head.T, dtype=np.float32)
-
-    def hidden_states(self, tokens: np.ndarray, positions: np.ndarray, cache: KVCache,
-                      tree_mask: Mask | None, plan: LayerPlan | None) -> np.ndarray:
         c = self.config
         layers = (plan or LayerPlan()).resolve(c.n_layers)
-        angles = np.asarray(positions, dtype=np.float64)[:, None] * self._inv_freq[None, :]
+        depth = np.arange(t) if tree_mask is None else tree_depths(tree_mask)
+        angles = (cache.length + depth).astype(np.float64)[:, None] * self._inv_freq[None, :]
         cos, sin = np.cos(angles).astype(self.dtype), np.sin(angles).astype(self.dtype)
-        mask = attention_mask(cache.length, len(tokens), tree_mask)
+        mask = attention_mask(cache.length, t, tree_mask)
         h = self._w["embed"][tokens]
+        tapped = {0: h} if 0 in taps else {}
         for i in layers:
             h = self._block(i, h, cos, sin, mask, cache)
-        return h
+            if i + 1 in taps:
+                tapped[i + 1] = h
+        cache.advance(t)
+        return h, tapped
 
     def _block(self, i: int, h: np.ndarray, cos, sin, mask, cache: KVCache) -> np.ndarray:
         c, w, p = self.config, self._w, f"layers.{i}."

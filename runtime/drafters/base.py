@@ -5,6 +5,10 @@ propose(context, k, rng):      requires: context = every committed token (prompt
                                returns: a Draft of at most k tokens continuing it (k may be 0).
 accept(n_accepted, next_token): the target kept the first n_accepted draft tokens and then emitted
                                next_token; the drafter updates whatever state it keeps.
+bind(target, cache)            optional; called once per sequence before begin: self-speculative drafters run the
+                               target's own weights (a LayerPlan) and write draft K/V into the target's cache past
+                               its length. They must leave cache.length as they found it (the verify forward then
+                               overwrites those rows).
 """
 from __future__ import annotations
 
