@@ -51,6 +51,17 @@ class DecodeStats:
         self.verify_s += step.verify_s
         self.forward_s += step.forward_s
 
+    def merge(self, other: "DecodeStats") -> None:
+        """Add another accumulator's counts and times (per-prompt stats into per-category and overall totals)."""
+        self._grow(len(other.accepted_hist) - 1)
+        n = len(other.accepted_hist)
+        for name in ("n_target_forwards", "n_emitted", "n_drafted", "n_accepted", "n_generated", "prefill_s",
+                     "decode_s", "draft_s", "verify_s", "forward_s"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.accepted_hist[:n] += other.accepted_hist
+        self.proposed_at[:n - 1] += other.proposed_at
+        self.accepted_at[:n - 1] += other.accepted_at
+
     def _grow(self, k: int) -> None:
         extra = k + 1 - len(self.accepted_hist)
         if extra > 0:

@@ -79,3 +79,21 @@ def test_expected_tokens_per_step_and_speedup():
     assert expected_speedup(0.8, 4, 0.05) == pytest.approx(3.3616 / 1.2)
     with pytest.raises(ValueError):
         expected_tokens_per_step(1.2, 3)
+
+
+def test_merge_equals_recording_everything_in_one():
+    a, b, both = DecodeStats(), DecodeStats(), DecodeStats()
+    for s, steps in ((a, [(4, 4), (2, 0)]), (b, [(6, 3), (1, 1), (0, 0)])):
+        for k, n in steps:
+            step = StepStats(k=k, n_accepted=n, draft_s=0.5, verify_s=1.0, forward_s=0.75)
+            s.record(step)
+            both.record(step)
+        s.decode_s, s.n_generated = 2.0, 7
+    merged = DecodeStats()
+    merged.merge(a)
+    merged.merge(b)
+    assert merged.n_target_forwards == both.n_target_forwards == 5
+    assert merged.mean_accepted_length == both.mean_accepted_length
+    np.testing.assert_array_equal(merged.accepted_hist, both.accepted_hist)
+    np.testing.assert_array_equal(merged.acceptance_by_position, both.acceptance_by_position)
+    assert merged.forward_s == both.forward_s and merged.decode_s == 4.0 and merged.n_generated == 14
