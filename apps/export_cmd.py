@@ -7,6 +7,7 @@ layer-subset GGUF drafter for llama.cpp.
     specedge export smollm2-135m --format onnx --weights int8 --profile static --verify-width 5 --max-context 512
                                                                          -> <cache>/smollm2-135m-onnx-static-int8/
     specedge export smollm2-135m --format gguf --weights fp16 --layers 0-9 --out drafter.gguf
+    specedge export smollm2-135m --format gguf --weights keep --layers 0-11   (early exit at 12, Q4_1 blocks kept)
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from ..models.catalog import model_cache_dir, resolve_model
 from .engine import artifact_name
 
 ONNX_WEIGHTS = ("fp32", "fp16", "int8", "int4", "int8-dynamic")
-GGUF_DTYPES = {"fp32": "f32", "fp16": "f16"}
+GGUF_DTYPES = {"fp32": "f32", "fp16": "f16", "keep": "keep"}
 
 
 def parse_layers(text: str, n_layers: int) -> list[int]:
@@ -42,9 +43,10 @@ def parse_layers(text: str, n_layers: int) -> list[int]:
 @click.command("export")
 @click.argument("model")
 @click.option("--format", "fmt", type=click.Choice(["onnx", "gguf"]), default="onnx", show_default=True)
-@click.option("--weights", type=click.Choice(ONNX_WEIGHTS), default=None,
+@click.option("--weights", type=click.Choice(ONNX_WEIGHTS + ("keep",)), default=None,
               help="onnx (default int8; fp32 with --via optimum, its only format): any; int8/int4 transcode GGUF "
-                   "blocks exactly and re-quantize float checkpoints (docs/onnx.md). gguf (default fp32): fp32 | fp16.")
+                   "blocks exactly and re-quantize float checkpoints (docs/onnx.md). gguf (default fp32): fp32 | fp16 "
+                   "| keep (the source's quantized blocks copied bit for bit).")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Output directory (onnx) or .gguf file; default: the model cache, <model>-onnx-[static-]<weights>.")
 @click.option("--layers", default=None, help="gguf: source layers to keep, e.g. 0-9 (a layer-subset drafter).")
@@ -86,6 +88,9 @@ def export_cmd(model, fmt, weights, out, layers, profile, verify_width, max_cont
     if layers is not None:
         raise click.BadParameter("--layers applies to --format gguf", param_hint="--layers")
     weights = weights or ("fp32" if via == "optimum" else "int8")
+    if weights == "keep":
+        raise click.BadParameter("--weights keep copies GGUF blocks into a GGUF: use it with --format gguf",
+                                 param_hint="--weights")
     if via == "optimum" and weights != "fp32":
         raise click.BadParameter("--via optimum exports fp32 weights only; llama and qwen2 checkpoints get int8/int4 "
                                  "from our builder (drop --via optimum)", param_hint="--weights")
@@ -157,6 +162,8 @@ def _export_gguf(source, model, weights, out, layers, cache_dir) -> None:
                                  param_hint="--weights")
     kept = parse_layers(layers, source.config.n_layers) if layers else None
     tag = f"-layers{len(kept)}" if kept else ""
-    out = out or model_cache_dir(cache_dir) / f"{source.path.stem}{tag}.{GGUF_DTYPES[weights]}.gguf"
-    path = write_gguf(out, source, source.load_weights(), dtype=GGUF_DTYPES[weights], layers=kept)
+    suffix = "" if weights == "keep" else f".{GGUF_DTYPES[weights]}"
+    out = out or model_cache_dir(cache_dir) / f"{source.path.stem}{tag}{suffix}.gguf"
+    dtype = GGUF_DTYPES[weights]
+    path = write_gguf(out, source, None if dtype == "keep" else source.load_weights(), dtype=dtype, layers=kept)
     click.echo(str(path))

@@ -132,6 +132,12 @@ class GGUFModel:
         raw = np.asarray(t.data).view(np.uint8).reshape(shape[0] if len(shape) > 1 else 1, -1)
         return t.tensor_type.name, self.family.from_gguf_layout(canonical, raw, self.config)
 
+    def stored_tensor(self, canonical: str) -> tuple[Any, np.ndarray]:
+        """(GGMLQuantizationType, data exactly as stored: GGUF layout, quantized blocks as uint8 rows) of a tensor,
+        for copying it bit for bit into another GGUF."""
+        t = self._tensors[canonical_to_gguf(canonical)]
+        return t.tensor_type, np.asarray(t.data)
+
     def load_weights(self, dtype=np.float32) -> Weights:
         """All tensors dequantized to `dtype`, canonical names and layouts, shape-checked against the config."""
         names = [gguf_to_canonical(n) for n in self._tensors]

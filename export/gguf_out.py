@@ -1,4 +1,6 @@
-"""Write canonical weights back to a llama.cpp-loadable GGUF: a dequantized F32/F16 copy, or a layer-skip variant.
+"""Write canonical weights back to a llama.cpp-loadable GGUF: a dequantized F32/F16 copy, or a layer-skip variant
+(early exit at layer l = layers 0..l-1), either dequantized or with the source's stored blocks copied bit for bit
+(dtype "keep": a Q4_1 drafter stays Q4_1, as fast per layer as its target).
 
 Metadata (tokenizer, chat template, hyperparameters) is copied key by key from the source file with its
 stored value types; only `general.file_type` and, for a layer subset, `{arch}.block_count` change.
@@ -65,6 +67,11 @@ def _copy_metadata(wr: GGUFWriter, source: GGUFModel, out_cfg: ModelConfig, file
     wr.add_file_type(int(file_type))
 
 
+def _source_file_type(source: GGUFModel) -> LlamaFileType:
+    ft = source.metadata.get("general.file_type")
+    return LlamaFileType(int(ft)) if ft is not None else LlamaFileType.GUESSED
+
+
 def _stored(w: np.ndarray, qtype: GGMLQuantizationType) -> tuple[np.ndarray, GGMLQuantizationType]:
     """1-D tensors (norms, biases) stay F32, as llama.cpp's converter keeps them."""
     if w.ndim == 1 or qtype == GGMLQuantizationType.F32:
@@ -72,29 +79,34 @@ def _stored(w: np.ndarray, qtype: GGMLQuantizationType) -> tuple[np.ndarray, GGM
     return np.ascontiguousarray(w, dtype=np.float16), qtype
 
 
-def _add_tensors(wr: GGUFWriter, source: GGUFModel, weights: Weights, out_cfg: ModelConfig, kept: tuple[int, ...],
-                 qtype: GGMLQuantizationType) -> None:
+def _add_tensors(wr: GGUFWriter, source: GGUFModel, weights: Weights | None, out_cfg: ModelConfig,
+                 kept: tuple[int, ...], qtype: GGMLQuantizationType | None) -> None:
     for name in out_cfg.tensor_names():
+        if qtype is None:  # "keep": the stored bytes, already in GGUF layout
+            stored, raw = source.stored_tensor(_source_name(name, kept))
+            wr.add_tensor(canonical_to_gguf(name), raw, raw_dtype=stored)
+            continue
         w = weights[_source_name(name, kept)]
         data, stored = _stored(source.family.to_gguf_layout(name, w, out_cfg), qtype)
         wr.add_tensor(canonical_to_gguf(name), data, raw_dtype=stored)
 
 
-def write_gguf(path: str | Path, source: GGUFModel, weights: Weights, *, dtype: str = "f32",
+def write_gguf(path: str | Path, source: GGUFModel, weights: Weights | None, *, dtype: str = "f32",
                layers: Sequence[int] | None = None) -> Path:
     """Write `weights` (canonical, same config as `source`) as a GGUF with `source`'s metadata; returns the path.
 
-    dtype: "f32" (exact) or "f16" (matrices only). layers: keep only these source layers, renumbered 0..n-1.
+    dtype: "f32" (exact), "f16" (matrices only), or "keep" (the source's stored tensors copied bit for bit;
+    `weights` is then unused and may be None). layers: keep only these source layers, renumbered 0..n-1.
     The file appears atomically: it is written under a temporary name in the same folder, then renamed.
     """
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype {dtype!r}: use one of {sorted(_DTYPES)}")
-    if weights.config != source.config:
+    if dtype not in _DTYPES and dtype != "keep":
+        raise ValueError(f"dtype {dtype!r}: use one of {sorted(_DTYPES) + ['keep']}")
+    if dtype != "keep" and (weights is None or weights.config != source.config):
         raise ValueError(f"the weights' config does not match {source.path.name}'s; pass the weights loaded from "
                          "that file (or an unmodified-config copy of them)")
     kept = _check_layers(layers, source.config.n_layers)
     out_cfg = dataclasses.replace(source.config, n_layers=len(kept))
-    qtype, file_type = _DTYPES[dtype]
+    qtype, file_type = _DTYPES[dtype] if dtype != "keep" else (None, _source_file_type(source))
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     wr = GGUFWriter(None, source.config.arch)

@@ -87,6 +87,19 @@ def test_layer_subset_runs_in_llama_cpp_like_a_layer_plan(source, tmp_path, laye
         assert (got.argmax(-1) == want.argmax(-1)).all()
 
 
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
+def test_keep_copies_quantized_blocks_bit_for_bit(tmp_path, qtype):
+    """An early-exit drafter (layers 0..l-1) keeps the source's blocks: same bytes, same dequantized values."""
+    src = open_gguf(write_tiny_gguf(tmp_path / "q.gguf", dtype=qtype.lower()))
+    out = open_gguf(write_gguf(tmp_path / "exit1.gguf", src, None, dtype="keep", layers=[0]))
+    assert out.config == dataclasses.replace(src.config, n_layers=1)
+    assert out.metadata["general.file_type"] == src.metadata["general.file_type"]
+    for name in out.config.tensor_names():
+        (t_out, raw_out), (t_src, raw_src) = out.stored_tensor(name), src.stored_tensor(name)
+        assert t_out == t_src and np.array_equal(raw_out, raw_src), name
+    assert any(out.stored_tensor(n)[0].name == qtype for n in out.config.tensor_names())
+
+
 def test_bad_arguments_fail_before_writing(source, tmp_path):
     weights = source.load_weights()
     with pytest.raises(ValueError, match="dtype"):
