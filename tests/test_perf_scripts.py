@@ -2,6 +2,7 @@
 README and docs/onnx.md)."""
 import json
 
+import numpy as np
 import pytest
 
 from specedge.export.gguf_in import open_gguf
@@ -9,8 +10,8 @@ from specedge.models.tiny import write_tiny_gguf
 from specedge.perf import verify_cost
 
 
-@pytest.mark.parametrize("clock", ["wall", "thread"])
-def test_verify_cost_measures_every_target_and_width(tmp_path, capsys, clock):
+@pytest.mark.parametrize("clock, tree", [("wall", None), ("thread", 2)])  # chains; trees of fan-out 2
+def test_verify_cost_measures_every_target_and_width(tmp_path, capsys, clock, tree):
     ort = pytest.importorskip("onnxruntime")  # noqa: F841
     from specedge.export.onnx_export import export_gguf_to_onnx
     from specedge.export.onnx_linear import WeightFormat
@@ -20,10 +21,16 @@ def test_verify_cost_measures_every_target_and_width(tmp_path, capsys, clock):
     out = tmp_path / "cost.json"
     verify_cost.main(["--targets", f"numpy:{path}", f"onnx:{tmp_path / 'int4'}", "--ctx", "16", "--reps", "2",
                       "--widths", "1", "2", "4", "--decode", "4", "--rounds", "1", "--out", str(out),
-                      "--clock", clock, "--threads", "1"])
+                      "--clock", clock, "--threads", "1"] + ([] if tree is None else ["--tree", str(tree)]))
     rows = json.loads(out.read_text())["rows"]
     assert [r["target"] for r in rows] == [f"numpy:{path}", f"onnx:{tmp_path / 'int4'}"]
     for r in rows:
         assert set(r["ms"]) == {"1", "2", "4"} and all(v > 0 for v in r["ms"].values())
         assert r["tok_s"] > 0 and r["weight_mb"] > 0
     assert "| onnx:" in capsys.readouterr().out
+
+
+def test_heap_tree_mask():
+    # parents: 1, 2 -> 0; 3, 4 -> 1
+    expect = np.array([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 0, 1]], bool)
+    np.testing.assert_array_equal(verify_cost.heap_tree_mask(5, 2), expect)
