@@ -14,6 +14,7 @@ from specedge.export.onnx_export import export_gguf_to_onnx  # noqa: E402
 from specedge.export.onnx_linear import WeightFormat  # noqa: E402
 from specedge.models.manifest import MANIFEST  # noqa: E402
 from specedge.models.tiny import write_tiny_gguf  # noqa: E402
+from specedge.runtime.backends.base import require_tree  # noqa: E402
 from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
 from specedge.runtime.backends.onnxrt import OnnxBackend  # noqa: E402
 
@@ -136,5 +137,8 @@ def test_version_2_artifacts_load_without_tree_support(pair, tmp_path):
     (old / MANIFEST).write_text(json.dumps(raw), "utf-8")
     backend = OnnxBackend(old, threads=1)
     assert not backend.caps.tree_mask
+    require_tree(pair[0])  # the format 4 artifact passes the start-up check
+    with pytest.raises(ValueError, match="re-export"):  # what a tree drafter's start-up check says
+        require_tree(backend)
     with pytest.raises(ValueError, match="re-export"):
         backend.forward(np.arange(3, dtype=np.int32), backend.new_cache(8), tree_mask=ancestor_mask([-1, 0, 0]))

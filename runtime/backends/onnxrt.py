@@ -142,6 +142,9 @@ class OnnxBackend:
         self.io = self.manifest.io
         # format 4 graphs have the position_ids and tree_bias inputs; version 2 ones run chains only
         self.tree_io = self.manifest.raw["format_version"] != CHAIN_FORMAT_VERSION
+        self.tree_hint = None if self.tree_io else (
+            f"{self.manifest.root} was exported before tree attention (format version {CHAIN_FORMAT_VERSION}): "
+            "re-export it with `specedge export` to verify token trees on the ONNX backend")
         self.caps = BackendCaps(tree_mask=self.tree_io, layer_plan=False, partial_rollback=True,
                                 max_batch_tokens=self.config.context_length)
         self.ort, self.session, self.choice, self.threads = open_session(self.manifest, device, threads, log)
@@ -177,9 +180,7 @@ class OnnxBackend:
             b.bind_cpu_input(io["position_ids"], pos)
             b.bind_cpu_input(io["tree_bias"], bias)
         elif tree_mask is not None:
-            raise ValueError(f"{self.manifest.root} was exported before tree attention (format version "
-                             f"{self.manifest.raw.get('format_version')}): re-export it with `specedge export` to "
-                             "verify token trees on the ONNX backend")
+            raise ValueError(self.tree_hint)
         b.bind_output(io["logits"], "cpu")  # unallocated again: T changes between calls
         self.session.run_with_iobinding(b)
         logits = b.get_outputs()[0].numpy()
