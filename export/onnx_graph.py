@@ -1,7 +1,10 @@
 """Build the decoder graph (llama / qwen2 families) from canonical weights with our own builder.
 
-One graph serves prefill, plain decoding and verification of k+1 draft positions: the new tokens are appended at
-`cache length = seqlens_k + 1 - T`, RoPE positions and the causal mask follow from that, for any cache length.
+One graph serves prefill, plain decoding, verification of k+1 chain positions and of a token tree (format 4): the
+new tokens are written at cache slots `L + arange(T)` with `L = seqlens_k + 1 - T`, for any cache length L; their
+RoPE positions come from the `position_ids` input (L + arange(T) for a chain, L + depth for a tree) and the
+`tree_bias` input (zeros for a chain) masks the non-ancestors among the new tokens on top of the causal mask
+(ALGORITHMS.md 1.4 "Tree attention").
 Attention is com.microsoft GroupQueryAttention with shared past/present buffers: the runtime binds the same
 preallocated [1, n_kv, max_ctx, head_dim] OrtValue as past_key.i and present_key.i, so the op writes only the T
 new rows in place (no full-cache copy per step). Rollback is just a smaller seqlens_k on the next call.
@@ -36,6 +39,8 @@ class GraphIO:
     input_ids: str = "input_ids"  # int64 [1, T]
     seqlens_k: str = "seqlens_k"  # int32 [1]: cache length + T - 1
     total_length: str = "total_sequence_length"  # int32 scalar: cache length + T
+    position_ids: str = "position_ids"  # int64 [1, T]: RoPE positions, cache length + depth (a chain: + arange(T))
+    tree_bias: str = "tree_bias"  # float32 [1, 1, T, T]: 0 where key j is query i or its ancestor, -inf elsewhere
     logits: str = "logits"  # float32 [T, V]
     past_key: str = "past_key.{i}"  # float32 [1, n_kv, max_ctx, head_dim], bound to the same buffer as present_key
     past_value: str = "past_value.{i}"
@@ -52,6 +57,7 @@ def build_decoder(cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: 
     seqlens = g.input(io.seqlens_k, np.int32, [1])
     total = g.input(io.total_length, np.int32, [])
     cos, sin = rope_tables(g, cfg)
+    pos, bias = tree_inputs(g, io, ids, total)
     seqlens, total = padded_lengths(g, seqlens, total)
     h = embed(g, cfg, src, opts, ids, records)
     with g.scope("layers.0"):
@@ -59,7 +65,7 @@ def build_decoder(cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: 
     for i in range(cfg.n_layers):
         after = f"layers.{i + 1}.attn_norm" if i + 1 < cfg.n_layers else "norm"
         with g.scope(f"layers.{i}"):
-            x, h = block(g, cfg, src, opts, io, i, x, h, after, (seqlens, total, cos, sin), records)
+            x, h = block(g, cfg, src, opts, io, i, x, h, after, (seqlens, total, cos, sin, pos, bias), records)
     head(g, cfg, src, opts, io, x, records)
     return g.model(producer="specedge", doc=f"{cfg.arch} decoder, {opts.fmt.value} weights"), records
 
@@ -78,6 +84,30 @@ def padded_lengths(g: GraphBuilder, seqlens: str, total: str) -> tuple[str, str]
         pad = np.int32(PAD_ROWS)
         return (g.op1("Add", [seqlens, g.const("attn_pad.rows", np.array([pad]))], "seqlens_k"),
                 g.op1("Add", [total, g.const("attn_pad.rows_scalar", np.array(pad))], "total_length"))
+
+
+def tree_inputs(g: GraphBuilder, io: GraphIO, ids: str, total: str) -> tuple[str, str]:
+    """position_ids [1, T + 1] and attention_bias [1, 1, T + 1, L + T + 1] as GroupQueryAttention sees them, from the
+    graph inputs over the T real tokens: the pad row (see attention()) gets position L + T and zero bias; the
+    committed columns [0, L) get zero bias (every node sees the whole cache).
+
+        position_ids [1, T] ──────────────────────► Concat(L + T) ──► [1, T + 1]
+        tree_bias [1, 1, T, T] ─► Pad(left L columns, 1 row and 1 column at the end, zeros) ──► [1, 1, T + 1, L + T + 1]
+    """
+    pos = g.input(io.position_ids, np.int64, [1, "T"])
+    bias = g.input(io.tree_bias, np.float32, [1, 1, "T", "T"])
+    with g.scope("tree"):
+        tot = g.op1("Reshape", [g.op1("Cast", [total], "total", to=onnx.TensorProto.INT64),
+                                g.const("tree.one_by_one", np.array([1, 1], np.int64))], "total_2d")  # [1, 1]: L + T
+        pos = g.op1("Concat", [pos, tot], "pad_position", axis=1)
+        t = g.op1("Shape", [ids], "t", start=1, end=2)
+        cached = g.op1("Sub", [g.op1("Reshape", [tot, g.const("tree.flat", np.array([1], np.int64))], "total_1d"), t],
+                       "cached")  # [1]: L
+        pads = g.op1("Concat", [g.const("tree.pads_begin", np.zeros(3, np.int64)), cached,
+                                g.const("tree.pads_end", np.array([0, 0, PAD_ROWS, PAD_ROWS], np.int64))],
+                     "pads", axis=0)
+        bias = g.op1("Pad", [bias, pads], "bias")  # constant 0
+    return pos, bias
 
 
 def embed(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: ExportOptions, ids: str,
@@ -114,7 +144,7 @@ def skip_rms_norm(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, delta: s
 
 
 def block(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: GraphIO, i: int, x: str,
-          h: str, next_norm: str, attn_inputs: tuple[str, str, str, str], records: dict[str, TensorRecord]
+          h: str, next_norm: str, attn_inputs: tuple[str, ...], records: dict[str, TensorRecord]
           ) -> tuple[str, str]:
     """One pre-norm transformer block; takes (x = attn_norm(h), h), returns (next_norm(h'), h').
 
@@ -132,7 +162,7 @@ def block(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: ExportOpti
 
 
 def attention(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: GraphIO, i: int, x: str,
-              attn_inputs: tuple[str, str, str, str], records: dict[str, TensorRecord]) -> str:
+              attn_inputs: tuple[str, ...], records: dict[str, TensorRecord]) -> str:
     """Fused q|k|v projection, GroupQueryAttention on the packed QKV (RoPE inside, in-place KV), output projection.
 
         x ─► qkv_proj ─(+ q|k|v bias)─► Concat(zero row) ─► GroupQueryAttention ─► Slice(drop row) ─► o_proj ─► out
@@ -145,9 +175,13 @@ def attention(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: Export
     identically for any row count and any zero-padded total length, so T=1 and T=k+1 give bit-identical logits.
     The pad row's K/V land at position L+T (beyond the cursor; the next call overwrites them) and no real row attends
     to it (causal). The runtime allocates PAD_ROWS extra cache rows for it.
+    Trees: position_ids (RoPE) and attention_bias (added to the scores before the causal softmax) come from
+    tree_inputs(); onnxruntime 1.31's CPU kernel honours both with the pad row. A zero bias adds exactly nothing, so
+    chains stay bit-identical across T; a tree node off the first root path gets the same terms at other slots of
+    the probs x V reduction, equal to its chain up to float rounding (~1e-6 relative in fp32).
     """
     p = f"layers.{i}"
-    seqlens, total, cos, sin = attn_inputs
+    seqlens, total, cos, sin, positions, tree_bias = attn_inputs
     qkv, recs = linear(g, x, [f"{p}.q", f"{p}.k", f"{p}.v"], src, opts, f"{p}.attn.qkv_proj", "qkv_proj")
     records.update(recs)
     if cfg.qkv_bias:
@@ -162,9 +196,9 @@ def attention(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: Export
     if not g.has_const("attn_pad.zeros"):
         g.const("attn_pad.zeros", np.zeros((1, PAD_ROWS, d), np.float32))
     padded = g.op1("Concat", [qkv, "attn_pad.zeros"], "pad_rows", axis=1)
-    attn = g.op("GroupQueryAttention", [padded, "", "", past_k, past_v, seqlens, total, cos, sin], "gqa",
-                outputs=[g.path("gqa") + "/out0", present_k, present_v], domain=MS_DOMAIN,
-                num_heads=cfg.n_heads, kv_num_heads=cfg.n_kv_heads, do_rotary=1, rotary_interleaved=0,
+    gqa_in = [padded, "", "", past_k, past_v, seqlens, total, cos, sin, positions, tree_bias]
+    attn = g.op("GroupQueryAttention", gqa_in, "gqa", outputs=[g.path("gqa") + "/out0", present_k, present_v],
+                domain=MS_DOMAIN, num_heads=cfg.n_heads, kv_num_heads=cfg.n_kv_heads, do_rotary=1, rotary_interleaved=0,
                 scale=float(1.0 / np.sqrt(cfg.head_dim)))[0]
     attn = g.op1("Slice", [attn, g.const_once("attn_pad.start", np.array([0], np.int64)),
                            g.const_once("attn_pad.end", np.array([-PAD_ROWS], np.int64)),

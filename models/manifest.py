@@ -6,6 +6,8 @@ formats, each with its own versions; the runtime picks its backend by `format` a
   "specedge-onnx" 2        our graph builder, dynamic profile: GroupQueryAttention over shared in-place KV buffers
                            (version 1 artifacts predate the pad row that makes verify batches bit-identical to
                            one-token decoding; they must be re-exported)
+  "specedge-onnx" 4        version 2 plus the position_ids and tree_bias inputs: the same graph verifies token trees
+                           (version 2 artifacts still load, chains only: caps.tree_mask is False)
   "specedge-onnx" 3        our graph builder, static-shape profile (every dimension fixed; for NPU providers), so a
                            reader that only knows version 2 refuses it instead of failing on missing IO names
   "optimum-onnx" 1         Hugging Face optimum's text-generation-with-past graph (export/optimum_export.py):
@@ -41,11 +43,12 @@ from .errors import ModelFileError
 from .tokenizer_spec import TokenizerSpec
 
 FORMAT = "specedge-onnx"
-FORMAT_VERSION = 2  # what dynamic artifacts are written as
+FORMAT_VERSION = 4  # what dynamic artifacts are written as (4: tree inputs)
+CHAIN_FORMAT_VERSION = 2  # dynamic artifacts without the tree inputs; still read, chains only
 STATIC_FORMAT_VERSION = 3  # static-profile artifacts: readers of version 2 only must refuse them
 OPTIMUM_FORMAT = "optimum-onnx"
 OPTIMUM_FORMAT_VERSION = 1
-READ_VERSIONS = {FORMAT: (FORMAT_VERSION, STATIC_FORMAT_VERSION), OPTIMUM_FORMAT: (OPTIMUM_FORMAT_VERSION,)}
+READ_VERSIONS = {FORMAT: (CHAIN_FORMAT_VERSION, STATIC_FORMAT_VERSION, FORMAT_VERSION), OPTIMUM_FORMAT: (OPTIMUM_FORMAT_VERSION,)}
 MANIFEST = "manifest.json"
 
 

@@ -8,6 +8,8 @@ rejected draft is); the statistic over --rounds x --reps is the minimum (robust 
 median. Targets are measured in interleaved rounds so drift hits them alike, each alone within its turn (engines'
 thread pools spin after work). Also: plain greedy decoding tokens/s (best of --rounds
 runs of --decode tokens), the weight bytes one token reads, and the bandwidth that implies at T(1).
+`--tree F` times tree verification instead: the n tokens form a heap-shaped tree (node i's parent (i - 1) // F, BFS
+order) passed as tree_mask (backends with caps.tree_mask only).
 `--clock thread` times T(n) as the calling thread's CPU time instead of wall time: with --threads 1 the backends
 compute on that thread, so the numbers do not grow when other processes load the machine (tok/s stays wall time).
 """
@@ -27,11 +29,21 @@ from ..runtime.types import SamplingParams
 from .greedy_table import parse_target
 
 
-def time_forward(backend, cache, n: int, rng: np.random.Generator, clock=time.perf_counter) -> float:
+def heap_tree_mask(n: int, fanout: int) -> np.ndarray:
+    """Ancestor-or-self mask [n, n] of the tree where node i's parent is (i - 1) // fanout (BFS order)."""
+    mask = np.eye(n, dtype=bool)
+    for i in range(1, n):
+        mask[i] |= mask[(i - 1) // fanout]
+    return mask
+
+
+def time_forward(backend, cache, n: int, rng: np.random.Generator, clock=time.perf_counter,
+                 tree_fanout: int | None = None) -> float:
     base = cache.length
     toks = rng.integers(0, backend.config.vocab_size, n).astype(np.int32)
+    mask = None if tree_fanout is None else heap_tree_mask(n, tree_fanout)
     t0 = clock()
-    backend.forward(toks, cache)
+    backend.forward(toks, cache, tree_mask=mask)
     dt = clock() - t0
     cache.rollback(base)
     return dt
@@ -59,6 +71,8 @@ def main(argv=None) -> None:
     ap.add_argument("--stat", choices=["min", "median"], default="min")
     ap.add_argument("--clock", choices=["wall", "thread"], default="wall",
                     help="T(n) as wall time, or as this thread's CPU time (meaningful with --threads 1)")
+    ap.add_argument("--tree", type=int, default=None, metavar="F",
+                    help="time tree verification: n nodes in a heap-shaped tree of fan-out F (default: chains)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     stat = min if a.stat == "min" else statistics.median
@@ -79,7 +93,7 @@ def main(argv=None) -> None:
                 time_forward(backend, cache, 1, rng)
             for _ in range(a.reps):
                 for n in a.widths:
-                    times[n].append(time_forward(backend, cache, n, rng, clock))
+                    times[n].append(time_forward(backend, cache, n, rng, clock, a.tree))
             speeds.append(plain_tok_s(backend, a.decode, rng))
     rows = []
     for t, backend, times, speeds in runs:
@@ -87,7 +101,8 @@ def main(argv=None) -> None:
         wb = backend.weight_bytes()
         rows.append(dict(target=t, weight_mb=wb / 1e6, tok_s=max(speeds), ms=ms,
                          ratio={n: ms[n] / ms[1] for n in a.widths}, gb_s_at_t1=wb / (ms[1] * 1e-3) / 1e9))
-    print(f"threads={a.threads} ctx={a.ctx} reps={a.reps} stat={a.stat} clock={a.clock}")
+    print(f"threads={a.threads} ctx={a.ctx} reps={a.reps} stat={a.stat} clock={a.clock}"
+          + ("" if a.tree is None else f" tree fan-out={a.tree}"))
     print("| target | weight MB read/token | plain tok/s | T(1) ms | implied GB/s | "
           + " | ".join(f"T({n})/T(1)" for n in a.widths[1:]) + " |")
     print("|---|---|---|---|---|" + "---|" * (len(a.widths) - 1))

@@ -9,6 +9,7 @@ from specedge.export.gguf_in import open_gguf  # noqa: E402
 from specedge.export.onnx_export import export_gguf_to_onnx  # noqa: E402
 from specedge.export.onnx_linear import WeightFormat  # noqa: E402
 from specedge.models.tiny import write_tiny_gguf  # noqa: E402
+from specedge.runtime.backends.base import LayerPlan  # noqa: E402
 from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
 from specedge.runtime.backends.onnx_providers import Device, select_providers  # noqa: E402
 from specedge.runtime.backends.onnxrt import OnnxBackend  # noqa: E402
@@ -66,8 +67,10 @@ def test_errors_are_clear(pair):
         onnx_b.forward(np.arange(5, dtype=np.int32), cache)
     with pytest.raises(ValueError, match="exceeds the model's context"):
         onnx_b.new_cache(onnx_b.config.context_length + 1)
-    with pytest.raises(ValueError, match="tree masks"):
+    with pytest.raises(ValueError, match="BFS order"):  # a node before its ancestor
         onnx_b.forward(np.arange(2, dtype=np.int32), cache, tree_mask=np.ones((2, 2), bool))
+    with pytest.raises(ValueError, match="layer plans"):
+        onnx_b.forward(np.arange(2, dtype=np.int32), cache, plan=LayerPlan(exit_layer=1))
 
 
 def test_provider_selection():

@@ -161,7 +161,7 @@ def test_manifest_contents_tokenizer_and_hashes(tiny_dir):
     d = tiny_dir / "man"
     export_gguf_to_onnx(gguf, d, WeightFormat.INT8_DYNAMIC, gate=False)
     m = read_manifest(d)
-    assert m.raw["format"] == "specedge-onnx" and m.raw["format_version"] == 2 and m.io["kv_pad_rows"] == 1
+    assert m.raw["format"] == "specedge-onnx" and m.raw["format_version"] == 4 and m.io["kv_pad_rows"] == 1
     assert m.config == gguf.config and m.weight_format == "int8-dynamic"
     assert m.io["past_key"] == "past_key.{i}" and m.io["logits"] == "logits"
     assert m.raw["provenance"]["source_sha256"] == sha256_file(path)

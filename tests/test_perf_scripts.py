@@ -2,6 +2,7 @@
 README and docs/onnx.md)."""
 import json
 
+import numpy as np
 import pytest
 
 from specedge.export.gguf_in import open_gguf
@@ -9,8 +10,8 @@ from specedge.models.tiny import write_tiny_gguf
 from specedge.perf import verify_cost
 
 
-@pytest.mark.parametrize("clock", ["wall", "thread"])
-def test_verify_cost_measures_every_target_and_width(tmp_path, capsys, clock):
+@pytest.mark.parametrize("clock, tree", [("wall", None), ("thread", 2)])  # chains; trees of fan-out 2
+def test_verify_cost_measures_every_target_and_width(tmp_path, capsys, clock, tree):
     ort = pytest.importorskip("onnxruntime")  # noqa: F841
     from specedge.export.onnx_export import export_gguf_to_onnx
     from specedge.export.onnx_linear import WeightFormat
@@ -20,10 +21,34 @@ def test_verify_cost_measures_every_target_and_width(tmp_path, capsys, clock):
     out = tmp_path / "cost.json"
     verify_cost.main(["--targets", f"numpy:{path}", f"onnx:{tmp_path / 'int4'}", "--ctx", "16", "--reps", "2",
                       "--widths", "1", "2", "4", "--decode", "4", "--rounds", "1", "--out", str(out),
-                      "--clock", clock, "--threads", "1"])
+                      "--clock", clock, "--threads", "1"] + ([] if tree is None else ["--tree", str(tree)]))
     rows = json.loads(out.read_text())["rows"]
     assert [r["target"] for r in rows] == [f"numpy:{path}", f"onnx:{tmp_path / 'int4'}"]
     for r in rows:
         assert set(r["ms"]) == {"1", "2", "4"} and all(v > 0 for v in r["ms"].values())
         assert r["tok_s"] > 0 and r["weight_mb"] > 0
     assert "| onnx:" in capsys.readouterr().out
+
+
+def test_heap_tree_mask():
+    # parents: 1, 2 -> 0; 3, 4 -> 1
+    expect = np.array([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 0, 1]], bool)
+    np.testing.assert_array_equal(verify_cost.heap_tree_mask(5, 2), expect)
+
+
+def test_tree_parity_counts_path_nodes_and_flips(tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    from specedge.export.onnx_export import export_gguf_to_onnx
+    from specedge.export.onnx_linear import WeightFormat
+    from specedge.perf import tree_parity
+    from specedge.runtime.backends.onnxrt import OnnxBackend
+
+    export_gguf_to_onnx(open_gguf(write_tiny_gguf(tmp_path / "m.gguf", seed=2)), tmp_path / "fp32",
+                        WeightFormat.FP32, gate=False)
+    backend = OnnxBackend(tmp_path / "fp32", threads=1)
+    prompts = [np.arange(3, 12, dtype=np.int32), np.arange(40, 47, dtype=np.int32)]
+    r = tree_parity.measure(backend, prompts, tokens=10, depth=3, fanout=2)
+    assert r["nodes"] == 2 * len(range(0, 10 - 3, 4)) * 4  # prompts x tree starts x (depth + 1) path nodes
+    assert r["argmax_flips"] == 0 and 0 < r["max_abs_dlogit"] < 1e-4  # fp32: rounding only, but not bit-identical
+    tree_parity.main(["--target", f"onnx:{tmp_path / 'fp32'}", "--limit", "2", "--tokens", "8", "--depth", "2"])
+    assert "argmax flips vs chain 0" in capsys.readouterr().out

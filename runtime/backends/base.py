@@ -104,6 +104,14 @@ def tree_depths(tree_mask: Mask) -> np.ndarray:
     return np.asarray(tree_mask, dtype=bool).sum(axis=1).astype(np.int64) - 1
 
 
+def require_tree(backend: Backend) -> None:
+    """Start-up check for tree drafters and tree verification (STYLE principle 10): the target must take tree masks.
+    A backend may explain its own refusal in an optional `tree_hint` attribute (onnxrt: re-export old artifacts)."""
+    if not backend.caps.tree_mask:
+        hint = getattr(backend, "tree_hint", None) or "use a chain drafter, or a backend with tree masks (numpy)"
+        raise ValueError(f"the {backend.name} backend cannot verify token trees: {hint}")
+
+
 def check_chain_forward(backend: str, tokens: Tokens, cache: KVCache, tree_mask, plan) -> int:
     """The preconditions of a backend that runs chains of the full model only; returns T = len(tokens)."""
     if tree_mask is not None or plan is not None:

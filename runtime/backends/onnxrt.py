@@ -6,6 +6,11 @@ writes the T new rows in place at positions [length, length + T); nothing else o
 cursor is the only state: forward passes seqlens_k = length + T - 1 and total_sequence_length = length + T, and
 rollback just lowers the cursor (the rejected rows are overwritten next time).
 
+Trees (format 4 artifacts, ALGORITHMS.md 1.4 "Tree attention"): the nodes still go to slots [length, length + T);
+position_ids carry length + depth and tree_bias masks the non-ancestors among them. A chain binds
+position_ids = length + arange(T) and a zero bias: one graph, no tree-only session. After verification
+`OnnxCache.compact` copies the accepted path's rows into place with NumPy on the arrays that back the bound OrtValues.
+
 Artifacts of the static-shape profile run on StaticOnnxBackend (onnx_static.py); `runtime.backends.open_onnx` picks the class
 from the manifest.
 """
@@ -18,10 +23,10 @@ from typing import Any
 import numpy as np
 
 from ...models.config import ModelConfig
-from ...models.manifest import Manifest, Profile, read_manifest
+from ...models.manifest import CHAIN_FORMAT_VERSION, Manifest, Profile, read_manifest
 from ..kv import LengthCursor
 from ..types import Logits, Mask, Tokens
-from .base import BackendCaps, LayerPlan, check_chain_forward
+from .base import BackendCaps, LayerPlan, check_room, tree_depths
 from .onnx_providers import Device, ProviderChoice, select_providers
 
 
@@ -86,12 +91,15 @@ class OnnxCache(LengthCursor):
         self.binding = backend.session.io_binding()
         self.binding.bind_output(io["logits"], "cpu")  # first output: get_outputs()[0] is the logits
         self._buffers = []  # keeps the OrtValues alive for the binding's lifetime
+        self._arrays: list[np.ndarray] = []  # the memory those CPU OrtValues wrap (no copy): compact writes here
         for i in range(c.n_layers):
             for past, present in (("past_key", "present_key"), ("past_value", "present_value")):
-                buf = ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32))
+                arr = np.zeros(shape, np.float32)
+                buf = ort.OrtValue.ortvalue_from_numpy(arr)
                 self.binding.bind_ortvalue_input(io[past].format(i=i), buf)
                 self.binding.bind_ortvalue_output(io[present].format(i=i), buf)
                 self._buffers.append(buf)
+                self._arrays.append(arr)
 
     @property
     def capacity(self) -> int:
@@ -101,9 +109,26 @@ class OnnxCache(LengthCursor):
     def nbytes(self) -> int:
         return sum(int(np.prod(b.shape())) * 4 for b in self._buffers)
 
+    def compact(self, src: np.ndarray, dst_start: int) -> None:
+        """Copy the K/V rows at slots `src` (ascending, each >= its destination) to dst_start, dst_start + 1, ... in
+        every layer and set the length after them (the accepted path of a tree, ALGORITHMS.md 1.4).
+        requires: src within [0, length); returns nothing; rows past the new length are stale."""
+        src = np.asarray(src, dtype=np.int64)
+        dst = np.arange(dst_start, dst_start + len(src))
+        if len(src) and (src[0] < 0 or src[-1] >= self._length or (src < dst).any() or (np.diff(src) <= 0).any()):
+            raise ValueError(f"compact: source slots {src.tolist()} must ascend within [0, {self._length}) and "
+                             f"not lie before their destinations from {dst_start}")
+        keep = int(np.searchsorted(src != dst, True))  # rows already in place (a leading run of src == dst)
+        if keep < len(src):
+            s, d = src[keep:], dst[keep:]
+            for arr in self._arrays:  # [1, n_kv, capacity + pad, head_dim]
+                arr[:, :, d] = arr[:, :, s]
+        self._length = dst_start + len(src)
+
 
 class OnnxBackend:
-    """caps: chains only (tree masks and layer plans need graphs this export does not build yet)."""
+    """caps: chains, and tree masks on format 4 artifacts (older ones have no position_ids/tree_bias inputs: their
+    caps say tree_mask=False and a tree forward asks for a re-export); no layer plans."""
 
     name = "onnx"
 
@@ -115,7 +140,12 @@ class OnnxBackend:
                              "runtime.backends.open_onnx (StaticOnnxBackend)")
         self.config: ModelConfig = self.manifest.config
         self.io = self.manifest.io
-        self.caps = BackendCaps(tree_mask=False, layer_plan=False, partial_rollback=True,
+        # format 4 graphs have the position_ids and tree_bias inputs; version 2 ones run chains only
+        self.tree_io = self.manifest.raw["format_version"] != CHAIN_FORMAT_VERSION
+        self.tree_hint = None if self.tree_io else (
+            f"{self.manifest.root} was exported before tree attention (format version {CHAIN_FORMAT_VERSION}): "
+            "re-export it with `specedge export` to verify token trees on the ONNX backend")
+        self.caps = BackendCaps(tree_mask=self.tree_io, layer_plan=False, partial_rollback=True,
                                 max_batch_tokens=self.config.context_length)
         self.ort, self.session, self.choice, self.threads = open_session(self.manifest, device, threads, log)
         self._weight_bytes = read_bytes_per_token(self.manifest.model_path)
@@ -132,15 +162,45 @@ class OnnxBackend:
 
     def forward(self, tokens: Tokens, cache: OnnxCache, *, tree_mask: Mask | None = None,
                 plan: LayerPlan | None = None) -> Logits:
-        """float32 logits [T, V] for tokens appended at cache.length; one session run for all T positions."""
-        t = check_chain_forward("ONNX", tokens, cache, tree_mask, plan)
+        """float32 logits [T, V] for tokens appended at cache.length (slots length + arange(T)); one session run for
+        all T positions. tree_mask [T, T] (base.py contract; format 4 artifacts): RoPE positions length + depth."""
+        t = len(tokens)
+        if plan is not None:
+            raise ValueError("the ONNX backend runs the full model (no layer plans)")
+        if t == 0:
+            raise ValueError("forward needs at least one token")
+        check_room(cache, t)
         total = cache.length + t
         b, io = cache.binding, self.io
         b.bind_cpu_input(io["input_ids"], np.asarray(tokens, dtype=np.int64).reshape(1, t))
         b.bind_cpu_input(io["seqlens_k"], np.array([total - 1], dtype=np.int32))
         b.bind_cpu_input(io["total_length"], np.array(total, dtype=np.int32))
+        if self.tree_io:
+            pos, bias = tree_feeds(cache.length, t, tree_mask)
+            b.bind_cpu_input(io["position_ids"], pos)
+            b.bind_cpu_input(io["tree_bias"], bias)
+        elif tree_mask is not None:
+            raise ValueError(self.tree_hint)
         b.bind_output(io["logits"], "cpu")  # unallocated again: T changes between calls
         self.session.run_with_iobinding(b)
         logits = b.get_outputs()[0].numpy()
         cache.advance(t)
         return logits
+
+
+def tree_feeds(length: int, t: int, tree_mask: Mask | None) -> tuple[np.ndarray, np.ndarray]:
+    """(position_ids int64 [1, T], tree_bias float32 [1, 1, T, T]) for T tokens appended at `length`.
+
+    A chain: positions length + arange(T), bias zero (the graph's causal mask does the rest). A tree (base.py: BFS
+    order, mask[i, j] = j is i or an ancestor of i): positions length + depth, bias -inf off the ancestor-or-self
+    mask. Ancestors must precede their descendants (GroupQueryAttention stays causal over slots) and node 0 is the
+    root."""
+    if tree_mask is None:
+        return (np.arange(length, length + t, dtype=np.int64).reshape(1, t), np.zeros((1, 1, t, t), np.float32))
+    mask = np.asarray(tree_mask, dtype=bool)
+    if mask.shape != (t, t) or not mask.diagonal().all() or np.triu(mask, 1).any() or not mask[:, 0].all():
+        raise ValueError(f"tree_mask must be [T, T] = [{t}, {t}] ancestor-or-self, nodes in BFS order from the root "
+                         f"(lower triangular, true diagonal and first column); got shape {mask.shape}")
+    pos = (length + tree_depths(mask)).reshape(1, t)
+    bias = np.where(mask, np.float32(0), np.float32(-np.inf)).reshape(1, 1, t, t)
+    return pos, bias
