@@ -198,14 +198,14 @@ def export_gguf_to_onnx(gguf: GGUFModel, out_dir: str | Path, fmt: WeightFormat,
 
 def export_hf_to_onnx(hf: HFModel, out_dir: str | Path, fmt: WeightFormat, *, accuracy_level: int = 4,
                       gate: bool = True, tolerance: Tolerance | None = None, threads: int | None = None,
-                      static: StaticShape | None = None) -> Path:
+                      static: StaticShape | None = None, layered: bool = False) -> Path:
     """The Hugging Face path of `specedge export`: safetensors weights (F32/F16/BF16 widened to float32; int
     formats re-quantized from them), the checkpoint's tokenizer and template, then the same parity gate.
     `static` selects the static-shape profile (export/onnx_static.py)."""
     src = FloatSource(hf.load_weights(), hf.tensor_types())
     spec = hf.tokenizer_spec()
     path = export_onnx(src, out_dir, ExportOptions(fmt, accuracy_level), tokenizer=spec, provenance=hf.path,
-                       static=static)
+                       static=static, layered=layered)
     if gate:
         gate_artifact(path, src.weights, spec, tolerance=tolerance, threads=threads)
     return path
