@@ -141,6 +141,7 @@ class OnnxLayeredBackend:
         if self.shared_threads:
             opts.use_per_session_threads = False
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.spinning else "0")
+        opts.enable_cpu_mem_arena = False  # a per-session arena each grown by prefill: +90 MiB over 32 sessions
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         names = {t.name for t in onnx.load(str(path), load_external_data=False).graph.initializer}
