@@ -114,3 +114,19 @@ def test_each_tensor_is_stored_once(tmp_path):
     lay = open_onnx(tmp_path / "layered", threads=1)
     full, early = lay.weight_bytes(), lay.weight_bytes(LayerPlan(exit_layer=1))
     assert early < full and full - early == sum(lay._layer_bytes[1:])
+
+
+def test_layered_verify_batches_equal_one_token_steps_bit_for_bit(tmp_path):
+    """Lossless greedy speculation rests on this (onnx_graph.attention's pad row): the layered graphs keep it, for
+    all layers and for a plan."""
+    gguf = open_gguf(write_tiny_gguf(tmp_path / "m.gguf", n_layers=3, dtype="q4_1", seed=5))
+    export_gguf_to_onnx(gguf, tmp_path / "layered", WeightFormat.INT4, gate=False, layered=True)
+    lay = open_onnx(tmp_path / "layered", threads=2)
+    toks = np.random.default_rng(1).integers(0, lay.config.vocab_size, 13).astype(np.int32)
+    for plan in (None, LayerPlan(layers=(0, 2))):
+        batched, single = lay.new_cache(32), lay.new_cache(32)
+        lay.forward(toks[:7], batched)
+        lay.forward(toks[:7], single)
+        got = lay.forward(toks[7:], batched, plan=plan)
+        want = np.concatenate([lay.forward(toks[j:j + 1], single, plan=plan) for j in range(7, 13)])
+        assert np.array_equal(got, want), f"{plan}: max |d| {np.abs(got - want).max():.3g}"

@@ -10,9 +10,9 @@ the planned layers' rows and the verify forward (all layers) overwrites them (AL
 Weights: each layer's tensors live only in that layer's session; initializers several graphs name (RoPE tables,
 a tied float head's embedding) are read once into OrtValues and given to every session (add_initializer), so the
 whole artifact is in memory once. Threads: every session owns an intra-op pool; `spinning=False` (default) stops
-idle pools from spinning while the next segment's pool works. onnxruntime's global pool (`shared_threads`) is
-process-wide: once set, every session of the process, other backends' too, must opt out of per-session pools, so
-it is off unless asked for (docs/onnx.md, "Layer plans", has the measurements).
+idle pools from spinning while the next segment's pool works. onnxruntime's global pool is not used: it is
+process-wide, and once set every session of the process, other backends' too, must opt out of per-session pools
+(docs/onnx.md, "Layer plans", has the measurements).
 """
 from __future__ import annotations
 
@@ -28,23 +28,6 @@ from ..types import Logits, Mask, Tokens
 from .base import BackendCaps, LayerPlan, check_room
 from .onnx_providers import Device, select_providers
 from .onnxrt import _import_ort, read_bytes_per_token
-
-_GLOBAL_POOL: int | None = None  # threads of onnxruntime's global pool, once set (it can be set once per process)
-
-
-def _global_pool(ort, threads: int) -> bool:
-    """Create onnxruntime's global intra-op pool of `threads` (first call wins); False when this onnxruntime cannot
-    (the environment already exists) and sessions must own their pools."""
-    global _GLOBAL_POOL
-    if _GLOBAL_POOL is None:
-        try:
-            ort.capi._pybind_state.set_global_thread_pool_sizes(threads, 1)
-        except Exception:  # noqa: BLE001 - the environment was created before (another session): fall back
-            _GLOBAL_POOL = 0
-            return False
-        _GLOBAL_POOL = threads
-    return _GLOBAL_POOL > 0
-
 
 def _load_external(manifest: Manifest, name: str, graph: Path):
     """The float/int array of initializer `name` as stored in the shared data file (read from `graph`'s proto)."""
@@ -95,8 +78,7 @@ class OnnxLayeredBackend:
     name = "onnx-layered"
 
     def __init__(self, manifest: Manifest | str | Path, *, device: Device | str = Device.CPU,
-                 threads: int | None = None, verify: bool = True, log=None, shared_threads: bool = False,
-                 spinning: bool = False) -> None:
+                 threads: int | None = None, verify: bool = True, log=None, spinning: bool = False) -> None:
         self.manifest = manifest if isinstance(manifest, Manifest) else read_manifest(manifest, verify=verify)
         if self.manifest.profile is not Profile.LAYERED:
             raise ValueError(f"{self.manifest.root} has the {self.manifest.profile.value} profile, not layered: open "
@@ -110,7 +92,6 @@ class OnnxLayeredBackend:
         self.choice = select_providers(device, ort.get_available_providers(), threads=self.threads)
         if log is not None and Device(device) is Device.AUTO:
             log(self.choice.note)
-        self.shared_threads = shared_threads and _global_pool(ort, self.threads)
         self.spinning = spinning
         seg, root = self.manifest.raw["segments"], self.manifest.root
         # one OrtValue per shared initializer; the arrays must outlive the sessions (ORT does not copy them)
@@ -138,10 +119,8 @@ class OnnxLayeredBackend:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = self.threads
         opts.inter_op_num_threads = 1
-        if self.shared_threads:
-            opts.use_per_session_threads = False
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.spinning else "0")
-        opts.enable_cpu_mem_arena = False  # a per-session arena each grown by prefill: +90 MiB over 32 sessions
+        opts.enable_cpu_mem_arena = False  # 32 arenas each grown by prefill: +93 MiB; no speed change measured
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         names = {t.name for t in onnx.load(str(path), load_external_data=False).graph.initializer}

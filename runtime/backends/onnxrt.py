@@ -103,7 +103,7 @@ class OnnxCache(LengthCursor):
 
 
 class OnnxBackend:
-    """caps: chains only (tree masks and layer plans need graphs this export does not build yet)."""
+    """caps: chains only (layer plans: the layered profile, onnx_layered.py; tree masks not built yet)."""
 
     name = "onnx"
 
