@@ -51,7 +51,8 @@ STATIC_FORMAT_VERSION = 3  # static-profile artifacts: readers of version 2 only
 LAYERED_FORMAT_VERSION = 4  # layered-profile artifacts (one graph per segment): readers of 2 and 3 must refuse them
 OPTIMUM_FORMAT = "optimum-onnx"
 OPTIMUM_FORMAT_VERSION = 1
-READ_VERSIONS = {FORMAT: (FORMAT_VERSION, STATIC_FORMAT_VERSION, LAYERED_FORMAT_VERSION), OPTIMUM_FORMAT: (OPTIMUM_FORMAT_VERSION,)}
+READ_VERSIONS = {FORMAT: (FORMAT_VERSION, STATIC_FORMAT_VERSION, LAYERED_FORMAT_VERSION),
+                 OPTIMUM_FORMAT: (OPTIMUM_FORMAT_VERSION,)}
 MANIFEST = "manifest.json"
 
 

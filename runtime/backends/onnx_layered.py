@@ -29,6 +29,7 @@ from .base import BackendCaps, LayerPlan, check_room
 from .onnx_providers import Device, select_providers
 from .onnxrt import _import_ort, read_bytes_per_token
 
+
 def _load_external(manifest: Manifest, name: str, graph: Path):
     """The float/int array of initializer `name` as stored in the shared data file (read from `graph`'s proto)."""
     import onnx
