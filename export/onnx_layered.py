@@ -7,9 +7,13 @@ subset of layers, reads any layer's hidden state, and applies the head anywhere,
     input_ids ─► embed.onnx ─► h0 ─► layer.0.onnx ─► h1 ─► ... ─► layer.{L-1}.onnx ─► hL ─► head.onnx ─► logits
                                       past/present K/V 0             past/present K/V L-1
 
-Every segment is built by the shared builders of onnx_graph.py (`embed`, `attention`, `mlp`, `head`); a layer
-graph is the pre-norm block without the fusion of the next layer's norm (the next layer a plan runs is not
-known at export time): h ─► RMSNorm ─► attention ─► SkipRMSNorm(+h) ─► mlp ─► Add(+h) ─► h'.
+Every segment is built by the shared builders of onnx_graph.py (`embed`, `attention`, `mlp`, `head`). The hidden
+state crosses a segment boundary as a pair (residual r, delta d), h = r + d, and the next segment does the add
+fused with its norm, exactly as the monolithic graph fuses each residual Add with the next RMSNorm, so all layers
+give the monolithic graph's logits bit for bit (the next layer a plan runs is not known at export time):
+
+    (r, d) ─► SkipRMSNorm(attn_norm) ─► attention ─► SkipRMSNorm(+h, ffn_norm) ─► mlp ─► (r', d')
+               └─ h = r + d ──────────────────────────┘ └─ r' = h + attn ──────────────┘
 All segments share one external-data file; a tensor that several graphs name (the RoPE tables every layer uses,
 the embedding a tied float head reads) is stored once at one offset, and the runtime loads it once and hands the
 same OrtValue to every session (SessionOptions.add_initializer; runtime/backends/onnx_layered.py).
@@ -38,8 +42,10 @@ ALIGN = 64  # offsets of tensors in the shared data file
 class LayeredIO:
     """Segment graph names (the manifest's `io`; the KV names are GraphIO's)."""
 
-    hidden_in: str = "hidden_in"  # float32 [1, T, D]: a layer's input / the head's input
-    hidden_out: str = "hidden_out"  # float32 [1, T, D]: the embedding's / a layer's output
+    hidden_in: str = "hidden_in"  # float32 [1, T, D]: residual part r of a layer's / the head's input h = r + d
+    delta_in: str = "delta_in"  # float32 [1, T, D]: delta part d (zeros after the embedding)
+    hidden_out: str = "hidden_out"  # float32 [1, T, D]: the embedding's output h0 / a layer's residual r'
+    delta_out: str = "delta_out"  # float32 [1, T, D]: a layer's MLP output d' (its h' = r' + d')
 
 
 @dataclass(frozen=True)
@@ -68,11 +74,12 @@ def build_layered(cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: 
             producer="specedge", doc=doc.format(f"layer {i}"))
     g = GraphBuilder("head")
     h = g.input(lio.hidden_in, np.float32, [1, "T", cfg.d_model])
+    d = g.input(lio.delta_in, np.float32, [1, "T", cfg.d_model])
     if cfg.tied_embeddings and opts.fmt in (WeightFormat.FP32, WeightFormat.FP16):
         table = src.float("embed")  # the tied float head reads the embedding table (stored once, shared)
         g.const("embed.weight", table if opts.fmt is WeightFormat.FP32 else table.astype(np.float16))
     with g.scope("norm"):
-        x = rms_norm(g, cfg, src, h, "norm", "final_norm")
+        x, _ = skip_rms_norm(g, cfg, src, d, h, "norm", "final_norm")
     with g.scope("head"):
         head(g, cfg, src, opts, io, x, records)
     graphs["head.onnx"] = g.model(producer="specedge", doc=doc.format("final norm + LM head"))
@@ -84,20 +91,27 @@ def _layer_graph(cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: G
     """Layer i alone (the docstring's block): the same attention() and mlp() as the monolithic graph."""
     g = GraphBuilder(f"layer.{i}")
     h = g.input(lio.hidden_in, np.float32, [1, "T", cfg.d_model])
+    d = g.input(lio.delta_in, np.float32, [1, "T", cfg.d_model])
     seqlens = g.input(io.seqlens_k, np.int32, [1])
     total = g.input(io.total_length, np.int32, [])
     cos, sin = rope_tables(g, cfg)
     seqlens, total = padded_lengths(g, seqlens, total)
     p = f"layers.{i}"
     with g.scope(p):
-        x = rms_norm(g, cfg, src, h, f"{p}.attn_norm", "attn_norm")
+        if i == 0:  # d is zero after the embedding: the plain norm the monolithic graph's layer 0 has
+            h = g.op1("Add", [h, d], "embed_delta")
+            x = rms_norm(g, cfg, src, h, f"{p}.attn_norm", "attn_norm")
+        else:
+            x, h = skip_rms_norm(g, cfg, src, d, h, f"{p}.attn_norm", "attn_norm")
         with g.scope("attn"):
             a = attention(g, cfg, src, opts, io, i, x, (seqlens, total, cos, sin), records)
         x, h = skip_rms_norm(g, cfg, src, a, h, f"{p}.ffn_norm", "ffn_norm")
         with g.scope("mlp"):
             m = mlp(g, src, opts, p, x, records)
-        g.op("Add", [h, m], "residual", outputs=[lio.hidden_out])
+        g.op("Identity", [h], "residual", outputs=[lio.hidden_out])
+        g.op("Identity", [m], "delta", outputs=[lio.delta_out])
     g.output(lio.hidden_out, np.float32, [1, "T", cfg.d_model])
+    g.output(lio.delta_out, np.float32, [1, "T", cfg.d_model])
     return g
 
 

@@ -3,7 +3,8 @@
     tokens ─► embed ─► h ─► layer i (for i in the plan) ─► h ─► head ─► logits      (plan=None: every layer)
                              └ K/V rows i written in place at [length, length + T)
 
-Hidden states stay OrtValues between sessions (each layer's output is bound as the next one's input); the
+Hidden states stay OrtValues between sessions, as the pair (residual r, delta d) with h = r + d that the next
+segment adds inside its fused norm (export/onnx_layered.py: all layers equal the monolithic graph bit for bit); the
 seqlens/total inputs are two small OrtValues every layer binding holds, rewritten in place once per forward. KV as
 in onnxrt.py: per layer one preallocated buffer bound as both past and present, so a drafter running a plan writes
 the planned layers' rows and the verify forward (all layers) overwrites them (ALGORITHMS.md 2.3, 2.4: shared KV).
@@ -54,7 +55,8 @@ class LayeredCache(LengthCursor):
         self._buffers, self.bindings = [lens], []
         for i, session in enumerate(backend.layers):
             b = session.io_binding()
-            b.bind_output(io["hidden_out"], "cpu")  # first output: get_outputs()[0] is the hidden state
+            b.bind_output(io["hidden_out"], "cpu")  # first outputs: get_outputs()[:2] is the pair (r, d)
+            b.bind_output(io["delta_out"], "cpu")
             b.bind_ortvalue_input(io["seqlens_k"], lens[0])
             b.bind_ortvalue_input(io["total_length"], lens[1])
             for past, present in (("past_key", "present_key"), ("past_value", "present_value")):
@@ -145,15 +147,14 @@ class OnnxLayeredBackend:
     def forward(self, tokens: Tokens, cache: LayeredCache, *, tree_mask: Mask | None = None,
                 plan: LayerPlan | None = None) -> Logits:
         """float32 logits [T, V] for tokens appended at cache.length, through the plan's layers (all by default)."""
-        h, _ = self._run(tokens, cache, plan, tree_mask, ())
-        return self._head(h)
+        return self._head(*self._run(tokens, cache, plan, tree_mask, ())[0])
 
     def hidden(self, tokens: Tokens, cache: LayeredCache, *, plan: LayerPlan | None = None,
                tree_mask: Mask | None = None, taps: tuple[int, ...] = ()) -> tuple[np.ndarray, dict[int, np.ndarray]]:
         """(h [T, D] after the plan's last layer, before the final norm; {n: h after the first n layers}) for tokens
         appended at cache.length; the planned layers write their K/V rows and cache.length grows by T."""
-        h, tapped = self._run(tokens, cache, plan, tree_mask, taps)
-        return h.numpy()[0], tapped
+        pair, tapped = self._run(tokens, cache, plan, tree_mask, taps)
+        return _sum(pair), tapped
 
     def logits_from_hidden(self, h: np.ndarray, rows: np.ndarray | None = None) -> Logits:
         """Final norm + LM head: [T, D] -> float32 logits [T, V]. rows (a VocabTrim subset) needs an artifact with
@@ -162,11 +163,13 @@ class OnnxLayeredBackend:
             raise ValueError("this layered artifact has no trimmed LM head for a vocabulary subset (rows=...); "
                              "re-export with a VocabTrim head or call logits_from_hidden(h) for the full vocabulary")
         h = np.ascontiguousarray(h, dtype=np.float32)[None]
-        return self._head(self.ort.OrtValue.ortvalue_from_numpy(h))
+        value = self.ort.OrtValue.ortvalue_from_numpy
+        return self._head(value(h), value(np.zeros_like(h)))  # r + 0 = h exactly: same logits as forward
 
     def _run(self, tokens: Tokens, cache: LayeredCache, plan: LayerPlan | None, tree_mask: Mask | None,
              taps: tuple[int, ...]):
-        """(h as an OrtValue [1, T, D], taps) through embed and the plan's layers; advances the cache."""
+        """((r, d) OrtValues [1, T, D] with h = r + d, taps) through embed and the plan's layers; advances the
+        cache."""
         if tree_mask is not None:
             raise ValueError("the layered ONNX backend runs chains (no tree masks yet); use the NumPy backend for "
                              "tree drafts")
@@ -180,19 +183,28 @@ class OnnxLayeredBackend:
         cache.seqlens[0] = total - 1  # the bindings see these through their OrtValues
         cache.total[()] = total
         ids = np.asarray(tokens, dtype=np.int64).reshape(1, t)
-        h = self.embed.run_with_ort_values([io["hidden_out"]], {io["input_ids"]: self.ort.OrtValue.ortvalue_from_numpy(
-            ids)})[0]
-        tapped = {0: h.numpy()[0].copy()} if 0 in taps else {}
+        value = self.ort.OrtValue.ortvalue_from_numpy
+        r = self.embed.run_with_ort_values([io["hidden_out"]], {io["input_ids"]: value(ids)})[0]
+        pair = (r, value(np.zeros((1, t, self.config.d_model), np.float32)))
+        tapped = {0: _sum(pair)} if 0 in taps else {}
         for i in layers:
             b = cache.bindings[i]
-            b.bind_ortvalue_input(io["hidden_in"], h)
+            b.bind_ortvalue_input(io["hidden_in"], pair[0])
+            b.bind_ortvalue_input(io["delta_in"], pair[1])
             b.bind_output(io["hidden_out"], "cpu")
+            b.bind_output(io["delta_out"], "cpu")
             self.layers[i].run_with_iobinding(b)
-            h = b.get_outputs()[0]
+            pair = tuple(b.get_outputs()[:2])
             if i + 1 in taps:
-                tapped[i + 1] = h.numpy()[0].copy()
+                tapped[i + 1] = _sum(pair)
         cache.advance(t)
-        return h, tapped
+        return pair, tapped
 
-    def _head(self, h) -> Logits:
-        return self.head.run_with_ort_values([self.io["logits"]], {self.io["hidden_in"]: h})[0].numpy()
+    def _head(self, r, d) -> Logits:
+        io = self.io
+        return self.head.run_with_ort_values([io["logits"]], {io["hidden_in"]: r, io["delta_in"]: d})[0].numpy()
+
+
+def _sum(pair) -> np.ndarray:
+    """h [T, D] = r + d (float32, the same add the next segment's fused norm does)."""
+    return pair[0].numpy()[0] + pair[1].numpy()[0]
