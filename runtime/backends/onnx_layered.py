@@ -124,6 +124,7 @@ class OnnxLayeredBackend:
         opts.inter_op_num_threads = 1
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.spinning else "0")
         opts.enable_cpu_mem_arena = False  # 32 arenas each grown by prefill: +93 MiB; no speed change measured
+        opts.enable_mem_pattern = False  # 10-14 MiB less after a prefill; no speed change measured
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         names = {t.name for t in onnx.load(str(path), load_external_data=False).graph.initializer}
