@@ -33,13 +33,15 @@ class LoadedModel:
     kind: BackendKind
 
 
-def artifact_name(model: str, weights: str, via: str = "specedge", static: bool = False) -> str:
+def artifact_name(model: str, weights: str, via: str = "specedge", static: bool = False, layered: bool = False
+                  ) -> str:
     """The cache name `specedge export` gives an artifact: smollm2-135m + int8 -> smollm2-135m-onnx-int8 (static
-    profile: smollm2-135m-onnx-static-int8); a checkpoint directory by its name (path/SmolLM2-135M + fp32 ->
-    SmolLM2-135M-onnx-fp32; via optimum: -optimum-fp32)."""
+    profile: smollm2-135m-onnx-static-int8, layered: -onnx-layered-int8); a checkpoint directory by its name
+    (path/SmolLM2-135M + fp32 -> SmolLM2-135M-onnx-fp32; via optimum: -optimum-fp32)."""
     p = Path(model)
     base = p.stem if model.endswith(".gguf") else p.resolve().name if p.is_dir() else model
-    return f"{base}-{'optimum' if via == 'optimum' else 'onnx'}-{'static-' if static else ''}{weights}"
+    profile = "static-" if static else "layered-" if layered else ""
+    return f"{base}-{'optimum' if via == 'optimum' else 'onnx'}-{profile}{weights}"
 
 
 def resolve_artifact(name_or_path: str, cache_dir: Path | None = None) -> Path:

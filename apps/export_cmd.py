@@ -6,6 +6,8 @@ layer-subset GGUF drafter for llama.cpp.
     specedge export path/to/hf-checkpoint --weights fp32 --via optimum   -> <cache>/hf-checkpoint-optimum-fp32/
     specedge export smollm2-135m --format onnx --weights int8 --profile static --verify-width 5 --max-context 512
                                                                          -> <cache>/smollm2-135m-onnx-static-int8/
+    specedge export smollm2-135m --format onnx --weights int4 --profile layered
+                                                                         -> <cache>/smollm2-135m-onnx-layered-int4/
     specedge export smollm2-135m --format gguf --weights fp16 --layers 0-9 --out drafter.gguf
     specedge export smollm2-135m --format gguf --weights keep --layers 0-11   (early exit at 12, Q4_1 blocks kept)
 """
@@ -50,9 +52,10 @@ def parse_layers(text: str, n_layers: int) -> list[int]:
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Output directory (onnx) or .gguf file; default: the model cache, <model>-onnx-[static-]<weights>.")
 @click.option("--layers", default=None, help="gguf: source layers to keep, e.g. 0-9 (a layer-subset drafter).")
-@click.option("--profile", type=click.Choice(["dynamic", "static"]), default="dynamic", show_default=True,
-              help="onnx: dynamic (any length; CPU/CUDA/DirectML) or static (every shape fixed, standard ops only: "
-                   "for NPU providers such as qnn, coreml; weights fp32, fp16 or int8).")
+@click.option("--profile", type=click.Choice(["dynamic", "static", "layered"]), default="dynamic", show_default=True,
+              help="onnx: dynamic (any length; CPU/CUDA/DirectML), static (every shape fixed, standard ops only: "
+                   "for NPU providers such as qnn, coreml; weights fp32, fp16 or int8), or layered (dynamic, one "
+                   "graph per layer: runs layer plans for self-speculative drafters).")
 @click.option("--verify-width", type=click.IntRange(1, None), default=None,
               help="static: positions per call, W = k + 1 (default 5); longer inputs run in W-sized pieces.")
 @click.option("--max-context", type=click.IntRange(1, None), default=None,
@@ -95,7 +98,7 @@ def export_cmd(model, fmt, weights, out, layers, profile, verify_width, max_cont
         raise click.BadParameter("--via optimum exports fp32 weights only; llama and qwen2 checkpoints get int8/int4 "
                                  "from our builder (drop --via optimum)", param_hint="--weights")
     if via == "optimum" and profile != "dynamic":
-        raise click.BadParameter("--profile static is built by our graph builder; drop --via optimum",
+        raise click.BadParameter(f"--profile {profile} is built by our graph builder; drop --via optimum",
                                  param_hint="--profile")
     try:
         hf_model = open_hf(model) if hf and via != "optimum" else None
@@ -109,7 +112,9 @@ def export_cmd(model, fmt, weights, out, layers, profile, verify_width, max_cont
         base = Tolerance.for_format(weights)
         tolerance = Tolerance(base.min_top1 if min_top1 is None else min_top1,
                               base.max_dlogit if max_dlogit is None else max_dlogit)
-    out = out or model_cache_dir(cache_dir) / artifact_name(model, weights, via=via, static=static is not None)
+    layered = profile == "layered"
+    out = out or model_cache_dir(cache_dir) / artifact_name(model, weights, via=via, static=static is not None,
+                                                            layered=layered)
     shape = "" if static is None else f", static W={static.verify_width} C={static.max_context}"
     click.echo(f"exporting {Path(model).name} -> {out} ({weights}{', via optimum' if via == 'optimum' else ''}"
                f"{shape})", err=True)
@@ -119,10 +124,10 @@ def export_cmd(model, fmt, weights, out, layers, profile, verify_width, max_cont
             manifest = export_via_optimum(model, out, tolerance=tolerance, threads=threads)
         elif hf:
             manifest = export_hf_to_onnx(hf_model, out, WeightFormat(weights), tolerance=tolerance, threads=threads,
-                                         static=static)
+                                         static=static, layered=layered)
         else:
             manifest = export_gguf_to_onnx(source, out, WeightFormat(weights), tolerance=tolerance, threads=threads,
-                                           static=static)
+                                           static=static, layered=layered)
     except ParityError as e:
         raise click.ClickException(f"{e}\nthe artifact in {out} is kept for inspection and marked failed") from None
     except (ValueError, ImportError) as e:
@@ -137,7 +142,7 @@ def _static_shape(profile, weights, verify_width, max_context, config):
     """The StaticShape for --profile static (defaults W=5, C=512 capped at the model's context), None for dynamic."""
     from ..export.onnx_static import StaticShape
     from ..export.onnx_linear import STANDARD_FORMATS
-    if profile == "dynamic":
+    if profile != "static":
         if verify_width is not None or max_context is not None:
             raise click.BadParameter("--verify-width and --max-context apply to --profile static",
                                      param_hint="--profile")

@@ -25,12 +25,13 @@ import onnx
 
 from .. import __version__
 from ..models.config import Weights
-from ..models.manifest import FORMAT, FORMAT_VERSION, MANIFEST, STATIC_FORMAT_VERSION, Profile, config_to_dict, \
-    sha256_file
+from ..models.manifest import FORMAT, FORMAT_VERSION, LAYERED_FORMAT_VERSION, MANIFEST, STATIC_FORMAT_VERSION, \
+    Profile, config_to_dict, sha256_file
 from ..models.tokenizer_spec import TokenizerSpec
 from .gguf_in import GGUFModel
 from .hf_in import HFModel
 from .onnx_graph import PAD_ROWS, GraphIO, build_decoder
+from .onnx_layered import LAYERED_DATA, build_layered, layered_fields, save_layered
 from .onnx_ir import IR_VERSION, MS_OPSET, OPSET
 from .onnx_linear import ExportOptions, TensorRecord, WeightFormat
 from .onnx_static import MASK_VALUE, StaticIO, StaticShape, build_static_decoder
@@ -71,12 +72,21 @@ class GGUFSource(FloatSource):
 
 def export_onnx(src: FloatSource, out_dir: str | Path, opts: ExportOptions, *,
                 tokenizer: TokenizerSpec | None = None, provenance: Path | None = None,
-                static: StaticShape | None = None) -> Path:
-    """Build, save and describe one decoder artifact (the static-shape profile when `static` is given); returns the
-    manifest path."""
+                static: StaticShape | None = None, layered: bool = False) -> Path:
+    """Build, save and describe one decoder artifact (the static-shape profile when `static` is given, the layered
+    profile, one graph per segment, when `layered`); returns the manifest path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = src.weights.config
+    if layered:
+        if static is not None:
+            raise ValueError("the layered profile has dynamic shapes; pass static or layered, not both")
+        graphs, records = build_layered(cfg, src, opts, GraphIO())
+        files, shared = save_layered(graphs, out)
+        fields = {"format_version": LAYERED_FORMAT_VERSION, "profile": Profile.LAYERED.value,
+                  **layered_fields(cfg, opts, graphs, shared, PAD_ROWS)}
+        return _write_manifest(out, files, "embed.onnx", LAYERED_DATA, opts, fields, cfg, records, tokenizer,
+                               provenance)
     if static is None:
         model, records = build_decoder(cfg, src, opts, GraphIO())
     else:
@@ -85,11 +95,17 @@ def export_onnx(src: FloatSource, out_dir: str | Path, opts: ExportOptions, *,
         (out / stale).unlink(missing_ok=True)
     onnx.save_model(model, str(out / MODEL_FILE), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=DATA_FILE, size_threshold=1024)
-    files = [MODEL_FILE, DATA_FILE]
+    fields = _dynamic_fields(cfg, opts) if static is None else _static_fields(cfg, static)
+    return _write_manifest(out, [MODEL_FILE, DATA_FILE], MODEL_FILE, DATA_FILE, opts, fields, cfg, records, tokenizer,
+                           provenance)
+
+
+def _write_manifest(out: Path, files: list[str], model: str, data: str, opts: ExportOptions, fields: dict, cfg,
+                    records: dict[str, TensorRecord], tokenizer: TokenizerSpec | None, provenance: Path | None
+                    ) -> Path:
     tok = write_tokenizer(out, tokenizer, files) if tokenizer is not None else None
     manifest = {
-        "format": FORMAT, "model": MODEL_FILE, "weights_file": DATA_FILE, "weight_format": opts.fmt.value,
-        **(_dynamic_fields(cfg, opts) if static is None else _static_fields(cfg, static)),
+        "format": FORMAT, "model": model, "weights_file": data, "weight_format": opts.fmt.value, **fields,
         "config": config_to_dict(cfg),
         "tensors": {name: dataclasses.asdict(r) for name, r in sorted(records.items())},
         "exact_tensors": sum(r.exact for r in records.values()), "n_tensors": len(records),
@@ -166,14 +182,15 @@ def gate_artifact(manifest_path: Path, weights: Weights, tokenizer: TokenizerSpe
 
 def export_gguf_to_onnx(gguf: GGUFModel, out_dir: str | Path, fmt: WeightFormat, *, accuracy_level: int = 4,
                         exact_mins: bool = True, gate: bool = True, tolerance: Tolerance | None = None,
-                        threads: int | None = None, static: StaticShape | None = None) -> Path:
+                        threads: int | None = None, static: StaticShape | None = None, layered: bool = False) -> Path:
     """The GGUF path of `specedge export`: blocks transcoded where exact, tokenizer and template carried over,
     then the parity gate (gate=False skips it and records "parity": null; only tests and benchmarks do that).
-    `static` selects the static-shape profile (export/onnx_static.py)."""
+    `static` selects the static-shape profile (export/onnx_static.py), `layered` the layered one
+    (export/onnx_layered.py)."""
     src = GGUFSource(gguf)
     spec = gguf.tokenizer_spec()
     path = export_onnx(src, out_dir, ExportOptions(fmt, accuracy_level, exact_mins), tokenizer=spec,
-                       provenance=gguf.path, static=static)
+                       provenance=gguf.path, static=static, layered=layered)
     if gate:
         gate_artifact(path, src.weights, spec, tolerance=tolerance, threads=threads)
     return path
@@ -181,14 +198,14 @@ def export_gguf_to_onnx(gguf: GGUFModel, out_dir: str | Path, fmt: WeightFormat,
 
 def export_hf_to_onnx(hf: HFModel, out_dir: str | Path, fmt: WeightFormat, *, accuracy_level: int = 4,
                       gate: bool = True, tolerance: Tolerance | None = None, threads: int | None = None,
-                      static: StaticShape | None = None) -> Path:
+                      static: StaticShape | None = None, layered: bool = False) -> Path:
     """The Hugging Face path of `specedge export`: safetensors weights (F32/F16/BF16 widened to float32; int
     formats re-quantized from them), the checkpoint's tokenizer and template, then the same parity gate.
     `static` selects the static-shape profile (export/onnx_static.py)."""
     src = FloatSource(hf.load_weights(), hf.tensor_types())
     spec = hf.tokenizer_spec()
     path = export_onnx(src, out_dir, ExportOptions(fmt, accuracy_level), tokenizer=spec, provenance=hf.path,
-                       static=static)
+                       static=static, layered=layered)
     if gate:
         gate_artifact(path, src.weights, spec, tolerance=tolerance, threads=threads)
     return path

@@ -181,7 +181,7 @@ def attention(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: Export
     the probs x V reduction, equal to its chain up to float rounding (~1e-6 relative in fp32).
     """
     p = f"layers.{i}"
-    seqlens, total, cos, sin, positions, tree_bias = attn_inputs
+    seqlens, total, cos, sin, positions, tree_bias = (tuple(attn_inputs) + ("", ""))[:6]  # chain-only graphs: 4
     qkv, recs = linear(g, x, [f"{p}.q", f"{p}.k", f"{p}.v"], src, opts, f"{p}.attn.qkv_proj", "qkv_proj")
     records.update(recs)
     if cfg.qkv_bias:
@@ -197,6 +197,8 @@ def attention(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: Export
         g.const("attn_pad.zeros", np.zeros((1, PAD_ROWS, d), np.float32))
     padded = g.op1("Concat", [qkv, "attn_pad.zeros"], "pad_rows", axis=1)
     gqa_in = [padded, "", "", past_k, past_v, seqlens, total, cos, sin, positions, tree_bias]
+    while gqa_in[-1] == "":  # omitted trailing optional inputs
+        gqa_in.pop()
     attn = g.op("GroupQueryAttention", gqa_in, "gqa", outputs=[g.path("gqa") + "/out0", present_k, present_v],
                 domain=MS_DOMAIN, num_heads=cfg.n_heads, kv_num_heads=cfg.n_kv_heads, do_rotary=1, rotary_interleaved=0,
                 scale=float(1.0 / np.sqrt(cfg.head_dim)))[0]

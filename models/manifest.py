@@ -10,13 +10,18 @@ formats, each with its own versions; the runtime picks its backend by `format` a
                            (version 2 artifacts still load, chains only: caps.tree_mask is False)
   "specedge-onnx" 3        our graph builder, static-shape profile (every dimension fixed; for NPU providers), so a
                            reader that only knows version 2 refuses it instead of failing on missing IO names
+  "specedge-onnx" 5        our graph builder, layered profile: one graph per segment (embed.onnx, layer.{i}.onnx,
+                           head.onnx) over one shared data file; runs layer plans (export/onnx_layered.py)
   "optimum-onnx" 1         Hugging Face optimum's text-generation-with-past graph (export/optimum_export.py):
                            past_key_values.N.key/value in, present.N.key/value out (a full copy of the KV per call)
 
     format, format_version        as above
     profile                       dynamic (any T, any cache length; GroupQueryAttention) | static (every dimension
                                   fixed: verify width W, max context C; standard ONNX ops only; for NPU providers)
-    model                         the ONNX graph file (weights in `weights_file`, ONNX external data)
+    model                         the ONNX graph file (weights in `weights_file`, ONNX external data); layered: the
+                                  embedding segment
+    segments                      layered only: embed, layers (one file per layer), head, and shared (initializer
+                                  names several segment graphs hold: stored once, loaded once, shared by sessions)
     weight_format                 fp32 | fp16 | int8 | int8-dynamic | int4
     config                        ModelConfig fields (rope_scaling nested)
     io                            graph input/output names ("{i}" = layer index), the KV layout, and
@@ -46,9 +51,11 @@ FORMAT = "specedge-onnx"
 FORMAT_VERSION = 4  # what dynamic artifacts are written as (4: tree inputs)
 CHAIN_FORMAT_VERSION = 2  # dynamic artifacts without the tree inputs; still read, chains only
 STATIC_FORMAT_VERSION = 3  # static-profile artifacts: readers of version 2 only must refuse them
+LAYERED_FORMAT_VERSION = 5  # layered-profile artifacts (one graph per segment): readers of 2 and 3 must refuse them
 OPTIMUM_FORMAT = "optimum-onnx"
 OPTIMUM_FORMAT_VERSION = 1
-READ_VERSIONS = {FORMAT: (CHAIN_FORMAT_VERSION, STATIC_FORMAT_VERSION, FORMAT_VERSION), OPTIMUM_FORMAT: (OPTIMUM_FORMAT_VERSION,)}
+READ_VERSIONS = {FORMAT: (CHAIN_FORMAT_VERSION, STATIC_FORMAT_VERSION, FORMAT_VERSION, LAYERED_FORMAT_VERSION),
+                 OPTIMUM_FORMAT: (OPTIMUM_FORMAT_VERSION,)}
 MANIFEST = "manifest.json"
 
 
@@ -57,6 +64,7 @@ class Profile(enum.Enum):
 
     DYNAMIC = "dynamic"  # T and the cache length are free; com.microsoft GroupQueryAttention (CPU, CUDA, DirectML)
     STATIC = "static"  # [1, W] in, [1, n_kv, C, head_dim] caches; standard ops only (NPU providers need this)
+    LAYERED = "layered"  # dynamic shapes, one graph per segment (embed, each layer, head): runs layer plans
 
 
 def config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
@@ -150,7 +158,9 @@ def read_manifest(root: str | Path, *, verify: bool = True) -> Manifest:
     except ValueError:
         raise ModelFileError(f"{path}: unknown profile {raw.get('profile')!r} (this specedge reads "
                              f"{', '.join(p.value for p in Profile)}); upgrade specedge") from None
-    if fmt == FORMAT and (profile is Profile.STATIC) != (raw["format_version"] == STATIC_FORMAT_VERSION):
+    expected = {Profile.STATIC: (STATIC_FORMAT_VERSION,), Profile.LAYERED: (LAYERED_FORMAT_VERSION,)}.get(
+        profile, (CHAIN_FORMAT_VERSION, FORMAT_VERSION))
+    if fmt == FORMAT and raw["format_version"] not in expected:
         raise ModelFileError(f"{path}: profile {profile.value} does not match format version "
                              f"{raw['format_version']}; re-export the model")
     try:

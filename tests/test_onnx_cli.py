@@ -149,3 +149,18 @@ def test_export_gguf_layer_subset(models, tmp_path):
                           (("--layers", "x"), "indices and ranges")):
         r = run("export", models / "tiny.gguf", "--format", "gguf", "--out", tmp_path / "x.gguf", *args)
         assert r.exit_code != 0 and message in r.output, r.output
+
+
+def test_export_layered_profile_passes_the_gate_and_generates(models, tmp_path):
+    """--profile layered: the parity gate runs the layered backend; generate on it is lossless with a drafter."""
+    out = tmp_path / "layered"
+    r = run("export", models / "tiny.gguf", "--format", "onnx", "--weights", "fp32", "--profile", "layered", "--out",
+            out, "--threads", 1)
+    assert r.exit_code == 0, r.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["profile"] == "layered" and manifest["parity"]["passed"]
+    assert len(manifest["segments"]["layers"]) == 2
+    r = run("generate", out, "hello world", "--backend", "onnx", "--device", "cpu", "--threads", 1, "--drafter",
+            "ngram", "--max-tokens", 20, "--json", "--baseline")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout.strip().splitlines()[-1])["stats"]["identical_to_baseline"] is True

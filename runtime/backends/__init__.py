@@ -47,6 +47,8 @@ def open_onnx(manifest: Manifest | str | Path, *, device: str = "cpu", threads: 
     module, cls = ONNX_BACKENDS[manifest.format]  # read_manifest accepts only formats listed there
     if manifest.profile is Profile.STATIC:  # our builder's static-shape profile (NPU providers)
         module, cls = ".onnx_static", "StaticOnnxBackend"
+    elif manifest.profile is Profile.LAYERED:  # one session per segment: layer plans, hidden states
+        module, cls = ".onnx_layered", "OnnxLayeredBackend"
     return getattr(import_module(module, __name__), cls)(manifest, device=device, threads=threads, log=log)
 
 

@@ -128,7 +128,8 @@ class OnnxCache(LengthCursor):
 
 class OnnxBackend:
     """caps: chains, and tree masks on format 4 artifacts (older ones have no position_ids/tree_bias inputs: their
-    caps say tree_mask=False and a tree forward asks for a re-export); no layer plans."""
+    caps say tree_mask=False and a tree forward asks for a re-export); layer plans run on the layered profile
+    (onnx_layered.py)."""
 
     name = "onnx"
 

@@ -1,0 +1,211 @@
+"""ONNX Runtime backend for the layered profile (export/onnx_layered.py): one session per segment, so any LayerPlan.
+
+    tokens ─► embed ─► h ─► layer i (for i in the plan) ─► h ─► head ─► logits      (plan=None: every layer)
+                             └ K/V rows i written in place at [length, length + T)
+
+Hidden states stay OrtValues between sessions, as the pair (residual r, delta d) with h = r + d that the next
+segment adds inside its fused norm (export/onnx_layered.py: all layers equal the monolithic graph bit for bit); the
+seqlens/total inputs are two small OrtValues every layer binding holds, rewritten in place once per forward. KV as
+in onnxrt.py: per layer one preallocated buffer bound as both past and present, so a drafter running a plan writes
+the planned layers' rows and the verify forward (all layers) overwrites them (ALGORITHMS.md 2.3, 2.4: shared KV).
+Weights: each layer's tensors live only in that layer's session; initializers several graphs name (RoPE tables,
+a tied float head's embedding) are read once into OrtValues and given to every session (add_initializer), so the
+whole artifact is in memory once. Threads: every session owns an intra-op pool; `spinning=False` (default) stops
+idle pools from spinning while the next segment's pool works. onnxruntime's global pool is not used: it is
+process-wide, and once set every session of the process, other backends' too, must opt out of per-session pools
+(docs/onnx.md, "Layer plans", has the measurements).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ...models.config import ModelConfig
+from ...models.manifest import Manifest, Profile, read_manifest
+from ..kv import LengthCursor
+from ..types import Logits, Mask, Tokens
+from .base import BackendCaps, LayerPlan, check_room
+from .onnx_providers import Device, select_providers
+from .onnxrt import _import_ort, read_bytes_per_token
+
+
+def _load_external(manifest: Manifest, name: str, graph: Path):
+    """The float/int array of initializer `name` as stored in the shared data file (read from `graph`'s proto)."""
+    import onnx
+    from onnx import numpy_helper
+    model = onnx.load(str(graph), load_external_data=False)
+    t = next(t for t in model.graph.initializer if t.name == name)
+    onnx.external_data_helper.load_external_data_for_tensor(t, str(manifest.root))
+    return numpy_helper.to_array(t)
+
+
+class LayeredCache(LengthCursor):
+    """Per-sequence KV buffers and one IOBinding per layer session (past = present = the layer's buffers)."""
+
+    def __init__(self, backend: "OnnxLayeredBackend", capacity: int) -> None:
+        ort, c, io = backend.ort, backend.config, backend.io
+        self._capacity = capacity
+        self._length = 0
+        shape = (1, c.n_kv_heads, capacity + int(io.get("kv_pad_rows", 0)), c.head_dim)
+        self.seqlens = np.zeros(1, np.int32)  # rewritten in place per forward: the bindings hold views of them
+        self.total = np.zeros((), np.int32)
+        lens = ort.OrtValue.ortvalue_from_numpy(self.seqlens), ort.OrtValue.ortvalue_from_numpy(self.total)
+        self._buffers, self.bindings = [lens], []
+        for i, session in enumerate(backend.layers):
+            b = session.io_binding()
+            b.bind_output(io["hidden_out"], "cpu")  # first outputs: get_outputs()[:2] is the pair (r, d)
+            b.bind_output(io["delta_out"], "cpu")
+            b.bind_ortvalue_input(io["seqlens_k"], lens[0])
+            b.bind_ortvalue_input(io["total_length"], lens[1])
+            for past, present in (("past_key", "present_key"), ("past_value", "present_value")):
+                buf = ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32))
+                b.bind_ortvalue_input(io[past].format(i=i), buf)
+                b.bind_ortvalue_output(io[present].format(i=i), buf)
+                self._buffers.append(buf)
+            self.bindings.append(b)
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    def kv(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, values) buffers of one layer, [1, n_kv, capacity + pad, head_dim] (views, for tests)."""
+        return self._buffers[1 + 2 * layer].numpy(), self._buffers[2 + 2 * layer].numpy()
+
+
+class OnnxLayeredBackend:
+    """caps: chains, layer plans (any ascending subset, early exit), hidden-state taps; no tree masks yet."""
+
+    name = "onnx-layered"
+
+    def __init__(self, manifest: Manifest | str | Path, *, device: Device | str = Device.CPU,
+                 threads: int | None = None, verify: bool = True, log=None, spinning: bool = False) -> None:
+        self.manifest = manifest if isinstance(manifest, Manifest) else read_manifest(manifest, verify=verify)
+        if self.manifest.profile is not Profile.LAYERED:
+            raise ValueError(f"{self.manifest.root} has the {self.manifest.profile.value} profile, not layered: open "
+                             "it with runtime.backends.open_onnx")
+        self.config: ModelConfig = self.manifest.config
+        self.io = self.manifest.io
+        self.caps = BackendCaps(tree_mask=False, layer_plan=True, partial_rollback=True,
+                                max_batch_tokens=self.config.context_length)
+        self.ort = ort = _import_ort()
+        self.threads = threads or min(os.cpu_count() or 1, 8)
+        self.choice = select_providers(device, ort.get_available_providers(), threads=self.threads)
+        if log is not None and Device(device) is Device.AUTO:
+            log(self.choice.note)
+        self.spinning = spinning
+        seg, root = self.manifest.raw["segments"], self.manifest.root
+        # one OrtValue per shared initializer; the arrays must outlive the sessions (ORT does not copy them)
+        self._shared = {n: ort.OrtValue.ortvalue_from_numpy(_load_external(self.manifest, n, self._holder(n)))
+                        for n in seg["shared"]}
+        self.embed = self._session(root / seg["embed"])
+        self.layers = [self._session(root / f) for f in seg["layers"]]
+        self.head = self._session(root / seg["head"])
+        self._layer_bytes = [read_bytes_per_token(root / f) for f in seg["layers"]]
+        self._edge_bytes = read_bytes_per_token(root / seg["embed"]) + read_bytes_per_token(root / seg["head"])
+
+    def _holder(self, name: str) -> Path:
+        """A segment graph that holds initializer `name` (the first layer for RoPE tables, else the head)."""
+        import onnx
+        seg = self.manifest.raw["segments"]
+        for f in (seg["layers"][0], seg["head"], seg["embed"]):
+            g = onnx.load(str(self.manifest.root / f), load_external_data=False).graph
+            if any(t.name == name for t in g.initializer):
+                return self.manifest.root / f
+        raise ValueError(f"{self.manifest.root}: shared initializer {name!r} is in no segment graph; re-export")
+
+    def _session(self, path: Path):
+        import onnx
+        ort = self.ort
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = self.threads
+        opts.inter_op_num_threads = 1
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.spinning else "0")
+        opts.enable_cpu_mem_arena = False  # 32 arenas each grown by prefill: +93 MiB; no speed change measured
+        opts.enable_mem_pattern = False  # 10-14 MiB less after a prefill; no speed change measured
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        names = {t.name for t in onnx.load(str(path), load_external_data=False).graph.initializer}
+        for name, value in self._shared.items():
+            if name in names:
+                opts.add_initializer(name, value)
+        return ort.InferenceSession(str(path), sess_options=opts, providers=[p for p, _ in self.choice.providers],
+                                    provider_options=[o for _, o in self.choice.providers])
+
+    def new_cache(self, max_len: int) -> LayeredCache:
+        if max_len > self.config.context_length:
+            raise ValueError(f"a cache of {max_len} positions exceeds the model's context {self.config.context_length}"
+                             " (the RoPE tables end there); lower --ctx")
+        return LayeredCache(self, max_len)
+
+    def weight_bytes(self, plan: LayerPlan | None = None) -> int:
+        """Initializer bytes one decode step under `plan` reads: the planned layers, the embedding row and the head."""
+        layers = (plan or LayerPlan()).resolve(self.config.n_layers)
+        return self._edge_bytes + sum(self._layer_bytes[i] for i in layers)
+
+    def forward(self, tokens: Tokens, cache: LayeredCache, *, tree_mask: Mask | None = None,
+                plan: LayerPlan | None = None) -> Logits:
+        """float32 logits [T, V] for tokens appended at cache.length, through the plan's layers (all by default)."""
+        return self._head(*self._run(tokens, cache, plan, tree_mask, ())[0])
+
+    def hidden(self, tokens: Tokens, cache: LayeredCache, *, plan: LayerPlan | None = None,
+               tree_mask: Mask | None = None, taps: tuple[int, ...] = ()) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+        """(h [T, D] after the plan's last layer, before the final norm; {n: h after the first n layers}) for tokens
+        appended at cache.length; the planned layers write their K/V rows and cache.length grows by T."""
+        pair, tapped = self._run(tokens, cache, plan, tree_mask, taps)
+        return _sum(pair), tapped
+
+    def logits_from_hidden(self, h: np.ndarray, rows: np.ndarray | None = None) -> Logits:
+        """Final norm + LM head: [T, D] -> float32 logits [T, V]. rows (a VocabTrim subset) needs an artifact with
+        a trimmed head, which this export does not write yet."""
+        if rows is not None:
+            raise ValueError("this layered artifact has no trimmed LM head for a vocabulary subset (rows=...); "
+                             "re-export with a VocabTrim head or call logits_from_hidden(h) for the full vocabulary")
+        h = np.ascontiguousarray(h, dtype=np.float32)[None]
+        value = self.ort.OrtValue.ortvalue_from_numpy
+        return self._head(value(h), value(np.zeros_like(h)))  # r + 0 = h exactly: same logits as forward
+
+    def _run(self, tokens: Tokens, cache: LayeredCache, plan: LayerPlan | None, tree_mask: Mask | None,
+             taps: tuple[int, ...]):
+        """((r, d) OrtValues [1, T, D] with h = r + d, taps) through embed and the plan's layers; advances the
+        cache."""
+        if tree_mask is not None:
+            raise ValueError("the layered ONNX backend runs chains (no tree masks yet); use the NumPy backend for "
+                             "tree drafts")
+        layers = (plan or LayerPlan()).resolve(self.config.n_layers)
+        t = len(tokens)
+        if t == 0:
+            raise ValueError("forward needs at least one token")
+        check_room(cache, t)
+        io = self.io
+        total = cache.length + t
+        cache.seqlens[0] = total - 1  # the bindings see these through their OrtValues
+        cache.total[()] = total
+        ids = np.asarray(tokens, dtype=np.int64).reshape(1, t)
+        value = self.ort.OrtValue.ortvalue_from_numpy
+        r = self.embed.run_with_ort_values([io["hidden_out"]], {io["input_ids"]: value(ids)})[0]
+        pair = (r, value(np.zeros((1, t, self.config.d_model), np.float32)))
+        tapped = {0: _sum(pair)} if 0 in taps else {}
+        for i in layers:
+            b = cache.bindings[i]
+            b.bind_ortvalue_input(io["hidden_in"], pair[0])
+            b.bind_ortvalue_input(io["delta_in"], pair[1])
+            b.bind_output(io["hidden_out"], "cpu")
+            b.bind_output(io["delta_out"], "cpu")
+            self.layers[i].run_with_iobinding(b)
+            pair = tuple(b.get_outputs()[:2])
+            if i + 1 in taps:
+                tapped[i + 1] = _sum(pair)
+        cache.advance(t)
+        return pair, tapped
+
+    def _head(self, r, d) -> Logits:
+        io = self.io
+        return self.head.run_with_ort_values([io["logits"]], {io["hidden_in"]: r, io["delta_in"]: d})[0].numpy()
+
+
+def _sum(pair) -> np.ndarray:
+    """h [T, D] = r + d (float32, the same add the next segment's fused norm does)."""
+    return pair[0].numpy()[0] + pair[1].numpy()[0]
