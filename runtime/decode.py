@@ -14,7 +14,7 @@ import numpy as np
 
 from .backends.base import Backend, KVCache
 from .draft_length import AdaptiveDraftLength
-from .drafters.base import Drafter
+from .drafters.base import Drafter, TreeDrafter
 from .sampling import logits_to_probs
 from .stats import DecodeStats
 from .tree import TreeDraft
@@ -83,7 +83,7 @@ def speculative_step(target: Backend, drafter: Drafter | None, verifier: Verifie
                               forward_s=forward_s)
 
 
-def tree_step(target: Backend, drafter, params: SamplingParams, seq: SeqState, max_nodes: int,
+def tree_step(target: Backend, drafter: TreeDrafter, params: SamplingParams, seq: SeqState, max_nodes: int,
               rng: np.random.Generator) -> tuple[list[int], StepStats]:
     """One tree round (ALGORITHMS.md 1.4 tree attention): propose a tree of <= max_nodes nodes, one target forward
     over [last, *nodes] with the tree mask, verify (1.2 / 1.4 / greedy), move the accepted path's K/V into place
@@ -144,7 +144,7 @@ class TokenEvent:
     finish_reason: FinishReason | None = None
 
 
-def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: Drafter | None = None,
+def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: Drafter | TreeDrafter | None = None,
            k: int = 4, max_tokens: int = 128, eos_ids: Sequence[int] = (), rng: np.random.Generator | None = None,
            stats: DecodeStats | None = None, ctx: int | None = None, adaptive_k: bool = False,
            verifier_kind: VerifierKind = VerifierKind.CHAIN) -> Iterator[TokenEvent]:

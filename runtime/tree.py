@@ -45,9 +45,9 @@ class TreeDraft:
                              "number the nodes breadth-first with the root as 0")
         if n and (np.diff(self.depths()[1:]) < 0).any():
             raise ValueError(f"parents {parents.tolist()} are not in BFS order: depths must not decrease")
-        for j in range(n + 1):  # siblings must differ: two equal children would be the same continuation
+        for j in range(n + 1 if not self.with_replacement else 0):  # without replacement siblings differ
             kids = tokens[parents == j]
-            if len(set(kids.tolist())) != len(kids) and not self.with_replacement:
+            if len(set(kids.tolist())) != len(kids):
                 raise ValueError(f"node {j} has repeated children {kids.tolist()}; a tree drawn without replacement "
                                  "needs distinct siblings (use with_replacement=True for SpecInfer-style drafts)")
         if self.q is not None and (self.q.ndim != 2 or self.q.shape[0] != n + 1):
@@ -93,10 +93,3 @@ class TreeDraft:
             path.append(node)
             node = int(self.parents[node - 1])
         return tuple(reversed(path))
-
-    @staticmethod
-    def chain(tokens: Tokens, q: Probs | None = None) -> "TreeDraft":
-        """A chain as a tree (q [k, V] rows become the q of nodes 0..k-1; the leaf gets a copy of the last row)."""
-        tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
-        qq = None if q is None else np.concatenate([q, q[-1:]], axis=0) if len(q) else None
-        return TreeDraft(tokens, np.arange(len(tokens)), qq)
