@@ -13,6 +13,7 @@ from specedge.runtime.backends.base import BackendCaps
 from specedge.runtime.backends.fake import FakeCache, MarkovBackend, random_markov_table
 from specedge.runtime.backends.numpy_ref import NumpyBackend
 from specedge.runtime.decode import decode
+from specedge.runtime.drafters.model import ModelDrafter
 from specedge.runtime.drafters.recycle import RecycleDrafter, tree_template
 from specedge.runtime.stats import DecodeStats
 from specedge.runtime.tokenizer import Tokenizer
@@ -99,6 +100,22 @@ def test_sampled_tree_decode_preserves_the_target_distribution(params):
     drafter, rng, counts = RecycleDrafter(V, 8), np.random.default_rng(7), Counter()
     for _ in range(trials):  # one drafter: its adj fills up and the trees get real
         counts[tuple(e.token for e in decode(target, prompt, params, drafter=drafter, max_tokens=n, rng=rng))] += 1
+    assert_matches_target(counts, P, prompt, params, n, trials)
+
+
+def test_sampled_decode_with_block_verification_preserves_the_target_distribution():
+    V, n, trials, params = 5, 3, 8000, SamplingParams(temperature=1.0)
+    P, Q = random_markov_table(V, seed=3, scale=1.0), random_markov_table(V, seed=4, scale=1.0)
+    target, prompt = MarkovBackend(P), np.array([0, 1, 0], dtype=np.int32)
+    rng, counts = np.random.default_rng(8), Counter()
+    for _ in range(trials):
+        drafter = ModelDrafter(MarkovBackend(Q), params)
+        counts[tuple(e.token for e in decode(target, prompt, params, drafter=drafter, k=2, max_tokens=n, rng=rng,
+                                             verifier_kind=VerifierKind.BLOCK))] += 1
+    assert_matches_target(counts, P, prompt, params, n, trials)
+
+
+def assert_matches_target(counts, P, prompt, params, n, trials):
     exact = exact_joint(P, None, int(prompt[-1]), params, n)
     assert all(exact[s] > 0 for s in counts), "emitted a sequence the target cannot produce"
     cells = sorted(exact, key=exact.get, reverse=True)
