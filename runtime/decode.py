@@ -41,10 +41,12 @@ class SeqState:
         self.n += len(toks)
 
 
-def prefill(target: Backend, seq: SeqState) -> None:
-    """Feed all prompt tokens but the last (the first step feeds it)."""
+def prefill(target: Backend, seq: SeqState, drafter=None) -> None:
+    """Feed all prompt tokens but the last (the first step feeds it); a drafter with `observe` sees the logits."""
     if seq.n > 1:
-        target.forward(seq.tokens[:-1], seq.cache)
+        logits = target.forward(seq.tokens[:-1], seq.cache)
+        if hasattr(drafter, "observe"):  # token recycling learns the prompt's successors before the first round
+            drafter.observe(seq.tokens[:-1], logits)
 
 
 def speculative_step(target: Backend, drafter: Drafter | None, verifier: Verifier, params: SamplingParams,
@@ -178,7 +180,7 @@ def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: 
     eos = set(int(e) for e in eos_ids)
     seq = SeqState(prompt, target.new_cache(min(limit, len(prompt) + max_tokens + k + 1)))
     t0 = time.perf_counter()
-    prefill(target, seq)
+    prefill(target, seq, drafter)
     if drafter is not None:
         if hasattr(drafter, "bind"):  # self-speculative drafters share the target's weights and KV cache
             drafter.bind(target, seq.cache)
