@@ -159,3 +159,13 @@ def test_recycle_drafter_spec_and_block_verifier_kind():
     with pytest.raises(ValueError, match="node count"):
         DrafterSpec.parse("recycle:big")
     assert VerifierKind("block") is VerifierKind.BLOCK
+
+
+def test_greedy_recycling_with_a_repetition_penalty_equals_plain(tiny):
+    """Each tree node is penalised by its own root path's history, as a one-token step there would be."""
+    target, tok = tiny
+    params, drafter = SamplingParams(repetition_penalty=1.3, repeat_last_n=8), RecycleDrafter(
+        target.config.vocab_size, 16)
+    for text in PROMPTS[:2] * 2:
+        prompt = tok.encode(text)
+        assert run(target, prompt, drafter, params=params) == run(target, prompt, params=params), text
