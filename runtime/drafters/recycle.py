@@ -22,16 +22,18 @@ from ..types import Logits, Tokens
 
 TOP = 8  # successors kept per token
 TEMPLATE_SIZES = (8, 16, 32, 80)
-# Prior probability that the rank-r successor is the target's next token (a decreasing guess; only the order of the
-# resulting path products matters for which nodes the template keeps).
-RANK_PRIOR = (0.45, 0.15, 0.08, 0.05, 0.035, 0.025, 0.02, 0.015)
+# Prior probability that the rank-r successor is the target's next token; only the order of the path products
+# matters (which nodes the template keeps). Measured on SmolLM2-135M, 4 dev prompts, greedy (rank hit rates at the
+# root .36, .08, .03, .01, .03, .03, 0, 0 over 77 rounds), smoothed to be decreasing: deeper first-choice chains than
+# the earlier guess (.45, .15, ...), tau 1.30 -> 1.35 at 16 nodes and 1.45 -> 1.48 at 32.
+RANK_PRIOR = (0.36, 0.08, 0.035, 0.025, 0.02, 0.015, 0.01, 0.008)
 
 
 def tree_template(n_nodes: int, max_depth: int = 6) -> tuple[np.ndarray, np.ndarray]:
     """(parents [n], ranks [n]) of the n best nodes in BFS order (parents index nodes, 0 = root).
 
-    Example: tree_template(4) -> ranks [0, 1, 0, 0] under parents [0, 0, 1, 3]: the chain of first choices
-    (value .45, .2025, .091) plus the root's second choice (.15), sorted breadth-first.
+    Example: tree_template(4) -> parents [0, 0, 1, 3], ranks [0, 1, 0, 0]: the chain of first choices
+    (values .36, .13, .047) plus the root's second choice (.08), sorted breadth-first.
     """
     if n_nodes < 0:
         raise ValueError(f"a tree template needs >= 0 nodes, got {n_nodes}")
