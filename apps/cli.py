@@ -14,6 +14,7 @@ from ..runtime.generate import stream
 from ..runtime.stats import DecodeStats
 from ..runtime.types import FinishReason, SamplingParams
 from ..runtime.backends.onnx_providers import Device
+from ..runtime.verify import VerifierKind
 from .engine import DrafterSpec, load_model, make_drafter
 from .export_cmd import export_cmd
 
@@ -26,13 +27,16 @@ def decoding_options(f):
         click.option("--backend", type=click.Choice([k.value for k in BackendKind]), default="llamacpp",
                      show_default=True, help="Inference backend for the target (and a model drafter)."),
         click.option("--drafter", default="ngram", show_default=True,
-                     help="none | ngram | model:<catalogue-name-or-gguf-path> (with --backend onnx: "
-                          "model:<exported-dir-or-name>)"),
+                     help="none | ngram | recycle[:nodes] (token-recycling trees; tree backends) | "
+                          "model:<catalogue-name-or-gguf-path> (with --backend onnx: model:<exported-dir-or-name>)"),
         click.option("--k", "k", type=click.IntRange(0, 64), default=4, show_default=True,
                      help="Draft length (the maximum with --adaptive-k)."),
         click.option("--adaptive-k/--fixed-k", default=True, show_default=True,
                      help="Verify only the part of each draft that pays for its verification, learned online from "
                           "the target's call times and the drafter's acceptance (lossless either way)."),
+        click.option("--verifier", type=click.Choice([v.value for v in VerifierKind]), default="chain",
+                     show_default=True, help="Sampled chain drafts: token-by-token (chain) or block verification "
+                     "(block; accepts at least as much, exactly as lossless). Greedy is prefix match either way."),
         click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy."),
         click.option("--top-p", type=float, default=1.0, show_default=True),
         click.option("--top-k", type=int, default=0, show_default=True, help="0 = off."),
@@ -106,7 +110,7 @@ def run_once(target, drafter, params, prompt_ids, o, *, echo: bool):
     parts, tokens, reason = [], [], None
     for r in stream(target.backend, target.tokenizer, prompt_ids, params, drafter=drafter, k=o["k"],
                     max_tokens=o["max_tokens"], stop=o["stop"], rng=np.random.default_rng(o["seed"]), stats=stats,
-                    ctx=o["ctx"], adaptive_k=o["adaptive_k"]):
+                    ctx=o["ctx"], adaptive_k=o["adaptive_k"], verifier_kind=VerifierKind(o["verifier"])):
         parts.append(r.text)
         tokens.append(r.token)
         reason = r.finish_reason
@@ -142,7 +146,7 @@ def generate(**o) -> None:
     except ValueError as e:
         raise click.ClickException(str(e)) from None
     report = {"drafter": o["drafter"], "backend": o["backend"], "k": o["k"], "adaptive_k": o["adaptive_k"],
-              **stats.to_dict()}
+              "verifier": o["verifier"], **stats.to_dict()}
     if base is not None:
         b_stats = base[3]
         report["baseline_tokens_per_s"] = b_stats.tokens_per_s

@@ -20,6 +20,7 @@ from ..runtime.backends import Backend, BackendKind, open_backend, open_onnx
 from ..runtime.drafters.base import Drafter
 from ..runtime.drafters.model import ModelDrafter
 from ..runtime.drafters.ngram import NgramDrafter
+from ..runtime.drafters.recycle import RecycleDrafter
 from ..runtime.tokenizer import Tokenizer
 from ..runtime.types import SamplingParams
 
@@ -97,23 +98,31 @@ class DrafterKind(enum.Enum):
     NONE = "none"
     NGRAM = "ngram"
     MODEL = "model"
+    RECYCLE = "recycle"  # token recycling trees (needs a backend with tree masks)
 
 
 @dataclass(frozen=True)
 class DrafterSpec:
     kind: DrafterKind
     model: str | None = None  # DrafterKind.MODEL: catalogue name or GGUF path; an exported artifact for onnx
+    nodes: int = 16  # DrafterKind.RECYCLE: tree template size
 
     @classmethod
     def parse(cls, text: str) -> "DrafterSpec":
-        """'none' | 'ngram' | 'model:<name-or-path>'."""
+        """'none' | 'ngram' | 'model:<name-or-path>' | 'recycle' | 'recycle:<nodes>'."""
         head, _, arg = text.partition(":")
         try:
             kind = DrafterKind(head)
         except ValueError:
-            raise ValueError(f"unknown drafter {text!r}; use none, ngram or model:<name-or-path>") from None
+            raise ValueError(f"unknown drafter {text!r}; use none, ngram, recycle[:nodes] or model:<name-or-path>"
+                             ) from None
+        if kind is DrafterKind.RECYCLE:
+            if arg and not arg.isdigit():
+                raise ValueError(f"drafter {text!r}: the recycle tree size is a node count, as recycle:16")
+            return cls(kind, None, int(arg) if arg else 16)
         if (kind is DrafterKind.MODEL) != bool(arg):
-            raise ValueError(f"drafter {text!r}: only 'model' takes an argument, as model:<name-or-path>")
+            raise ValueError(f"drafter {text!r}: only 'model' and 'recycle' take an argument, as "
+                             "model:<name-or-path> or recycle:<nodes>")
         return cls(kind, arg or None)
 
 
@@ -125,6 +134,11 @@ def make_drafter(spec: DrafterSpec, target: LoadedModel, params: SamplingParams,
         return None
     if spec.kind is DrafterKind.NGRAM:
         return NgramDrafter()
+    if spec.kind is DrafterKind.RECYCLE:
+        if not target.backend.caps.tree_mask:
+            raise ValueError(f"the recycle drafter proposes trees, but the {target.kind.value} backend cannot run a "
+                             "tree mask; use --backend numpy, or --drafter ngram")
+        return RecycleDrafter(target.backend.config.vocab_size, spec.nodes)
     if target.kind is BackendKind.NUMPY and resolve_model(spec.model, cache_dir).resolve() == target.path.resolve():
         # The NumPy backend holds any number of caches over one copy of the weights.
         return ModelDrafter(target.backend, params, max_len=ctx, name=f"model:{spec.model}")

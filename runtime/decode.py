@@ -14,11 +14,12 @@ import numpy as np
 
 from .backends.base import Backend, KVCache
 from .draft_length import AdaptiveDraftLength
-from .drafters.base import Drafter
+from .drafters.base import Drafter, TreeDrafter
 from .sampling import logits_to_probs
 from .stats import DecodeStats
+from .tree import TreeDraft
 from .types import EMPTY_DRAFT, FinishReason, SamplingParams, StepStats, Tokens, as_tokens
-from .verify import make_verifier
+from .verify import VerifierKind, make_verifier, verify_tree
 from .verify.base import Verifier
 
 
@@ -40,10 +41,12 @@ class SeqState:
         self.n += len(toks)
 
 
-def prefill(target: Backend, seq: SeqState) -> None:
-    """Feed all prompt tokens but the last (the first step feeds it)."""
+def prefill(target: Backend, seq: SeqState, drafter=None) -> None:
+    """Feed all prompt tokens but the last (the first step feeds it); a drafter with `observe` sees the logits."""
     if seq.n > 1:
-        target.forward(seq.tokens[:-1], seq.cache)
+        logits = target.forward(seq.tokens[:-1], seq.cache)
+        if hasattr(drafter, "observe"):  # token recycling learns the prompt's successors before the first round
+            drafter.observe(seq.tokens[:-1], logits)
 
 
 def speculative_step(target: Backend, drafter: Drafter | None, verifier: Verifier, params: SamplingParams,
@@ -66,6 +69,8 @@ def speculative_step(target: Backend, drafter: Drafter | None, verifier: Verifie
     tf = time.perf_counter()
     logits = target.forward(step_tokens, seq.cache)
     forward_s = time.perf_counter() - tf
+    if hasattr(drafter, "observe"):  # drafters that learn from the target's logits (token recycling)
+        drafter.observe(step_tokens, logits)
     p = logits_to_probs(logits, params, history=np.concatenate([context, draft.tokens]))
     verdict = verifier.verify(draft, p, rng)
     if policy is not None:
@@ -80,6 +85,60 @@ def speculative_step(target: Backend, drafter: Drafter | None, verifier: Verifie
                               forward_s=forward_s)
 
 
+def tree_step(target: Backend, drafter: TreeDrafter, params: SamplingParams, seq: SeqState, max_nodes: int,
+              rng: np.random.Generator) -> tuple[list[int], StepStats]:
+    """One tree round (ALGORITHMS.md 1.4 tree attention): propose a tree of <= max_nodes nodes, one target forward
+    over [last, *nodes] with the tree mask, verify (1.2 / 1.4 / greedy), move the accepted path's K/V into place
+    (`cache.compact`), commit.
+
+    requires: seq.cache.length == seq.n - 1, room for max_nodes + 1 positions, a backend with caps.tree_mask and a
+              cache with `compact`; the drafter has `propose_tree(context, max_nodes, rng) -> TreeDraft`.
+    returns:  the emitted tokens (the accepted path's tokens + one recovered/bonus token) and stats.
+    """
+    t0 = time.perf_counter()
+    context = seq.tokens
+    tree: TreeDraft = drafter.propose_tree(context, max_nodes, rng)
+    t1 = time.perf_counter()
+    base = seq.cache.length
+    fed = np.concatenate([context[-1:], tree.tokens]).astype(np.int32)
+    tf = time.perf_counter()
+    logits = target.forward(fed, seq.cache, tree_mask=tree.mask())  # [n+1, V]
+    forward_s = time.perf_counter() - tf
+    if hasattr(drafter, "observe"):
+        drafter.observe(fed, logits)
+    p = tree_probs(tree, logits, params, context)
+    verdict = verify_tree(tree, p, rng, greedy=params.greedy)
+    # slots base + node: the root (in place already) and the accepted path, ascending because BFS orders them
+    seq.cache.compact(base + np.array((0, *verdict.path), dtype=np.int64), base)
+    emitted = [int(tree.tokens[j - 1]) for j in verdict.path] + [int(verdict.next_token)]
+    seq.extend(emitted)
+    drafter.accept(verdict.n_accepted, verdict.next_token)
+    t2 = time.perf_counter()
+    return emitted, StepStats(k=tree.n, n_accepted=verdict.n_accepted, draft_s=t1 - t0, verify_s=t2 - t1,
+                              forward_s=forward_s)
+
+
+def tree_probs(tree: TreeDraft, logits: np.ndarray, params: SamplingParams, context: Tokens) -> np.ndarray:
+    """p [n+1, V]; with a repetition penalty each node's row is penalised by its own root path's history."""
+    if params.repetition_penalty == 1.0:
+        return logits_to_probs(logits, params)
+    rows = [logits_to_probs(logits[j], params, history=np.concatenate(
+        [context, tree.tokens[np.array(tree.path_to(j), dtype=np.int64) - 1]])) for j in range(tree.n + 1)]
+    return np.concatenate(rows, axis=0)
+
+
+def is_tree_drafter(drafter) -> bool:
+    return drafter is not None and hasattr(drafter, "propose_tree")
+
+
+def check_tree_support(target: Backend, drafter) -> None:
+    """Fail at start-up when a tree drafter meets a backend that cannot run tree masks."""
+    if is_tree_drafter(drafter) and not target.caps.tree_mask:
+        raise ValueError(f"the {drafter.name} drafter proposes trees, but the {target.name} backend cannot run a "
+                         "tree mask; use --backend numpy (or a backend with tree support), or a chain drafter "
+                         "such as ngram")
+
+
 @dataclass(frozen=True)
 class TokenEvent:
     token: int
@@ -87,15 +146,16 @@ class TokenEvent:
     finish_reason: FinishReason | None = None
 
 
-def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: Drafter | None = None,
+def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: Drafter | TreeDrafter | None = None,
            k: int = 4, max_tokens: int = 128, eos_ids: Sequence[int] = (), rng: np.random.Generator | None = None,
-           stats: DecodeStats | None = None, ctx: int | None = None, adaptive_k: bool = False
-           ) -> Iterator[TokenEvent]:
+           stats: DecodeStats | None = None, ctx: int | None = None, adaptive_k: bool = False,
+           verifier_kind: VerifierKind = VerifierKind.CHAIN) -> Iterator[TokenEvent]:
     """Generate up to max_tokens tokens; yields one event per emitted token, the last one with a finish reason.
 
     adaptive_k: verify only the prefix of each draft that pays for its verification, learned online from this
     target's call times and the drafter's acceptance (runtime/draft_length.py); k is then the maximum. Lossless
-    either way: only speed changes.
+    either way: only speed changes. verifier_kind: chain (1.1) or block (1.3) verification of sampled chain drafts.
+    A drafter with `propose_tree` runs tree rounds (`tree_step`, its `max_nodes` bounds each tree; k is unused).
 
     The loop only handles stopping (eos, length) and bookkeeping; each round is `speculative_step`.
     Stop strings and cancellation are the caller's (it stops iterating).
@@ -112,12 +172,15 @@ def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: 
     max_tokens = min(max_tokens, limit - len(prompt))
     rng = rng if rng is not None else np.random.default_rng(0)
     stats = stats if stats is not None else DecodeStats()
-    verifier = make_verifier(params)
-    policy = AdaptiveDraftLength(k) if (adaptive_k and drafter is not None and k > 0) else None
+    verifier = make_verifier(params, verifier_kind)
+    check_tree_support(target, drafter)
+    tree = is_tree_drafter(drafter)
+    k = int(drafter.max_nodes) if tree else k
+    policy = AdaptiveDraftLength(k) if (adaptive_k and drafter is not None and k > 0 and not tree) else None
     eos = set(int(e) for e in eos_ids)
     seq = SeqState(prompt, target.new_cache(min(limit, len(prompt) + max_tokens + k + 1)))
     t0 = time.perf_counter()
-    prefill(target, seq)
+    prefill(target, seq, drafter)
     if drafter is not None:
         if hasattr(drafter, "bind"):  # self-speculative drafters share the target's weights and KV cache
             drafter.bind(target, seq.cache)
@@ -128,7 +191,10 @@ def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: 
     try:
         while True:
             room = seq.cache.capacity - seq.cache.length - 1
-            emitted, step = speculative_step(target, drafter, verifier, params, seq, min(k, room), rng, policy)
+            if tree:
+                emitted, step = tree_step(target, drafter, params, seq, min(k, room), rng)
+            else:
+                emitted, step = speculative_step(target, drafter, verifier, params, seq, min(k, room), rng, policy)
             stats.record(step)
             for j, tok in enumerate(emitted):
                 produced += 1

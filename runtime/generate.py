@@ -15,6 +15,7 @@ from .drafters.base import Drafter
 from .stats import DecodeStats
 from .tokenizer import StreamDecoder, Tokenizer
 from .types import FinishReason, GenerationResult, Response, SamplingParams, Tokens
+from .verify import VerifierKind
 
 
 def held_back(text: str, stops: Sequence[str]) -> int:
@@ -35,8 +36,8 @@ def held_back(text: str, stops: Sequence[str]) -> int:
 def stream(target: Backend, tokenizer: Tokenizer, prompt: Tokens, params: SamplingParams, *,
            drafter: Drafter | None = None, k: int = 4, max_tokens: int = 128, stop: Sequence[str] = (),
            rng: np.random.Generator | None = None, stats: DecodeStats | None = None,
-           eos_ids: Sequence[int] | None = None, ctx: int | None = None, adaptive_k: bool = False
-           ) -> Iterator[Response]:
+           eos_ids: Sequence[int] | None = None, ctx: int | None = None, adaptive_k: bool = False,
+           verifier_kind: VerifierKind = VerifierKind.CHAIN) -> Iterator[Response]:
     """Yield Responses as tokens are committed; the last one carries the finish reason.
 
     Text that might begin a stop string is held back until it cannot; a stop string and the EOS token
@@ -47,7 +48,7 @@ def stream(target: Backend, tokenizer: Tokenizer, prompt: Tokens, params: Sampli
     detok = StreamDecoder(tokenizer)
     pending, produced, t0 = "", 0, time.perf_counter()
     events = decode(target, prompt, params, drafter=drafter, k=k, max_tokens=max_tokens, eos_ids=eos, rng=rng,
-                    stats=stats, ctx=ctx, adaptive_k=adaptive_k)
+                    stats=stats, ctx=ctx, adaptive_k=adaptive_k, verifier_kind=verifier_kind)
     for ev in events:
         produced += 1
         rate = produced / max(time.perf_counter() - t0, 1e-9)

@@ -87,3 +87,14 @@ def test_chat_streams_and_resets(tiny_path):
                            input="hello\n/reset\nthe cat\n/exit\n")
     assert r.exit_code == 0, r.output
     assert r.stderr.count("tau") == 2
+
+
+def test_recycle_trees_and_block_verifier_from_the_cli(tiny_path):
+    r = run("generate", tiny_path, "the cat sat on the mat", "--backend", "numpy", "--drafter", "recycle:8",
+            "--max-tokens", 20, "--json", "--baseline")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout.strip().splitlines()[-1])["stats"]["identical_to_baseline"] is True
+    r = run("generate", tiny_path, "the cat", "--backend", "numpy", "--drafter", f"model:{tiny_path}",
+            "--verifier", "block", "--temperature", 0.8, "--max-tokens", 12, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout.strip().splitlines()[-1])["stats"]["verifier"] == "block"

@@ -9,6 +9,10 @@ bind(target, cache)            optional; called once per sequence before begin: 
                                target's own weights (a LayerPlan) and write draft K/V into the target's cache past
                                its length. They must leave cache.length as they found it (the verify forward then
                                overwrites those rows).
+Tree drafters (TreeDrafter) have `propose_tree(context, max_nodes, rng) -> TreeDraft` and `max_nodes` instead of
+`propose`; the decode loop runs them with tree rounds (runtime/decode.py tree_step) on backends with tree masks.
+observe(tokens, logits)        optional; called after every target forward with the fed tokens [T] and their
+                               logits [T, V] (token recycling learns from them).
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from ..tree import TreeDraft
 from ..types import Draft, Tokens
 
 
@@ -27,5 +32,18 @@ class Drafter(Protocol):
     def begin(self, prompt: Tokens) -> None: ...
 
     def propose(self, context: Tokens, k: int, rng: np.random.Generator) -> Draft: ...
+
+    def accept(self, n_accepted: int, next_token: int) -> None: ...
+
+
+@runtime_checkable
+class TreeDrafter(Protocol):
+    name: str
+    weight_bytes_per_token: int
+    max_nodes: int  # the largest tree it proposes (the decode loop reserves that much cache room)
+
+    def begin(self, prompt: Tokens) -> None: ...
+
+    def propose_tree(self, context: Tokens, max_nodes: int, rng: np.random.Generator) -> TreeDraft: ...
 
     def accept(self, n_accepted: int, next_token: int) -> None: ...

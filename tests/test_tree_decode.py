@@ -1,0 +1,171 @@
+"""Tree decoding end to end: token recycling is lossless (greedy: identical output; sampled: the target's
+distribution), tree KV compaction equals a chain forward of the accepted path, and capability errors at start-up."""
+from collections import Counter
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from specedge.apps.engine import DrafterKind, DrafterSpec
+from specedge.export.gguf_in import open_gguf
+from specedge.models.tiny import write_tiny_gguf
+from specedge.runtime.backends.base import BackendCaps
+from specedge.runtime.backends.fake import FakeCache, MarkovBackend, random_markov_table
+from specedge.runtime.backends.numpy_ref import NumpyBackend
+from specedge.runtime.decode import decode
+from specedge.runtime.drafters.model import ModelDrafter
+from specedge.runtime.drafters.recycle import RecycleDrafter, tree_template
+from specedge.runtime.stats import DecodeStats
+from specedge.runtime.tokenizer import Tokenizer
+from specedge.runtime.tree import TreeDraft
+from specedge.runtime.types import SamplingParams
+from specedge.runtime.verify import VerifierKind
+from test_decode import exact_joint
+
+GREEDY = SamplingParams()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    g = open_gguf(write_tiny_gguf(d / "t.gguf", seed=0, n_layers=2))
+    return NumpyBackend(g.load_weights(), np.float64), Tokenizer(g.tokenizer_spec())
+
+
+def run(backend, prompt, drafter=None, n=40, params=GREEDY, seed=0, stats=None, **kw):
+    return [e.token for e in decode(backend, prompt, params, drafter=drafter, max_tokens=n,
+                                    rng=np.random.default_rng(seed), stats=stats, **kw)]
+
+
+PROMPTS = ["the cat sat on the mat and the cat", "hello world", "a", "one two one two one two"]
+
+
+@pytest.mark.parametrize("nodes", [1, 8, 16, 80])
+def test_greedy_token_recycling_equals_plain_greedy(tiny, nodes):
+    target, tok = tiny
+    drafter, st = RecycleDrafter(target.config.vocab_size, nodes), DecodeStats()  # adj carries over prompts
+    for text in PROMPTS * 2:
+        prompt = tok.encode(text)
+        assert run(target, prompt, drafter, stats=st) == run(target, prompt), (nodes, text)
+    assert st.n_accepted > 0  # the trees were used, not just empty
+
+
+def test_tree_forward_then_compaction_equals_a_chain_forward(tiny):
+    target, tok = tiny
+    prompt = np.array(tok.encode("the cat sat on"), dtype=np.int32)
+    tree = TreeDraft(np.array([5, 9, 11, 7, 3, 8]), np.array([0, 0, 0, 1, 1, 2]))  # root = prompt[-1]
+    path = (2, 6)  # 9 -> 8, the second root child and its only child
+    tree_cache, chain_cache = target.new_cache(32), target.new_cache(32)
+    for c in (tree_cache, chain_cache):
+        target.forward(prompt[:-1], c)
+    base = tree_cache.length
+    tree_logits = target.forward(np.concatenate([prompt[-1:], tree.tokens]), tree_cache, tree_mask=tree.mask())
+    tree_cache.compact(base + np.array((0, *path)), base)
+    chain_tokens = np.concatenate([prompt[-1:], tree.tokens[np.array(path) - 1]])
+    chain_logits = target.forward(chain_tokens, chain_cache)
+    assert tree_cache.length == chain_cache.length == base + 3
+    n = chain_cache.length
+    np.testing.assert_allclose(tree_cache.k[:, :, :n], chain_cache.k[:, :, :n], atol=1e-10)
+    np.testing.assert_allclose(tree_cache.v[:, :, :n], chain_cache.v[:, :, :n], atol=1e-10)
+    np.testing.assert_allclose(tree_logits[[0, *path]], chain_logits, atol=1e-9)
+    nxt = np.array([4], np.int32)  # and decoding continues identically from the compacted cache
+    np.testing.assert_allclose(target.forward(nxt, tree_cache), target.forward(nxt, chain_cache), atol=1e-9)
+
+
+class TreeCache(FakeCache):
+    def compact(self, src, dst_start):
+        src = np.asarray(src)
+        self.tokens_buf[dst_start:dst_start + len(src)] = self.tokens_buf[src]
+        self._length = dst_start + len(src)
+
+
+class TreeMarkovBackend(MarkovBackend):
+    """A Markov target whose rows depend only on each node's own token, so a tree forward is trivially exact."""
+    caps = BackendCaps(tree_mask=True)
+
+    def new_cache(self, max_len):
+        return TreeCache(max_len)
+
+    def forward(self, tokens, cache, *, tree_mask=None, plan=None):
+        return super().forward(tokens, cache)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_p=0.9)],
+                         ids=["t1", "t0.8p0.9"])
+def test_sampled_tree_decode_preserves_the_target_distribution(params):
+    V, n, trials = 5, 3, 8000
+    P = random_markov_table(V, seed=3, scale=1.0)
+    target = TreeMarkovBackend(P)
+    prompt = np.array([0, 1, 0, 1, 0], dtype=np.int32)
+    drafter, rng, counts = RecycleDrafter(V, 8), np.random.default_rng(7), Counter()
+    for _ in range(trials):  # one drafter: its adj fills up and the trees get real
+        counts[tuple(e.token for e in decode(target, prompt, params, drafter=drafter, max_tokens=n, rng=rng))] += 1
+    assert_matches_target(counts, P, prompt, params, n, trials)
+
+
+def test_sampled_decode_with_block_verification_preserves_the_target_distribution():
+    V, n, trials, params = 5, 3, 8000, SamplingParams(temperature=1.0)
+    P, Q = random_markov_table(V, seed=3, scale=1.0), random_markov_table(V, seed=4, scale=1.0)
+    target, prompt = MarkovBackend(P), np.array([0, 1, 0], dtype=np.int32)
+    rng, counts = np.random.default_rng(8), Counter()
+    for _ in range(trials):
+        drafter = ModelDrafter(MarkovBackend(Q), params)
+        counts[tuple(e.token for e in decode(target, prompt, params, drafter=drafter, k=2, max_tokens=n, rng=rng,
+                                             verifier_kind=VerifierKind.BLOCK))] += 1
+    assert_matches_target(counts, P, prompt, params, n, trials)
+
+
+def assert_matches_target(counts, P, prompt, params, n, trials):
+    exact = exact_joint(P, None, int(prompt[-1]), params, n)
+    assert all(exact[s] > 0 for s in counts), "emitted a sequence the target cannot produce"
+    cells = sorted(exact, key=exact.get, reverse=True)
+    exp = np.array([exact[c] * trials for c in cells])
+    obs = np.array([counts.get(c, 0) for c in cells], dtype=float)
+    big = exp >= 5
+    exp_p, obs_p = np.append(exp[big], exp[~big].sum()), np.append(obs[big], obs[~big].sum())
+    keep = exp_p > 0
+    p_value = sps.chisquare(obs_p[keep], exp_p[keep] * obs_p[keep].sum() / exp_p[keep].sum()).pvalue
+    assert p_value > 1e-3, p_value
+
+
+def test_tree_drafter_on_a_chain_backend_fails_at_start_up():
+    target = MarkovBackend(random_markov_table(5, seed=0))
+    with pytest.raises(ValueError, match="markov backend cannot run a tree mask.*--backend numpy"):
+        next(iter(decode(target, [0, 1], GREEDY, drafter=RecycleDrafter(5, 8), max_tokens=3)))
+
+
+def test_recycle_fills_the_template_from_adj_and_learns_from_every_node():
+    d = RecycleDrafter(vocab_size=10, nodes=8)
+    parents, ranks = tree_template(8)
+    assert d.propose_tree(np.array([3]), 8, None).n == 0  # nothing seen yet: an empty tree
+    logits = np.tile(np.arange(10, dtype=np.float32), (2, 1))  # both rows rank 9, 8, 7, ...
+    logits[1] = logits[1][::-1]  # the second row ranks 0, 1, 2, ...
+    d.observe(np.array([3, 9]), logits)
+    assert d.adj[3].tolist() == [9, 8, 7, 6, 5, 4, 3, 2] and d.adj[9].tolist() == [0, 1, 2, 3, 4, 5, 6, 7]
+    tree = d.propose_tree(np.array([1, 3]), 8, None)
+    # root 3's children are adj[3][rank]; only token 9 (rank 0) and 3 (rank 6) have successors of their own
+    kids = tree.tokens[tree.children(0) - 1].tolist()
+    assert kids == [9, 8, 7, 6][:len(kids)] and len(kids) == int((parents == 0).sum())
+    for node in range(1, tree.n + 1):
+        parent = int(tree.parents[node - 1])
+        parent_tok = 3 if parent == 0 else int(tree.tokens[parent - 1])
+        assert tree.tokens[node - 1] in d.adj[parent_tok]
+    assert d.propose_tree(np.array([3]), 2, None).n == 2  # the room bound truncates the BFS order
+
+
+def test_recycle_drafter_spec_and_block_verifier_kind():
+    assert DrafterSpec.parse("recycle") == DrafterSpec(DrafterKind.RECYCLE, None, 16)
+    assert DrafterSpec.parse("recycle:32").nodes == 32
+    with pytest.raises(ValueError, match="node count"):
+        DrafterSpec.parse("recycle:big")
+    assert VerifierKind("block") is VerifierKind.BLOCK
+
+
+def test_greedy_recycling_with_a_repetition_penalty_equals_plain(tiny):
+    """Each tree node is penalised by its own root path's history, as a one-token step there would be."""
+    target, tok = tiny
+    params, drafter = SamplingParams(repetition_penalty=1.3, repeat_last_n=8), RecycleDrafter(
+        target.config.vocab_size, 16)
+    for text in PROMPTS[:2] * 2:
+        prompt = tok.encode(text)
+        assert run(target, prompt, drafter, params=params) == run(target, prompt, params=params), text
