@@ -17,9 +17,13 @@ from ..models.errors import ModelFileError
 from ..models.manifest import MANIFEST, read_manifest
 from ..export.gguf_in import GGUFModel, open_gguf
 from ..runtime.backends import Backend, BackendKind, open_backend, open_onnx
+from ..runtime.draft_stop import parse_stop
 from ..runtime.drafters.base import Drafter
+from ..runtime.drafters.early_exit import DelDrafter, EarlyExitDrafter
+from ..runtime.drafters.layerskip import LayerSkipDrafter, SwiftDrafter
 from ..runtime.drafters.model import ModelDrafter
 from ..runtime.drafters.ngram import NgramDrafter
+from ..runtime.drafters.selfspec import require_layered
 from ..runtime.tokenizer import Tokenizer
 from ..runtime.types import SamplingParams
 
@@ -95,24 +99,52 @@ class DrafterKind(enum.Enum):
     NONE = "none"
     NGRAM = "ngram"
     MODEL = "model"
+    SKIP = "skip"  # balanced layer skip at speed ratio R (ALGORITHMS.md 2.3)
+    SWIFT = "swift"  # on-the-fly skip-set search (2.3)
+    EXIT = "exit"  # early exit at layer l (2.4)
+    DEL = "del"  # exit layer and draft length from shadow tokens (2.4)
+
+
+_ARG = {DrafterKind.MODEL: "model:<name-or-path>", DrafterKind.SKIP: "skip:<R>", DrafterKind.EXIT: "exit:<layer>"}
+_STOPS = ("conf", "logistic")
 
 
 @dataclass(frozen=True)
 class DrafterSpec:
     kind: DrafterKind
     model: str | None = None  # DrafterKind.MODEL: catalogue name or GGUF path; an exported artifact for onnx
+    value: float | None = None  # skip: the speed ratio R; exit: the exit layer
+    stop: str | None = None  # a draft-stop policy for drafters with q (runtime/draft_stop.py), from a '+' suffix
 
     @classmethod
     def parse(cls, text: str) -> "DrafterSpec":
-        """'none' | 'ngram' | 'model:<name-or-path>'."""
-        head, _, arg = text.partition(":")
+        """'none' | 'ngram' | 'model:<name-or-path>' | 'skip:<R>' | 'swift' | 'exit:<layer>' | 'del', optionally
+        followed by '+<stop>' for the model and self-speculative drafters: +conf, +conf:<t>, +logistic, +logistic:<h>."""
+        body, plus, stop = text.rpartition("+")
+        if not plus or stop.partition(":")[0] not in _STOPS:
+            body, stop = text, None
+        head, _, arg = body.partition(":")
         try:
             kind = DrafterKind(head)
         except ValueError:
-            raise ValueError(f"unknown drafter {text!r}; use none, ngram or model:<name-or-path>") from None
-        if (kind is DrafterKind.MODEL) != bool(arg):
-            raise ValueError(f"drafter {text!r}: only 'model' takes an argument, as model:<name-or-path>")
-        return cls(kind, arg or None)
+            raise ValueError(f"unknown drafter {text!r}; use none, ngram, model:<name-or-path>, skip:<R>, swift, "
+                             "exit:<layer> or del") from None
+        if (kind in _ARG) != bool(arg):
+            raise ValueError(f"drafter {text!r}: only {', '.join(_ARG.values())} take an argument")
+        if stop is not None:
+            if kind in (DrafterKind.NONE, DrafterKind.NGRAM):
+                raise ValueError(f"drafter {text!r}: a draft stop needs a drafter with probabilities (model, skip, "
+                                 "swift, exit, del)")
+            parse_stop(stop)  # fails here, at start-up
+        if kind is DrafterKind.MODEL:
+            return cls(kind, arg, stop=stop)
+        value = None
+        if arg:
+            try:
+                value = int(arg) if kind is DrafterKind.EXIT else float(arg)
+            except ValueError:
+                raise ValueError(f"drafter {text!r}: expected {_ARG[kind]} with a number") from None
+        return cls(kind, None, value, stop)
 
 
 def make_drafter(spec: DrafterSpec, target: LoadedModel, params: SamplingParams, *, ctx: int | None = None,
@@ -123,11 +155,20 @@ def make_drafter(spec: DrafterSpec, target: LoadedModel, params: SamplingParams,
         return None
     if spec.kind is DrafterKind.NGRAM:
         return NgramDrafter()
+    stop = parse_stop(spec.stop) if spec.stop else None
+    selfspec = {DrafterKind.SKIP: lambda: LayerSkipDrafter(spec.value, params, stop),
+                DrafterKind.SWIFT: lambda: SwiftDrafter(params, stop),
+                DrafterKind.EXIT: lambda: EarlyExitDrafter(int(spec.value), params, stop),
+                DrafterKind.DEL: lambda: DelDrafter(params, stop)}
+    if spec.kind in selfspec:
+        drafter = selfspec[spec.kind]()
+        require_layered(target.backend, drafter.name)  # at start-up, not at the first bind
+        return drafter
     if target.kind is BackendKind.NUMPY and resolve_model(spec.model, cache_dir).resolve() == target.path.resolve():
         # The NumPy backend holds any number of caches over one copy of the weights.
-        return ModelDrafter(target.backend, params, max_len=ctx, name=f"model:{spec.model}")
+        return ModelDrafter(target.backend, params, max_len=ctx, name=f"model:{spec.model}", stop=stop)
     draft = load_model(spec.model, target.kind, ctx=ctx, threads=threads, cache_dir=cache_dir, device=device)
     if draft.tokenizer.fingerprint() != target.tokenizer.fingerprint():
         raise ValueError(f"the draft model {spec.model} has a different tokenizer from the target {target.path.name}; "
                          "speculative decoding needs identical vocabularies: pick a drafter from the same family")
-    return ModelDrafter(draft.backend, params, max_len=ctx, name=f"model:{spec.model}")
+    return ModelDrafter(draft.backend, params, max_len=ctx, name=f"model:{spec.model}", stop=stop)

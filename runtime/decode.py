@@ -63,8 +63,13 @@ def speculative_step(target: Backend, drafter: Drafter | None, verifier: Verifie
     t1 = time.perf_counter()
     base = seq.cache.length
     step_tokens = np.concatenate([context[-1:], draft.tokens]).astype(np.int32)
+    taps = getattr(drafter, "verify_taps", ())  # a drafter that learns from the verify pass (DEL's shadow tokens)
     tf = time.perf_counter()
-    logits = target.forward(step_tokens, seq.cache)
+    if taps:
+        h, tapped = target.hidden(step_tokens, seq.cache, taps=taps)
+        logits = target.logits_from_hidden(h)
+    else:
+        logits = target.forward(step_tokens, seq.cache)
     forward_s = time.perf_counter() - tf
     p = logits_to_probs(logits, params, history=np.concatenate([context, draft.tokens]))
     verdict = verifier.verify(draft, p, rng)
@@ -74,6 +79,8 @@ def speculative_step(target: Backend, drafter: Drafter | None, verifier: Verifie
     emitted = [int(x) for x in draft.tokens[:verdict.n_accepted]] + [int(verdict.next_token)]
     seq.extend(emitted)
     if drafter is not None:
+        if taps:
+            drafter.observe_verify(tapped, np.asarray(emitted, dtype=np.int32))
         drafter.accept(verdict.n_accepted, verdict.next_token)
     t2 = time.perf_counter()
     return emitted, StepStats(k=draft.k, n_accepted=verdict.n_accepted, draft_s=t1 - t0, verify_s=t2 - t1,

@@ -9,6 +9,10 @@ bind(target, cache)            optional; called once per sequence before begin: 
                                target's own weights (a LayerPlan) and write draft K/V into the target's cache past
                                its length. They must leave cache.length as they found it (the verify forward then
                                overwrites those rows).
+verify_taps, observe_verify    optional (a drafter with a non-empty `verify_taps` on a LayeredBackend target): the
+                               decode step runs its verify forward as hidden(..., taps=verify_taps) and calls
+                               observe_verify({n: h [T, D] after n layers}, emitted tokens) before accept; DEL's
+                               shadow tokens. Plain decoding and other drafters keep the plain forward.
 """
 from __future__ import annotations
 
