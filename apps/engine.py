@@ -119,7 +119,7 @@ class DrafterSpec:
     @classmethod
     def parse(cls, text: str) -> "DrafterSpec":
         """'none' | 'ngram' | 'model:<name-or-path>' | 'skip:<R>' | 'swift' | 'exit:<layer>' | 'del', optionally
-        followed by '+<stop>' for the model and self-speculative drafters: +conf, +conf:<t>, +logistic, +logistic:<h>."""
+        followed by '+<stop>' (model and self-speculative drafters): +conf, +conf:<t>, +logistic, +logistic:<h>."""
         body, plus, stop = text.rpartition("+")
         if not plus or stop.partition(":")[0] not in _STOPS:
             body, stop = text, None

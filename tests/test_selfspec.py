@@ -91,7 +91,7 @@ def test_propose_leaves_the_cache_length_and_committed_rows_alone(target, name):
     if name == "swift":  # a search step rewrites the window's rows with the full model: they must come back equal
         target.forward(ctx[-1:], cache)  # the verify forward committed the last token (nothing accepted)
         drafter.learn(0, int(draft.tokens[0]))
-        assert drafter.iters == 1 and cache.length == len(ctx)
+        assert drafter.iters == 1 and cache.length == len(ctx) and 0 <= drafter.best_score <= 1
     n = len(ctx) - 1
     np.testing.assert_allclose(cache.k[:, :, :n], k_before, atol=1e-12)
     np.testing.assert_allclose(cache.v[:, :, :n], v_before, atol=1e-12)

@@ -70,6 +70,10 @@ class SwiftDrafter(SelfSpecDrafter):
         self._seed = seed
 
     def on_bind(self) -> None:
+        """A new sequence on the same target continues the search (the skip set is a property of the model)."""
+        if getattr(self, "_searched", None) is self.target:
+            return
+        self._searched = self.target
         n = self.target.config.n_layers
         middle = np.arange(1, n - 1)
         n_skip = int(round(self.skip_ratio * len(middle)))
@@ -78,7 +82,6 @@ class SwiftDrafter(SelfSpecDrafter):
         self.iters = self.since_best = 0
         self.history: list[tuple[frozenset[int], float]] = []
         self.rng = np.random.default_rng(self._seed)
-        self._ctx = np.zeros(0, dtype=np.int32)
 
     @property
     def searching(self) -> bool:
@@ -96,7 +99,7 @@ class SwiftDrafter(SelfSpecDrafter):
         ctx = np.concatenate([self._context, self._draft[:n_accepted], [next_token]]).astype(np.int32)
         if not self.searching or self.cache.length < self.window or len(ctx) != self.cache.length + 1:
             return
-        if self.iters % 10 == 0 and self.best_score >= 0:  # the window moves: re-score the incumbent now and then
+        if self.iters % 10 == 0:  # score the starting set first; the window moves: re-score the incumbent now and then
             self.best_score = self.score(self.best_skip, ctx)
         cand = self.surrogate() if (self.iters + 1) % self.surrogate_every == 0 else self.neighbour()
         s = self.score(cand, ctx)

@@ -67,6 +67,6 @@ class ModelDrafter:
         return Draft(tokens=tokens[:k], q=q[:k])
 
     def accept(self, n_accepted: int, next_token: int) -> None:
-        """The stop policy learns from the verdict; `_sync` reconciles the cache with the context at the next propose."""
+        """The stop policy learns from the verdict; `_sync` reconciles the cache at the next propose."""
         if self.stop is not None and len(self._feats):
             self.stop.observe(self._feats, n_accepted)
