@@ -17,10 +17,15 @@ from ..models.errors import ModelFileError
 from ..models.manifest import MANIFEST, read_manifest
 from ..export.gguf_in import GGUFModel, open_gguf
 from ..runtime.backends import Backend, BackendKind, open_backend, open_onnx
+from ..runtime.backends.base import require_tree
+from ..runtime.draft_stop import parse_stop
 from ..runtime.drafters.base import Drafter
+from ..runtime.drafters.early_exit import DelDrafter, EarlyExitDrafter
+from ..runtime.drafters.layerskip import LayerSkipDrafter, SwiftDrafter
 from ..runtime.drafters.model import ModelDrafter
 from ..runtime.drafters.ngram import NgramDrafter
 from ..runtime.drafters.recycle import RecycleDrafter
+from ..runtime.drafters.selfspec import require_layered
 from ..runtime.tokenizer import Tokenizer
 from ..runtime.types import SamplingParams
 
@@ -99,31 +104,65 @@ class DrafterKind(enum.Enum):
     NGRAM = "ngram"
     MODEL = "model"
     RECYCLE = "recycle"  # token recycling trees (needs a backend with tree masks)
+    SKIP = "skip"  # balanced layer skip at speed ratio R (ALGORITHMS.md 2.3)
+    SWIFT = "swift"  # on-the-fly skip-set search (2.3)
+    EXIT = "exit"  # early exit at layer l (2.4)
+    DEL = "del"  # exit layer and draft length from shadow tokens (2.4)
+
+
+_ARG = {DrafterKind.MODEL: "model:<name-or-path>", DrafterKind.SKIP: "skip:<R>", DrafterKind.EXIT: "exit:<layer>"}
+_STOPS = ("conf", "logistic")
 
 
 @dataclass(frozen=True)
 class DrafterSpec:
     kind: DrafterKind
     model: str | None = None  # DrafterKind.MODEL: catalogue name or GGUF path; an exported artifact for onnx
-    nodes: int = 16  # DrafterKind.RECYCLE: tree template size
+    value: float | None = None  # skip: the speed ratio R; exit: the exit layer; recycle: the tree's node count
+    stop: str | None = None  # a draft-stop policy for drafters with q (runtime/draft_stop.py), from a '+' suffix
 
     @classmethod
     def parse(cls, text: str) -> "DrafterSpec":
-        """'none' | 'ngram' | 'model:<name-or-path>' | 'recycle' | 'recycle:<nodes>'."""
-        head, _, arg = text.partition(":")
+        """'none' | 'ngram' | 'model:<name-or-path>' | 'recycle[:<nodes>]' | 'skip:<R>' | 'swift' | 'exit:<layer>' |
+        'del', optionally followed by '+<stop>' (model and self-speculative drafters): +conf, +conf:<t>, +logistic,
+        +logistic:<h>."""
+        body, plus, stop = text.rpartition("+")
+        if not plus or stop.partition(":")[0] not in _STOPS:
+            body, stop = text, None
+        head, _, arg = body.partition(":")
         try:
             kind = DrafterKind(head)
         except ValueError:
-            raise ValueError(f"unknown drafter {text!r}; use none, ngram, recycle[:nodes] or model:<name-or-path>"
-                             ) from None
+            raise ValueError(f"unknown drafter {text!r}; use none, ngram, recycle[:nodes], model:<name-or-path>, "
+                             "skip:<R>, swift, exit:<layer> or del") from None
         if kind is DrafterKind.RECYCLE:
             if arg and not arg.isdigit():
                 raise ValueError(f"drafter {text!r}: the recycle tree size is a node count, as recycle:16")
+            if stop is not None:
+                raise ValueError(f"drafter {text!r}: recycle drafts trees without probabilities; drop the +{stop}")
             return cls(kind, None, int(arg) if arg else 16)
-        if (kind is DrafterKind.MODEL) != bool(arg):
-            raise ValueError(f"drafter {text!r}: only 'model' and 'recycle' take an argument, as "
-                             "model:<name-or-path> or recycle:<nodes>")
-        return cls(kind, arg or None)
+        if (kind in _ARG) != bool(arg):
+            raise ValueError(f"drafter {text!r}: only {', '.join(_ARG.values())} (and recycle:<nodes>) take an "
+                             "argument")
+        if stop is not None:
+            if kind in (DrafterKind.NONE, DrafterKind.NGRAM):
+                raise ValueError(f"drafter {text!r}: a draft stop needs a drafter with probabilities (model, skip, "
+                                 "swift, exit, del)")
+            parse_stop(stop)  # fails here, at start-up
+        if kind is DrafterKind.MODEL:
+            return cls(kind, arg, stop=stop)
+        value = None
+        if arg:
+            try:
+                value = int(arg) if kind is DrafterKind.EXIT else float(arg)
+            except ValueError:
+                raise ValueError(f"drafter {text!r}: expected {_ARG[kind]} with a number") from None
+        return cls(kind, None, value, stop)
+
+    @property
+    def nodes(self) -> int:
+        """DrafterKind.RECYCLE: the tree template's node count."""
+        return int(self.value) if self.value is not None else 16
 
 
 def make_drafter(spec: DrafterSpec, target: LoadedModel, params: SamplingParams, *, ctx: int | None = None,
@@ -135,15 +174,22 @@ def make_drafter(spec: DrafterSpec, target: LoadedModel, params: SamplingParams,
     if spec.kind is DrafterKind.NGRAM:
         return NgramDrafter()
     if spec.kind is DrafterKind.RECYCLE:
-        if not target.backend.caps.tree_mask:
-            raise ValueError(f"the recycle drafter proposes trees, but the {target.kind.value} backend cannot run a "
-                             "tree mask; use --backend numpy, or --drafter ngram")
+        require_tree(target.backend)  # at start-up
         return RecycleDrafter(target.backend.config.vocab_size, spec.nodes)
+    stop = parse_stop(spec.stop) if spec.stop else None
+    selfspec = {DrafterKind.SKIP: lambda: LayerSkipDrafter(spec.value, params, stop),
+                DrafterKind.SWIFT: lambda: SwiftDrafter(params, stop),
+                DrafterKind.EXIT: lambda: EarlyExitDrafter(int(spec.value), params, stop),
+                DrafterKind.DEL: lambda: DelDrafter(params, stop)}
+    if spec.kind in selfspec:
+        drafter = selfspec[spec.kind]()
+        require_layered(target.backend, drafter.name)  # at start-up, not at the first bind
+        return drafter
     if target.kind is BackendKind.NUMPY and resolve_model(spec.model, cache_dir).resolve() == target.path.resolve():
         # The NumPy backend holds any number of caches over one copy of the weights.
-        return ModelDrafter(target.backend, params, max_len=ctx, name=f"model:{spec.model}")
+        return ModelDrafter(target.backend, params, max_len=ctx, name=f"model:{spec.model}", stop=stop)
     draft = load_model(spec.model, target.kind, ctx=ctx, threads=threads, cache_dir=cache_dir, device=device)
     if draft.tokenizer.fingerprint() != target.tokenizer.fingerprint():
         raise ValueError(f"the draft model {spec.model} has a different tokenizer from the target {target.path.name}; "
                          "speculative decoding needs identical vocabularies: pick a drafter from the same family")
-    return ModelDrafter(draft.backend, params, max_len=ctx, name=f"model:{spec.model}")
+    return ModelDrafter(draft.backend, params, max_len=ctx, name=f"model:{spec.model}", stop=stop)

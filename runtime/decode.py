@@ -12,7 +12,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .backends.base import Backend, KVCache
+from .backends.base import Backend, KVCache, require_tree
 from .draft_length import AdaptiveDraftLength
 from .drafters.base import Drafter, TreeDrafter
 from .sampling import logits_to_probs
@@ -66,8 +66,13 @@ def speculative_step(target: Backend, drafter: Drafter | None, verifier: Verifie
     t1 = time.perf_counter()
     base = seq.cache.length
     step_tokens = np.concatenate([context[-1:], draft.tokens]).astype(np.int32)
+    taps = getattr(drafter, "verify_taps", ())  # a drafter that learns from the verify pass (DEL's shadow tokens)
     tf = time.perf_counter()
-    logits = target.forward(step_tokens, seq.cache)
+    if taps:
+        h, tapped = target.hidden(step_tokens, seq.cache, taps=taps)
+        logits = target.logits_from_hidden(h)
+    else:
+        logits = target.forward(step_tokens, seq.cache)
     forward_s = time.perf_counter() - tf
     if hasattr(drafter, "observe"):  # drafters that learn from the target's logits (token recycling)
         drafter.observe(step_tokens, logits)
@@ -79,6 +84,8 @@ def speculative_step(target: Backend, drafter: Drafter | None, verifier: Verifie
     emitted = [int(x) for x in draft.tokens[:verdict.n_accepted]] + [int(verdict.next_token)]
     seq.extend(emitted)
     if drafter is not None:
+        if taps:
+            drafter.observe_verify(tapped, np.asarray(emitted, dtype=np.int32))
         drafter.accept(verdict.n_accepted, verdict.next_token)
     t2 = time.perf_counter()
     return emitted, StepStats(k=draft.k, n_accepted=verdict.n_accepted, draft_s=t1 - t0, verify_s=t2 - t1,
@@ -133,10 +140,8 @@ def is_tree_drafter(drafter) -> bool:
 
 def check_tree_support(target: Backend, drafter) -> None:
     """Fail at start-up when a tree drafter meets a backend that cannot run tree masks."""
-    if is_tree_drafter(drafter) and not target.caps.tree_mask:
-        raise ValueError(f"the {drafter.name} drafter proposes trees, but the {target.name} backend cannot run a "
-                         "tree mask; use --backend numpy (or a backend with tree support), or a chain drafter "
-                         "such as ngram")
+    if is_tree_drafter(drafter):
+        require_tree(target)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,10 @@ Tree drafters (TreeDrafter) have `propose_tree(context, max_nodes, rng) -> TreeD
 `propose`; the decode loop runs them with tree rounds (runtime/decode.py tree_step) on backends with tree masks.
 observe(tokens, logits)        optional; called after every target forward with the fed tokens [T] and their
                                logits [T, V] (token recycling learns from them).
+verify_taps, observe_verify    optional (a drafter with a non-empty `verify_taps` on a LayeredBackend target): the
+                               decode step runs its verify forward as hidden(..., taps=verify_taps) and calls
+                               observe_verify({n: h [T, D] after n layers}, emitted tokens) before accept; DEL's
+                               shadow tokens. Plain decoding and other drafters keep the plain forward.
 """
 from __future__ import annotations
 

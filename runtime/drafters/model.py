@@ -11,15 +11,18 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends.base import Backend
+from ..draft_stop import DraftStop, stop_features
 from ..sampling import logits_to_probs, sample
 from ..types import Draft, SamplingParams, Tokens
 
 
 class ModelDrafter:
     def __init__(self, backend: Backend, params: SamplingParams, *, max_len: int | None = None,
-                 name: str | None = None) -> None:
+                 name: str | None = None, stop: DraftStop | None = None) -> None:
         self.backend = backend
         self.params = params
+        self.stop = stop  # optional draft-length policy (runtime/draft_stop.py): drafting ends early
+        self._feats = np.zeros((0, 2))
         self.name = name or f"model:{backend.config.name or backend.name}"
         self.weight_bytes_per_token = backend.weight_bytes()
         self._max_len = max_len or backend.caps.max_context or backend.config.context_length
@@ -48,14 +51,22 @@ class ModelDrafter:
             return Draft(tokens=np.zeros(0, dtype=np.int32), q=None)
         tokens = np.zeros(k, dtype=np.int32)
         q = np.zeros((k, self.backend.config.vocab_size), dtype=np.float64)
+        feats = np.zeros((k, 2), dtype=np.float64)
         logits = self._sync(context)
         for i in range(k):
             q[i] = logits_to_probs(logits, self.params, history=np.concatenate([context, tokens[:i]]))[0]
             tokens[i] = int(np.argmax(q[i])) if self.params.greedy else sample(q[i], rng)
+            feats[i] = stop_features(logits[0], int(tokens[i]))
+            if self.stop is not None and self.stop.stop(feats[:i + 1]):
+                k = i + 1
+                break
             if i + 1 < k:
                 logits = self.backend.forward(tokens[i:i + 1], self._cache)
         self._cached = np.concatenate([self._cached, tokens[:k - 1]])
-        return Draft(tokens=tokens, q=q)
+        self._feats = feats[:k]
+        return Draft(tokens=tokens[:k], q=q[:k])
 
     def accept(self, n_accepted: int, next_token: int) -> None:
-        """Nothing to do: `_sync` reconciles the cache with the committed context at the next propose."""
+        """The stop policy learns from the verdict; `_sync` reconciles the cache at the next propose."""
+        if self.stop is not None and len(self._feats):
+            self.stop.observe(self._feats, n_accepted)
