@@ -95,6 +95,7 @@ class DrafterKind(enum.Enum):
     NONE = "none"
     NGRAM = "ngram"
     MODEL = "model"
+    LORADROP = "loradrop"  # self-speculative LoRA-Drop (2.5); optional argument: a fitted corrections directory
 
 
 @dataclass(frozen=True)
@@ -104,13 +105,14 @@ class DrafterSpec:
 
     @classmethod
     def parse(cls, text: str) -> "DrafterSpec":
-        """'none' | 'ngram' | 'model:<name-or-path>'."""
+        """'none' | 'ngram' | 'model:<name-or-path>' | 'loradrop[:<corrections-dir>]'."""
         head, _, arg = text.partition(":")
         try:
             kind = DrafterKind(head)
         except ValueError:
-            raise ValueError(f"unknown drafter {text!r}; use none, ngram or model:<name-or-path>") from None
-        if (kind is DrafterKind.MODEL) != bool(arg):
+            raise ValueError(f"unknown drafter {text!r}; use none, ngram, model:<name-or-path> or "
+                             "loradrop[:<corrections-dir>]") from None
+        if kind is not DrafterKind.LORADROP and (kind is DrafterKind.MODEL) != bool(arg):
             raise ValueError(f"drafter {text!r}: only 'model' takes an argument, as model:<name-or-path>")
         return cls(kind, arg or None)
 
@@ -123,6 +125,10 @@ def make_drafter(spec: DrafterSpec, target: LoadedModel, params: SamplingParams,
         return None
     if spec.kind is DrafterKind.NGRAM:
         return NgramDrafter()
+    if spec.kind is DrafterKind.LORADROP:
+        from ..runtime.drafters.loradrop import LoRADropDrafter
+        from .loradrop_cmd import load_corrections
+        return LoRADropDrafter(load_corrections(spec.model, target), params)
     if target.kind is BackendKind.NUMPY and resolve_model(spec.model, cache_dir).resolve() == target.path.resolve():
         # The NumPy backend holds any number of caches over one copy of the weights.
         return ModelDrafter(target.backend, params, max_len=ctx, name=f"model:{spec.model}")
