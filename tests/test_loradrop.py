@@ -189,3 +189,11 @@ def test_entropy_switch_switches_and_catches_up(model):
     runs = "".join(sw.trace).replace("LS", "L S").replace("SL", "S L").split()
     assert sw.switches >= 2 and len(runs) == sw.switches + 1, sw.trace  # back and forth
     assert all(len(r) >= 2 for r in runs[1:-1])  # the minimum dwell holds between switches
+
+
+def test_ppl_script_schedule_without_drops_is_the_full_model(model, corrections):
+    from specedge.perf.loradrop_ppl import score_full, score_schedule
+    seqs = [np.random.default_rng(9).integers(0, 97, 20).astype(np.int32)]
+    full = score_full(model, seqs, 4)
+    assert np.isclose(score_schedule(model, Corrections(3, (), (), ()), seqs, 4), full)
+    assert score_schedule(model, corrections, seqs, 4) != full
