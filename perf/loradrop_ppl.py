@@ -76,12 +76,11 @@ def main(argv=None) -> None:
     for c in cycles:
         t0 = time.perf_counter()
         big = fit(backend, fit_seqs, LoRADropSpec(rank=max(ranks), cycle=c, ridge=a.ridge), prov)
-        cells = []
-        for r in ranks:
+        print(f"{c:>5}", end="", flush=True)
+        for r in ranks:  # one cell at a time: a row takes minutes on a busy CPU
             corr = pure_reuse(cfg.d_model, layers, c) if r == 0 else big.truncated(r)
-            cells.append(score_schedule(backend, corr, eval_seqs, a.prefix))
-        print(f"{c:>5} " + " ".join(f"{p:9.3f}" for p in cells) + f"   ({time.perf_counter() - t0:.0f} s)",
-              flush=True)
+            print(f" {score_schedule(backend, corr, eval_seqs, a.prefix):9.3f}", end="", flush=True)
+        print(f"   ({time.perf_counter() - t0:.0f} s)", flush=True)
 
 
 if __name__ == "__main__":
