@@ -58,7 +58,7 @@ def main(argv=None) -> None:
     ap.add_argument("--max-eval-tokens", type=int, default=240, help="cap on scored tokens (split over sequences)")
     ap.add_argument("--ranks", default="0,4,8,16,32")
     ap.add_argument("--cycles", default="2,4,8")
-    ap.add_argument("--ridge", type=float, default=1e-3)
+    ap.add_argument("--ridge", type=float, default=0.1)
     a = ap.parse_args(argv)
     loaded = load_model(a.model, BackendKind.NUMPY)
     backend, cfg = loaded.backend, loaded.backend.config

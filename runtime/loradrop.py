@@ -44,7 +44,7 @@ class LoRADropSpec:
 
     rank: int = 8
     cycle: int = 4
-    ridge: float = 1e-3
+    ridge: float = 0.1  # measured: held-out drop-step error 0.48-0.87 of pure reuse vs 0.81-0.96 at 1e-3 (SmolLM2)
     every: int = 4
 
     @classmethod

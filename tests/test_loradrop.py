@@ -33,7 +33,7 @@ def corrections(model):
 
 def test_droppable_rule_and_spec_parse():
     assert droppable_layers(10) == (1, 2, 3, 5, 6, 7, 9)
-    assert LoRADropSpec.parse("rank=8,cycle=4") == LoRADropSpec(8, 4)
+    assert LoRADropSpec.parse("rank=8,cycle=4,ridge=0.001") == LoRADropSpec(8, 4, 1e-3)
     with pytest.raises(ValueError, match="key=value"):
         LoRADropSpec.parse("r=8")
     with pytest.raises(ValueError, match="cycle >= 2"):
