@@ -107,12 +107,13 @@ def models_cmd(cache_dir: Path | None) -> None:
         click.echo(f"{entry.name:24s} {entry.size / 1e6:8.1f} MB  {state}\n    {entry.description}")
 
 
-def run_once(target, drafter, params, prompt_ids, o, *, echo: bool):
+def run_once(target, drafter, params, prompt_ids, o, *, echo: bool, decoder=None):
     stats = DecodeStats()
     parts, tokens, reason = [], [], None
+    extra = {} if decoder is None else {"decoder": decoder}
     for r in stream(target.backend, target.tokenizer, prompt_ids, params, drafter=drafter, k=o["k"],
                     max_tokens=o["max_tokens"], stop=o["stop"], rng=np.random.default_rng(o["seed"]), stats=stats,
-                    ctx=o["ctx"], adaptive_k=o["adaptive_k"], verifier_kind=VerifierKind(o["verifier"])):
+                    ctx=o["ctx"], adaptive_k=o["adaptive_k"], verifier_kind=VerifierKind(o["verifier"]), **extra):
         parts.append(r.text)
         tokens.append(r.token)
         reason = r.finish_reason
@@ -134,21 +135,36 @@ def run_once(target, drafter, params, prompt_ids, o, *, echo: bool):
 @click.option("--baseline", is_flag=True, help="Also decode without a drafter and report the speedup.")
 @click.option("--stats", "show_stats", is_flag=True, help="Print decoding statistics to stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, tokens and stats.")
+@click.option("--lossy", default=None,
+              help="LOSSY opt-in (output is not the model's own): loradrop[:DIR] decodes with the LoRA-Drop cycle; "
+                   "entropy-switch:<small-model>,<threshold>[,<dwell>] switches models by entropy. Ignores --drafter.")
 def generate(**o) -> None:
     """Decode PROMPT with MODEL (catalogue name or GGUF path; with --backend onnx an exported directory or its
     cache name, e.g. smollm2-135m-onnx-int8), speculatively."""
     target, drafter, params = setup(o)
     text = o["prompt"] if o["raw"] else target.tokenizer.apply_chat_template([{"role": "user", "content": o["prompt"]}])
     prompt_ids = target.tokenizer.encode(text)
-    base = None
+    base, decoder = None, None
+    if o["lossy"]:
+        from .loradrop_cmd import lossy_decoder
+        try:
+            decoder = lossy_decoder(o["lossy"], target, cache_dir=o["cache_dir"], ctx=o["ctx"])
+        except (ValueError, FileNotFoundError) as e:
+            raise click.ClickException(str(e)) from None
+        drafter = None
+        click.echo(f"warning: {decoder.label}: the output is NOT the model's own (quality measured in "
+                   "perf/loradrop_ppl.py)", err=True)
     if o["baseline"]:
         base = run_once(target, None, params, prompt_ids, o, echo=False)
     try:
-        out_text, tokens, reason, stats = run_once(target, drafter, params, prompt_ids, o, echo=not o["as_json"])
+        out_text, tokens, reason, stats = run_once(target, drafter, params, prompt_ids, o, echo=not o["as_json"],
+                                                   decoder=decoder)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
     report = {"drafter": o["drafter"], "backend": o["backend"], "k": o["k"], "adaptive_k": o["adaptive_k"],
               "verifier": o["verifier"], **stats.to_dict()}
+    if decoder is not None:
+        report.update(drafter="none", lossy=decoder.label)
     if base is not None:
         b_stats = base[3]
         report["baseline_tokens_per_s"] = b_stats.tokens_per_s
@@ -158,7 +174,7 @@ def generate(**o) -> None:
         click.echo(json.dumps({"text": out_text, "tokens": tokens, "finish_reason": reason.value,
                                "stats": report}))
     if o["show_stats"] or o["baseline"]:
-        line = f"[{o['backend']} drafter={o['drafter']} k={o['k']}] {stats.summary()}"
+        line = f"[{o['backend']} {report.get('lossy') or 'drafter=' + o['drafter']} k={o['k']}] {stats.summary()}"
         if base is not None:
             line += (f"\n[{o['backend']} plain] {base[3].tokens_per_s:.1f} tok/s -> speedup "
                      f"{report['speedup']:.2f}x, output identical to plain: {report['identical_to_baseline']}")

@@ -108,6 +108,7 @@ class DrafterKind(enum.Enum):
     SWIFT = "swift"  # on-the-fly skip-set search (2.3)
     EXIT = "exit"  # early exit at layer l (2.4)
     DEL = "del"  # exit layer and draft length from shadow tokens (2.4)
+    LORADROP = "loradrop"  # self-speculative LoRA-Drop (2.5); optional argument: a fitted corrections directory
 
 
 _ARG = {DrafterKind.MODEL: "model:<name-or-path>", DrafterKind.SKIP: "skip:<R>", DrafterKind.EXIT: "exit:<layer>"}
@@ -124,7 +125,7 @@ class DrafterSpec:
     @classmethod
     def parse(cls, text: str) -> "DrafterSpec":
         """'none' | 'ngram' | 'model:<name-or-path>' | 'recycle[:<nodes>]' | 'skip:<R>' | 'swift' | 'exit:<layer>' |
-        'del', optionally followed by '+<stop>' (model and self-speculative drafters): +conf, +conf:<t>, +logistic,
+        'del' | 'loradrop[:<corrections-dir>]', optionally followed by '+<stop>' (model and self-speculative drafters): +conf, +conf:<t>, +logistic,
         +logistic:<h>."""
         body, plus, stop = text.rpartition("+")
         if not plus or stop.partition(":")[0] not in _STOPS:
@@ -134,7 +135,11 @@ class DrafterSpec:
             kind = DrafterKind(head)
         except ValueError:
             raise ValueError(f"unknown drafter {text!r}; use none, ngram, recycle[:nodes], model:<name-or-path>, "
-                             "skip:<R>, swift, exit:<layer> or del") from None
+                             "skip:<R>, swift, exit:<layer>, del or loradrop[:<corrections-dir>]") from None
+        if kind is DrafterKind.LORADROP:
+            if stop is not None:
+                raise ValueError(f"drafter {text!r}: the loradrop drafter takes no draft stop; drop the +{stop}")
+            return cls(kind, arg or None)  # optional: a fitted corrections directory
         if kind is DrafterKind.RECYCLE:
             if arg and not arg.isdigit():
                 raise ValueError(f"drafter {text!r}: the recycle tree size is a node count, as recycle:16")
@@ -185,6 +190,10 @@ def make_drafter(spec: DrafterSpec, target: LoadedModel, params: SamplingParams,
         drafter = selfspec[spec.kind]()
         require_layered(target.backend, drafter.name)  # at start-up, not at the first bind
         return drafter
+    if spec.kind is DrafterKind.LORADROP:
+        from ..runtime.drafters.loradrop import LoRADropDrafter
+        from .loradrop_cmd import load_corrections
+        return LoRADropDrafter(load_corrections(spec.model, target), params)
     if target.kind is BackendKind.NUMPY and resolve_model(spec.model, cache_dir).resolve() == target.path.resolve():
         # The NumPy backend holds any number of caches over one copy of the weights.
         return ModelDrafter(target.backend, params, max_len=ctx, name=f"model:{spec.model}", stop=stop)

@@ -68,9 +68,12 @@ def parse_layers(text: str, n_layers: int) -> list[int]:
 @click.option("--via", type=click.Choice(["specedge", "optimum"]), default="specedge", show_default=True,
               help="Hugging Face directory: our graph builder (llama, qwen2), or optimum for other architectures "
                    "(fp32 only, and slower: its graph copies the KV cache every step; docs/onnx.md).")
+@click.option("--lora-drop", "lora_drop", default=None,
+              help="Fit LoRA-Drop corrections instead (e.g. rank=8,cycle=4; NumPy reference, dev-set prompts) into "
+                   "--out or <cache>/<model>-loradrop-r<rank>-c<cycle>/.")
 @click.option("--cache-dir", type=click.Path(path_type=Path), default=None, help="Model cache.")
 def export_cmd(model, fmt, weights, out, layers, profile, verify_width, max_context, threads, min_top1, max_dlogit,
-               via, cache_dir) -> None:
+               via, lora_drop, cache_dir) -> None:
     """Export MODEL (catalogue name, .gguf path, or a Hugging Face checkpoint directory with config.json and
     *.safetensors). ONNX exports must pass the parity gate against a reference (the NumPy reference; transformers
     for --via optimum): numbers printed, out of tolerance exits non-zero and marks the artifact failed."""
@@ -83,6 +86,8 @@ def export_cmd(model, fmt, weights, out, layers, profile, verify_width, max_cont
         source = None if hf else open_gguf(resolve_model(model, cache_dir))
     except (ValueError, FileNotFoundError) as e:
         raise click.ClickException(str(e)) from None
+    if lora_drop is not None:
+        return _export_lora_drop(model, lora_drop, out, cache_dir)
     if fmt == "gguf":
         if profile != "dynamic" or verify_width is not None or max_context is not None:
             raise click.BadParameter("--profile, --verify-width and --max-context apply to --format onnx",
@@ -158,6 +163,20 @@ def _static_shape(profile, weights, verify_width, max_context, config):
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--max-context") from None
     return shape
+
+
+def _export_lora_drop(model, text, out, cache_dir) -> None:
+    from ..runtime.backends import BackendKind
+    from ..runtime.loradrop import LoRADropSpec
+    from .engine import load_model
+    from .loradrop_cmd import export_lora_drop
+    try:
+        spec = LoRADropSpec.parse(text)
+        loaded = load_model(model, BackendKind.NUMPY, cache_dir=cache_dir)
+        out = out or model_cache_dir(cache_dir) / f"{loaded.path.stem}-loradrop-r{spec.rank}-c{spec.cycle}"
+        click.echo(str(export_lora_drop(loaded, spec, out)))
+    except (ValueError, FileNotFoundError) as e:
+        raise click.ClickException(str(e)) from None
 
 
 def _export_gguf(source, model, weights, out, layers, cache_dir) -> None:

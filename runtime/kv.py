@@ -54,6 +54,8 @@ class KVCache(LengthCursor):
             raise ValueError(f"KV cache capacity must be positive, got {capacity}")
         self.k = np.zeros((n_layers, n_kv_heads, capacity, head_dim), dtype=dtype)
         self.v = np.zeros_like(self.k)
+        # absent[layer, slot]: the layer wrote no K/V there (a LoRA-Drop drop step); its queries skip those slots.
+        self.absent = np.zeros((n_layers, capacity), dtype=bool)
         self._length = 0
 
     @property
@@ -65,6 +67,11 @@ class KVCache(LengthCursor):
         t = k.shape[1]
         self.k[layer, :, self._length:self._length + t] = k
         self.v[layer, :, self._length:self._length + t] = v
+        self.absent[layer, self._length:self._length + t] = False
+
+    def skip(self, layer: int, t: int) -> None:
+        """The layer writes no K/V for the T new tokens (length not advanced): later queries of it skip them."""
+        self.absent[layer, self._length:self._length + t] = True
 
     def view(self, layer: int, t: int) -> tuple[np.ndarray, np.ndarray]:
         """K, V of the committed positions plus the t new ones: [n_kv, length + t, hd]."""
@@ -82,6 +89,7 @@ class KVCache(LengthCursor):
             raise ValueError("compaction only moves rows towards the start")
         self.k[:, :, dst] = self.k[:, :, src]
         self.v[:, :, dst] = self.v[:, :, src]
+        self.absent[:, dst] = self.absent[:, src]
         self._length = dst_start + len(src)
 
     def snapshot(self) -> KVSnapshot:

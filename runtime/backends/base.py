@@ -36,16 +36,41 @@ class BackendCaps:
     max_context: int | None = None  # most positions a cache may hold (None: config.context_length)
 
 
+@dataclass(frozen=True, eq=False)
+class LowRankReuse:
+    """A drop-step replacement for one layer (LoRA-Drop, ALGORITHMS.md 2.5).
+
+    The layer's "output" is the residual delta it adds (block(h) - h). On a drop step the layer adds
+    `anchor + scale * (h @ a.T) @ b.T` instead: no attention, no MLP, no KV write (the layer's cache rows at
+    these slots are marked missing, so later queries of that layer do not attend to them).
+    anchor: [D] the layer's delta at the cycle's most recent refresh step; a: [r, D]; b: [D, r] (r = 0: pure reuse).
+    """
+
+    layer: int
+    anchor: np.ndarray  # [D]
+    a: np.ndarray  # [r, D]
+    b: np.ndarray  # [D, r]
+    scale: float = 1.0
+
+    def delta(self, h: np.ndarray) -> np.ndarray:
+        """[T, D] -> [T, D]: what the layer adds to the residual stream on a drop step."""
+        if self.a.shape[0] == 0:
+            return np.broadcast_to(self.anchor, h.shape).astype(h.dtype)
+        return (self.anchor + self.scale * ((h @ self.a.T) @ self.b.T)).astype(h.dtype)
+
+
 @dataclass(frozen=True)
 class LayerPlan:
     """Which layers a forward runs: the self-speculative drafters are the same weights run with a plan.
 
     layers: indices of the layers to run, ascending (None = all).
     exit_layer: stop after this many layers and apply the final norm + LM head (None = run to the end).
+    reuse: layers replaced by a low-rank drop step (LoRA-Drop); each must be one of the planned layers.
     """
 
     layers: tuple[int, ...] | None = None
     exit_layer: int | None = None
+    reuse: tuple[LowRankReuse, ...] = ()
 
     def resolve(self, n_layers: int) -> tuple[int, ...]:
         layers = tuple(range(n_layers)) if self.layers is None else self.layers
@@ -55,6 +80,10 @@ class LayerPlan:
             if not 1 <= self.exit_layer <= n_layers:
                 raise ValueError(f"exit_layer {self.exit_layer} must be in [1, {n_layers}]")
             layers = tuple(i for i in layers if i < self.exit_layer)
+        bad = [r.layer for r in self.reuse if r.layer not in layers]
+        if bad:
+            raise ValueError(f"reused layers {bad} are not in the plan's layers {layers}: a drop step replaces a "
+                             "layer that the plan runs")
         return layers
 
 

@@ -75,9 +75,12 @@ class NumpyBackend:
         return KVCache(c.n_layers, c.n_kv_heads, c.head_dim, max_len, dtype=self.dtype)
 
     def weight_bytes(self, plan: LayerPlan | None = None) -> int:
-        layers = (plan or LayerPlan()).resolve(self.config.n_layers)
+        plan = plan or LayerPlan()
+        layers, reused = plan.resolve(self.config.n_layers), {r.layer for r in plan.reuse}
         row_bytes = self._lm_head.nbytes // self._lm_head.shape[0]  # the embedding read is one row per token
-        return sum(self._layer_bytes[i] for i in layers) + int(self._lm_head.nbytes) + row_bytes
+        low_rank = sum(int(r.a.nbytes + r.b.nbytes) for r in plan.reuse)
+        return (sum(self._layer_bytes[i] for i in layers if i not in reused) + low_rank + int(self._lm_head.nbytes)
+                + row_bytes)
 
     def forward(self, tokens: Tokens, cache: KVCache, *, tree_mask: Mask | None = None,
                 plan: LayerPlan | None = None) -> Logits:
@@ -109,8 +112,13 @@ class NumpyBackend:
         mask = attention_mask(cache.length, t, tree_mask)
         h = self._w["embed"][tokens]
         tapped = {0: h} if 0 in taps else {}
+        reuse = {r.layer: r for r in (plan or LayerPlan()).reuse}
         for i in layers:
-            h = self._block(i, h, cos, sin, mask, cache)
+            if i in reuse:  # LoRA-Drop drop step: a low-rank delta, no attention, no KV write
+                cache.skip(i, t)
+                h = h + reuse[i].delta(h)
+            else:
+                h = self._block(i, h, cos, sin, mask, cache)
             if i + 1 in taps:
                 tapped[i + 1] = h
         cache.advance(t)
@@ -131,7 +139,8 @@ class NumpyBackend:
         q = q.reshape(c.n_kv_heads, c.group * t, c.head_dim)  # query heads grouped under their KV head
         scores = (q @ keys.transpose(0, 2, 1)) * self.dtype.type(1.0 / np.sqrt(c.head_dim))  # [KV, G*T, S]
         scores = scores.reshape(c.n_kv_heads, c.group, t, -1)
-        scores = np.where(mask, scores, -np.inf)
+        hole = cache.absent[i, :scores.shape[-1]]
+        scores = np.where(mask & ~hole if hole.any() else mask, scores, -np.inf)
         scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
         probs = (scores / scores.sum(axis=-1, keepdims=True)).reshape(c.n_kv_heads, c.group * t, -1)
         attn = (probs @ values).reshape(c.n_heads, t, c.head_dim).transpose(1, 0, 2).reshape(t, -1)

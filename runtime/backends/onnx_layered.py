@@ -175,6 +175,9 @@ class OnnxLayeredBackend:
             raise ValueError("the layered ONNX backend runs chains (no tree masks yet); use the NumPy backend for "
                              "tree drafts")
         layers = (plan or LayerPlan()).resolve(self.config.n_layers)
+        if plan is not None and plan.reuse:
+            raise ValueError("the layered ONNX backend does not run LoRA-Drop drop steps (LayerPlan.reuse) yet; use "
+                             "--backend numpy for the loradrop drafter and lossy mode")
         t = len(tokens)
         if t == 0:
             raise ValueError("forward needs at least one token")

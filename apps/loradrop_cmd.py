@@ -1,0 +1,76 @@
+"""The apps' side of LoRA-Drop and the lossy modes: calibration text, `export --lora-drop`, `generate --lossy`.
+
+Calibration text = the dev-set prompts' first turns, chat-formatted ("prompts"), optionally followed by the
+model's own greedy completion ("completions"). Held-out evaluation uses the prompts after the first `n`
+(perf/loradrop_ppl.py), so the dev set is split by position: [0, n) fit, [n, ...) held out.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+
+from ..perf.devset import default_devset, load_prompts
+from ..runtime.backends import BackendKind
+from ..runtime.decode import decode
+from ..runtime.loradrop import Corrections, LoRADropSpec, fit
+from ..runtime.lossy import EntropySwitch, LoRADropLossy
+from ..runtime.types import SamplingParams
+
+
+def calibration_tokens(loaded, n_prompts: int = 16, completion_tokens: int = 0, offset: int = 0
+                       ) -> tuple[list[np.ndarray], dict]:
+    """Token sequences of dev prompts [offset, offset + n_prompts) (+ greedy completions) and their provenance."""
+    path = default_devset()
+    prompts = load_prompts(path, spread=False)[offset:offset + n_prompts]
+    tok = loaded.tokenizer
+    seqs = []
+    for p in prompts:
+        ids = np.asarray(tok.encode(tok.apply_chat_template([{"role": "user", "content": p.text}])), dtype=np.int32)
+        if completion_tokens:
+            out = [e.token for e in decode(loaded.backend, ids, SamplingParams(), max_tokens=completion_tokens,
+                                           eos_ids=tok.eos_ids)]
+            ids = np.concatenate([ids, np.asarray(out, dtype=np.int32)])
+        seqs.append(ids)
+    prov = {"source": "completions" if completion_tokens else "prompts", "devset": path.name,
+            "devset_sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "prompts": [offset, offset + n_prompts],
+            "completion_tokens": completion_tokens, "model": loaded.path.name}
+    return seqs, prov
+
+
+def export_lora_drop(loaded, spec: LoRADropSpec, out: Path, n_prompts: int = 16, completion_tokens: int = 0) -> Path:
+    """Fit on the calibration text and save lora_drop.npz + lora_drop.json into `out`."""
+    seqs, prov = calibration_tokens(loaded, n_prompts, completion_tokens)
+    return fit(loaded.backend, seqs, spec, prov).save(out)
+
+
+def lossy_decoder(text: str, target, *, cache_dir: Path | None = None, ctx: int | None = None):
+    """'loradrop[:DIR]' (no DIR: pure reuse, cycle 4) or 'entropy-switch:<small-model>,<threshold>[,<dwell>]'."""
+    from .engine import load_model  # engine imports this module for the drafter
+    head, _, arg = text.partition(":")
+    if head == "loradrop":
+        return LoRADropLossy(load_corrections(arg or None, target))
+    if head == "entropy-switch" and arg:
+        parts = arg.split(",")
+        try:
+            small, threshold, dwell = parts[0], float(parts[1]), int(parts[2]) if len(parts) > 2 else 4
+        except (IndexError, ValueError):
+            raise ValueError(f"--lossy {text!r}: use entropy-switch:<small-model>,<threshold>[,<min-dwell>]") from None
+        small_model = load_model(small, target.kind, ctx=ctx, cache_dir=cache_dir)
+        if small_model.tokenizer.fingerprint() != target.tokenizer.fingerprint():
+            raise ValueError(f"--lossy {text!r}: {small} has a different tokenizer from the target; pick one family")
+        return EntropySwitch(small_model.backend, threshold, min_dwell=dwell)
+    raise ValueError(f"unknown lossy mode {text!r}; use loradrop[:DIR] or entropy-switch:<small-model>,<threshold>")
+
+
+def load_corrections(path: str | None, target) -> Corrections:
+    """Fitted corrections from a directory, or pure reuse (rank 0, cycle 4) with None; needs a layered backend."""
+    if target.kind is not BackendKind.NUMPY:
+        raise ValueError(f"LoRA-Drop runs on --backend numpy (layer plans); {target.kind.value} has none yet")
+    if path is None:
+        from ..runtime.loradrop import droppable_layers, pure_reuse
+        cfg = target.backend.config
+        return pure_reuse(cfg.d_model, droppable_layers(cfg.n_layers), 4)
+    return Corrections.load(Path(path))
+
