@@ -7,8 +7,9 @@ The drafter artifact is linked (not copied) into `--out/<drafter>-vocab<N>` and 
 (export/vocab_trim.write_drafter_vocab, from the drafter's GGUF: the same transcoded weights as the artifact), so the
 cached artifacts stay untouched and nothing is re-exported. Calibration: the target GGUF's greedy completions of the
 first --calib-limit dev-set prompts (llama.cpp); evaluation: the next --prompts dev-set prompts (disjoint), chat
-formatted. Per N (and the full head): one-token drafter forward ms (min over --reps after warm-up), and speculative
-decoding with the ONNX target: acceptance rate, tau, draft ms per drafted token (forward + logits_to_probs), tok/s.
+formatted. Per N (and the full head): one-token drafter forward CPU ms (forward_ms: min, interleaved; use --threads
+1), and speculative decoding with the ONNX target: acceptance rate, tau, draft wall ms per drafted token (forward +
+logits_to_probs), tok/s (wall: noisy on a shared machine).
 """
 from __future__ import annotations
 
@@ -46,17 +47,22 @@ def link_artifact(src: Path, dst: Path) -> Path:
     return dst
 
 
-def forward_ms(backend, reps: int, ctx: int = 256) -> float:
-    """Min wall ms of a one-token forward at cache length ~64 (rolled back each time)."""
-    cache = backend.new_cache(ctx)
-    backend.forward(np.arange(64, dtype=np.int32) + 100, cache)
-    best = float("inf")
-    for i in range(reps):
-        t0 = time.perf_counter()
-        backend.forward(np.array([200 + i], np.int32), cache)
-        best = min(best, time.perf_counter() - t0)
-        cache.rollback(64)
-    return best * 1e3
+def forward_ms(backends: list, reps: int, rounds: int = 5, ctx: int = 256) -> list[float]:
+    """Per backend: min ms of a one-token forward at cache length 64 (rolled back each time), as the calling
+    thread's CPU time (with --threads 1 onnxruntime computes on it, so other processes' load does not count);
+    backends measured in interleaved rounds so drift hits them alike."""
+    caches = [b.new_cache(ctx) for b in backends]
+    for b, c in zip(backends, caches):
+        b.forward(np.arange(64, dtype=np.int32) + 100, c)
+    best = [float("inf")] * len(backends)
+    for _ in range(rounds):
+        for j, (b, c) in enumerate(zip(backends, caches)):
+            for i in range(reps):
+                t0 = time.thread_time()
+                b.forward(np.array([200 + i], np.int32), c)
+                best[j] = min(best[j], time.thread_time() - t0)
+                c.rollback(64)
+    return [1e3 * x for x in best]
 
 
 def run(target, tokenizer, drafter, prompts, params, k, max_tokens) -> dict:
@@ -119,9 +125,9 @@ def main(argv=None) -> None:
     plain = {t: run(target.backend, target.tokenizer, None, evals, SamplingParams(temperature=t), 0, a.tokens)
              for t in a.temperatures}
     print(f"plain target: {json.dumps(plain)}", flush=True)
-    for name, backend, ids in drafters:
-        row = {"N": name, "drafter_bytes_per_token": backend.weight_bytes(),
-               "forward_ms": round(forward_ms(backend, a.reps), 3)}
+    costs = forward_ms([b for _, b, _ in drafters], a.reps)
+    for (name, backend, ids), cost in zip(drafters, costs):
+        row = {"N": name, "drafter_bytes_per_token": backend.weight_bytes(), "forward_cpu_ms": round(cost, 3)}
         for t in a.temperatures:
             drafter = ModelDrafter(backend, SamplingParams(temperature=t), vocab_ids=ids)
             r = run(target.backend, target.tokenizer, drafter, evals, SamplingParams(temperature=t), a.k, a.tokens)
