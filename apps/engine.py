@@ -5,12 +5,16 @@
           `specedge export` writes by default) -> manifest (hashes verified, parity gate passed) -> tokenizer.json
           + chat template from the artifact + the backend for the manifest's format and profile (ours, its
           static-shape profile, or optimum's layout)
+    drafter model:<artifact> on an artifact exported with --drafter-vocab N runs its trimmed decoder (VocabTrim,
+          runtime/vocab_trim.py): logits over N ids, mapped back to full-vocabulary ids by ModelDrafter
 """
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from ..models.catalog import model_cache_dir, resolve_model
 from ..models.errors import ModelFileError
@@ -27,6 +31,7 @@ from ..runtime.drafters.ngram import NgramDrafter
 from ..runtime.drafters.recycle import RecycleDrafter
 from ..runtime.drafters.selfspec import require_layered
 from ..runtime.tokenizer import Tokenizer
+from ..runtime.vocab_trim import drafter_manifest, read_drafter_vocab
 from ..runtime.types import SamplingParams
 
 
@@ -37,6 +42,7 @@ class LoadedModel:
     tokenizer: Tokenizer
     backend: Backend
     kind: BackendKind
+    vocab_ids: np.ndarray | None = None  # int32 [N] when the backend is a VocabTrim drafter graph (logits [T, N])
 
 
 def artifact_name(model: str, weights: str, via: str = "specedge", static: bool = False, layered: bool = False
@@ -66,9 +72,10 @@ def resolve_artifact(name_or_path: str, cache_dir: Path | None = None) -> Path:
 
 
 def load_onnx(name_or_path: str, *, device: str = "auto", threads: int | None = None,
-              cache_dir: Path | None = None, log=None) -> LoadedModel:
+              cache_dir: Path | None = None, log=None, trimmed: bool = False) -> LoadedModel:
     """Manifest -> verified files -> parity gate recorded as passed -> tokenizer + the backend for its format and
-    profile (OnnxBackend, StaticOnnxBackend for the static-shape profile, OptimumBackend for `--via optimum`)."""
+    profile (OnnxBackend, StaticOnnxBackend for the static-shape profile, OptimumBackend for `--via optimum`).
+    trimmed=True: the artifact's VocabTrim drafter graph when it has one (vocab_ids set), else the model."""
     root = resolve_artifact(name_or_path, cache_dir)
     manifest = read_manifest(root, verify=True)
     parity = manifest.raw.get("parity")
@@ -77,8 +84,12 @@ def load_onnx(name_or_path: str, *, device: str = "auto", threads: int | None = 
                              f"|dlogit| {parity.get('max_dlogit')}); re-export in another --weights format")
     if manifest.raw.get("tokenizer") is None:
         raise ModelFileError(f"{root}/{MANIFEST} lists no tokenizer; re-export the model with `specedge export`")
+    vocab = read_drafter_vocab(manifest) if trimmed else None
+    if vocab is not None:
+        manifest = drafter_manifest(manifest, vocab)
     backend = open_onnx(manifest, device=device, threads=threads, log=log)  # by the manifest's format and profile
-    return LoadedModel(root, None, Tokenizer(manifest.tokenizer_spec()), backend, BackendKind.ONNX)
+    return LoadedModel(root, None, Tokenizer(manifest.tokenizer_spec()), backend, BackendKind.ONNX,
+                       None if vocab is None else vocab.ids)
 
 
 def load_model(name_or_path: str, kind: BackendKind, *, ctx: int | None = None, threads: int | None = None,
@@ -197,8 +208,13 @@ def make_drafter(spec: DrafterSpec, target: LoadedModel, params: SamplingParams,
     if target.kind is BackendKind.NUMPY and resolve_model(spec.model, cache_dir).resolve() == target.path.resolve():
         # The NumPy backend holds any number of caches over one copy of the weights.
         return ModelDrafter(target.backend, params, max_len=ctx, name=f"model:{spec.model}", stop=stop)
-    draft = load_model(spec.model, target.kind, ctx=ctx, threads=threads, cache_dir=cache_dir, device=device)
+    if target.kind is BackendKind.ONNX:  # a --drafter-vocab artifact drafts with its trimmed head
+        draft = load_onnx(spec.model, device=device, threads=threads, cache_dir=cache_dir, trimmed=True)
+    else:
+        draft = load_model(spec.model, target.kind, ctx=ctx, threads=threads, cache_dir=cache_dir, device=device)
     if draft.tokenizer.fingerprint() != target.tokenizer.fingerprint():
         raise ValueError(f"the draft model {spec.model} has a different tokenizer from the target {target.path.name}; "
                          "speculative decoding needs identical vocabularies: pick a drafter from the same family")
-    return ModelDrafter(draft.backend, params, max_len=ctx, name=f"model:{spec.model}", stop=stop)
+    trim = "" if draft.vocab_ids is None else f" (vocab {len(draft.vocab_ids)})"
+    return ModelDrafter(draft.backend, params, max_len=ctx, name=f"model:{spec.model}{trim}", stop=stop,
+                        vocab_ids=draft.vocab_ids)

@@ -10,6 +10,8 @@ layer-subset GGUF drafter for llama.cpp.
                                                                          -> <cache>/smollm2-135m-onnx-layered-int4/
     specedge export smollm2-135m --format gguf --weights fp16 --layers 0-9 --out drafter.gguf
     specedge export smollm2-135m --format gguf --weights keep --layers 0-11   (early exit at 12, Q4_1 blocks kept)
+    specedge export qwen2.5-coder-0.5b --weights int4 --drafter-vocab 16384 --calib-target qwen2.5-coder-1.5b
+                                         -> also a VocabTrim drafter head over the target's 16384 most used ids
 """
 from __future__ import annotations
 
@@ -68,12 +70,21 @@ def parse_layers(text: str, n_layers: int) -> list[int]:
 @click.option("--via", type=click.Choice(["specedge", "optimum"]), default="specedge", show_default=True,
               help="Hugging Face directory: our graph builder (llama, qwen2), or optimum for other architectures "
                    "(fp32 only, and slower: its graph copies the KV cache every step; docs/onnx.md).")
+@click.option("--drafter-vocab", type=click.IntRange(1, None), default=None,
+              help="onnx: also write a drafter whose LM head keeps the N ids most used in target-generated text "
+                   "(VocabTrim; export/vocab_trim.py).")
+@click.option("--calib-limit", type=click.IntRange(1, None), default=10, show_default=True,
+              help="--drafter-vocab: dev-set prompts to calibrate on.")
+@click.option("--calib-tokens", type=click.IntRange(1, None), default=64, show_default=True,
+              help="--drafter-vocab: greedy tokens generated per calibration prompt.")
+@click.option("--calib-target", default=None,
+              help="--drafter-vocab: the target model whose completions are counted (default: MODEL itself).")
 @click.option("--lora-drop", "lora_drop", default=None,
               help="Fit LoRA-Drop corrections instead (e.g. rank=8,cycle=4; NumPy reference, dev-set prompts) into "
                    "--out or <cache>/<model>-loradrop-r<rank>-c<cycle>/.")
 @click.option("--cache-dir", type=click.Path(path_type=Path), default=None, help="Model cache.")
 def export_cmd(model, fmt, weights, out, layers, profile, verify_width, max_context, threads, min_top1, max_dlogit,
-               via, lora_drop, cache_dir) -> None:
+               via, lora_drop, drafter_vocab, calib_limit, calib_tokens, calib_target, cache_dir) -> None:
     """Export MODEL (catalogue name, .gguf path, or a Hugging Face checkpoint directory with config.json and
     *.safetensors). ONNX exports must pass the parity gate against a reference (the NumPy reference; transformers
     for --via optimum): numbers printed, out of tolerance exits non-zero and marks the artifact failed."""
@@ -111,6 +122,9 @@ def export_cmd(model, fmt, weights, out, layers, profile, verify_width, max_cont
         raise click.ClickException(str(e)) from None
     config = hf_model.config if hf_model is not None else getattr(source, "config", None)
     static = _static_shape(profile, weights, verify_width, max_context, config) if config is not None else None
+    if drafter_vocab is not None and (static is not None or via == "optimum"):
+        raise click.BadParameter("VocabTrim heads are built for our dynamic-profile graphs: drop --profile static "
+                                 "and --via optimum", param_hint="--drafter-vocab")
     from ..export.onnx_export import ParityError, Tolerance, WeightFormat, export_gguf_to_onnx, export_hf_to_onnx
     tolerance = None
     if min_top1 is not None or max_dlogit is not None:
@@ -140,7 +154,34 @@ def export_cmd(model, fmt, weights, out, layers, profile, verify_width, max_cont
     parity = json.loads(manifest.read_text("utf-8"))["parity"]
     click.echo(f"parity gate PASS: top-1 agreement {parity['top1']:.2%}, max |dlogit| {parity['max_dlogit']:.4g} "
                f"({parity['positions']} positions)", err=True)
+    if drafter_vocab is not None:
+        _export_drafter_vocab(out, source, hf_model, weights, drafter_vocab, calib_target or model, calib_limit,
+                              calib_tokens, cache_dir, threads)
     click.echo(str(out))
+
+
+def _export_drafter_vocab(out, source, hf_model, weights, n, target, limit, tokens, cache_dir, threads) -> None:
+    """Calibrate on the target's greedy completions, keep the top n ids (and the special ids), write the heads."""
+    from ..export.onnx_export import FloatSource, GGUFSource
+    from ..export.onnx_linear import ExportOptions, WeightFormat
+    from ..export.vocab_trim import calibrate_model, top_ids, write_drafter_vocab
+    src = GGUFSource(source) if hf_model is None else FloatSource(hf_model.load_weights(), hf_model.tensor_types())
+    spec = (source or hf_model).tokenizer_spec()
+    cfg = src.weights.config
+    click.echo(f"calibrating the drafter vocabulary on {target} ({limit} dev-set prompts x {tokens} tokens)", err=True)
+    try:
+        counts, calib = calibrate_model(target, limit=limit, max_tokens=tokens, cache_dir=cache_dir, threads=threads)
+        if len(counts) != cfg.vocab_size:
+            raise ValueError(f"the calibration target {target} has {len(counts)} vocabulary ids, the drafter "
+                             f"{cfg.vocab_size}: calibrate with a target of the same family")
+        keep = [*spec.eos_ids, *cfg.eos_ids, *([] if spec.bos_id is None else [spec.bos_id])]
+        ids = top_ids(counts, n, keep)
+        write_drafter_vocab(out, src, cfg, ExportOptions(WeightFormat(weights)), ids, calib)
+    except (ValueError, FileNotFoundError) as e:
+        raise click.ClickException(str(e)) from None
+    covered = counts[ids].sum() / max(counts.sum(), 1)
+    click.echo(f"drafter vocabulary: {n} of {cfg.vocab_size} ids cover {covered:.2%} of {calib.generated} "
+               f"calibration tokens ({calib.engine})", err=True)
 
 
 def _static_shape(profile, weights, verify_width, max_context, config):

@@ -1,5 +1,8 @@
 """A separate draft model (ALGORITHMS.md 2.1): any Backend, same tokenizer as the target.
 
+VocabTrim (2.2): with `vocab_ids` the backend's logits are [T, N] over those ids; they are scattered to [T, V] with
+-inf elsewhere (runtime/vocab_trim.expand_logits), so the draft emits ids[j] and q is zero off the list (lossless).
+
 The "draft cache lags by one" invariant lives in exactly one place, `_sync`: before drafting, the
 draft cache is rolled back to the longest prefix it shares with the committed context (never the
 whole context: the last token is always fed, its logits give q_1), and the rest is fed in one call.
@@ -13,13 +16,16 @@ import numpy as np
 from ..backends.base import Backend
 from ..draft_stop import DraftStop, stop_features
 from ..sampling import logits_to_probs, sample
-from ..types import Draft, SamplingParams, Tokens
+from ..types import Draft, Logits, SamplingParams, Tokens
+from ..vocab_trim import expand_logits
 
 
 class ModelDrafter:
     def __init__(self, backend: Backend, params: SamplingParams, *, max_len: int | None = None,
-                 name: str | None = None, stop: DraftStop | None = None) -> None:
+                 name: str | None = None, stop: DraftStop | None = None, vocab_ids: np.ndarray | None = None
+                 ) -> None:
         self.backend = backend
+        self.vocab_ids = None if vocab_ids is None else np.asarray(vocab_ids, dtype=np.int64)
         self.params = params
         self.stop = stop  # optional draft-length policy (runtime/draft_stop.py): drafting ends early
         self._feats = np.zeros((0, 2))
@@ -41,7 +47,12 @@ class ModelDrafter:
         self._cache.rollback(common)
         logits = self.backend.forward(context[common:], self._cache)
         self._cached = np.array(context, dtype=np.int32)
-        return logits[-1:]
+        return self._full(logits[-1:])
+
+    def _full(self, logits: Logits) -> Logits:
+        """Draft logits over the full vocabulary: a trimmed head's [T, N] scattered, -inf off the list."""
+        return logits if self.vocab_ids is None else expand_logits(logits, self.vocab_ids,
+                                                                   self.backend.config.vocab_size)
 
     def propose(self, context: Tokens, k: int, rng: np.random.Generator) -> Draft:
         if self._cache is None:
@@ -61,7 +72,7 @@ class ModelDrafter:
                 k = i + 1
                 break
             if i + 1 < k:
-                logits = self.backend.forward(tokens[i:i + 1], self._cache)
+                logits = self._full(self.backend.forward(tokens[i:i + 1], self._cache))
         self._cached = np.concatenate([self._cached, tokens[:k - 1]])
         self._feats = feats[:k]
         return Draft(tokens=tokens[:k], q=q[:k])
