@@ -97,6 +97,20 @@ def exact_joint(P, Q_unused, start, params, n):
     return out
 
 
+def assert_counts_match(counts, exact, trials, alpha=1e-3):
+    """Chi-square test of observed sequence counts against the exact joint distribution (cells with an expected
+    count below 5 pooled); a sequence the target cannot produce fails outright."""
+    assert all(exact[s] > 0 for s in counts), "emitted a sequence the target cannot produce"
+    cells = sorted(exact, key=exact.get, reverse=True)
+    exp = np.array([exact[c] * trials for c in cells])
+    obs = np.array([counts.get(c, 0) for c in cells], dtype=float)
+    big = exp >= 5
+    exp_p, obs_p = np.append(exp[big], exp[~big].sum()), np.append(obs[big], obs[~big].sum())
+    keep = exp_p > 0
+    p_value = sps.chisquare(obs_p[keep], exp_p[keep] * obs_p[keep].sum() / exp_p[keep].sum()).pvalue
+    assert p_value > alpha, p_value
+
+
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0),
                                     SamplingParams(temperature=0.8, top_p=0.9),
                                     SamplingParams(temperature=1.2, top_k=3)], ids=["t1", "t0.8p0.9", "t1.2k3"])

@@ -142,3 +142,22 @@ def test_version_2_artifacts_load_without_tree_support(pair, tmp_path):
         require_tree(backend)
     with pytest.raises(ValueError, match="re-export"):
         backend.forward(np.arange(3, dtype=np.int32), backend.new_cache(8), tree_mask=ancestor_mask([-1, 0, 0]))
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+def test_int8_activation_artifacts_refuse_lossless_trees_but_still_run_them(pair, tmp_path, fmt):
+    """8-bit activations amplify tree-vs-chain rounding into different greedy tokens (int4 SmolLM2: 12 of 18 dev
+    prompts diverged with token recycling), so tree drafters are refused at start-up on such artifacts; the forward
+    itself still takes a tree mask (perf/tree_parity.py measures it)."""
+    _, _, artifact = pair
+    other = tmp_path / fmt
+    shutil.copytree(artifact, other)
+    raw = json.loads((other / MANIFEST).read_text("utf-8"))
+    raw["weight_format"] = fmt  # the refusal reads the manifest's format; the graph stays the fp32 one
+    (other / MANIFEST).write_text(json.dumps(raw), "utf-8")
+    backend = OnnxBackend(other, threads=1)
+    assert not backend.caps.tree_mask
+    with pytest.raises(ValueError, match="8 bits.*fp32"):
+        require_tree(backend)
+    out = backend.forward(np.arange(3, dtype=np.int32), backend.new_cache(8), tree_mask=ancestor_mask([-1, 0, 0]))
+    assert out.shape == (3, backend.config.vocab_size)

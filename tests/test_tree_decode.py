@@ -4,7 +4,6 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from scipy import stats as sps
 
 from specedge.apps.engine import DrafterKind, DrafterSpec
 from specedge.export.gguf_in import open_gguf
@@ -20,7 +19,7 @@ from specedge.runtime.tokenizer import Tokenizer
 from specedge.runtime.tree import TreeDraft
 from specedge.runtime.types import SamplingParams
 from specedge.runtime.verify import VerifierKind
-from test_decode import exact_joint
+from test_decode import assert_counts_match, exact_joint
 
 GREEDY = SamplingParams()
 
@@ -116,16 +115,7 @@ def test_sampled_decode_with_block_verification_preserves_the_target_distributio
 
 
 def assert_matches_target(counts, P, prompt, params, n, trials):
-    exact = exact_joint(P, None, int(prompt[-1]), params, n)
-    assert all(exact[s] > 0 for s in counts), "emitted a sequence the target cannot produce"
-    cells = sorted(exact, key=exact.get, reverse=True)
-    exp = np.array([exact[c] * trials for c in cells])
-    obs = np.array([counts.get(c, 0) for c in cells], dtype=float)
-    big = exp >= 5
-    exp_p, obs_p = np.append(exp[big], exp[~big].sum()), np.append(obs[big], obs[~big].sum())
-    keep = exp_p > 0
-    p_value = sps.chisquare(obs_p[keep], exp_p[keep] * obs_p[keep].sum() / exp_p[keep].sum()).pvalue
-    assert p_value > 1e-3, p_value
+    assert_counts_match(counts, exact_joint(P, None, int(prompt[-1]), params, n), trials)
 
 
 def test_tree_drafter_on_a_chain_backend_fails_at_start_up():

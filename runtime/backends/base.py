@@ -152,6 +152,14 @@ def check_chain_forward(backend: str, tokens: Tokens, cache: KVCache, tree_mask,
     return t
 
 
+def check_capacity(config: ModelConfig, max_len: int) -> None:
+    """A new cache may not hold more positions than the model's context (the RoPE tables of exported graphs end
+    there)."""
+    if max_len > config.context_length:
+        raise ValueError(f"a cache of {max_len} positions exceeds the model's context {config.context_length}"
+                         " (the RoPE tables end there); lower --ctx")
+
+
 def check_room(cache: KVCache, n: int) -> None:
     if cache.length + n > cache.capacity:
         raise ValueError(

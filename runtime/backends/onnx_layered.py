@@ -26,7 +26,7 @@ from ...models.config import ModelConfig
 from ...models.manifest import Manifest, Profile, read_manifest
 from ..kv import LengthCursor
 from ..types import Logits, Mask, Tokens
-from .base import BackendCaps, LayerPlan, check_room
+from .base import BackendCaps, LayerPlan, check_capacity, check_room
 from .onnx_providers import Device, select_providers
 from .onnxrt import _import_ort, read_bytes_per_token
 
@@ -135,9 +135,7 @@ class OnnxLayeredBackend:
                                     provider_options=[o for _, o in self.choice.providers])
 
     def new_cache(self, max_len: int) -> LayeredCache:
-        if max_len > self.config.context_length:
-            raise ValueError(f"a cache of {max_len} positions exceeds the model's context {self.config.context_length}"
-                             " (the RoPE tables end there); lower --ctx")
+        check_capacity(self.config, max_len)
         return LayeredCache(self, max_len)
 
     def weight_bytes(self, plan: LayerPlan | None = None) -> int:

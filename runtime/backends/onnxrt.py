@@ -26,7 +26,7 @@ from ...models.config import ModelConfig
 from ...models.manifest import CHAIN_FORMAT_VERSION, Manifest, Profile, read_manifest
 from ..kv import LengthCursor
 from ..types import Logits, Mask, Tokens
-from .base import BackendCaps, LayerPlan, check_room, tree_depths
+from .base import BackendCaps, LayerPlan, check_capacity, check_room, tree_depths
 from .onnx_providers import Device, ProviderChoice, select_providers
 
 
@@ -143,18 +143,14 @@ class OnnxBackend:
         self.io = self.manifest.io
         # format 4 graphs have the position_ids and tree_bias inputs; version 2 ones run chains only
         self.tree_io = self.manifest.raw["format_version"] != CHAIN_FORMAT_VERSION
-        self.tree_hint = None if self.tree_io else (
-            f"{self.manifest.root} was exported before tree attention (format version {CHAIN_FORMAT_VERSION}): "
-            "re-export it with `specedge export` to verify token trees on the ONNX backend")
-        self.caps = BackendCaps(tree_mask=self.tree_io, layer_plan=False, partial_rollback=True,
+        self.tree_hint = tree_refusal(self.manifest, self.tree_io)
+        self.caps = BackendCaps(tree_mask=self.tree_hint is None, layer_plan=False, partial_rollback=True,
                                 max_batch_tokens=self.config.context_length)
         self.ort, self.session, self.choice, self.threads = open_session(self.manifest, device, threads, log)
         self._weight_bytes = read_bytes_per_token(self.manifest.model_path)
 
     def new_cache(self, max_len: int) -> OnnxCache:
-        if max_len > self.config.context_length:
-            raise ValueError(f"a cache of {max_len} positions exceeds the model's context {self.config.context_length}"
-                             " (the RoPE tables end there); lower --ctx")
+        check_capacity(self.config, max_len)
         return OnnxCache(self, max_len)
 
     def weight_bytes(self, plan: LayerPlan | None = None) -> int:
@@ -187,6 +183,29 @@ class OnnxBackend:
         logits = b.get_outputs()[0].numpy()
         cache.advance(t)
         return logits
+
+
+# Weight formats whose matmuls quantize activations to 8 bits (MatMulNBits accuracy level 4, DynamicQuantizeMatMul).
+INT8_ACTIVATIONS = frozenset({"int8", "int4", "int8-dynamic"})
+
+
+def tree_refusal(manifest: Manifest, tree_io: bool) -> str | None:
+    """Why this artifact may not verify token trees in lossless decoding (None: it may).
+
+    Tree rows equal their chains only up to float rounding (the attention kernel's softmax sums group the ancestors'
+    scores differently when siblings sit between them); fp32/fp16 artifacts keep that at ~1e-4 (measured: greedy token
+    recycling identical to plain greedy on 18/18 dev prompts x 128 tokens), but 8-bit activation rounding amplifies
+    it into different greedy tokens (int4: 12 of 18 prompts diverged). Forward still accepts tree masks on any
+    format 4 artifact, for measurement (perf/tree_parity.py)."""
+    if not tree_io:
+        return (f"{manifest.root} was exported before tree attention (format version {CHAIN_FORMAT_VERSION}): "
+                "re-export it with `specedge export` to verify token trees on the ONNX backend")
+    if manifest.weight_format in INT8_ACTIVATIONS:
+        return (f"{manifest.root.name} ({manifest.weight_format}) quantizes activations to 8 bits, which turns the "
+                "float rounding between tree and chain attention into different greedy tokens (lossless tree "
+                "verification needs an fp32 or fp16 artifact); use a chain drafter such as ngram, or export "
+                "--weights fp32")
+    return None
 
 
 def tree_feeds(length: int, t: int, tree_mask: Mask | None) -> tuple[np.ndarray, np.ndarray]:
