@@ -21,8 +21,9 @@ def require_layered(target: Backend, drafter: str) -> LayeredBackend:
     """The target as a LayeredBackend, or a ValueError naming the fix (raised at start-up, from bind/make_drafter)."""
     if not getattr(target.caps, "layer_plan", False) or not isinstance(target, LayeredBackend):
         raise ValueError(f"the {drafter} drafter runs the target's own layers with a layer plan, which the "
-                         f"{target.name} backend does not support (caps.layer_plan); use --backend numpy, or a "
-                         "drafter that needs no layer plans (ngram, model:<name>)")
+                         f"{target.name} backend does not support (caps.layer_plan); use --backend numpy, an ONNX "
+                         "artifact exported with --profile layered, or a drafter that needs no layer plans (ngram, "
+                         "model:<name>)")
     return target
 
 
