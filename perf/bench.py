@@ -44,7 +44,7 @@ class Config:
     def label(self) -> str:
         if self.drafter == "none":
             return f"{self.target} plain"
-        return f"{self.target} {self.drafter} k={'<=' if self.adaptive else ''}{self.k}"
+        return f"{self.target} {self.drafter} k{'<=' if self.adaptive else '='}{self.k}"
 
 
 @dataclass
