@@ -47,8 +47,11 @@ def llama_configs(gguf: Path, tokenizer, *, ks, max_tokens: int, threads: int, c
     def make(draft_k: int | None) -> Config:
         before = rss_mb()
         draft = None if draft_k is None else LlamaPromptLookupDecoding(num_pred_tokens=draft_k)
+        # Prompt lookup turns on logits_all, whose score buffer llama-cpp-python 0.3.36 sizes by n_batch: a prompt
+        # longer than n_batch then fails ("could not broadcast ... into shape (0,)"), so one batch holds the context.
+        batch = {} if draft is None else {"n_batch": ctx}
         llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=ctx, n_threads=threads, n_threads_batch=threads,
-                              draft_model=draft, verbose=False)
+                              draft_model=draft, verbose=False, **batch)
 
         def run(p: Prompt) -> tuple[list[int], DecodeStats]:
             ids = prompt_ids(p)

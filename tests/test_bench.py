@@ -147,3 +147,20 @@ def test_bench_end_to_end_writes_the_reports(tmp_path):
                                                              "speedup_by_category.png"]
     except ImportError:
         assert "matplotlib is not installed" in report
+
+
+def test_llama_baselines_take_prompts_longer_than_a_batch(tmp_path):
+    """Prompt lookup's logits_all buffer: a prompt over llama-cpp-python's default n_batch (512) must not fail."""
+    pytest.importorskip("llama_cpp")
+    from specedge.export.gguf_in import open_gguf
+    from specedge.perf.bench_llama import llama_configs
+    from specedge.runtime.tokenizer import Tokenizer
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", seed=0, context=1024)
+    tok = Tokenizer(open_gguf(path).tokenizer_spec())
+    prompt = Prompt(0, "text", "the cat sat " * 120)
+    assert len(tok.encode(tok.apply_chat_template([{"role": "user", "content": prompt.text}]))) > 600
+    configs = llama_configs(path, tok, ks=[2], max_tokens=4, threads=1, ctx=1024)
+    outs = [c.run(prompt) for c in configs]
+    assert [c.label for c in configs] == ["llama.cpp plain", "llama.cpp prompt-lookup k=2"]
+    assert all(s.n_generated >= 1 for _, s in outs) and outs[0][0] == outs[1][0]  # greedy either way
