@@ -1,4 +1,4 @@
-"""`specedge` command line: pull, models, export, generate, chat."""
+"""`specedge` command line: pull, models, export, generate, chat, bench."""
 from __future__ import annotations
 
 import json
@@ -16,6 +16,7 @@ from ..runtime.types import FinishReason, SamplingParams
 from ..runtime.backends.onnx_providers import Device
 from ..runtime.verify import VerifierKind
 from .engine import DrafterSpec, load_model, make_drafter
+from .bench_cmd import bench_cmd
 from .export_cmd import export_cmd
 
 CACHE_OPT = click.option("--cache-dir", type=click.Path(path_type=Path), default=None,
@@ -218,6 +219,7 @@ def chat(**o) -> None:
 
 
 cli.add_command(export_cmd)
+cli.add_command(bench_cmd)
 
 
 def main() -> None:

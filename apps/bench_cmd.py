@@ -1,0 +1,135 @@
+"""`specedge bench MODEL`: prompt set x configurations x trials in one process -> report.md, results.json, plots.
+
+The loop, metrics and reports live in perf/bench.py, perf/bench_llama.py and perf/bench_report.py (shared with
+perf/greedy_table.py); this module only parses options and drives them.
+"""
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from ..models.catalog import resolve_model
+from ..perf import bench
+from ..perf.bench_llama import llama_available, llama_configs
+from ..perf.bench_report import SCHEMA_VERSION, environment, write_reports
+
+
+def _split(values) -> list[str]:
+    return [v for text in values for v in text.replace(",", " ").split()]
+
+
+def _progress(total: int):
+    """A tqdm bar on stderr, or plain stderr lines where tqdm is missing."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        state = {"n": 0}
+
+        def step(label: str) -> None:
+            state["n"] += 1
+            click.echo(f"[{state['n']}/{total}] {label}", err=True)
+        return step, lambda: None
+    bar = tqdm(total=total, file=sys.stderr, unit="decode", dynamic_ncols=True)
+
+    def step(label: str) -> None:
+        bar.set_description(label[:40], refresh=False)
+        bar.update(1)
+    return step, bar.close
+
+
+def _command_line() -> str:
+    """The exact command: sys.argv from `bench` on, or (when called in-process, as in tests) rebuilt from click's
+    parsed parameters."""
+    if "bench" in sys.argv:
+        return "specedge " + " ".join(shlex.quote(a) for a in sys.argv[sys.argv.index("bench"):])
+    ctx = click.get_current_context()
+    parts = ["specedge", "bench", shlex.quote(str(ctx.params["model"]))]
+    for name, value in ctx.params.items():
+        if name == "model" or value is None or value == ():
+            continue
+        flag = "--" + name.replace("_", "-")
+        parts += [flag, shlex.quote(",".join(value) if isinstance(value, tuple) else str(value))]
+    return " ".join(parts)
+
+
+@click.command("bench")
+@click.argument("model")
+@click.option("--targets", multiple=True, default=("llamacpp",), show_default=True,
+              help="backend[:model-or-artifact], comma-separated or repeated, e.g. llamacpp,onnx:smollm2-135m-onnx-int4.")
+@click.option("--drafters", multiple=True, default=("ngram",), show_default=True,
+              help="DrafterSpec strings (see generate --drafter), comma-separated or repeated; plain decoding "
+                   "(none) always runs first on each target.")
+@click.option("--k", "ks", multiple=True, default=("4",), show_default=True, help="Draft lengths (comma-separated).")
+@click.option("--adaptive", type=click.Choice(["off", "on", "both"]), default="off", show_default=True,
+              help="Adaptive draft length (k is then the maximum).")
+@click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="JSONL in the dev-set format, or a text file with one prompt per line (default: the shipped "
+                   "Spec-Bench dev subset).")
+@click.option("--limit", type=click.IntRange(1, None), default=20, show_default=True)
+@click.option("--categories", default=None, help="Comma-separated categories or Spec-Bench tasks to keep.")
+@click.option("--group", type=click.Choice(["task", "category"]), default="task", show_default=True,
+              help="Report by Spec-Bench task or by raw category.")
+@click.option("--max-tokens", type=click.IntRange(1, None), default=128, show_default=True)
+@click.option("--warmup", type=click.IntRange(0, None), default=1, show_default=True,
+              help="Prompts run through every configuration and discarded first.")
+@click.option("--trials", type=click.IntRange(1, None), default=1, show_default=True)
+@click.option("--threads", type=click.IntRange(1, None), default=2, show_default=True)
+@click.option("--ctx", type=click.IntRange(64, None), default=2048, show_default=True)
+@click.option("--baselines/--no-baselines", default=True, show_default=True,
+              help="llama-cpp-python plain decoding and LlamaPromptLookupDecoding (k from --k) on MODEL's GGUF.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("bench-out"),
+              show_default=True)
+@click.option("--cache-dir", type=click.Path(path_type=Path), default=None, help="Model cache.")
+def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, categories, group, max_tokens, warmup,
+              trials, threads, ctx, baselines, out, cache_dir) -> None:
+    """Benchmark MODEL (catalogue name or GGUF path) greedily: plain and speculative decoding on each target, and
+    llama.cpp's own decoding as baselines; writes report.md, results.json and PNG plots to --out."""
+    try:
+        k_list = [int(k) for k in _split(ks)]
+    except ValueError:
+        raise click.BadParameter(f"--k takes integers, got {list(ks)}") from None
+    modes = {"off": [False], "on": [True], "both": [False, True]}[adaptive]
+    try:
+        prompts = bench.read_prompts(prompts_file, limit=limit, categories=_split([categories or ""]), by=group)
+        configs = bench.specedge_configs(_split(targets), _split(drafters), k_list, modes, model=model,
+                                         max_tokens=max_tokens, threads=threads, ctx=ctx, cache_dir=cache_dir)
+        if baselines:
+            if not llama_available():
+                raise ImportError("--baselines need llama-cpp-python (pip install 'specedge[llama]'); or pass "
+                                  "--no-baselines")
+            from ..export.gguf_in import open_gguf
+            from ..runtime.tokenizer import Tokenizer
+            gguf = resolve_model(model, cache_dir)
+            tokenizer = Tokenizer(open_gguf(gguf).tokenizer_spec())
+            configs += llama_configs(gguf, tokenizer, ks=k_list, max_tokens=max_tokens, threads=threads, ctx=ctx)
+    except (ValueError, FileNotFoundError, ImportError, RuntimeError) as e:
+        raise click.ClickException(str(e)) from None
+    step, close = _progress(len(configs) * (min(warmup, len(prompts)) + trials * len(prompts)))
+    try:
+        measured = bench.run_bench(configs, prompts, trials=trials, warmup=warmup, by=group, progress=step)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    finally:
+        close()
+    env = environment(threads)
+    env["peak_rss_mb"] = bench.peak_rss_mb()
+    results = {
+        "schema_version": SCHEMA_VERSION,
+        "command": _command_line(),
+        "environment": env,
+        "settings": {"model": model, "targets": _split(targets), "drafters": _split(drafters), "k": k_list,
+                     "adaptive": adaptive, "prompts": str(prompts_file or "dev set"), "limit": limit,
+                     "categories": categories, "group": group, "max_tokens": max_tokens, "warmup": warmup,
+                     "trials": trials, "threads": threads, "ctx": ctx, "baselines": baselines},
+        "categories": sorted({bench.group_of(group)(p) for p in prompts}),
+        "prompts": [{"qid": p.qid, "category": p.category, "task": p.task} for p in prompts],
+        "configs": bench.summarize(measured),
+    }
+    files = write_reports(results, out)
+    click.echo((out / "report.md").read_text())
+    click.echo(f"wrote {', '.join(str(out / f) for f in files)}", err=True)
+    if results.get("plots_note"):
+        click.echo(results["plots_note"], err=True)

@@ -1,0 +1,238 @@
+"""`specedge bench` reports: results.json (RESULTS_SCHEMA), report.md, PNG plots (matplotlib when installed), and
+the environment every report records (package versions, threads, CPU model and flags, git commit, command line)."""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+
+_NUM = {"type": "number"}
+_NUM_OR_NULL = {"type": ["number", "null"]}
+_SUMMARY = {"type": "object", "required": ["mean", "median", "min", "max", "n"],
+            "properties": {"mean": _NUM, "median": _NUM, "min": _NUM, "max": _NUM, "n": {"type": "integer"}}}
+_CATEGORY = {"type": "object", "required": ["tokens_per_s", "speedup_vs_plain", "speedup_vs_llamacpp",
+                                            "mean_accepted_length", "mbsu"],
+             "properties": {"tokens_per_s": _SUMMARY, "speedup_vs_plain": _NUM_OR_NULL,
+                            "speedup_vs_llamacpp": _NUM_OR_NULL, "mean_accepted_length": _NUM_OR_NULL,
+                            "mbsu": _NUM_OR_NULL}}
+_CONFIG = {
+    "type": "object",
+    "required": ["label", "family", "target", "drafter", "k", "adaptive", "tokens_per_s", "speedup_vs_plain",
+                 "speedup_vs_llamacpp", "mean_accepted_length", "accepted_hist", "acceptance_by_position",
+                 "time_split", "weight_bytes_per_token", "mbsu", "identical_to_plain", "n_prompts", "by_category"],
+    "properties": {
+        "label": {"type": "string"}, "family": {"type": "string", "enum": ["specedge", "llama.cpp"]},
+        "target": {"type": "string"}, "drafter": {"type": "string"}, "k": {"type": "integer"},
+        "adaptive": {"type": "boolean"},
+        "tokens_per_s": _SUMMARY,  # over trials
+        "speedup_vs_plain": _NUM_OR_NULL,  # mean tok/s / mean tok/s of plain decoding on the same backend
+        "speedup_vs_llamacpp": _NUM_OR_NULL,  # ... / llama.cpp plain (null without the baselines)
+        "geomean_speedup_over_categories": _NUM_OR_NULL,
+        "mean_accepted_length": _NUM_OR_NULL,  # tau; null for the uninstrumented llama.cpp baselines
+        "acceptance_rate": _NUM_OR_NULL,
+        "accepted_hist": {"type": ["array", "null"], "items": {"type": "integer"}},  # rounds by accepted count
+        "acceptance_by_position": {"type": ["array", "null"], "items": _NUM},
+        "time_split": {"type": ["object", "null"], "required": ["draft_s", "verify_s", "overhead_s"],
+                       "properties": {"draft_s": _NUM, "verify_s": _NUM, "overhead_s": _NUM}},
+        "weight_bytes_per_token": _NUM_OR_NULL, "mbsu": _NUM_OR_NULL,
+        "identical_to_plain": {"type": ["integer", "null"]},  # trial-0 outputs equal to plain greedy's
+        "n_prompts": {"type": "integer"}, "tokens": {"type": "integer"}, "load_mb": _NUM,
+        "by_category": {"type": "object", "additionalProperties": _CATEGORY},
+    },
+}
+RESULTS_SCHEMA = {
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "title": "specedge bench results",
+    "type": "object",
+    "required": ["schema_version", "command", "environment", "settings", "categories", "prompts", "configs"],
+    "properties": {
+        "schema_version": {"type": "integer", "enum": [SCHEMA_VERSION]},
+        "command": {"type": "string"},
+        "time": {"type": "string"},
+        "environment": {"type": "object", "required": ["packages", "threads", "cpu_model", "cpu_flags", "git_commit"],
+                        "properties": {"packages": {"type": "object"}, "threads": {"type": ["integer", "null"]},
+                                       "cpu_model": {"type": "string"},
+                                       "cpu_flags": {"type": "array", "items": {"type": "string"}},
+                                       "git_commit": {"type": ["string", "null"]},
+                                       "peak_rss_mb": _NUM}},
+        "settings": {"type": "object"},
+        "categories": {"type": "array", "items": {"type": "string"}},
+        "prompts": {"type": "array", "items": {"type": "object", "required": ["qid", "category"]}},
+        "configs": {"type": "array", "items": _CONFIG},
+    },
+}
+
+_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
+
+
+def check_schema(obj, schema: dict = RESULTS_SCHEMA, where: str = "$") -> list[str]:
+    """The JSON-schema subset RESULTS_SCHEMA uses (type, enum, required, properties, additionalProperties, items);
+    returns the violations (empty when valid). Used where the jsonschema package is not installed."""
+    errors = []
+    types = schema.get("type")
+    if types is not None:
+        types = [types] if isinstance(types, str) else types
+        ok = any(isinstance(obj, (int, float)) and not isinstance(obj, bool) if t == "number" else
+                 isinstance(obj, int) and not isinstance(obj, bool) if t == "integer" else isinstance(obj, _TYPES[t])
+                 for t in types)
+        if not ok:
+            return [f"{where}: expected {'/'.join(types)}, got {type(obj).__name__}"]
+    if "enum" in schema and obj not in schema["enum"]:
+        errors.append(f"{where}: {obj!r} not in {schema['enum']}")
+    if isinstance(obj, dict):
+        errors += [f"{where}: missing {k!r}" for k in schema.get("required", []) if k not in obj]
+        props = schema.get("properties", {})
+        for k, v in obj.items():
+            sub = props.get(k, schema.get("additionalProperties"))
+            if isinstance(sub, dict):
+                errors += check_schema(v, sub, f"{where}.{k}")
+    if isinstance(obj, list) and "items" in schema:
+        for i, v in enumerate(obj):
+            errors += check_schema(v, schema["items"], f"{where}[{i}]")
+    return errors
+
+
+def environment(threads: int | None, root: Path | None = None) -> dict:
+    """Package versions, threads, CPU model and SIMD flags (/proc/cpuinfo), git commit of the project checkout."""
+    packages = {}
+    for name in ("specedge", "numpy", "onnxruntime", "onnx", "llama_cpp_python", "tokenizers", "gguf"):
+        try:
+            packages[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            packages[name] = None
+    model, flags = platform.processor() or platform.machine(), []
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, val = line.partition(":")
+            if key.strip() == "model name" and val.strip():
+                model = val.strip()
+            elif key.strip() in ("flags", "Features") and not flags:
+                flags = val.split()
+    except OSError:
+        pass
+    commit = None
+    try:
+        root = root or Path(__file__).resolve().parent.parent
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"packages": packages, "python": platform.python_version(), "platform": platform.platform(),
+            "threads": threads, "cpu_model": model, "cpu_flags": flags, "git_commit": commit}
+
+
+SIMD = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx_vnni",
+        "amx_tile", "amx_int8", "amx_bf16", "neon", "asimd", "asimddp", "sve", "i8mm")
+
+
+def _f(x, fmt="{:.2f}", none="-"):
+    return none if x is None else fmt.format(x)
+
+
+def markdown(results: dict) -> str:
+    """Summary tables: every configuration overall, speedup (tau) by category, time split and bytes."""
+    env, rows, cats = results["environment"], results["configs"], results["categories"]
+    simd = [f for f in env["cpu_flags"] if f in SIMD]
+    lines = ["# specedge bench", "", f"`{results['command']}`", "",
+             f"{results.get('time', '')}; CPU {env['cpu_model']} (SIMD: {' '.join(simd) or 'n/a'}); threads "
+             f"{env['threads']}; commit {env['git_commit'] or 'unknown'}; peak RSS {env.get('peak_rss_mb', 0):.0f} "
+             "MB; packages " + ", ".join(f"{k} {v}" for k, v in env["packages"].items() if v), "",
+             f"{len(results['prompts'])} prompts, settings: " + ", ".join(f"{k}={v}" for k, v in
+                                                                         results["settings"].items()), "",
+             "| configuration | tok/s mean | median | min | max | speedup vs plain | vs llama.cpp | geomean over "
+             "categories | tau | MBSU | identical to plain | MB/token |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        t = r["tokens_per_s"]
+        ident = "-" if r["identical_to_plain"] is None else f"{r['identical_to_plain']}/{r['n_prompts']}"
+        lines.append(f"| {r['label']} | {t['mean']:.1f} | {t['median']:.1f} | {t['min']:.1f} | {t['max']:.1f} | "
+                     f"{_f(r['speedup_vs_plain'], '{:.2f}x')} | {_f(r['speedup_vs_llamacpp'], '{:.2f}x')} | "
+                     f"{_f(r['geomean_speedup_over_categories'], '{:.2f}x')} | {_f(r['mean_accepted_length'])} | "
+                     f"{_f(r['mbsu'])} | {ident} | {_f(r['weight_bytes_per_token'] and r['weight_bytes_per_token'] / 1e6)} |")
+    lines += ["", "## Speedup vs plain (tau) by category", "", "| configuration | " + " | ".join(cats) + " |",
+              "|---|" + "---|" * len(cats)]
+    for r in rows:
+        cells = [f"{_f(v['speedup_vs_plain'], '{:.2f}x')} ({_f(v['mean_accepted_length'])})"
+                 for v in r["by_category"].values()]
+        lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
+    lines += ["", "## Acceptance and time split", "",
+              "| configuration | acceptance by position | accepted histogram | draft | verify (target forward) | "
+              "overhead |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["time_split"] is None:
+            continue
+        ts = r["time_split"]
+        pos = " ".join(f"{x:.2f}" for x in r["acceptance_by_position"]) or "-"
+        lines.append(f"| {r['label']} | {pos} | {' '.join(map(str, r['accepted_hist']))} | "
+                     f"{100 * ts['draft_frac']:.0f}% | {100 * ts['verify_frac']:.0f}% | {100 * ts['overhead_frac']:.0f}% |")
+    if results.get("plots_note"):
+        lines += ["", results["plots_note"]]
+    return "\n".join(lines) + "\n"
+
+
+def plots(results: dict, out: Path) -> tuple[list[str], str | None]:
+    """speedup_by_category.png, acceptance_by_position.png, mbsu_vs_speedup.png; ([], note) without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return [], "Plots skipped: matplotlib is not installed (pip install matplotlib, or 'specedge[dev]')."
+    rows, cats = [r for r in results["configs"] if r["drafter"] != "none"], results["categories"]
+    files = []
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(cats) * max(len(rows), 1) / 3), 4))
+    w = 0.8 / max(len(rows), 1)
+    for i, r in enumerate(rows):
+        ax.bar([j + i * w for j in range(len(cats))],
+               [r["by_category"][c]["speedup_vs_plain"] or 0 for c in cats], w, label=r["label"])
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks([j + w * (len(rows) - 1) / 2 for j in range(len(cats))], cats, rotation=30, ha="right")
+    ax.set_ylabel("speedup vs plain (same backend)")
+    ax.legend(fontsize=7)
+    files.append(_save(fig, out / "speedup_by_category.png"))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in rows:
+        if r["acceptance_by_position"]:
+            ax.plot(range(1, len(r["acceptance_by_position"]) + 1), r["acceptance_by_position"], "o-",
+                    label=r["label"])
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("accepted fraction")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7)
+    files.append(_save(fig, out / "acceptance_by_position.png"))
+    fig, ax = plt.subplots(figsize=(5, 5))
+    pts = [(r["mbsu"], r["speedup_vs_plain"], r["label"]) for r in rows if r["mbsu"] and r["speedup_vs_plain"]]
+    for x, y, label in pts:
+        ax.scatter([x], [y], label=label)
+    top = max([2.0] + [max(x, y) for x, y, _ in pts])
+    ax.plot([0, top], [0, top], "k--", lw=0.8)
+    ax.set_xlabel("MBSU (memory-bound speedup)")
+    ax.set_ylabel("measured speedup")
+    ax.legend(fontsize=7)
+    files.append(_save(fig, out / "mbsu_vs_speedup.png"))
+    return files, None
+
+
+def _save(fig, path: Path) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    return path.name
+
+
+def write_reports(results: dict, out: Path) -> list[str]:
+    """results.json, report.md and the plots into `out`; returns the file names written."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    files, note = plots(results, out)
+    results["plots"], results["plots_note"] = files, note
+    results.setdefault("time", time.strftime("%Y-%m-%d %H:%M:%S"))
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "report.md").write_text(markdown(results))
+    return ["results.json", "report.md", *files]
