@@ -141,6 +141,16 @@ class Manifest:
                                      "re-export the model")
 
 
+def manifest_with_profile(manifest: "Manifest | str | Path", profile: Profile, *, verify: bool = True) -> "Manifest":
+    """A Manifest (read from a directory when given a path) whose profile must be `profile`: each ONNX backend class
+    runs one graph layout; runtime.backends.open_onnx picks the class from the manifest."""
+    m = manifest if isinstance(manifest, Manifest) else read_manifest(manifest, verify=verify)
+    if m.profile is not profile:
+        raise ValueError(f"{m.root} has the {m.profile.value} profile, not {profile.value}: open it with "
+                         "runtime.backends.open_onnx, which picks the backend for its profile")
+    return m
+
+
 def read_manifest(root: str | Path, *, verify: bool = True) -> Manifest:
     """Read and validate `root/manifest.json`; verify=True also checks every file's hash."""
     root = Path(root)

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ...models.config import ModelConfig
-from ...models.manifest import Manifest, Profile, read_manifest
+from ...models.manifest import Manifest, Profile, manifest_with_profile
 from ..kv import LengthCursor
 from ..types import Logits, Mask, Tokens
 from .base import BackendCaps, LayerPlan, check_capacity, check_room
@@ -82,10 +82,7 @@ class OnnxLayeredBackend:
 
     def __init__(self, manifest: Manifest | str | Path, *, device: Device | str = Device.CPU,
                  threads: int | None = None, verify: bool = True, log=None, spinning: bool = False) -> None:
-        self.manifest = manifest if isinstance(manifest, Manifest) else read_manifest(manifest, verify=verify)
-        if self.manifest.profile is not Profile.LAYERED:
-            raise ValueError(f"{self.manifest.root} has the {self.manifest.profile.value} profile, not layered: open "
-                             "it with runtime.backends.open_onnx")
+        self.manifest = manifest_with_profile(manifest, Profile.LAYERED, verify=verify)
         self.config: ModelConfig = self.manifest.config
         self.io = self.manifest.io
         self.caps = BackendCaps(tree_mask=False, layer_plan=True, partial_rollback=True,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...models.config import ModelConfig
-from ...models.manifest import Manifest, Profile, read_manifest
+from ...models.manifest import Manifest, Profile, manifest_with_profile
 from ..kv import LengthCursor
 from ..types import Logits, Mask, Tokens
 from .base import BackendCaps, LayerPlan
@@ -80,9 +80,7 @@ class StaticOnnxBackend:
 
     def __init__(self, manifest: Manifest | str, *, device: Device | str = Device.CPU, threads: int | None = None,
                  verify: bool = True, log=None) -> None:
-        self.manifest = manifest if isinstance(manifest, Manifest) else read_manifest(manifest, verify=verify)
-        if self.manifest.profile is not Profile.STATIC:
-            raise ValueError(f"{self.manifest.root} has the {self.manifest.profile.value} profile, not static")
+        self.manifest = manifest_with_profile(manifest, Profile.STATIC, verify=verify)
         self.config: ModelConfig = self.manifest.config
         self.io = self.manifest.io
         self.width = int(self.io["verify_width"])

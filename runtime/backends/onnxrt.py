@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ...models.config import ModelConfig
-from ...models.manifest import CHAIN_FORMAT_VERSION, Manifest, Profile, read_manifest
+from ...models.manifest import CHAIN_FORMAT_VERSION, Manifest, Profile, manifest_with_profile
 from ..kv import LengthCursor
 from ..types import Logits, Mask, Tokens
 from .base import BackendCaps, LayerPlan, check_capacity, check_room, tree_depths
@@ -135,10 +135,7 @@ class OnnxBackend:
 
     def __init__(self, manifest: Manifest | str | Path, *, device: Device | str = Device.CPU,
                  threads: int | None = None, verify: bool = True, log=None) -> None:
-        self.manifest = manifest if isinstance(manifest, Manifest) else read_manifest(manifest, verify=verify)
-        if self.manifest.profile is not Profile.DYNAMIC:
-            raise ValueError(f"{self.manifest.root} has the {self.manifest.profile.value} profile: open it with "
-                             "runtime.backends.open_onnx (StaticOnnxBackend)")
+        self.manifest = manifest_with_profile(manifest, Profile.DYNAMIC, verify=verify)
         self.config: ModelConfig = self.manifest.config
         self.io = self.manifest.io
         # format 4 graphs have the position_ids and tree_bias inputs; version 2 ones run chains only
