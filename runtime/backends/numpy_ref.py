@@ -105,14 +105,15 @@ class NumpyBackend:
             raise ValueError("forward needs at least one token")
         check_room(cache, t)
         c = self.config
-        layers = (plan or LayerPlan()).resolve(c.n_layers)
+        plan = plan or LayerPlan()
+        layers = plan.resolve(c.n_layers)
         depth = np.arange(t) if tree_mask is None else tree_depths(tree_mask)
         angles = (cache.length + depth).astype(np.float64)[:, None] * self._inv_freq[None, :]
         cos, sin = np.cos(angles).astype(self.dtype), np.sin(angles).astype(self.dtype)
         mask = attention_mask(cache.length, t, tree_mask)
         h = self._w["embed"][tokens]
         tapped = {0: h} if 0 in taps else {}
-        reuse = {r.layer: r for r in (plan or LayerPlan()).reuse}
+        reuse = {r.layer: r for r in plan.reuse}
         for i in layers:
             if i in reuse:  # LoRA-Drop drop step: a low-rank delta, no attention, no KV write
                 cache.skip(i, t)
