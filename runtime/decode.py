@@ -17,6 +17,7 @@ from .draft_length import AdaptiveDraftLength
 from .drafters.base import Drafter, TreeDrafter
 from .sampling import logits_to_probs
 from .stats import DecodeStats
+from .session import Session
 from .tree import TreeDraft
 from .types import EMPTY_DRAFT, FinishReason, SamplingParams, StepStats, Tokens, as_tokens
 from .verify import VerifierKind, make_verifier, verify_tree
@@ -41,12 +42,13 @@ class SeqState:
         self.n += len(toks)
 
 
-def prefill(target: Backend, seq: SeqState, drafter=None) -> None:
-    """Feed all prompt tokens but the last (the first step feeds it); a drafter with `observe` sees the logits."""
-    if seq.n > 1:
-        logits = target.forward(seq.tokens[:-1], seq.cache)
+def prefill(target: Backend, seq: SeqState, drafter=None, start: int = 0) -> None:
+    """Feed the prompt tokens from `start` (those before it are cached already: a Session) up to all but the last
+    (the first step feeds it); a drafter with `observe` sees the logits."""
+    if seq.n - 1 > start:
+        logits = target.forward(seq.tokens[start:-1], seq.cache)
         if hasattr(drafter, "observe"):  # token recycling learns the prompt's successors before the first round
-            drafter.observe(seq.tokens[:-1], logits)
+            drafter.observe(seq.tokens[start:-1], logits)
 
 
 def speculative_step(target: Backend, drafter: Drafter | None, verifier: Verifier, params: SamplingParams,
@@ -154,13 +156,17 @@ class TokenEvent:
 def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: Drafter | TreeDrafter | None = None,
            k: int = 4, max_tokens: int = 128, eos_ids: Sequence[int] = (), rng: np.random.Generator | None = None,
            stats: DecodeStats | None = None, ctx: int | None = None, adaptive_k: bool = False,
-           verifier_kind: VerifierKind = VerifierKind.CHAIN) -> Iterator[TokenEvent]:
+           verifier_kind: VerifierKind = VerifierKind.CHAIN, session: Session | None = None
+           ) -> Iterator[TokenEvent]:
     """Generate up to max_tokens tokens; yields one event per emitted token, the last one with a finish reason.
 
     adaptive_k: verify only the prefix of each draft that pays for its verification, learned online from this
     target's call times and the drafter's acceptance (runtime/draft_length.py); k is then the maximum. Lossless
     either way: only speed changes. verifier_kind: chain (1.1) or block (1.3) verification of sampled chain drafts.
     A drafter with `propose_tree` runs tree rounds (`tree_step`, its `max_nodes` bounds each tree; k is unused).
+
+    session: keep the target's KV cache across calls (runtime/session.py): only the prompt tokens past the prefix
+    it already holds are prefilled, and its capacity is the context limit.
 
     The loop only handles stopping (eos, length) and bookkeeping; each round is `speculative_step`.
     Stop strings and cancellation are the caller's (it stops iterating).
@@ -170,7 +176,7 @@ def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: 
         raise ValueError("the prompt is empty: give at least one token")
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    limit = ctx or target.config.context_length
+    limit = session.capacity if session is not None else (ctx or target.config.context_length)
     if len(prompt) + 1 > limit:
         raise ValueError(f"the prompt has {len(prompt)} tokens but the context holds {limit}: shorten the prompt "
                          "or raise --ctx (up to the model's context length)")
@@ -183,14 +189,24 @@ def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: 
     k = int(drafter.max_nodes) if tree else k
     policy = AdaptiveDraftLength(k) if (adaptive_k and drafter is not None and k > 0 and not tree) else None
     eos = set(int(e) for e in eos_ids)
-    seq = SeqState(prompt, target.new_cache(min(limit, len(prompt) + max_tokens + k + 1)))
     t0 = time.perf_counter()
-    prefill(target, seq, drafter)
-    if drafter is not None:
-        if hasattr(drafter, "bind"):  # self-speculative drafters share the target's weights and KV cache
-            drafter.bind(target, seq.cache)
-        drafter.begin(prompt)
+    if session is None:
+        seq, start = SeqState(prompt, target.new_cache(min(limit, len(prompt) + max_tokens + k + 1))), 0
+    else:
+        start = session.start(prompt)
+        seq = SeqState(prompt, session.cache)
+    try:
+        prefill(target, seq, drafter, start)
+        if drafter is not None:
+            if hasattr(drafter, "bind"):  # self-speculative drafters share the target's weights and KV cache
+                drafter.bind(target, seq.cache)
+            drafter.begin(prompt)
+    except BaseException:
+        if session is not None:  # an interrupted prefill keeps what the cache consistently holds
+            session.finish(seq.tokens)
+        raise
     stats.prefill_s += time.perf_counter() - t0
+    stats.n_prefilled += len(prompt) - 1 - start
     produced, dec0, gen0 = 0, stats.decode_s, stats.n_generated  # the stats may accumulate over calls
     t_dec = time.perf_counter()
     try:
@@ -211,3 +227,5 @@ def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: 
                     return
     finally:
         stats.decode_s, stats.n_generated = dec0 + time.perf_counter() - t_dec, gen0 + produced
+        if session is not None:
+            session.finish(seq.tokens)

@@ -27,6 +27,7 @@ class DecodeStats:
     n_drafted: int = 0
     n_accepted: int = 0
     n_generated: int = 0  # tokens handed to the caller (< n_emitted when a round is cut by eos / max_tokens)
+    n_prefilled: int = 0  # prompt tokens run through the target (a Session skips the prefix it holds)
     prefill_s: float = 0.0
     decode_s: float = 0.0
     draft_s: float = 0.0
@@ -55,8 +56,8 @@ class DecodeStats:
         """Add another accumulator's counts and times (per-prompt stats into per-category and overall totals)."""
         self._grow(len(other.accepted_hist) - 1)
         n = len(other.accepted_hist)
-        for name in ("n_target_forwards", "n_emitted", "n_drafted", "n_accepted", "n_generated", "prefill_s",
-                     "decode_s", "draft_s", "verify_s", "forward_s"):
+        for name in ("n_target_forwards", "n_emitted", "n_drafted", "n_accepted", "n_generated", "n_prefilled",
+                     "prefill_s", "decode_s", "draft_s", "verify_s", "forward_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.accepted_hist[:n] += other.accepted_hist
         self.proposed_at[:n - 1] += other.proposed_at
@@ -99,7 +100,8 @@ class DecodeStats:
             "mean_accepted_length": float(self.mean_accepted_length), "acceptance_rate": float(self.acceptance_rate),
             "accepted_hist": [int(v) for v in self.accepted_hist],
             "acceptance_by_position": [float(v) for v in self.acceptance_by_position],
-            "prefill_s": float(self.prefill_s), "decode_s": float(self.decode_s), "draft_s": float(self.draft_s),
+            "n_prefilled": self.n_prefilled, "prefill_s": float(self.prefill_s), "decode_s": float(self.decode_s),
+            "draft_s": float(self.draft_s),
             "verify_s": float(self.verify_s), "forward_s": float(self.forward_s),
             "tokens_per_s": float(self.tokens_per_s),
         }

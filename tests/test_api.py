@@ -1,0 +1,98 @@
+"""specedge.Engine on the tiny model: thread safety, cancellation, per-call sampling, prefix reuse, clean errors."""
+import threading
+
+import numpy as np
+import pytest
+
+import specedge
+from specedge.models.tiny import write_tiny_gguf
+from specedge.runtime.backends.numpy_ref import NumpyBackend
+from specedge.runtime.decode import decode
+from specedge.runtime.types import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    path = write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "t.gguf", seed=0, n_layers=2)
+    return specedge.Engine(str(path), backend="numpy", drafter="ngram", ctx=256)
+
+
+def plain(engine, ids, params, max_tokens, seed=0):
+    backend: NumpyBackend = engine.model.backend
+    return [e.token for e in decode(backend, ids, params, max_tokens=max_tokens, rng=np.random.default_rng(seed))]
+
+
+def test_generate_equals_plain_decoding_and_reports_stats(engine):
+    ids = engine.encode("hello world")
+    c = engine.generate(ids, max_tokens=20)
+    want = plain(engine, ids, SamplingParams(), 20)
+    assert c.tokens == (want[:-1] if c.finish_reason == "eos" else want)
+    assert c.prompt_tokens == len(ids) and c.stats["n_generated"] == len(want)
+    assert c.stats["drafter"] == "ngram" and c.stats["ttft_s"] > 0
+
+
+def test_concurrent_calls_equal_sequential_ones(engine):
+    prompts = [engine.encode(t) for t in ("a b c", "hello", "the cat sat", "xyz xyz", "0 1 2 3")]
+    settings = [dict(max_tokens=15), dict(max_tokens=12, temperature=0.8, seed=3),
+                dict(max_tokens=10, temperature=1.0, top_k=5, seed=4), dict(max_tokens=16, top_p=0.5, temperature=1.2),
+                dict(max_tokens=9)]
+    sequential = [engine.generate(p, **s).tokens for p, s in zip(prompts, settings)]
+    results = [None] * len(prompts)
+
+    def work(i):
+        for _ in range(3):
+            out = engine.generate(prompts[i], **settings[i]).tokens
+            results[i] = out if results[i] in (None, out) else "differs"
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == sequential
+
+
+def test_per_call_sampling_follows_the_seed(engine):
+    ids = engine.encode("sample me")
+    a = engine.generate(ids, max_tokens=12, temperature=1.0, seed=7).tokens
+    assert a == engine.generate(ids, max_tokens=12, temperature=1.0, seed=7).tokens
+    assert a != engine.generate(ids, max_tokens=12, temperature=1.0, seed=8).tokens
+
+
+def test_cancel_stops_between_tokens_and_the_next_call_is_exact(engine):
+    ids = engine.encode("count with me")
+    cancel = threading.Event()
+    chunks = []
+    for c in engine.stream(ids, max_tokens=60, cancel=cancel):
+        chunks.append(c)
+        if len(chunks) == 3:
+            cancel.set()
+    assert chunks[-1].finish_reason == "cancelled" and len(chunks) == 4
+    assert engine.generate(ids, max_tokens=20).tokens == engine.generate(ids, max_tokens=20).tokens
+
+
+def test_chat_turns_reuse_the_cached_prefix(engine):
+    messages = [{"role": "user", "content": "hi there"}]
+    first = engine.chat(messages, max_tokens=8)
+    messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "more"}]
+    second = engine.chat(messages, max_tokens=8)
+    assert second.stats["reused_prompt_tokens"] > first.prompt_tokens // 2
+    assert second.stats["n_prefilled"] == second.prompt_tokens - 1 - second.stats["reused_prompt_tokens"]
+    engine.reset()
+    again = engine.chat(messages, max_tokens=8)
+    assert again.stats["reused_prompt_tokens"] == 0 and again.tokens == second.tokens
+
+
+@pytest.mark.parametrize("bad, match", [(dict(temperature=-1), "temperature"), (dict(top_p=0), "top_p"),
+                                        (dict(top_p=1.5), "top_p"), (dict(max_tokens=0), "max_tokens"),
+                                        (dict(temperature=float("nan")), "temperature")])
+def test_invalid_settings_fail_before_anything_runs(engine, bad, match):
+    with pytest.raises(ValueError, match=match):
+        engine.stream("hello", **bad)
+
+
+def test_a_prompt_longer_than_the_context_names_the_fix(engine):
+    with pytest.raises(ValueError, match="context holds 256.*ctx"):
+        engine.generate(list(range(3, 300)) * 1, max_tokens=4)
+    with pytest.raises(TypeError):
+        engine.generate("x", max_token=4)  # a misspelt option is not silently ignored
