@@ -252,6 +252,20 @@ def parse_target(text: str, default_model: str):
                          f"{', '.join(k.value for k in BackendKind)}[:model]") from None
 
 
+def drafter_for(text: str, kind) -> str | None:
+    """'spec' applies to every target; 'spec@backend' only to targets on that backend (a model drafter names a GGUF
+    for llamacpp and an exported artifact for onnx): the spec for a target of `kind`, or None when it does not apply."""
+    from ..runtime.backends import BackendKind
+    spec, at, backend = text.rpartition("@")
+    if not at:
+        return text
+    try:
+        return spec if BackendKind(backend) is kind else None
+    except ValueError:
+        raise ValueError(f"drafter {text!r}: {backend!r} is not a backend; qualify with one of "
+                         f"{', '.join('@' + k.value for k in BackendKind)}") from None
+
+
 def specedge_configs(targets: Sequence[str], drafters: Sequence[str], ks: Sequence[int], adaptive: Sequence[bool],
                      *, model: str, max_tokens: int, threads: int | None, ctx: int = 2048,
                      cache_dir: Path | None = None) -> list[Config]:
@@ -263,6 +277,8 @@ def specedge_configs(targets: Sequence[str], drafters: Sequence[str], ks: Sequen
 
     params = SamplingParams()
     drafters = ["none"] + [d for d in drafters if d != "none"]
+    for d in drafters:
+        drafter_for(d, None)  # a bad qualifier fails before any model loads
     configs = []
     for t in targets:
         kind, name = parse_target(t, model)
@@ -275,7 +291,7 @@ def specedge_configs(targets: Sequence[str], drafters: Sequence[str], ks: Sequen
                 ids_of[p.text] = tok.encode(tok.apply_chat_template([{"role": "user", "content": p.text}]))
             return ids_of[p.text]
 
-        for d in drafters:
+        for d in (x for x in (drafter_for(d, kind) for d in drafters) if x is not None):
             for k, adapt in ([(0, False)] if d == "none" else [(k, a) for k in ks for a in adaptive]):
                 before = rss_mb()
                 drafter = make_drafter(DrafterSpec.parse(d), target, params, ctx=ctx, threads=threads,

@@ -164,3 +164,14 @@ def test_llama_baselines_take_prompts_longer_than_a_batch(tmp_path):
     outs = [c.run(prompt) for c in configs]
     assert [c.label for c in configs] == ["llama.cpp plain", "llama.cpp prompt-lookup k=2"]
     assert all(s.n_generated >= 1 for _, s in outs) and outs[0][0] == outs[1][0]  # greedy either way
+
+
+def test_drafters_qualified_by_backend_apply_to_that_backend_only():
+    from specedge.perf.bench import drafter_for
+    from specedge.runtime.backends import BackendKind
+    assert drafter_for("ngram", BackendKind.ONNX) == "ngram"
+    assert drafter_for("model:q-0.5b@llamacpp", BackendKind.LLAMACPP) == "model:q-0.5b"
+    assert drafter_for("model:q-0.5b@llamacpp", BackendKind.ONNX) is None
+    assert drafter_for("model:/a/b@onnx", BackendKind.ONNX) == "model:/a/b"
+    with pytest.raises(ValueError, match="@llamacpp"):
+        drafter_for("model:x@gpu", BackendKind.ONNX)
