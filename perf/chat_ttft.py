@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +52,8 @@ def measure(engine: Engine, turns: int, max_tokens: int, reps: int) -> dict:
     for _ in range(reps):
         for mode in runs:
             runs[mode].append(conversation(engine, turns, max_tokens, mode == "reuse"))
+            print(f"  {mode}: TTFT ms " + " ".join(f"{1e3 * r['ttft_s']:.0f}" for r in runs[mode][-1]),
+                  file=sys.stderr, flush=True)
     out = {}
     for mode, convs in runs.items():
         out[mode] = [dict(convs[0][t], ttft_s=float(np.median([c[t]["ttft_s"] for c in convs])))
