@@ -26,10 +26,24 @@ def endless(tmp_path_factory):
     return write_tiny_gguf(tmp_path_factory.mktemp("chat") / "endless.gguf", weights=w, **SHAPE)
 
 
+_CHILDREN: list = []
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_children():
+    """A failing test must not leave a chat process running."""
+    yield
+    while _CHILDREN:
+        child = _CHILDREN.pop()
+        if child.isalive():
+            child.close(force=True)
+
+
 def spawn(*args, timeout=60):
     """The real program in a pty, with this environment (PYTHONPATH resolves specedge to the tree under test)."""
     child = pexpect.spawn(sys.executable, ["-m", "specedge.apps.cli", "chat", *map(str, args)], env=dict(os.environ),
                           encoding="utf-8", codec_errors="replace", timeout=timeout, dimensions=(50, 400))
+    _CHILDREN.append(child)
     child.expect("Ctrl-D exits")
     child.expect("> ")
     return child

@@ -51,8 +51,16 @@ def wait(app, until, timeout=60.0):
         time.sleep(0.005)
 
 
-def test_send_streams_generates_answer_and_stop_cancels(module, engine, app):
-    window = module.ChatWindow(engine, max_tokens=40)
+@pytest.fixture
+def window(module, engine, app):
+    w = module.ChatWindow(engine, max_tokens=40)
+    yield w
+    w.stop()  # a failing test must not leave the worker decoding
+    wait(app, lambda: not w.busy)
+    w.close()
+
+
+def test_send_streams_generates_answer_and_stop_cancels(window, engine, app):
     window.show()
     window.prompt.setText("hello there")
     QTest.mouseClick(window.send_button, Qt.MouseButton.LeftButton)
@@ -78,7 +86,6 @@ def test_send_streams_generates_answer_and_stop_cancels(module, engine, app):
     window.send()  # the slot directly, as Enter in the prompt box does
     wait(app, lambda: not window.busy)
     assert window.output.toPlainText() == want.text
-    window.close()
 
 
 def test_invalid_options_show_an_error_and_start_nothing(module, engine, app):
