@@ -155,28 +155,18 @@ class ChatLoop:
                 self.answer(line)
 
     def answer(self, line: str) -> None:
-        """Stream one answer; Ctrl-C sets the cancel Event (the Engine stops between tokens)."""
+        """Stream one answer; Ctrl-C sets the cancel Event (the Engine stops between tokens) from the moment the
+        message is taken until the answer ends."""
         self.conv.messages.append({"role": "user", "content": line})
-        cancel, stats, parts = threading.Event(), {}, []
-        try:
-            chunks = self.engine.chat(self.conv.render(), stream=True, cancel=cancel, stats=stats,
-                                      **self.conv.options)
-        except ValueError as e:
-            self.conv.messages.pop()
-            return say(f"error: {e}\n(type /reset to start a new conversation, /save PATH first to keep it)")
+        cancel, stats = threading.Event(), {}
         previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())
         try:
-            for c in chunks:
-                if c.text:
-                    parts.append(c.text)
-                    click.echo(c.text, nl=False)
-        except (ValueError, RuntimeError) as e:  # the backend failed mid-answer; the Session stays consistent
-            stats.setdefault("finish_reason", "error")
-            say(f"\nerror: {e}\n(type /reset to start over)")
+            text = self.stream(cancel, stats)
         finally:
             signal.signal(signal.SIGINT, previous)
-        click.echo("")
-        text = "".join(parts)
+        if text is None:  # failed: the question goes too, the conversation stays as it was
+            self.conv.messages.pop()
+            return
         reply = {"role": "assistant", "content": text}
         if stats.get("finish_reason") == "cancelled":
             reply["interrupted"] = True
@@ -191,6 +181,22 @@ class ChatLoop:
         if stats.get("prompt_tokens", 0) + stats.get("n_generated", 0) + 1 >= self.engine.context_length:
             say(f"(the context of {self.engine.context_length} tokens is full: /reset to continue, or restart "
                 "with a larger --ctx)")
+
+    def stream(self, cancel: threading.Event, stats: dict) -> str | None:
+        """Print the answer as it streams; returns its text, or None after printing what went wrong."""
+        parts = []
+        try:
+            for c in self.engine.chat(self.conv.render(), stream=True, cancel=cancel, stats=stats,
+                                      **self.conv.options):
+                if c.text:
+                    parts.append(c.text)
+                    click.echo(c.text, nl=False)
+        except (ValueError, RuntimeError) as e:  # too long for the context, or the backend failed mid-answer
+            say(("\n" if parts else "") + f"error: {e}\n(type /reset to start a new conversation, /save PATH "
+                "first to keep it)")
+            return None
+        click.echo("")
+        return "".join(parts)
 
     def command(self, text: str) -> str | None:
         name, _, arg = text.partition(" ")
