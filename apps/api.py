@@ -87,7 +87,8 @@ class Engine:
         self.drafter = make_drafter(spec, self.model, SamplingParams(), ctx=ctx, threads=threads,
                                     cache_dir=cache_dir, device=device)
         self.k, self.adaptive_k, self.verifier = k, adaptive_k, VerifierKind(verifier)
-        self.name = model
+        self.name, self.backend_kind = model, backend
+        self._load = dict(ctx=ctx, threads=threads, cache_dir=cache_dir, device=device)  # for set_drafter
         self.session = Session(self.model.backend, ctx)
         self._lock = threading.Lock()
 
@@ -126,6 +127,16 @@ class Engine:
         stream=True."""
         text = self.render_chat(messages)
         return self.stream(text, **options) if stream else self._collect(text, options)
+
+    def set_drafter(self, drafter: str) -> None:
+        """Switch the drafter between calls (waits for a running call). requires: a spec as for the constructor;
+        it is parsed and built with the same start-up checks as at load (tokenizer match, tree masks, layered
+        artifact), and on any error (ValueError, FileNotFoundError, ImportError, RuntimeError) the old drafter
+        stays. The target and its cached conversation prefix are kept."""
+        spec = DrafterSpec.parse(drafter)
+        with self._lock:
+            new = make_drafter(spec, self.model, SamplingParams(), **self._load)
+            self.drafter, self.drafter_name = new, drafter
 
     def reset(self) -> None:
         """Forget the cached conversation prefix (the next call prefills its whole prompt)."""

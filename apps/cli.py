@@ -18,6 +18,7 @@ from ..runtime.verify import VerifierKind
 from .engine import DrafterSpec, load_model, make_drafter
 from .bench_cmd import bench_cmd
 from .export_cmd import export_cmd
+from .chat_cmd import chat_command
 
 CACHE_OPT = click.option("--cache-dir", type=click.Path(path_type=Path), default=None,
                          help="Model cache (default: $SPECEDGE_CACHE or the platform cache dir).")
@@ -182,43 +183,20 @@ def generate(**o) -> None:
         click.echo(line, err=True)
 
 
-@cli.command()
-@click.argument("model")
-@decoding_options
-@click.option("--system", default=None, help="System prompt.")
-def chat(**o) -> None:
-    """Chat with MODEL in the terminal (streaming). /reset clears the conversation, /exit quits."""
-    o.setdefault("stop", ())
-    target, drafter, params = setup(o)
-    messages = [{"role": "system", "content": o["system"]}] if o["system"] else []
-    click.echo("specedge chat: type a message; /reset clears, /exit quits.", err=True)
-    while True:
-        try:
-            line = input("> ")
-        except (EOFError, KeyboardInterrupt):
-            click.echo("", err=True)
-            return
-        if line.strip() in ("/exit", "/quit"):
-            return
-        if line.strip() == "/reset":
-            messages = messages[:1] if o["system"] else []
-            continue
-        messages.append({"role": "user", "content": line})
-        prompt_ids = target.tokenizer.encode(target.tokenizer.apply_chat_template(messages))
-        try:
-            reply, _, _, stats = run_once(target, drafter, params, prompt_ids, o, echo=True)
-        except KeyboardInterrupt:
-            click.echo("\n[stopped]", err=True)
-            continue
-        except ValueError as e:
-            click.echo(f"error: {e}", err=True)
-            messages.pop()
-            continue
-        messages.append({"role": "assistant", "content": reply})
-        click.echo(f"[{stats.summary()}]", err=True)
+def engine_from(o):
+    """An Engine (apps/api.py) from the parsed decoding options; load errors become clean CLI errors."""
+    from .api import Engine
+    sampling_from(o)  # a bad sampling value fails before the model loads
+    try:
+        return Engine(o["model"], backend=o["backend"], drafter=o["drafter"], k=o["k"], adaptive_k=o["adaptive_k"],
+                      verifier=o["verifier"], ctx=o["ctx"], threads=o["threads"], device=o["device"],
+                      cache_dir=o["cache_dir"], log=lambda m: click.echo(m, err=True))
+    except (ValueError, FileNotFoundError, ImportError, RuntimeError) as e:
+        raise click.ClickException(str(e)) from None
 
 
 cli.add_command(export_cmd)
+cli.add_command(chat_command(decoding_options, engine_from))
 cli.add_command(bench_cmd)
 
 

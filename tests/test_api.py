@@ -96,3 +96,22 @@ def test_a_prompt_longer_than_the_context_names_the_fix(engine):
         engine.generate(list(range(3, 300)) * 1, max_tokens=4)
     with pytest.raises(TypeError):
         engine.generate("x", max_token=4)  # a misspelt option is not silently ignored
+
+
+def test_set_drafter_switches_live_and_a_bad_spec_keeps_the_old_one(tmp_path):
+    path = write_tiny_gguf(tmp_path / "t.gguf", seed=0, n_layers=2)
+    eng = specedge.Engine(str(path), backend="numpy", drafter="ngram", ctx=256)
+    ids = eng.encode("the cat sat on the mat")
+    want = eng.generate(ids, max_tokens=16).tokens
+    for bad, match in [("magic", "unknown drafter"), (f"model:{tmp_path / 'missing.gguf'}", "missing.gguf")]:
+        with pytest.raises((ValueError, FileNotFoundError), match=match):
+            eng.set_drafter(bad)
+        assert eng.drafter_name == "ngram" and type(eng.drafter).__name__ == "NgramDrafter"
+    for spec in (f"model:{path}", "recycle:8", "exit:1", "none"):
+        eng.set_drafter(spec)
+        c = eng.generate(ids, max_tokens=16)
+        assert c.tokens == want and c.stats["drafter"] == spec  # lossless whichever drafter runs
+    assert eng.drafter is None
+    other = write_tiny_gguf(tmp_path / "o.gguf", seed=1, n_layers=1)
+    eng.set_drafter(f"model:{other}")  # same tiny vocabulary: accepted; the target's output is unchanged
+    assert eng.generate(ids, max_tokens=16).tokens == want

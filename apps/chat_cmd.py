@@ -1,0 +1,316 @@
+"""`specedge chat MODEL`: a terminal chat on top of specedge.Engine (apps/api.py).
+
+    > user text             streamed answer on stdout; a stats line per answer on stderr
+    > /help                 the slash commands (COMMANDS below)
+    Ctrl-C while answering  stops the answer ("[stopped]"), keeps the conversation; back to the prompt
+    Ctrl-C twice at the prompt, Ctrl-D, /exit   quit
+
+The conversation is kept as messages and rendered with the model's chat template each turn; the Engine's Session
+(runtime/session.py) holds the KV cache of the previous turn, so a turn prefills only the tokens past the shared
+prefix (the new user message and the template's glue), not the whole conversation.
+
+An interrupted answer stays in the conversation (marked "interrupted" in /save files): the user saw it, the next
+message usually refers to it ("go on", "shorter"), and its tokens are already in the KV cache, so keeping it costs
+nothing while dropping it would make the next turn re-prefill from the cut.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import click
+
+from .api import CallOptions, Engine
+
+SAVE_FORMAT = "specedge-chat/1"
+COMMANDS = {
+    "/reset": "clear the conversation (keeps the system prompt)",
+    "/system TEXT": "set the system prompt and start over (/system alone shows it; /system - removes it)",
+    "/stats": "the last answer's full statistics and the session totals",
+    "/drafter SPEC": "switch the drafter live (ngram, none, model:<...>, exit:<l>, recycle, ...); alone: show it",
+    "/set KEY VALUE": "change a sampling option (max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, "
+                      "seed); alone: show them",
+    "/save PATH": "write the conversation and settings as JSON (resume with `specedge chat MODEL --load PATH`)",
+    "/help": "this list",
+    "/exit": "quit (also /quit, Ctrl-D, Ctrl-C twice at the prompt)",
+}
+OPTION_NAMES = tuple(f.name for f in fields(CallOptions) if f.name != "stop")
+
+
+@dataclass
+class Totals:
+    """Session totals over answers (shown by /stats)."""
+    answers: int = 0
+    interrupted: int = 0
+    tokens: int = 0
+    decode_s: float = 0.0
+    prefilled: int = 0
+    reused: int = 0
+
+    def add(self, stats: dict) -> None:
+        self.answers += 1
+        self.interrupted += stats.get("finish_reason") == "cancelled"
+        self.tokens += stats.get("n_generated", 0)
+        self.decode_s += stats.get("decode_s", 0.0)
+        self.prefilled += stats.get("n_prefilled", 0)
+        self.reused += stats.get("reused_prompt_tokens", 0)
+
+
+@dataclass
+class Conversation:
+    """What /save writes and --load reads: the system prompt, the turns and the per-call options."""
+    system: str | None = None
+    messages: list[dict] = field(default_factory=list)  # {"role", "content"[, "interrupted": True]}
+    options: dict = field(default_factory=dict)  # CallOptions fields (max_tokens, temperature, ...)
+
+    def render(self) -> list[dict]:
+        """The messages for the chat template (system first; only role and content)."""
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + [{"role": m["role"], "content": m["content"]} for m in self.messages]
+
+    def save(self, path: Path, engine: Engine, totals: Totals) -> None:
+        doc = {"format": SAVE_FORMAT, "model": engine.name, "backend": engine.backend_kind,
+               "drafter": engine.drafter_name, "k": engine.k, "ctx": engine.context_length, "system": self.system,
+               "options": self.options, "messages": self.messages, "totals": asdict(totals)}
+        path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: Path) -> "Conversation":
+        """requires: a file written by /save. Raises ValueError naming what is wrong."""
+        try:
+            doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"cannot read the saved chat {path}: {e}") from None
+        if not isinstance(doc, dict) or doc.get("format") != SAVE_FORMAT:
+            raise ValueError(f"{path} is not a chat saved by /save (expected format {SAVE_FORMAT!r})")
+        msgs = doc.get("messages", [])
+        if not all(isinstance(m, dict) and m.get("role") in ("user", "assistant") and isinstance(m.get("content"), str)
+                   for m in msgs):
+            raise ValueError(f"{path}: messages must be {{'role': 'user'|'assistant', 'content': str}}")
+        opts = {k: v for k, v in doc.get("options", {}).items() if k in OPTION_NAMES}
+        return cls(doc.get("system"), list(msgs), opts)
+
+
+def stats_line(s: dict) -> str:
+    """One line per answer: speed, tau, time to first token, prompt tokens prefilled vs reused, finish reason."""
+    ttft = s.get("ttft_s")
+    ttft_txt = "-" if ttft is None else f"{ttft:.3f} s"
+    return (f"[{s.get('tokens_per_s', 0.0):.1f} tok/s | tau {s.get('mean_accepted_length', 0.0):.2f} | "
+            f"TTFT {ttft_txt} | prompt {s.get('prompt_tokens', 0)} tokens: {s.get('n_prefilled', 0)} prefilled, "
+            f"{s.get('reused_prompt_tokens', 0)} reused | {s.get('n_generated', 0)} tokens, "
+            f"{s.get('finish_reason')} | {s.get('drafter')}]")
+
+
+def parse_option(key: str, value: str, current: dict) -> dict:
+    """The options with KEY set to VALUE (typed as CallOptions declares it), validated. Raises ValueError."""
+    types = {f.name: type(getattr(CallOptions(), f.name)) for f in fields(CallOptions) if f.name in OPTION_NAMES}
+    if key not in types:
+        raise ValueError(f"unknown option {key!r}; use one of {', '.join(OPTION_NAMES)}")
+    try:
+        new = {**current, key: types[key](value)}
+    except ValueError:
+        raise ValueError(f"{key} takes a {types[key].__name__}, got {value!r}") from None
+    CallOptions(**new).sampling()  # raises ValueError naming a bad value
+    if new.get("max_tokens", 1) < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {new['max_tokens']}")
+    return new
+
+
+class ChatLoop:
+    """The read-eval loop; output goes through click.echo (stdout: answers and command output; stderr: status)."""
+
+    def __init__(self, engine: Engine, conv: Conversation) -> None:
+        self.engine, self.conv = engine, conv
+        self.totals, self.last = Totals(), None
+
+    def run(self) -> None:
+        say(f"specedge chat ({self.engine.name}, {self.engine.backend_kind}, drafter {self.engine.drafter_name}): "
+            "type a message; /help lists commands; Ctrl-C stops an answer; Ctrl-D exits.")
+        if self.conv.messages:
+            say(f"(resumed {len(self.conv.messages)} messages)")
+        armed = False  # one Ctrl-C at the prompt arms, the second exits
+        while True:
+            try:
+                line = input("> ")
+            except EOFError:
+                click.echo("")
+                return
+            except KeyboardInterrupt:
+                if armed:
+                    click.echo("")
+                    return
+                armed = True
+                say("\n(Ctrl-C again or Ctrl-D to exit)")
+                continue
+            armed = False
+            text = line.strip()
+            if text.startswith("/"):
+                if self.command(text) == "exit":
+                    return
+            elif text:
+                self.answer(line)
+
+    def answer(self, line: str) -> None:
+        """Stream one answer; Ctrl-C sets the cancel Event (the Engine stops between tokens) from the moment the
+        message is taken until the answer ends."""
+        self.conv.messages.append({"role": "user", "content": line})
+        cancel, stats = threading.Event(), {}
+        previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())
+        try:
+            text = self.stream(cancel, stats)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        if text is None:  # failed: the question goes too, the conversation stays as it was
+            self.conv.messages.pop()
+            return
+        reply = {"role": "assistant", "content": text}
+        if stats.get("finish_reason") == "cancelled":
+            reply["interrupted"] = True
+            say("[stopped]")
+        if text or not reply.get("interrupted"):
+            self.conv.messages.append(reply)
+        else:
+            self.conv.messages.pop()  # stopped before any text: forget the question too
+        self.last = stats
+        self.totals.add(stats)
+        say(stats_line(stats))
+        if stats.get("prompt_tokens", 0) + stats.get("n_generated", 0) + 1 >= self.engine.context_length:
+            say(f"(the context of {self.engine.context_length} tokens is full: /reset to continue, or restart "
+                "with a larger --ctx)")
+
+    def stream(self, cancel: threading.Event, stats: dict) -> str | None:
+        """Print the answer as it streams; returns its text, or None after printing what went wrong."""
+        parts = []
+        try:
+            for c in self.engine.chat(self.conv.render(), stream=True, cancel=cancel, stats=stats,
+                                      **self.conv.options):
+                if c.text:
+                    parts.append(c.text)
+                    click.echo(c.text, nl=False)
+        except (ValueError, RuntimeError) as e:  # too long for the context, or the backend failed mid-answer
+            say(("\n" if parts else "") + f"error: {e}\n(type /reset to start a new conversation, /save PATH "
+                "first to keep it)")
+            return None
+        click.echo("")
+        return "".join(parts)
+
+    def command(self, text: str) -> str | None:
+        name, _, arg = text.partition(" ")
+        arg = arg.strip()
+        if name in ("/exit", "/quit"):
+            return "exit"
+        if name == "/reset":
+            self.conv.messages.clear()  # the Session keeps the system prompt's KV: the next turn reuses it
+            say("(conversation cleared)")
+        elif name == "/system":
+            if not arg:
+                click.echo(self.conv.system or "(no system prompt)")
+            else:
+                self.conv.system = None if arg == "-" else arg
+                self.conv.messages.clear()
+                say("(system prompt " + ("removed" if arg == "-" else "set") + "; conversation cleared)")
+        elif name == "/stats":
+            self.show_stats()
+        elif name == "/drafter":
+            self.switch_drafter(arg)
+        elif name == "/set":
+            self.set_option(arg)
+        elif name == "/save":
+            if not arg:
+                return say("usage: /save PATH")
+            try:
+                self.conv.save(Path(arg).expanduser(), self.engine, self.totals)
+                say(f"(saved {len(self.conv.messages)} messages to {arg})")
+            except OSError as e:
+                say(f"error: cannot write {arg}: {e}")
+        elif name == "/help":
+            for usage, what in COMMANDS.items():
+                click.echo(f"  {usage:16s} {what}")
+        else:
+            say(f"unknown command {name}; /help lists the commands")
+        return None
+
+    def show_stats(self) -> None:
+        if self.last is None:
+            click.echo("(no answer yet)")
+        else:
+            click.echo("last answer:")
+            for key, value in self.last.items():
+                click.echo(f"  {key}: {round(value, 4) if isinstance(value, float) else value}")
+        t = self.totals
+        rate = t.tokens / t.decode_s if t.decode_s > 0 else 0.0
+        click.echo(f"session: {t.answers} answers ({t.interrupted} stopped), {t.tokens} tokens, {rate:.1f} tok/s, "
+                   f"prompt tokens {t.prefilled} prefilled / {t.reused} reused, drafter {self.engine.drafter_name}, "
+                   f"context {self.engine.context_length}")
+
+    def switch_drafter(self, spec: str) -> None:
+        if not spec:
+            return click.echo(f"drafter: {self.engine.drafter_name}")
+        try:
+            self.engine.set_drafter(spec)
+        except (ValueError, FileNotFoundError, ImportError, RuntimeError) as e:
+            return say(f"error: {e}\n(keeping drafter {self.engine.drafter_name})")
+        say(f"(drafter: {spec})")
+
+    def set_option(self, arg: str) -> None:
+        key, _, value = arg.partition(" ")
+        if not value.strip():
+            for k in OPTION_NAMES:
+                click.echo(f"  {k} = {self.conv.options.get(k, getattr(CallOptions(), k))}")
+            return
+        try:
+            self.conv.options = parse_option(key, value.strip(), self.conv.options)
+        except ValueError as e:
+            return say(f"error: {e}")
+        say(f"({key} = {self.conv.options[key]})")
+
+
+def say(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def enable_history() -> None:
+    """Line editing and history for input() where the readline module exists (not on plain Windows)."""
+    if sys.stdin.isatty():
+        try:
+            import readline  # noqa: F401  (importing it is what turns it on)
+        except ImportError:
+            pass
+
+
+def chat_command(decoding_options, engine_from):
+    """Build the click command (decoding_options and engine_from come from apps/cli.py)."""
+
+    @click.command("chat")
+    @click.argument("model")
+    @decoding_options
+    @click.option("--system", default=None, help="System prompt.")
+    @click.option("--stop", multiple=True, help="Stop string (repeatable).")
+    @click.option("--load", "load_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+                  help="Resume a conversation saved with /save (its system prompt, messages and options; options "
+                       "given on this command line win).")
+    def chat(**o) -> None:
+        """Chat with MODEL in the terminal: streaming answers, multi-turn with KV-cache reuse, slash commands
+        (/help), Ctrl-C stops an answer."""
+        conv = Conversation(o["system"], [], {k: o[k] for k in OPTION_NAMES})
+        if o["load_path"] is not None:
+            try:
+                loaded = Conversation.load(o["load_path"])
+            except ValueError as e:
+                raise click.ClickException(str(e)) from None
+            ctx = click.get_current_context()
+            given = {k for k in (*OPTION_NAMES, "system")
+                     if ctx.get_parameter_source(k) is click.core.ParameterSource.COMMANDLINE}
+            conv.messages = loaded.messages
+            conv.system = o["system"] if "system" in given else loaded.system
+            conv.options.update({k: v for k, v in loaded.options.items() if k not in given})
+        conv.options["stop"] = list(o["stop"])
+        engine = engine_from(o)
+        enable_history()
+        ChatLoop(engine, conv).run()
+
+    return chat
