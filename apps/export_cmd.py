@@ -24,7 +24,7 @@ import click
 
 from ..export.gguf_in import open_gguf
 from ..export.hf_in import is_hf_dir, open_hf
-from ..models.catalog import model_cache_dir, resolve_model
+from ..models.catalog import model_cache_dir, pid_alive, resolve_model
 from ..models.manifest import MANIFEST
 from .engine import artifact_name
 
@@ -178,21 +178,11 @@ def _stage_dir(out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     for stale in out.parent.glob(f".{out.name}.partial-*"):
         pid = stale.name.rpartition("-")[2]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(stale, ignore_errors=True)
     stage = out.with_name(f".{out.name}.partial-{os.getpid()}")
     shutil.rmtree(stage, ignore_errors=True)
     return stage
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, owned by someone else
-        return True
-    return True
 
 
 def _publish(stage: Path, out: Path) -> None:

