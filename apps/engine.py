@@ -79,6 +79,9 @@ def load_onnx(name_or_path: str, *, device: str = "auto", threads: int | None = 
     root = resolve_artifact(name_or_path, cache_dir)
     manifest = read_manifest(root, verify=True)
     parity = manifest.raw.get("parity")
+    if isinstance(parity, dict) and parity.get("pending"):  # written before the gate runs, replaced by its numbers
+        raise ModelFileError(f"{root} is an unfinished export (stopped before its parity gate finished); "
+                             "re-export the model with `specedge export`")
     if isinstance(parity, dict) and not parity.get("passed", False):
         raise ModelFileError(f"{root} failed its parity gate at export (top-1 {parity.get('top1', 0):.2%}, max "
                              f"|dlogit| {parity.get('max_dlogit')}); re-export in another --weights format")
@@ -87,9 +90,18 @@ def load_onnx(name_or_path: str, *, device: str = "auto", threads: int | None = 
     vocab = read_drafter_vocab(manifest) if trimmed else None
     if vocab is not None:
         manifest = drafter_manifest(manifest, vocab)
+    tokenizer = _artifact_tokenizer(root, manifest)
     backend = open_onnx(manifest, device=device, threads=threads, log=log)  # by the manifest's format and profile
-    return LoadedModel(root, None, Tokenizer(manifest.tokenizer_spec()), backend, BackendKind.ONNX,
-                       None if vocab is None else vocab.ids)
+    return LoadedModel(root, None, tokenizer, backend, BackendKind.ONNX, None if vocab is None else vocab.ids)
+
+
+def _artifact_tokenizer(root: Path, manifest) -> Tokenizer:
+    try:
+        return Tokenizer(manifest.tokenizer_spec())
+    except ModelFileError:
+        raise
+    except ValueError as e:  # tokenizer.json that `tokenizers` cannot load (its hash matched: written that way)
+        raise ModelFileError(f"{root}: {e}") from None
 
 
 def load_model(name_or_path: str, kind: BackendKind, *, ctx: int | None = None, threads: int | None = None,

@@ -16,13 +16,16 @@ layer-subset GGUF drafter for llama.cpp.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import click
 
 from ..export.gguf_in import open_gguf
 from ..export.hf_in import is_hf_dir, open_hf
-from ..models.catalog import model_cache_dir, resolve_model
+from ..models.catalog import model_cache_dir, pid_alive, resolve_model
+from ..models.manifest import MANIFEST
 from .engine import artifact_name
 
 ONNX_WEIGHTS = ("fp32", "fp16", "int8", "int4", "int8-dynamic")
@@ -137,27 +140,58 @@ def export_cmd(model, fmt, weights, out, layers, profile, verify_width, max_cont
     shape = "" if static is None else f", static W={static.verify_width} C={static.max_context}"
     click.echo(f"exporting {Path(model).name} -> {out} ({weights}{', via optimum' if via == 'optimum' else ''}"
                f"{shape})", err=True)
+    stage = _stage_dir(out)
     try:
-        if via == "optimum":
-            from ..export.optimum_export import export_via_optimum
-            manifest = export_via_optimum(model, out, tolerance=tolerance, threads=threads)
-        elif hf:
-            manifest = export_hf_to_onnx(hf_model, out, WeightFormat(weights), tolerance=tolerance, threads=threads,
-                                         static=static, layered=layered)
-        else:
-            manifest = export_gguf_to_onnx(source, out, WeightFormat(weights), tolerance=tolerance, threads=threads,
-                                           static=static, layered=layered)
-    except ParityError as e:
-        raise click.ClickException(f"{e}\nthe artifact in {out} is kept for inspection and marked failed") from None
-    except (ValueError, ImportError) as e:
-        raise click.ClickException(str(e)) from None
-    parity = json.loads(manifest.read_text("utf-8"))["parity"]
-    click.echo(f"parity gate PASS: top-1 agreement {parity['top1']:.2%}, max |dlogit| {parity['max_dlogit']:.4g} "
-               f"({parity['positions']} positions)", err=True)
-    if drafter_vocab is not None:
-        _export_drafter_vocab(out, source, hf_model, weights, drafter_vocab, calib_target or model, calib_limit,
-                              calib_tokens, cache_dir, threads)
+        try:
+            if via == "optimum":
+                from ..export.optimum_export import export_via_optimum
+                manifest = export_via_optimum(model, stage, tolerance=tolerance, threads=threads)
+            elif hf:
+                manifest = export_hf_to_onnx(hf_model, stage, WeightFormat(weights), tolerance=tolerance,
+                                             threads=threads, static=static, layered=layered)
+            else:
+                manifest = export_gguf_to_onnx(source, stage, WeightFormat(weights), tolerance=tolerance,
+                                               threads=threads, static=static, layered=layered)
+        except ParityError as e:
+            _publish(stage, out)
+            raise click.ClickException(f"{e}\nthe artifact in {out} is kept for inspection and marked failed") from None
+        except (ValueError, ImportError) as e:
+            raise click.ClickException(str(e)) from None
+        parity = json.loads(manifest.read_text("utf-8"))["parity"]
+        click.echo(f"parity gate PASS: top-1 agreement {parity['top1']:.2%}, max |dlogit| {parity['max_dlogit']:.4g} "
+                   f"({parity['positions']} positions)", err=True)
+        if drafter_vocab is not None:
+            _export_drafter_vocab(stage, source, hf_model, weights, drafter_vocab, calib_target or model, calib_limit,
+                                  calib_tokens, cache_dir, threads)
+        _publish(stage, out)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)  # gone already when published
     click.echo(str(out))
+
+
+def _stage_dir(out: Path) -> Path:
+    """A fresh sibling `.<name>.partial-<pid>` to export into; `out` only ever receives a finished artifact, so an
+    export killed midway leaves no directory a later run would trust. Stale stages of dead exports are removed."""
+    if out.exists() and not (out / MANIFEST).is_file() and (not out.is_dir() or any(out.iterdir())):
+        raise click.ClickException(f"--out {out} exists and is not an exported artifact (no {MANIFEST}); pass a new "
+                                   "or empty directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out.parent.glob(f".{out.name}.partial-*"):
+        pid = stale.name.rpartition("-")[2]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+    stage = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    shutil.rmtree(stage, ignore_errors=True)
+    return stage
+
+
+def _publish(stage: Path, out: Path) -> None:
+    """Move a finished export into `out`; a previous artifact there is set aside first and removed after."""
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    if out.exists():
+        os.replace(out, old)
+    os.replace(stage, out)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _export_drafter_vocab(out, source, hf_model, weights, n, target, limit, tokens, cache_dir, threads) -> None:

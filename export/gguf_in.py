@@ -17,6 +17,7 @@ from ..models.config import ModelConfig, Weights
 from ..models.errors import ModelFileError
 from ..models.families import family
 from ..models.family_base import canonical_to_gguf, gguf_to_canonical
+from .gguf_scan import scan_gguf
 from .tokenizer_gguf import tokenizer_spec_from_gguf
 from ..models.tokenizer_spec import TokenizerSpec
 
@@ -46,11 +47,13 @@ def _check_magic(path: Path) -> None:
     with open(path, "rb") as f:
         head = f.read(4)
     if head != GGUF_MAGIC:
-        raise ModelFileError(f"{path} is not a GGUF file (starts with {head!r}, expected {GGUF_MAGIC!r})")
+        raise ModelFileError(f"{path} is not a GGUF file (starts with {head!r}, expected {GGUF_MAGIC!r}); "
+                              f"pass a .gguf model file, or {_REPULL} if it should be one")
 
 
 def _open_reader(path: Path) -> GGUFReader:
     _check_magic(path)
+    scan_gguf(path)  # bounded header walk: no count reaches GGUFReader unchecked against the file size
     try:
         reader = GGUFReader(path, "r")
     except (KeyboardInterrupt, MemoryError):
@@ -93,11 +96,14 @@ class GGUFModel:
             meta[f"{arch}.vocab_size"] = len(tokens.data)
         try:
             self.config: ModelConfig = self.family.config_from_gguf(meta, shapes)
-        except ValueError as e:
-            raise ModelFileError(f"{path}: {e}") from None
+        except (ValueError, TypeError, ArithmeticError) as e:  # metadata of the wrong type or zero head counts
+            raise ModelFileError(f"{path}: bad model metadata ({e}); {_REPULL}") from None
         unknown = [n for n in self._tensors if gguf_to_canonical(n) is None]
         if unknown:
-            raise ModelFileError(f"{path}: unexpected tensors for a {arch} model: {unknown[:5]}")
+            raise ModelFileError(f"{path}: unexpected tensors for a {arch} model: {unknown[:5]}; {_REPULL}")
+        if self.config.n_layers > len(self._tensors):  # every layer has tensors; also bounds tensor_names() loops
+            raise ModelFileError(f"{path}: {arch}.block_count is {self.config.n_layers} but the file holds only "
+                                 f"{len(self._tensors)} tensors; {_REPULL}")
 
     @staticmethod
     def _shape(t) -> tuple[int, ...]:
@@ -146,7 +152,7 @@ class GGUFModel:
         except ValueError as e:
             if isinstance(e, ModelFileError):
                 raise
-            raise ModelFileError(f"{self.path}: {e}") from None
+            raise ModelFileError(f"{self.path}: {e}; {_REPULL}") from None
 
     def fields(self, prefix: str) -> dict[str, Any]:
         """Every metadata field under `prefix`, long arrays included (e.g. 'tokenizer.')."""
@@ -173,7 +179,7 @@ class GGUFModel:
             try:
                 self._spec = tokenizer_spec_from_gguf(self.fields("tokenizer."))
             except ValueError as e:
-                raise ModelFileError(f"{self.path}: {e}") from None
+                raise ModelFileError(f"{self.path}: {e}; {_REPULL}") from None
         return self._spec
 
     def __repr__(self) -> str:

@@ -169,7 +169,7 @@ def export_via_optimum(src: str | Path, out_dir: str | Path, *, gate: bool = Tru
                        "source": str(src), "source_files": {f.name: sha256_file(f) for f in sorted(src.iterdir())
                                                             if f.is_file()}},
         "tokenizer": tok,
-        "parity": None,
+        "parity": {"passed": False, "pending": True} if gate else None,  # until the gate records its numbers
     }
     path = out / MANIFEST
     path.write_text(json.dumps(manifest, indent=1) + "\n", "utf-8")

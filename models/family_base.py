@@ -144,6 +144,8 @@ def llama_like_config(meta: Mapping[str, Any], tensors: Mapping[str, tuple[int, 
     tokens = meta.get("tokenizer.ggml.tokens")
     vocab_default = len(tokens) if isinstance(tokens, (list, tuple)) else tensors["token_embd.weight"][0]
     rope_dim = meta.get(f"{arch}.rope.dimension_count")
+    if n_heads < 1:
+        raise ValueError(f"{arch}.attention.head_count is {n_heads}; it must be at least 1")
     head_dim = _int(meta, f"{arch}.attention.key_length", rope_dim if rope_dim is not None else d_model // n_heads)
     if rope_dim is not None and int(rope_dim) != head_dim:
         raise ValueError(f"partial rotary embeddings (rope dim {rope_dim} < head dim {head_dim}) are not supported")

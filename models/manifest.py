@@ -79,10 +79,77 @@ def config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
 
 
 def config_from_dict(d: Mapping[str, Any]) -> ModelConfig:
+    """ModelConfig from its manifest dict; TypeError / ValueError on wrong keys, types or sizes."""
     d = dict(d)
-    d["rope_scaling"] = RopeScaling(**d.get("rope_scaling", {}))
-    d["eos_ids"] = tuple(d.get("eos_ids", ()))
+    rope = d.get("rope_scaling", {})
+    if not isinstance(rope, dict):
+        raise TypeError(f"rope_scaling must be an object, not {type(rope).__name__}")
+    d["rope_scaling"] = RopeScaling(**rope)
+    eos = d.get("eos_ids", ())
+    if not isinstance(eos, (list, tuple)) or not all(_is_int(i) and i >= 0 for i in eos):
+        raise TypeError(f"eos_ids must be a list of token ids, not {eos!r}")
+    d["eos_ids"] = tuple(eos)
+    if not isinstance(d.get("arch"), str) or not isinstance(d.get("tied_embeddings"), bool):
+        raise TypeError("arch must be a string and tied_embeddings a boolean")
+    if d.get("bos_id") is not None and not (_is_int(d["bos_id"]) and d["bos_id"] >= 0):
+        raise TypeError(f"bos_id must be a token id or null, not {d['bos_id']!r}")
     return ModelConfig(**d)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _safe_name(v: Any) -> bool:
+    """A file name inside the artifact directory: relative, no '..', no NUL."""
+    if not isinstance(v, str) or not v or "\0" in v:
+        return False
+    p = Path(v)
+    return not p.is_absolute() and ".." not in p.parts and not v.startswith(("/", "\\"))
+
+
+def _schema_problem(raw: Any) -> str | None:
+    """The first structural problem of a parsed manifest (what the runtime reads unguarded), or None."""
+    if not isinstance(raw, dict):
+        return f"the manifest is a JSON {type(raw).__name__}, not an object"
+    if not isinstance(raw.get("format"), str) or not _is_int(raw.get("format_version")):
+        return "format must be a string and format_version an integer"
+    files = raw.get("files")
+    if not isinstance(files, dict) or not files:
+        return "files must be a non-empty object of file name -> {sha256, bytes}"
+    for name, meta in files.items():
+        if not _safe_name(name):
+            return f"file name {name!r} points outside the artifact directory"
+        if not (isinstance(meta, dict) and isinstance(meta.get("sha256"), str) and len(meta["sha256"]) == 64
+                and _is_int(meta.get("bytes")) and meta["bytes"] >= 0):
+            return f"files[{name!r}] must be {{\"sha256\": 64 hex digits, \"bytes\": a size}}, not {meta!r}"[:300]
+    if not _safe_name(raw.get("model")) or raw["model"] not in files:
+        return f"model {raw.get('model')!r} must name one of the listed files"
+    if not isinstance(raw.get("weight_format"), str):
+        return "weight_format must be a string"
+    if "profile" in raw and not isinstance(raw["profile"], str):
+        return "profile must be a string"
+    for key in ("io", "config"):
+        if not isinstance(raw.get(key), dict):
+            return f"{key} must be an object"
+    for key in ("tensors", "segments", "drafter_vocab", "parity"):
+        if raw.get(key) is not None and not isinstance(raw[key], dict):
+            return f"{key} must be an object or null"
+    tok = raw.get("tokenizer")
+    if tok is not None:
+        if not isinstance(tok, dict) or not _safe_name(tok.get("file")) or tok["file"] not in files:
+            return "tokenizer.file must name one of the listed files"
+        if tok.get("chat_template") is not None and (not _safe_name(tok["chat_template"])
+                                                     or tok["chat_template"] not in files):
+            return "tokenizer.chat_template must be null or name one of the listed files"
+        if tok.get("bos_id") is not None and not _is_int(tok["bos_id"]):
+            return "tokenizer.bos_id must be an integer or null"
+        if not isinstance(tok.get("eos_ids", []), list) or not all(_is_int(i) for i in tok.get("eos_ids", [])):
+            return "tokenizer.eos_ids must be a list of integers"
+        for key in ("bos_token", "eos_token"):
+            if tok.get(key) is not None and not isinstance(tok[key], str):
+                return f"tokenizer.{key} must be a string or null"
+    return None
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
@@ -124,9 +191,18 @@ class Manifest:
         return self.raw.get("tensors", {})
 
     def tokenizer_spec(self) -> TokenizerSpec:
-        t = self.raw["tokenizer"]
-        template = (self.root / t["chat_template"]).read_text("utf-8") if t.get("chat_template") else None
-        return TokenizerSpec(hf_json=(self.root / t["file"]).read_text("utf-8"), bos_id=t.get("bos_id"),
+        """The artifact's tokenizer.json + chat template; ModelFileError when missing, unreadable or not UTF-8."""
+        t = self.raw.get("tokenizer")
+        if t is None:
+            raise ModelFileError(f"{self.root}/{MANIFEST} lists no tokenizer; re-export the model with "
+                                 "`specedge export`")
+        try:
+            template = (self.root / t["chat_template"]).read_text("utf-8") if t.get("chat_template") else None
+            hf_json = (self.root / t["file"]).read_text("utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ModelFileError(f"{self.root}: cannot read the tokenizer ({type(e).__name__}: {e}); re-export the "
+                                 "model") from None
+        return TokenizerSpec(hf_json=hf_json, bos_id=t.get("bos_id"),
                              eos_ids=tuple(t.get("eos_ids", ())), add_bos=bool(t.get("add_bos", False)),
                              chat_template=template, bos_token=t.get("bos_token"), eos_token=t.get("eos_token"))
 
@@ -151,6 +227,10 @@ def manifest_with_profile(manifest: "Manifest | str | Path", profile: Profile, *
     return m
 
 
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")  # Python's json accepts NaN / Infinity; a manifest never has them
+
+
 def read_manifest(root: str | Path, *, verify: bool = True) -> Manifest:
     """Read and validate `root/manifest.json`; verify=True also checks every file's hash."""
     root = Path(root)
@@ -158,12 +238,17 @@ def read_manifest(root: str | Path, *, verify: bool = True) -> Manifest:
     if not path.is_file():
         raise ModelFileError(f"{root} is not an exported model directory (no {MANIFEST}); run `specedge export`")
     try:
-        raw = json.loads(path.read_text("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ModelFileError(f"{path} is not valid JSON ({e}); re-export the model") from None
+        raw = json.loads(path.read_text("utf-8"), parse_constant=_no_constant)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ModelFileError(f"{path} is not valid JSON ({type(e).__name__}: {str(e)[:200]}); re-export the "
+                             "model") from None
+    problem = _schema_problem(raw)
+    if problem is not None:
+        raise ModelFileError(f"{path}: {problem}; the manifest is damaged or hand-edited: re-export the model")
     fmt = raw.get("format")
     if fmt not in READ_VERSIONS:
-        raise ModelFileError(f"{path}: format {fmt!r} is not one of {', '.join(map(repr, READ_VERSIONS))}")
+        raise ModelFileError(f"{path}: format {fmt!r} is not one of {', '.join(map(repr, READ_VERSIONS))}; "
+                             "re-export the model (or upgrade specedge if a newer one wrote it)")
     if raw.get("format_version") not in READ_VERSIONS[fmt]:
         raise ModelFileError(f"{path}: {fmt} format version {raw.get('format_version')} is not supported by this "
                              f"specedge (reads versions {', '.join(map(str, READ_VERSIONS[fmt]))}); re-export or "
@@ -181,7 +266,7 @@ def read_manifest(root: str | Path, *, verify: bool = True) -> Manifest:
     try:
         config = config_from_dict(raw["config"])
     except (KeyError, TypeError, ValueError) as e:
-        raise ModelFileError(f"{path}: bad model config ({e})") from None
+        raise ModelFileError(f"{path}: bad model config ({e}); re-export the model") from None
     manifest = Manifest(root, raw, config)
     if verify:
         manifest.verify_files()

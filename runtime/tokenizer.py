@@ -31,7 +31,11 @@ class Tokenizer:
 
     def __init__(self, spec: TokenizerSpec) -> None:
         self.spec = spec
-        self._hf = HFTokenizer.from_str(spec.hf_json)
+        try:
+            self._hf = HFTokenizer.from_str(spec.hf_json)
+        except Exception as e:  # tokenizers raises a bare Exception on JSON it cannot use
+            raise ValueError(f"the tokenizer JSON does not load ({str(e)[:200]}); re-export or re-download the "
+                             "model") from None
         self.bos_id = spec.bos_id
         self.eos_ids: tuple[int, ...] = tuple(spec.eos_ids)
         self.chat_template = spec.chat_template or CHATML_TEMPLATE
@@ -73,20 +77,53 @@ class Tokenizer:
             self._template = _compile_template(self.chat_template)
         try:
             return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                                         bos_token=self.spec.bos_token or "", eos_token=self.spec.eos_token or "")
-        except TemplateError as e:
-            raise ValueError(f"chat template failed: {type(e).__name__}: {e}") from None
+                                         bos_token=self.spec.bos_token or "", eos_token=self.spec.eos_token or "",
+                                         range=_budget_range())  # a fresh loop budget per render
+        except (TemplateError, ArithmeticError, RecursionError, TypeError, ValueError, LookupError,
+                AttributeError) as e:  # whatever a broken or hostile template makes jinja2 raise
+            raise ValueError(f"chat template failed: {type(e).__name__}: {e}; the model's template is broken or "
+                             "unsafe: pass --raw to skip it, or re-download the model") from None
+
+
+MAX_TEMPLATE_RANGE = 1_000_000  # range() items one render may loop over, summed over every range() it calls
+MAX_TEMPLATE_ITEMS = 1_000_000  # characters / items a `*` may build; `**` exponents are capped too
+
+
+def _budget_range():
+    """A jinja `range` that shares one budget across a render: nested loops cannot multiply into hours."""
+    left = [MAX_TEMPLATE_RANGE]
+
+    def budget_range(*args):
+        from jinja2.exceptions import SecurityError
+        r = range(*args)
+        left[0] -= len(r)
+        if left[0] < 0:
+            raise SecurityError(f"the template loops over more than {MAX_TEMPLATE_RANGE} range() items")
+        return r
+    return budget_range
 
 
 def _compile_template(source: str):
-    """Compile a chat template in an immutable sandbox that refuses (not just hides) unsafe attributes."""
+    """Compile a chat template in an immutable sandbox that refuses (not just hides) unsafe attributes and bounds
+    what a render may build (range() items, `*` repetitions, `**` exponents)."""
     from jinja2.exceptions import SecurityError, TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     class _Strict(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset(["*", "**"])
+
         def unsafe_undefined(self, obj, attribute):
             # The stock sandbox returns an Undefined that renders as ""; a probing template should fail loudly.
             raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} is not allowed")
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "**" and isinstance(right, (int, float)) and abs(right) > 64:
+                raise SecurityError(f"exponent {right} is too large for a chat template")
+            if operator == "*":
+                for seq, n in ((left, right), (right, left)):
+                    if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_TEMPLATE_ITEMS:
+                        raise SecurityError(f"`*` would build {len(seq) * n} items (at most {MAX_TEMPLATE_ITEMS})")
+            return super().call_binop(context, operator, left, right)
 
     def raise_exception(message: str):
         raise TemplateError(message)
@@ -96,8 +133,9 @@ def _compile_template(source: str):
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     try:
         return env.from_string(source)
-    except TemplateError as e:
-        raise ValueError(f"chat template does not compile: {type(e).__name__}: {e}") from None
+    except (TemplateError, RecursionError, ValueError, TypeError) as e:
+        raise ValueError(f"chat template does not compile: {type(e).__name__}: {e}; the model's template is broken: "
+                         "pass --raw to skip it, or re-download the model") from None
 
 
 class StreamDecoder:
