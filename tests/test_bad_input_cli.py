@@ -121,7 +121,8 @@ def test_real_cross_family_drafter_is_refused():
 
 @pytest.fixture
 def onnx_copy(tmp_path):
-    """The cached smollm2-135m-onnx-int4 artifact as a tmp directory: big files symlinked, small ones copied."""
+    """The cached smollm2-135m-onnx-int4 artifact as a tmp directory: the weight data symlinked (never written by the
+    tests), everything else copied, so that editing a copy cannot damage the cached artifact through a link."""
     pytest.importorskip("onnxruntime")
     src = cached_path("smollm2-135m")
     src = src.parent / "smollm2-135m-onnx-int4" if src is not None else None
@@ -130,7 +131,7 @@ def onnx_copy(tmp_path):
     dst = tmp_path / "art"
     dst.mkdir()
     for f in src.iterdir():
-        if f.stat().st_size > 1 << 20:
+        if f.name.endswith(".data"):
             os.symlink(f, dst / f.name)
         else:
             shutil.copy(f, dst / f.name)
