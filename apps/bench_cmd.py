@@ -62,7 +62,8 @@ def _command_line() -> str:
 @click.option("--drafters", multiple=True, default=("ngram",), show_default=True,
               help="DrafterSpec strings (see generate --drafter), comma-separated or repeated; plain decoding "
                    "(none) always runs first on each target. SPEC@BACKEND applies to that backend's targets only, "
-                   "e.g. model:qwen2.5-coder-0.5b@llamacpp,model:qwen2.5-coder-0.5b-onnx-int4@onnx.")
+                   "e.g. model:qwen2.5-coder-0.5b@llamacpp,model:qwen2.5-coder-0.5b-onnx-int4@onnx; SPEC@TARGET to "
+                   "one target as given to --targets (skip:1.5@onnx:NAME-onnx-layered-int4).")
 @click.option("--k", "ks", multiple=True, default=("4",), show_default=True, help="Draft lengths (comma-separated).")
 @click.option("--adaptive", type=click.Choice(["off", "on", "both"]), default="off", show_default=True,
               help="Adaptive draft length (k is then the maximum).")

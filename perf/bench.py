@@ -252,18 +252,22 @@ def parse_target(text: str, default_model: str):
                          f"{', '.join(k.value for k in BackendKind)}[:model]") from None
 
 
-def drafter_for(text: str, kind) -> str | None:
+def drafter_for(text: str, kind, target: str | None = None) -> str | None:
     """'spec' applies to every target; 'spec@backend' only to targets on that backend (a model drafter names a GGUF
-    for llamacpp and an exported artifact for onnx): the spec for a target of `kind`, or None when it does not apply."""
+    for llamacpp and an exported artifact for onnx), 'spec@backend:artifact' only to that target (a self-speculative
+    drafter on the layered artifact): the spec for this target, or None when it does not apply."""
     from ..runtime.backends import BackendKind
-    spec, at, backend = text.rpartition("@")
+    spec, at, qualifier = text.rpartition("@")
     if not at:
         return text
+    if ":" in qualifier:
+        return spec if qualifier == target else None
     try:
-        return spec if BackendKind(backend) is kind else None
+        return spec if BackendKind(qualifier) is kind else None
     except ValueError:
-        raise ValueError(f"drafter {text!r}: {backend!r} is not a backend; qualify with one of "
-                         f"{', '.join('@' + k.value for k in BackendKind)}") from None
+        raise ValueError(f"drafter {text!r}: {qualifier!r} is not a backend; qualify with one of "
+                         f"{', '.join('@' + k.value for k in BackendKind)} or @<target> as given to --targets"
+                         ) from None
 
 
 def specedge_configs(targets: Sequence[str], drafters: Sequence[str], ks: Sequence[int], adaptive: Sequence[bool],
@@ -291,7 +295,7 @@ def specedge_configs(targets: Sequence[str], drafters: Sequence[str], ks: Sequen
                 ids_of[p.text] = tok.encode(tok.apply_chat_template([{"role": "user", "content": p.text}]))
             return ids_of[p.text]
 
-        for d in (x for x in (drafter_for(d, kind) for d in drafters) if x is not None):
+        for d in (x for x in (drafter_for(d, kind, t) for d in drafters) if x is not None):
             for k, adapt in ([(0, False)] if d == "none" else [(k, a) for k in ks for a in adaptive]):
                 before = rss_mb()
                 drafter = make_drafter(DrafterSpec.parse(d), target, params, ctx=ctx, threads=threads,

@@ -173,5 +173,7 @@ def test_drafters_qualified_by_backend_apply_to_that_backend_only():
     assert drafter_for("model:q-0.5b@llamacpp", BackendKind.LLAMACPP) == "model:q-0.5b"
     assert drafter_for("model:q-0.5b@llamacpp", BackendKind.ONNX) is None
     assert drafter_for("model:/a/b@onnx", BackendKind.ONNX) == "model:/a/b"
+    assert drafter_for("skip:1.5@onnx:x-layered", BackendKind.ONNX, "onnx:x-layered") == "skip:1.5"
+    assert drafter_for("skip:1.5@onnx:x-layered", BackendKind.ONNX, "onnx:x") is None
     with pytest.raises(ValueError, match="@llamacpp"):
         drafter_for("model:x@gpu", BackendKind.ONNX)
