@@ -79,7 +79,7 @@ def acceptance(rounds: Sequence[StepStats], k_max: int) -> tuple[list[float], li
     """(alpha [k_max], length_dist [k_max + 1]) from rounds run at k = k_max. alpha_i = rounds accepting >= i over
     rounds accepting >= i - 1 (a position not proposed counts as rejected), with a Beta(1, 1) prior so a position
     never reached reads 0.5 rather than 0/0. Example: accepted counts [2, 0, 1] -> alpha_1 = (2+1)/(3+2) = 0.6,
-    alpha_2 = (2+1)/(2+2) = 0.75 (both rounds reaching position 2 passed it), alpha_3 = (1+1)/(2+2) = 0.5."""
+    alpha_2 = (1+1)/(2+2) = 0.5 (two rounds reached position 2, one passed it), alpha_3 = (0+1)/(1+2) = 1/3."""
     acc = np.array([r.n_accepted for r in rounds], dtype=int)
     lens = np.array([r.k for r in rounds], dtype=int)
     alpha = [float((np.sum(acc >= i) + 1) / (np.sum(acc >= i - 1) + 2)) for i in range(1, k_max + 1)]
