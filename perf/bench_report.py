@@ -191,9 +191,9 @@ def markdown(results: dict) -> str:
                   "|---|---|---|---|---|---|---|"]
         for a in results["auto"]:
             chosen = "plain" if a["drafter"] == "none" else f"{a['drafter']} k={a['k']}"
-            lines.append(f"| {a['target']} | {chosen} | {a['predicted_tok_s']:.1f} | {_f(a['measured_tok_s'], '{:.1f}')}"
-                         f" | {a['plain_predicted_tok_s']:.1f} | {_f(a['plain_measured_tok_s'], '{:.1f}')} | "
-                         f"`{a['profile']}` |")
+            lines.append(f"| {a['target']} | {chosen} | {a['predicted_tok_s']:.1f} | "
+                         f"{_f(a['measured_tok_s'], '{:.1f}')} | {a['plain_predicted_tok_s']:.1f} | "
+                         f"{_f(a['plain_measured_tok_s'], '{:.1f}')} | `{a['profile']}` |")
     if results.get("plots_note"):
         lines += ["", results["plots_note"]]
     return "\n".join(lines) + "\n"

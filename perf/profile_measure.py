@@ -29,7 +29,8 @@ class MeasureSettings:
     ctx: int = 256  # cache length the T(n) calls append at (clipped to half the target's context)
     reps: int = 7  # T(n) calls per width (median)
     prompts: int = 4  # dev prompts (round-robin over tasks)
-    max_tokens: int = 48  # generated per prompt and drafter
+    max_tokens: int = 64  # generated per prompt and drafter
+    prompt_tokens: int = 384  # a longer prompt keeps its last this many tokens (bounds the prefill time)
 
 
 class RoundLog(DecodeStats):
@@ -89,19 +90,22 @@ def acceptance(rounds: Sequence[StepStats], k_max: int) -> tuple[list[float], li
 
 def context_of(backend) -> int:
     """Positions a cache of this backend may hold (llama.cpp: its n_ctx)."""
-    return getattr(backend, "n_ctx", None) or getattr(backend.caps, "max_context", None) or backend.config.context_length
+    caps_max = getattr(backend.caps, "max_context", None)
+    return getattr(backend, "n_ctx", None) or caps_max or backend.config.context_length
 
 
 def dev_prompts(n: int) -> list[Prompt]:
     return load_prompts(limit=n, by="task")
 
 
-def run_rounds(target, drafter, prompts: Sequence[Prompt], k: int, max_tokens: int) -> RoundLog:
-    """Greedy decode of every prompt (chat-formatted) with `drafter` (None: plain) at fixed k; the merged log."""
+def run_rounds(target, drafter, prompts: Sequence[Prompt], k: int, max_tokens: int, prompt_tokens: int = 384
+               ) -> RoundLog:
+    """Greedy decode of every prompt (chat-formatted, its last `prompt_tokens` tokens) with `drafter` (None: plain)
+    at fixed k; the merged log."""
     log, tok, params = RoundLog(), target.tokenizer, SamplingParams()
     for p in prompts:
         ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": p.text}]))
-        room = context_of(target.backend) - max_tokens - k - 2
+        room = min(prompt_tokens, context_of(target.backend) - max_tokens - k - 2)
         ids = ids[-room:]  # a small-context model sees the end of a long prompt (the chat template's tail)
         for _ in decode(target.backend, ids, params, drafter=drafter, k=max(k, 1), max_tokens=max_tokens,
                         eos_ids=tok.eos_ids, stats=log, rng=np.random.default_rng(0)):
@@ -121,12 +125,13 @@ def measure(target, drafters: dict[str, object], settings: MeasureSettings = Mea
     log(f"T(n) for n = 1..{settings.k_max + 1} at cache length {ctx}: "
         + " ".join(f"{1e3 * t:.1f}" for t in verify_s) + f" ms ({time.perf_counter() - t0:.1f} s)")
     prompts = dev_prompts(settings.prompts)
-    plain = run_rounds(target, None, prompts, 0, settings.max_tokens)
+    plain = run_rounds(target, None, prompts, 0, settings.max_tokens, settings.prompt_tokens)
     over_x, over_y = [], []
     logs = {}
     for spec, drafter in drafters.items():
         t0 = time.perf_counter()
-        logs[spec] = run_rounds(target, drafter, prompts, settings.k_max, settings.max_tokens)
+        logs[spec] = run_rounds(target, drafter, prompts, settings.k_max, settings.max_tokens,
+                                 settings.prompt_tokens)
         log(f"drafter {spec}: {logs[spec].summary()} ({time.perf_counter() - t0:.1f} s)")
     for r in plain.rounds + [r for lg in logs.values() for r in lg.rounds]:
         over_x.append(r.k + 1)
