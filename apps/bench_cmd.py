@@ -42,10 +42,14 @@ def predicted_vs_measured(tuned, rows: list[dict]) -> list[dict]:
             plain["predicted_tokens_per_s"] = c.plain_tok_s
         if chosen is not None:
             chosen["predicted_tokens_per_s"] = c.predicted_tok_s
+        measured = chosen and chosen["tokens_per_s"]["mean"]
+        plain_measured = plain and plain["tokens_per_s"]["mean"]
         out.append({"target": t.label, "drafter": c.drafter, "k": c.k, "predicted_tok_s": c.predicted_tok_s,
-                    "measured_tok_s": chosen and chosen["tokens_per_s"]["mean"],
-                    "plain_predicted_tok_s": c.plain_tok_s,
-                    "plain_measured_tok_s": plain and plain["tokens_per_s"]["mean"], "profile": str(t.path)})
+                    "measured_tok_s": measured, "plain_predicted_tok_s": c.plain_tok_s,
+                    "plain_measured_tok_s": plain_measured, "profile": str(t.path),
+                    # speedups are robust to the machine's load drifting between profiling and the benchmark
+                    "predicted_speedup": c.predicted_tok_s / c.plain_tok_s,
+                    "measured_speedup": measured / plain_measured if measured and plain_measured else None})
     return out
 
 

@@ -52,7 +52,8 @@ _AUTO = {"type": "object",  # one per target under --auto: the chosen configurat
                       "plain_measured_tok_s", "profile"],
          "properties": {"target": {"type": "string"}, "drafter": {"type": "string"}, "k": {"type": "integer"},
                         "predicted_tok_s": _NUM, "measured_tok_s": _NUM_OR_NULL, "plain_predicted_tok_s": _NUM,
-                        "plain_measured_tok_s": _NUM_OR_NULL, "profile": {"type": "string"}}}
+                        "plain_measured_tok_s": _NUM_OR_NULL, "profile": {"type": "string"},
+                        "predicted_speedup": _NUM, "measured_speedup": _NUM_OR_NULL}}
 _PROFILE = {"type": "object",  # the device profile each --auto / --profile-device target used (apps/auto.py)
             "required": ["target", "key", "path", "verify_s", "overhead_s", "choice"],
             "properties": {"target": {"type": "string"}, "key": {"type": "string"}, "path": {"type": "string"},
@@ -187,13 +188,14 @@ def markdown(results: dict) -> str:
                      f"{100 * ts['draft_frac']:.0f}% | {100 * ts['verify_frac']:.0f}% | {100 * ts['overhead_frac']:.0f}% |")
     if results.get("auto"):
         lines += ["", "## Auto-tuning: predicted vs measured", "",
-                  "| target | chosen | predicted tok/s | measured | plain predicted | plain measured | profile |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| target | chosen | predicted tok/s | measured | plain predicted | plain measured | speedup "
+                  "predicted | measured | profile |", "|---|---|---|---|---|---|---|---|---|"]
         for a in results["auto"]:
             chosen = "plain" if a["drafter"] == "none" else f"{a['drafter']} k={a['k']}"
             lines.append(f"| {a['target']} | {chosen} | {a['predicted_tok_s']:.1f} | "
                          f"{_f(a['measured_tok_s'], '{:.1f}')} | {a['plain_predicted_tok_s']:.1f} | "
-                         f"{_f(a['plain_measured_tok_s'], '{:.1f}')} | `{a['profile']}` |")
+                         f"{_f(a['plain_measured_tok_s'], '{:.1f}')} | {_f(a.get('predicted_speedup'), '{:.2f}x')} | "
+                         f"{_f(a.get('measured_speedup'), '{:.2f}x')} | `{a['profile']}` |")
     if results.get("plots_note"):
         lines += ["", results["plots_note"]]
     return "\n".join(lines) + "\n"

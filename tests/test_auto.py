@@ -60,6 +60,8 @@ def test_bench_profile_device_then_auto(tiny):
     [auto] = results["auto"]
     assert auto["profile"] == str(cached) and auto["predicted_tok_s"] > 0 and auto["plain_predicted_tok_s"] > 0
     assert auto["measured_tok_s"] > 0 and auto["plain_measured_tok_s"] > 0
+    assert auto["measured_speedup"] == pytest.approx(auto["measured_tok_s"] / auto["plain_measured_tok_s"])
+    assert auto["predicted_speedup"] >= 1.0  # plain is always a candidate
     assert results["configs"][0]["label"] == "numpy plain"
     assert results["configs"][0]["predicted_tokens_per_s"] == pytest.approx(auto["plain_predicted_tok_s"])
     chosen = results["configs"][-1]
