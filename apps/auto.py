@@ -9,6 +9,7 @@ its engine version, threads and device. A missing, stale or corrupt profile is r
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +66,8 @@ def load_or_measure(target: LoadedModel, label: str, specs: Sequence[str], *, th
     """The cached profile when it is valid for this target and covers `specs`; else measure (all of `specs` plus
     what the old profile had), cache and return it. force=True always re-measures."""
     device = device if target.kind is BackendKind.ONNX else "cpu"
+    threads = threads or min(os.cpu_count() or 1, 8)  # the backends' default: `generate` without --threads shares
+    # the profile `bench --threads N` measured when N is that default
     fingerprint = model_fingerprint(target.path)
     key = profile_key(fingerprint, target.kind.value, threads, device, engine_version(target.kind))
     path = profile_path(model_cache_dir(cache_dir), key)
