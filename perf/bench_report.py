@@ -219,7 +219,8 @@ def plots(results: dict, out: Path) -> tuple[list[str], str | None]:
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xticks([j + w * (len(rows) - 1) / 2 for j in range(len(cats))], cats, rotation=30, ha="right")
     ax.set_ylabel("speedup vs plain (same backend)")
-    ax.legend(fontsize=7)
+    if rows:  # all-plain runs (an --auto choice of plain) have nothing to label
+        ax.legend(fontsize=7)
     files.append(_save(fig, out / "speedup_by_category.png"))
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in rows:
@@ -229,7 +230,8 @@ def plots(results: dict, out: Path) -> tuple[list[str], str | None]:
     ax.set_xlabel("draft position")
     ax.set_ylabel("accepted fraction")
     ax.set_ylim(0, 1)
-    ax.legend(fontsize=7)
+    if rows:  # all-plain runs (an --auto choice of plain) have nothing to label
+        ax.legend(fontsize=7)
     files.append(_save(fig, out / "acceptance_by_position.png"))
     fig, ax = plt.subplots(figsize=(5, 5))
     pts = [(r["mbsu"], r["speedup_vs_plain"], r["label"]) for r in rows if r["mbsu"] and r["speedup_vs_plain"]]
@@ -239,7 +241,8 @@ def plots(results: dict, out: Path) -> tuple[list[str], str | None]:
     ax.plot([0, top], [0, top], "k--", lw=0.8)
     ax.set_xlabel("MBSU (memory-bound speedup)")
     ax.set_ylabel("measured speedup")
-    ax.legend(fontsize=7)
+    if rows:  # all-plain runs (an --auto choice of plain) have nothing to label
+        ax.legend(fontsize=7)
     files.append(_save(fig, out / "mbsu_vs_speedup.png"))
     if results.get("profiles"):
         files.append(verify_cost_plot(results["profiles"], out))
