@@ -14,7 +14,43 @@ import click
 from ..models.catalog import resolve_model
 from ..perf import bench
 from ..perf.bench_llama import llama_available, llama_configs
-from ..perf.bench_report import SCHEMA_VERSION, environment, write_reports
+from ..perf.bench_report import SCHEMA_VERSION, environment, verify_cost_plot, write_reports
+from .auto import choice_table, profile_rows, tune_targets
+
+
+def _write_profiles(tuned, out: Path) -> None:
+    """--profile-device alone: profiles.json (+ verify_cost.png) in `out`, the choice table on stdout."""
+    out.mkdir(parents=True, exist_ok=True)
+    bench.write_json(out / "profiles.json", {"command": _command_line(), "profiles": profile_rows(tuned)})
+    files = ["profiles.json"]
+    png = verify_cost_plot(profile_rows(tuned), out)
+    files += [png] if png else []
+    click.echo(choice_table(tuned))
+    click.echo(f"wrote {', '.join(str(out / f) for f in files)}", err=True)
+
+
+def predicted_vs_measured(tuned, rows: list[dict]) -> list[dict]:
+    """results.json 'auto': per target, the chosen and the plain configuration, predicted and measured tok/s; also
+    fills predicted_tokens_per_s on those rows."""
+    out = []
+    for t in tuned:
+        c = t.choice
+        mine = [r for r in rows if r["target"] == t.label and r["family"] == "specedge"]
+        plain = next((r for r in mine if r["drafter"] == "none"), None)
+        chosen = plain if c.drafter == "none" else next((r for r in mine if r["drafter"] == c.drafter), None)
+        if plain is not None:
+            plain["predicted_tokens_per_s"] = c.plain_tok_s
+        if chosen is not None:
+            chosen["predicted_tokens_per_s"] = c.predicted_tok_s
+        measured = chosen and chosen["tokens_per_s"]["mean"]
+        plain_measured = plain and plain["tokens_per_s"]["mean"]
+        out.append({"target": t.label, "drafter": c.drafter, "k": c.k, "predicted_tok_s": c.predicted_tok_s,
+                    "measured_tok_s": measured, "plain_predicted_tok_s": c.plain_tok_s,
+                    "plain_measured_tok_s": plain_measured, "profile": str(t.path),
+                    # speedups are robust to the machine's load drifting between profiling and the benchmark
+                    "predicted_speedup": c.predicted_tok_s / c.plain_tok_s,
+                    "measured_speedup": measured / plain_measured if measured and plain_measured else None})
+    return out
 
 
 def _split(values) -> list[str]:
@@ -51,6 +87,9 @@ def _command_line() -> str:
         if name == "model" or value is None or value == ():
             continue
         flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):  # flags: --auto; --baselines/--no-baselines
+            parts += [flag] if value else ["--no-" + flag[2:]] if name == "baselines" else []
+            continue
         parts += [flag, shlex.quote(",".join(value) if isinstance(value, tuple) else str(value))]
     return " ".join(parts)
 
@@ -85,8 +124,15 @@ def _command_line() -> str:
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("bench-out"),
               show_default=True)
 @click.option("--cache-dir", type=click.Path(path_type=Path), default=None, help="Model cache.")
+@click.option("--profile-device", is_flag=True,
+              help="Measure each target's device profile (verify-cost curve T(n), drafter costs and acceptance), "
+                   "cache it, write profiles.json and verify_cost.png, and print the chosen drafter and k. With "
+                   "--auto, then benchmark the choice.")
+@click.option("--auto", is_flag=True,
+              help="Per target, run the drafter and k the device profile predicts fastest (measured first if not "
+                   "cached) and plain decoding; report predicted vs measured tok/s.")
 def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, categories, group, max_tokens, warmup,
-              trials, threads, ctx, baselines, out, cache_dir) -> None:
+              trials, threads, ctx, baselines, out, cache_dir, profile_device, auto) -> None:
     """Benchmark MODEL (catalogue name or GGUF path) greedily: plain and speculative decoding on each target, and
     llama.cpp's own decoding as baselines; writes report.md, results.json and PNG plots to --out."""
     try:
@@ -94,10 +140,22 @@ def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, categ
     except ValueError:
         raise click.BadParameter(f"--k takes integers, got {list(ks)}") from None
     modes = {"off": [False], "on": [True], "both": [False, True]}[adaptive]
+    tuned = []
     try:
+        if profile_device or auto:
+            tuned = tune_targets(_split(targets), _split(drafters), model=model, threads=threads, ctx=ctx,
+                                 cache_dir=cache_dir, force=profile_device, log=lambda m: click.echo(m, err=True))
+            if not auto:
+                _write_profiles(tuned, out)
+                return
         prompts = bench.read_prompts(prompts_file, limit=limit, categories=_split([categories or ""]), by=group)
-        configs = bench.specedge_configs(_split(targets), _split(drafters), k_list, modes, model=model,
-                                         max_tokens=max_tokens, threads=threads, ctx=ctx, cache_dir=cache_dir)
+        if tuned:  # --auto: plain + the chosen configuration on each target, at fixed k
+            configs = [c for t in tuned for c in bench.specedge_configs(
+                [t.label], [t.choice.drafter], [max(t.choice.k, 1)], [False], model=model, max_tokens=max_tokens,
+                threads=threads, ctx=ctx, cache_dir=cache_dir)]
+        else:
+            configs = bench.specedge_configs(_split(targets), _split(drafters), k_list, modes, model=model,
+                                             max_tokens=max_tokens, threads=threads, ctx=ctx, cache_dir=cache_dir)
         if baselines:
             if not llama_available():
                 raise ImportError("--baselines need llama-cpp-python (pip install 'specedge[llama]'); or pass "
@@ -130,6 +188,10 @@ def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, categ
         "prompts": [{"qid": p.qid, "category": p.category, "task": p.task} for p in prompts],
         "configs": bench.summarize(measured),
     }
+    if tuned:
+        results["settings"].update(auto=True, profile_device=profile_device)
+        results["auto"] = predicted_vs_measured(tuned, results["configs"])
+        results["profiles"] = profile_rows(tuned)
     files = write_reports(results, out)
     click.echo((out / "report.md").read_text())
     click.echo(f"wrote {', '.join(str(out / f) for f in files)}", err=True)

@@ -53,6 +53,10 @@ def decoding_options(f):
                      help="CPU threads (llama.cpp, ONNX Runtime intra-op)."),
         click.option("--device", type=click.Choice([d.value for d in Device]), default="auto", show_default=True,
                      help="ONNX Runtime execution provider (--backend onnx); auto says what it picked."),
+        click.option("--auto", is_flag=True,
+                     help="Pick the drafter and k with the most expected tokens/s from this machine's device profile "
+                          "for the model/backend/threads (measured and cached on first use, ~10-30 s); the choice "
+                          "goes to stderr. --drafter, if not ngram, is a candidate too."),
         CACHE_OPT,
     ]
     for o in reversed(opts):
@@ -72,9 +76,13 @@ def setup(o):
     """Load target and drafter from the parsed options; errors become clean CLI errors."""
     params = sampling_from(o)
     try:
-        spec = DrafterSpec.parse(o["drafter"])
+        DrafterSpec.parse(o["drafter"])  # a bad --drafter fails before the model loads
         target = load_model(o["model"], BackendKind(o["backend"]), ctx=o["ctx"], threads=o["threads"],
                             cache_dir=o["cache_dir"], device=o["device"], log=lambda m: click.echo(m, err=True))
+        if o.get("auto"):
+            from .auto import auto_options
+            o.update(auto_options(o, target, log=lambda m: click.echo(m, err=True)))
+        spec = DrafterSpec.parse(o["drafter"])
         drafter = make_drafter(spec, target, params, ctx=o["ctx"], threads=o["threads"], cache_dir=o["cache_dir"],
                                device=o["device"])
     except (ValueError, FileNotFoundError, ImportError, RuntimeError) as e:

@@ -232,6 +232,7 @@ def _row(m: Measured, same: Measured | None, ident: Measured | None, llama: Meas
         "mbsu": mbsu_of(agg, c.target_bytes, draft_bpt) if c.instrumented else None,
         "identical_to_plain": identical, "n_prompts": len(m.outputs), "tokens": int(agg.n_generated),
         "load_mb": float(c.load_mb), "by_category": by_cat, "stats": agg.to_dict(),
+        "predicted_tokens_per_s": None,  # set by `bench --auto` from the device profile
     }
 
 

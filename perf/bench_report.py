@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: predicted_tokens_per_s on every configuration; 'auto' and 'profiles' from --auto
 
 _NUM = {"type": "number"}
 _NUM_OR_NULL = {"type": ["number", "null"]}
@@ -24,7 +24,8 @@ _CONFIG = {
     "type": "object",
     "required": ["label", "family", "target", "drafter", "k", "adaptive", "tokens_per_s", "speedup_vs_plain",
                  "speedup_vs_llamacpp", "mean_accepted_length", "accepted_hist", "acceptance_by_position",
-                 "time_split", "weight_bytes_per_token", "mbsu", "identical_to_plain", "n_prompts", "by_category"],
+                 "time_split", "weight_bytes_per_token", "mbsu", "identical_to_plain", "n_prompts", "by_category",
+                 "predicted_tokens_per_s"],
     "properties": {
         "label": {"type": "string"}, "family": {"type": "string", "enum": ["specedge", "llama.cpp"]},
         "target": {"type": "string"}, "drafter": {"type": "string"}, "k": {"type": "integer"},
@@ -43,8 +44,21 @@ _CONFIG = {
         "identical_to_plain": {"type": ["integer", "null"]},  # trial-0 outputs equal to plain greedy's
         "n_prompts": {"type": "integer"}, "tokens": {"type": "integer"}, "load_mb": _NUM,
         "by_category": {"type": "object", "additionalProperties": _CATEGORY},
+        "predicted_tokens_per_s": _NUM_OR_NULL,  # from the device profile (--auto); null otherwise
     },
 }
+_AUTO = {"type": "object",  # one per target under --auto: the chosen configuration, predicted vs measured
+         "required": ["target", "drafter", "k", "predicted_tok_s", "measured_tok_s", "plain_predicted_tok_s",
+                      "plain_measured_tok_s", "profile"],
+         "properties": {"target": {"type": "string"}, "drafter": {"type": "string"}, "k": {"type": "integer"},
+                        "predicted_tok_s": _NUM, "measured_tok_s": _NUM_OR_NULL, "plain_predicted_tok_s": _NUM,
+                        "plain_measured_tok_s": _NUM_OR_NULL, "profile": {"type": "string"},
+                        "predicted_speedup": _NUM, "measured_speedup": _NUM_OR_NULL}}
+_PROFILE = {"type": "object",  # the device profile each --auto / --profile-device target used (apps/auto.py)
+            "required": ["target", "key", "path", "verify_s", "overhead_s", "choice"],
+            "properties": {"target": {"type": "string"}, "key": {"type": "string"}, "path": {"type": "string"},
+                           "verify_s": {"type": "array", "items": _NUM}, "overhead_s": {"type": "array", "items": _NUM},
+                           "choice": {"type": "object"}}}
 RESULTS_SCHEMA = {
     "$schema": "http://json-schema.org/draft-07/schema#",
     "title": "specedge bench results",
@@ -64,6 +78,8 @@ RESULTS_SCHEMA = {
         "categories": {"type": "array", "items": {"type": "string"}},
         "prompts": {"type": "array", "items": {"type": "object", "required": ["qid", "category"]}},
         "configs": {"type": "array", "items": _CONFIG},
+        "auto": {"type": "array", "items": _AUTO},
+        "profiles": {"type": "array", "items": _PROFILE},
     },
 }
 
@@ -170,6 +186,16 @@ def markdown(results: dict) -> str:
         pos = " ".join(f"{x:.2f}" for x in r["acceptance_by_position"]) or "-"
         lines.append(f"| {r['label']} | {pos} | {' '.join(map(str, r['accepted_hist']))} | "
                      f"{100 * ts['draft_frac']:.0f}% | {100 * ts['verify_frac']:.0f}% | {100 * ts['overhead_frac']:.0f}% |")
+    if results.get("auto"):
+        lines += ["", "## Auto-tuning: predicted vs measured", "",
+                  "| target | chosen | predicted tok/s | measured | plain predicted | plain measured | speedup "
+                  "predicted | measured | profile |", "|---|---|---|---|---|---|---|---|---|"]
+        for a in results["auto"]:
+            chosen = "plain" if a["drafter"] == "none" else f"{a['drafter']} k={a['k']}"
+            lines.append(f"| {a['target']} | {chosen} | {a['predicted_tok_s']:.1f} | "
+                         f"{_f(a['measured_tok_s'], '{:.1f}')} | {a['plain_predicted_tok_s']:.1f} | "
+                         f"{_f(a['plain_measured_tok_s'], '{:.1f}')} | {_f(a.get('predicted_speedup'), '{:.2f}x')} | "
+                         f"{_f(a.get('measured_speedup'), '{:.2f}x')} | `{a['profile']}` |")
     if results.get("plots_note"):
         lines += ["", results["plots_note"]]
     return "\n".join(lines) + "\n"
@@ -193,7 +219,8 @@ def plots(results: dict, out: Path) -> tuple[list[str], str | None]:
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xticks([j + w * (len(rows) - 1) / 2 for j in range(len(cats))], cats, rotation=30, ha="right")
     ax.set_ylabel("speedup vs plain (same backend)")
-    ax.legend(fontsize=7)
+    if rows:  # all-plain runs (an --auto choice of plain) have nothing to label
+        ax.legend(fontsize=7)
     files.append(_save(fig, out / "speedup_by_category.png"))
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in rows:
@@ -203,7 +230,8 @@ def plots(results: dict, out: Path) -> tuple[list[str], str | None]:
     ax.set_xlabel("draft position")
     ax.set_ylabel("accepted fraction")
     ax.set_ylim(0, 1)
-    ax.legend(fontsize=7)
+    if rows:  # all-plain runs (an --auto choice of plain) have nothing to label
+        ax.legend(fontsize=7)
     files.append(_save(fig, out / "acceptance_by_position.png"))
     fig, ax = plt.subplots(figsize=(5, 5))
     pts = [(r["mbsu"], r["speedup_vs_plain"], r["label"]) for r in rows if r["mbsu"] and r["speedup_vs_plain"]]
@@ -213,9 +241,35 @@ def plots(results: dict, out: Path) -> tuple[list[str], str | None]:
     ax.plot([0, top], [0, top], "k--", lw=0.8)
     ax.set_xlabel("MBSU (memory-bound speedup)")
     ax.set_ylabel("measured speedup")
-    ax.legend(fontsize=7)
+    if rows:  # all-plain runs (an --auto choice of plain) have nothing to label
+        ax.legend(fontsize=7)
     files.append(_save(fig, out / "mbsu_vs_speedup.png"))
+    if results.get("profiles"):
+        files.append(verify_cost_plot(results["profiles"], out))
     return files, None
+
+
+def verify_cost_plot(profiles: list[dict], out: Path) -> str | None:
+    """verify_cost.png: T(n)/T(1) per profiled target (rows with 'target' and 'verify_s'); None without
+    matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    top = 1
+    for p in profiles:
+        v = p["verify_s"]
+        ax.plot(range(1, len(v) + 1), [x / v[0] for x in v], "o-", label=f"{p['target']} (T(1) {1e3 * v[0]:.1f} ms)")
+        top = max(top, len(v))
+    ax.plot([1, top], [1, top], "k:", lw=0.8, label="T(n) = n T(1) (compute-bound)")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xlabel("tokens per verify forward n")
+    ax.set_ylabel("T(n) / T(1)")
+    ax.legend(fontsize=7)
+    return _save(fig, Path(out) / "verify_cost.png")
 
 
 def _save(fig, path: Path) -> str:

@@ -92,9 +92,16 @@ class AcceptanceModel:
         acc[:n_accepted] += 1.0
 
 
+def expected_tokens(accept: np.ndarray) -> np.ndarray:
+    """[len(accept) + 1] expected tokens per target call when j = 0..len(accept) draft tokens are verified:
+    1 + sum_{i<=j} prod_{l<=i} accept_l (accept_l: acceptance of position l given 1..l-1 were accepted).
+    Example: accept [0.8, 0.8] -> [1, 1.8, 2.44]; i.i.d. alpha gives (1 - alpha^(j+1)) / (1 - alpha)."""
+    return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(np.asarray(accept, dtype=float)))])
+
+
 def best_prefix(accept: np.ndarray, costs: np.ndarray) -> int:
     """argmax_j (1 + sum_{i<=j} prod_{l<=i} accept_l) / costs[j], j = 0..len(accept); costs[j] = T(j+1)/T(1)."""
-    gains = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(accept))])
+    gains = expected_tokens(accept)
     rates = gains / np.asarray(costs, dtype=float)[:len(gains)]
     return int(np.argmax(rates))
 

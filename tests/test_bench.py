@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from specedge.apps.cli import cli
 from specedge.models.tiny import write_tiny_gguf
 from specedge.perf import bench
-from specedge.perf.bench_report import RESULTS_SCHEMA, check_schema
+from specedge.perf.bench_report import RESULTS_SCHEMA, SCHEMA_VERSION, check_schema
 from specedge.perf.devset import Prompt
 from specedge.runtime.stats import DecodeStats
 from specedge.runtime.types import StepStats
@@ -73,7 +73,8 @@ def test_summarize_speedups_identity_and_schema():
     assert rows[1]["mean_accepted_length"] == pytest.approx(2.5) and rows[1]["identical_to_plain"] == 1
     assert rows[1]["by_category"]["summarization"]["speedup_vs_plain"] == pytest.approx(2.5)
     assert rows[1]["accepted_hist"] == [0, 4, 4]  # 2 prompts x 2 trials x one round each of 1 and 2 accepted
-    results = {"schema_version": 1, "command": "specedge bench x", "categories": ["summarization", "translation"],
+    results = {"schema_version": SCHEMA_VERSION, "command": "specedge bench x",
+               "categories": ["summarization", "translation"],
                "environment": {"packages": {}, "threads": 1, "cpu_model": "x", "cpu_flags": [], "git_commit": None},
                "settings": {}, "prompts": [{"qid": 0, "category": "summarization"}], "configs": rows}
     assert check_schema(json.loads(json.dumps(results))) == []

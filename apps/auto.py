@@ -1,0 +1,151 @@
+"""Auto-tuning for the apps: load (or measure and cache) the device profile of a target and pick the drafter and k
+with the most expected tokens/s (perf/profile.py). Used by `generate/chat --auto` (via cli.setup) and by
+`specedge bench --profile-device / --auto` (apps/bench_cmd.py).
+
+Profiles live at <model cache>/profiles/<key>.json; the key covers the model file (or artifact manifest), backend,
+its engine version, threads and device. A missing, stale or corrupt profile is re-measured (about 10-30 s for a
+135M model), with a message on stderr saying why.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from ..models.catalog import model_cache_dir
+from ..perf.bench_report import environment
+from ..perf.profile import (PLAIN, Choice, DeviceProfile, choose, load_profile, model_fingerprint, profile_key,
+                            profile_path, save_profile)
+from ..perf.profile_measure import MeasureSettings, measure
+from ..runtime.backends import BackendKind
+from ..runtime.types import SamplingParams
+from .engine import DrafterKind, DrafterSpec, LoadedModel, load_model, make_drafter
+
+Log = Callable[[str], None]
+_ENGINE = {BackendKind.LLAMACPP: "llama_cpp_python", BackendKind.ONNX: "onnxruntime", BackendKind.NUMPY: "numpy"}
+SELFSPEC_DEFAULT = "skip:2"  # tried on targets that run layer plans (numpy, layered ONNX artifacts)
+
+
+@dataclass
+class Tuned:
+    """One target's profile (where it is cached) and the configuration chosen from it."""
+
+    label: str  # backend[:model] as given to bench --targets
+    profile: DeviceProfile
+    path: Path
+    choice: Choice
+
+
+def engine_version(kind: BackendKind) -> str | None:
+    try:
+        return importlib.metadata.version(_ENGINE.get(kind, "numpy"))
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def candidate_specs(target: LoadedModel, requested: Sequence[str]) -> list[str]:
+    """Drafters worth measuring on this target: ngram, the requested ones (tree drafters and 'none' dropped: plain
+    is always a candidate; trees are not tuned here), and layer skip where the backend runs layer plans."""
+    specs = ["ngram"]
+    for text in requested:
+        kind = DrafterSpec.parse(text).kind
+        if kind not in (DrafterKind.NONE, DrafterKind.RECYCLE) and text not in specs:
+            specs.append(text)
+    if getattr(target.backend.caps, "layer_plan", False) and SELFSPEC_DEFAULT not in specs:
+        specs.append(SELFSPEC_DEFAULT)
+    return specs
+
+
+def load_or_measure(target: LoadedModel, label: str, specs: Sequence[str], *, threads: int | None, device: str,
+                    cache_dir: Path | None, ctx: int | None = None, force: bool = False,
+                    settings: MeasureSettings = MeasureSettings(), log: Log = lambda m: None
+                    ) -> tuple[DeviceProfile, Path]:
+    """The cached profile when it is valid for this target and covers `specs`; else measure (all of `specs` plus
+    what the old profile had), cache and return it. force=True always re-measures."""
+    device = device if target.kind is BackendKind.ONNX else "cpu"
+    threads = threads or min(os.cpu_count() or 1, 8)  # the backends' default: `generate` without --threads shares
+    # the profile `bench --threads N` measured when N is that default
+    fingerprint = model_fingerprint(target.path)
+    key = profile_key(fingerprint, target.kind.value, threads, device, engine_version(target.kind))
+    path = profile_path(model_cache_dir(cache_dir), key)
+    old, why = (None, "re-measuring as asked (--profile-device)") if force else load_profile(path, key)
+    if old is not None:
+        missing = [s for s in specs if s not in old.drafters]
+        if not missing:
+            return old, path
+        why = f"the device profile {path} has no measurements for {missing}"
+        specs = list(old.drafters) + missing
+    log(f"{why}: measuring {label} (T(n), drafters {', '.join(specs)}; about 10-30 s)")
+    params = SamplingParams()  # profiles are measured greedily
+    drafters = {s: make_drafter(DrafterSpec.parse(s), target, params, ctx=ctx, threads=threads, cache_dir=cache_dir,
+                                device=device) for s in specs}
+    fields = measure(target, drafters, settings, log=log)
+    profile = DeviceProfile(key=key, target=label, backend=target.kind.value, model=str(target.path),
+                            fingerprint=fingerprint, threads=threads, device=device, machine=environment(threads),
+                            created=time.strftime("%Y-%m-%d %H:%M:%S"), **fields)
+    save_profile(profile, path)
+    log(f"device profile saved to {path}")
+    return profile, path
+
+
+def auto_options(o: dict, target: LoadedModel, log: Log) -> dict:
+    """generate/chat --auto: the options to decode with (drafter, k, fixed k) from this target's profile; the
+    requested --drafter (if not ngram/none) is measured as a candidate too. Prints the choice to stderr."""
+    specs = candidate_specs(target, [o["drafter"]])
+    profile, path = load_or_measure(target, f"{o['backend']}:{o['model']}", specs, threads=o["threads"],
+                                    device=o["device"], cache_dir=o["cache_dir"], ctx=o["ctx"], log=log)
+    choice = choose(profile, specs)
+    log(f"--auto: {choice.describe()}; profile {path}")
+    return {"drafter": choice.drafter, "k": choice.k if choice.drafter != PLAIN else o["k"], "adaptive_k": False}
+
+
+def tune_targets(targets: Sequence[str], drafters: Sequence[str], *, model: str, threads: int | None, ctx: int,
+                 cache_dir: Path | None, force: bool, log: Log) -> list[Tuned]:
+    """bench --profile-device / --auto: per target, its profile (measured when forced, missing or stale) and the
+    chosen configuration. Each target is loaded for the measurement and released before the next."""
+    from ..perf.bench import parse_target
+    out = []
+    for label in targets:
+        kind, name = parse_target(label, model)
+        target = load_model(name, kind, ctx=ctx, threads=threads, cache_dir=cache_dir, device="cpu")
+        specs = candidate_specs(target, drafters)
+        profile, path = load_or_measure(target, label, specs, threads=threads, device="cpu", cache_dir=cache_dir,
+                                        ctx=ctx, force=force, log=log)
+        del target
+        out.append(Tuned(label, profile, path, choose(profile, specs)))
+    return out
+
+
+def profile_rows(tuned: Sequence[Tuned]) -> list[dict]:
+    """JSON-ready summaries (results.json 'profiles', profiles.json): the curve, drafter stats and the choice."""
+    rows = []
+    for t in tuned:
+        p, c = t.profile, t.choice
+        rows.append({"target": t.label, "key": p.key, "path": str(t.path), "ctx": p.ctx, "verify_s": p.verify_s,
+                     "overhead_s": p.overhead_s, "plain_tok_s_measured": p.plain_tok_s_measured,
+                     "drafters": {k: {"accept": d.accept, "draft_fixed_s": d.draft_fixed_s,
+                                      "draft_per_token_s": d.draft_per_token_s, "tok_s_measured": d.tok_s_measured}
+                                  for k, d in p.drafters.items()},
+                     "choice": {"drafter": c.drafter, "k": c.k, "predicted_tok_s": c.predicted_tok_s,
+                                "plain_predicted_tok_s": c.plain_tok_s}})
+    return rows
+
+
+def choice_table(tuned: Sequence[Tuned]) -> str:
+    """Markdown: per target, T(n)/T(1), the best k per drafter and the chosen configuration."""
+    lines = ["| target | T(n)/T(1), n = 1.. | best per drafter (predicted tok/s) | chosen | predicted tok/s | "
+             "plain predicted |", "|---|---|---|---|---|---|"]
+    for t in tuned:
+        v = t.profile.verify_s
+        best: dict[str, tuple[int, float]] = {}
+        for c in t.choice.candidates:
+            if c.drafter != PLAIN and c.tok_s > best.get(c.drafter, (0, 0.0))[1]:
+                best[c.drafter] = (c.k, c.tok_s)
+        per = ", ".join(f"{d} k={k} ({r:.1f})" for d, (k, r) in best.items())
+        chosen = "plain" if t.choice.drafter == PLAIN else f"{t.choice.drafter} k={t.choice.k}"
+        lines.append(f"| {t.label} | {' '.join(f'{x / v[0]:.2f}' for x in v)} | {per} | {chosen} | "
+                     f"{t.choice.predicted_tok_s:.1f} | {t.choice.plain_tok_s:.1f} |")
+    return "\n".join(lines) + "\n"

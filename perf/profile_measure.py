@@ -1,0 +1,146 @@
+"""Measure a DeviceProfile (perf/profile.py) on a loaded target: the verify-cost curve T(n), the runtime's per-round
+overhead, and each drafter's acceptance by position and drafting cost on a few short dev prompts.
+
+T(n) reuses perf/verify_cost.py's `time_forward` (n random tokens appended at a fixed cache length, rolled back
+after each call as a rejected draft is); the statistic is the median of `reps` calls after warm-up. Drafters are
+measured greedily at fixed k = k_max (no adaptive truncation), so every position's acceptance is observed.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..runtime.decode import decode
+from ..runtime.stats import DecodeStats
+from ..runtime.types import SamplingParams, StepStats
+from .devset import Prompt, load_prompts
+from .profile import DrafterProfile
+from .verify_cost import time_forward
+
+
+@dataclass(frozen=True)
+class MeasureSettings:
+    """How much to measure: about 10-30 s for a 135M model on 2 cores with the defaults."""
+
+    k_max: int = 8  # drafters run at this k; T(n) for n = 1..k_max + 1
+    ctx: int = 256  # cache length the T(n) calls append at (clipped to half the target's context)
+    reps: int = 7  # T(n) calls per width (median)
+    prompts: int = 4  # dev prompts (round-robin over tasks)
+    max_tokens: int = 64  # generated per prompt and drafter
+    prompt_tokens: int = 384  # a longer prompt keeps its last this many tokens (bounds the prefill time)
+
+
+class RoundLog(DecodeStats):
+    """DecodeStats that also keeps every round's StepStats (the decode loop records one per target forward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rounds: list[StepStats] = []
+
+    def record(self, step: StepStats) -> None:
+        super().record(step)
+        self.rounds.append(step)
+
+
+def verify_curve(backend, max_width: int, ctx: int, reps: int, rng: np.random.Generator) -> list[float]:
+    """[max_width] median seconds of one chain forward of n = 1..max_width tokens at cache length ctx.
+    requires: ctx + max_width <= the backend's context."""
+    cache = backend.new_cache(ctx + max_width + 1)
+    backend.forward(rng.integers(0, backend.config.vocab_size, ctx).astype(np.int32), cache)
+    for n in range(1, max_width + 1):  # warm-up: every width once (first calls allocate)
+        time_forward(backend, cache, n, rng)
+    times: dict[int, list[float]] = {n: [] for n in range(1, max_width + 1)}
+    for _ in range(reps):  # widths interleaved so drift of a shared machine hits them alike
+        for n in times:
+            times[n].append(time_forward(backend, cache, n, rng))
+    curve = np.array([float(np.median(times[n])) for n in times])
+    return [float(x) for x in np.maximum.accumulate(curve)]  # noise must not make a wider call look cheaper
+
+
+def fit_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """Least-squares (a, b) of y = a + b x, both clipped at 0; (mean y, 0) when x has one distinct value.
+    Example: x [0, 2, 4], y [1, 2, 3] -> (1.0, 0.5)."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(x) == 0:
+        return 0.0, 0.0
+    if len(np.unique(x)) < 2:
+        return max(float(y.mean()), 0.0), 0.0
+    b, a = np.polyfit(x, y, 1)
+    if b < 0:
+        return max(float(y.mean()), 0.0), 0.0
+    if a < 0:
+        return 0.0, float(np.dot(x, y) / np.dot(x, x))
+    return float(a), float(b)
+
+
+def acceptance(rounds: Sequence[StepStats], k_max: int) -> tuple[list[float], list[float]]:
+    """(alpha [k_max], length_dist [k_max + 1]) from rounds run at k = k_max. alpha_i = rounds accepting >= i over
+    rounds accepting >= i - 1 (a position not proposed counts as rejected), with a Beta(1, 1) prior so a position
+    never reached reads 0.5 rather than 0/0. Example: accepted counts [2, 0, 1] -> alpha_1 = (2+1)/(3+2) = 0.6,
+    alpha_2 = (1+1)/(2+2) = 0.5 (two rounds reached position 2, one passed it), alpha_3 = (0+1)/(1+2) = 1/3."""
+    acc = np.array([r.n_accepted for r in rounds], dtype=int)
+    lens = np.array([r.k for r in rounds], dtype=int)
+    alpha = [float((np.sum(acc >= i) + 1) / (np.sum(acc >= i - 1) + 2)) for i in range(1, k_max + 1)]
+    dist = np.bincount(np.minimum(lens, k_max), minlength=k_max + 1) / max(len(rounds), 1)
+    return alpha, [float(x) for x in dist]
+
+
+def context_of(backend) -> int:
+    """Positions a cache of this backend may hold (llama.cpp: its n_ctx)."""
+    caps_max = getattr(backend.caps, "max_context", None)
+    return getattr(backend, "n_ctx", None) or caps_max or backend.config.context_length
+
+
+def dev_prompts(n: int) -> list[Prompt]:
+    return load_prompts(limit=n, by="task")
+
+
+def run_rounds(target, drafter, prompts: Sequence[Prompt], k: int, max_tokens: int, prompt_tokens: int = 384
+               ) -> RoundLog:
+    """Greedy decode of every prompt (chat-formatted, its last `prompt_tokens` tokens) with `drafter` (None: plain)
+    at fixed k; the merged log."""
+    log, tok, params = RoundLog(), target.tokenizer, SamplingParams()
+    for p in prompts:
+        ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": p.text}]))
+        room = min(prompt_tokens, context_of(target.backend) - max_tokens - k - 2)
+        ids = ids[-room:]  # a small-context model sees the end of a long prompt (the chat template's tail)
+        for _ in decode(target.backend, ids, params, drafter=drafter, k=max(k, 1), max_tokens=max_tokens,
+                        eos_ids=tok.eos_ids, stats=log, rng=np.random.default_rng(0)):
+            pass
+    return log
+
+
+def measure(target, drafters: dict[str, object], settings: MeasureSettings = MeasureSettings(),
+            log: Callable[[str], None] = lambda m: None) -> dict:
+    """The measured fields of a DeviceProfile: verify_s, overhead_s, plain_tok_s_measured, drafters, ctx.
+    target: an apps.engine.LoadedModel; drafters: spec string -> built drafter (tree drafters are not tuned here)."""
+    backend = target.backend
+    ctx = max(8, min(settings.ctx, context_of(backend) // 2))
+    rng = np.random.default_rng(0)
+    t0 = time.perf_counter()
+    verify_s = verify_curve(backend, settings.k_max + 1, ctx, settings.reps, rng)
+    log(f"T(n) for n = 1..{settings.k_max + 1} at cache length {ctx}: "
+        + " ".join(f"{1e3 * t:.1f}" for t in verify_s) + f" ms ({time.perf_counter() - t0:.1f} s)")
+    prompts = dev_prompts(settings.prompts)
+    plain = run_rounds(target, None, prompts, 0, settings.max_tokens, settings.prompt_tokens)
+    over_x, over_y = [], []
+    logs = {}
+    for spec, drafter in drafters.items():
+        t0 = time.perf_counter()
+        logs[spec] = run_rounds(target, drafter, prompts, settings.k_max, settings.max_tokens,
+                                 settings.prompt_tokens)
+        log(f"drafter {spec}: {logs[spec].summary()} ({time.perf_counter() - t0:.1f} s)")
+    for r in plain.rounds + [r for lg in logs.values() for r in lg.rounds]:
+        over_x.append(r.k + 1)
+        over_y.append(max(r.verify_s - r.forward_s, 0.0))
+    out = {}
+    for spec, lg in logs.items():
+        alpha, dist = acceptance(lg.rounds, settings.k_max)
+        fixed, per_token = fit_line([r.k for r in lg.rounds], [r.draft_s for r in lg.rounds])
+        out[spec] = DrafterProfile(spec, settings.k_max, alpha, dist, fixed, per_token, len(lg.rounds),
+                                   float(lg.tokens_per_s))
+    return {"verify_s": verify_s, "overhead_s": list(fit_line(over_x, over_y)), "drafters": out, "ctx": ctx,
+            "plain_tok_s_measured": float(plain.tokens_per_s)}
