@@ -195,10 +195,17 @@ def engine_from(o):
     """An Engine (apps/api.py) from the parsed decoding options; load errors become clean CLI errors."""
     from .api import Engine
     sampling_from(o)  # a bad sampling value fails before the model loads
+    log = lambda m: click.echo(m, err=True)  # noqa: E731
     try:
-        return Engine(o["model"], backend=o["backend"], drafter=o["drafter"], k=o["k"], adaptive_k=o["adaptive_k"],
-                      verifier=o["verifier"], ctx=o["ctx"], threads=o["threads"], device=o["device"],
-                      cache_dir=o["cache_dir"], log=lambda m: click.echo(m, err=True))
+        engine = Engine(o["model"], backend=o["backend"], drafter=o["drafter"], k=o["k"], adaptive_k=o["adaptive_k"],
+                        verifier=o["verifier"], ctx=o["ctx"], threads=o["threads"], device=o["device"],
+                        cache_dir=o["cache_dir"], log=log)
+        if o.get("auto"):  # the profile's choice replaces --drafter / --k (apps/auto.py)
+            from .auto import auto_options
+            o.update(auto_options(o, engine.model, log=log))
+            engine.set_drafter(o["drafter"])
+            engine.k, engine.adaptive_k = o["k"], o["adaptive_k"]
+        return engine
     except (ValueError, FileNotFoundError, ImportError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
 

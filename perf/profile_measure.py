@@ -28,8 +28,8 @@ class MeasureSettings:
     k_max: int = 8  # drafters run at this k; T(n) for n = 1..k_max + 1
     ctx: int = 256  # cache length the T(n) calls append at (clipped to half the target's context)
     reps: int = 7  # T(n) calls per width (median)
-    prompts: int = 4  # dev prompts (round-robin over tasks)
-    max_tokens: int = 64  # generated per prompt and drafter
+    prompts: int = 6  # dev prompts (round-robin over tasks: one per Spec-Bench task)
+    max_tokens: int = 128  # generated per prompt and drafter (as the benchmark; n-gram matches grow with length)
     prompt_tokens: int = 384  # a longer prompt keeps its last this many tokens (bounds the prefill time)
 
 

@@ -99,4 +99,4 @@ def test_chat_auto_prints_the_choice(tiny):
     r = CliRunner().invoke(cli, ["chat", str(path), "--backend", "numpy", "--max-tokens", "8", "--auto",
                                  "--cache-dir", str(d / "chat-cache")], input="hello\n/exit\n")
     assert r.exit_code == 0, r.output
-    assert "--auto: " in r.stderr and "predicted" in r.stderr and r.stderr.count("[decoded") == 1
+    assert "--auto: " in r.stderr and "predicted" in r.stderr and r.stderr.count(" tok/s | tau ") == 1
