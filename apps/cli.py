@@ -18,6 +18,7 @@ from ..runtime.verify import VerifierKind
 from .engine import DrafterSpec, load_model, make_drafter
 from .bench_cmd import bench_cmd
 from .export_cmd import export_cmd
+from .serve_cmd import serve_cmd
 
 CACHE_OPT = click.option("--cache-dir", type=click.Path(path_type=Path), default=None,
                          help="Model cache (default: $SPECEDGE_CACHE or the platform cache dir).")
@@ -220,6 +221,7 @@ def chat(**o) -> None:
 
 cli.add_command(export_cmd)
 cli.add_command(bench_cmd)
+cli.add_command(serve_cmd)
 
 
 def main() -> None:
