@@ -210,7 +210,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--prompts", type=int, default=16, help="distinct dev prompts")
     ap.add_argument("--ctx", type=int, default=2048)
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="server backend threads (0: the backend's default); llama.cpp's spinning workers collapse "
+                         "to <1 token/s when the cores are shared with other work, one thread does not")
     ap.add_argument("--json", type=Path, default=None, help="also write the report here")
     a = ap.parse_args(argv)
     port = free_port()
@@ -218,6 +220,7 @@ def main(argv=None) -> int:
     cmd = [sys.executable, "-m", "specedge.apps.cli", "serve", a.model, "--backend", a.backend, "--drafter",
            a.drafter, "--port", str(port), "--ctx", str(a.ctx), "--max-queue", str(a.clients), "--log-level",
            "warning"] + (["--threads", str(a.threads)] if a.threads else [])
+    print(" ".join(cmd), file=sys.stderr)
     proc = subprocess.Popen(cmd, env=os.environ.copy())
     try:
         wait_ready(url, proc)

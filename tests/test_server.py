@@ -3,6 +3,7 @@ greedy output equal to Engine.generate and plain decoding, streaming, stop strin
 extension, every error status with its message, the API key, disconnect cancellation and a small load run."""
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -145,6 +146,7 @@ def test_the_specedge_extension_carries_the_speculative_statistics(server):
     (dict(temperature=-1), 400, "temperature"),
     (dict(top_p=1.5), 400, "top_p"),
     (dict(max_tokens=0), 400, "max_tokens must be >= 1"),
+    (dict(max_completion_tokens=-3), 400, "max_completion_tokens must be >= 1"),
     (dict(temperature="hot"), 400, "temperature must be a finite number"),
     (dict(n=2), 400, "n must be 1"),
     (dict(presence_penalty=0.5), 400, "repeat_penalty"),
@@ -159,7 +161,6 @@ def test_invalid_requests_get_400_naming_the_field(server, ask, status, match):
     assert r.status_code == status
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error"
-    import re
     assert re.search(match, err["message"]), err["message"]
 
 
