@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -50,6 +51,7 @@ class LoadReport:
     rss_mib: dict = field(default_factory=dict)  # first, last, max (server process)
     error_samples: list = field(default_factory=list)
     mismatch_samples: list = field(default_factory=list)
+    mismatches_by_prompt: dict = field(default_factory=dict)  # prompt index -> [mismatched, requests]
 
 
 def percentiles(values) -> dict:
@@ -132,8 +134,12 @@ class RssSampler:
         self._thread.join()
 
     def summary(self) -> dict:
+        """first/last/max MiB, and `trace`: 11 evenly spaced samples (a leak shows as a steady climb)."""
         s = self.samples
-        return {"first": s[0], "last": s[-1], "max": max(s), "n": len(s)} if s else {}
+        if not s:
+            return {}
+        trace = [round(s[round(i * (len(s) - 1) / 10)], 1) for i in range(11)]
+        return {"first": s[0], "last": s[-1], "max": max(s), "n": len(s), "trace": trace}
 
 
 def run_load(url: str, prompts: list[list[dict]], expected: list[str], *, clients: int, requests: int,
@@ -169,6 +175,8 @@ def run_load(url: str, prompts: list[list[dict]], expected: list[str], *, client
         latency_s=percentiles([o.latency_s for o in ok]),
         ttft_s=percentiles([o.ttft_s for o in ok if o.stream and o.ttft_s is not None]),
         rss_mib=rss.summary(), error_samples=[o.error for o in errors[:5]],
+        mismatches_by_prompt={i: [sum(o.prompt == i for o in mismatches), sum(o.prompt == i for o in ok)]
+                              for i in sorted({o.prompt for o in mismatches})},
         mismatch_samples=[{"prompt": o.prompt, "stream": o.stream, "got": o.text[:200],
                            "want": expected[o.prompt][:200]} for o in mismatches[:5]])
 
@@ -213,15 +221,19 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1,
                     help="server backend threads (0: the backend's default); llama.cpp's spinning workers collapse "
                          "to <1 token/s when the cores are shared with other work, one thread does not")
+    ap.add_argument("--fixed-k", action="store_true",
+                    help="serve with --fixed-k: verify batch shapes then depend on the prompt alone, not on timing "
+                         "(llama.cpp's logits depend on the batch shape, so adaptive k can flip greedy near-ties)")
     ap.add_argument("--json", type=Path, default=None, help="also write the report here")
     a = ap.parse_args(argv)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "specedge.apps.cli", "serve", a.model, "--backend", a.backend, "--drafter",
            a.drafter, "--port", str(port), "--ctx", str(a.ctx), "--max-queue", str(a.clients), "--log-level",
-           "warning"] + (["--threads", str(a.threads)] if a.threads else [])
+           "warning"] + (["--threads", str(a.threads)] if a.threads else []) + (["--fixed-k"] if a.fixed_k else [])
     print(" ".join(cmd), file=sys.stderr)
     proc = subprocess.Popen(cmd, env=os.environ.copy())
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally below: never leave the server behind
     try:
         wait_ready(url, proc)
         prompts = dev_messages(a.prompts)
