@@ -19,6 +19,7 @@ from .engine import DrafterSpec, load_model, make_drafter
 from .bench_cmd import bench_cmd
 from .export_cmd import export_cmd
 from .chat_cmd import chat_command
+from .serve_cmd import serve_cmd
 
 CACHE_OPT = click.option("--cache-dir", type=click.Path(path_type=Path), default=None,
                          help="Model cache (default: $SPECEDGE_CACHE or the platform cache dir).")
@@ -213,6 +214,7 @@ def engine_from(o):
 cli.add_command(export_cmd)
 cli.add_command(chat_command(decoding_options, engine_from))
 cli.add_command(bench_cmd)
+cli.add_command(serve_cmd)
 
 
 def main() -> None:

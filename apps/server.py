@@ -1,0 +1,369 @@
+"""The ASGI app behind `specedge serve`: OpenAI-compatible routes over one specedge.Engine.
+
+    client ──HTTP──> auth (401) ─> body limit (413) ─> JSON + fields (400) ─> admission (429) ─> worker thread
+                                                                                               │ Engine.stream
+    client <──SSE or JSON── asyncio queue <── chunks (call_soon_threadsafe) <──────────────────┘
+
+The Engine decodes one call at a time (one lock, one KV cache). Admission bounds the calls in flight to
+`max_queue` waiting + 1 running; each runs in its own worker thread (a pool of exactly that size, so a
+request never waits for a thread) and blocks on the Engine's lock until its turn. Every call carries a
+threading.Event: a client that disconnects (seen as http.disconnect, for streamed and plain responses alike)
+sets it and the Engine stops at its next token, which frees the lock for the next request.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from . import openai_protocol as proto
+from .api import Engine
+from .openai_protocol import APIError, GenRequest, Shape
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model_id: str  # the id /v1/models lists and responses carry; requests may name any model (one is loaded)
+    api_key: str | None = None
+    max_queue: int = 8  # requests waiting for the engine; one more runs
+    max_request_bytes: int = 1 << 20
+
+
+def model_id_for(model: str) -> str:
+    """A catalogue name as is; a path by its file or directory name."""
+    p = Path(model)
+    return p.name if (p.suffix == ".gguf" or len(p.parts) > 1) else model
+
+
+@dataclass
+class Metrics:
+    """Counters served at GET /specedge/metrics; `recent` holds the last calls' finish records."""
+    requests: int = 0
+    completed: int = 0
+    cancelled: int = 0
+    rejected: int = 0
+    client_errors: int = 0
+    generated_tokens: int = 0
+    running: int = 0
+    recent: deque = field(default_factory=lambda: deque(maxlen=64))
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, req: GenRequest, stats: dict) -> None:
+        with self.lock:
+            self.generated_tokens += int(stats.get("n_generated", 0))
+            cancelled = stats.get("finish_reason") == "cancelled"
+            self.cancelled += cancelled
+            self.completed += not cancelled
+            self.recent.append({"finish_reason": stats.get("finish_reason"), "max_tokens": req.options.max_tokens,
+                                "n_generated": stats.get("n_generated", 0), "stream": req.stream,
+                                "wall_s": stats.get("wall_s")})
+
+    def to_dict(self) -> dict:
+        with self.lock:
+            return {"requests": self.requests, "completed": self.completed, "cancelled": self.cancelled,
+                    "rejected": self.rejected, "client_errors": self.client_errors,
+                    "generated_tokens": self.generated_tokens, "running": self.running, "recent": list(self.recent)}
+
+
+class Admission:
+    """At most `limit` calls in flight (running or waiting for the engine); thread-safe."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.n, self._lock = limit, 0, threading.Lock()
+
+    def try_acquire(self) -> bool:
+        with self._lock:
+            if self.n >= self.limit:
+                return False
+            self.n += 1
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self.n -= 1
+
+
+@dataclass
+class Outcome:
+    text: str
+    completion_tokens: int
+    reason: str  # the Engine's finish reason, or "error" (text is then the message)
+
+
+class Server:
+    """Routes and state for one Engine. `app` is the Starlette application."""
+
+    def __init__(self, engine: Engine, config: ServerConfig) -> None:
+        self.engine, self.config, self.created = engine, config, int(time.time())
+        self.admission = Admission(config.max_queue + 1)
+        self.pool = ThreadPoolExecutor(max_workers=config.max_queue + 1, thread_name_prefix="specedge-gen")
+        self.metrics = Metrics()
+        self.active: set[threading.Event] = set()
+        routes = [Route("/v1/models", self.models, methods=["GET"]),
+                  Route("/v1/models/{model_id:path}", self.model, methods=["GET"]),
+                  Route("/v1/completions", self.completions, methods=["POST"]),
+                  Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+                  Route("/specedge/metrics", self.metrics_route, methods=["GET"]),
+                  Route("/health", self.health, methods=["GET"])]
+        handlers = {APIError: self._api_error, HTTPException: self._http_error, Exception: self._crash}
+        self.app = Starlette(routes=routes, exception_handlers=handlers, lifespan=self._lifespan)
+
+    # ---- plumbing ---------------------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app):
+        yield
+        for ev in list(self.active):  # shutting down: stop running calls at their next token
+            ev.set()
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    async def _api_error(self, request: Request, e: APIError) -> JSONResponse:
+        with self.metrics.lock:
+            self.metrics.client_errors += e.status < 500 and e.status != 429
+            self.metrics.rejected += e.status == 429
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    async def _http_error(self, request: Request, e: HTTPException) -> JSONResponse:
+        msg = {404: f"no route {request.method} {request.url.path}: the server has /v1/models, /v1/completions "
+                    "and /v1/chat/completions",
+               405: f"{request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
+        return await self._api_error(request, APIError(e.status_code, msg, code=str(e.status_code)))
+
+    async def _crash(self, request: Request, e: Exception) -> JSONResponse:
+        err = APIError(500, f"internal error: {type(e).__name__}: {e}", type="server_error")
+        return JSONResponse(err.body(), status_code=500)
+
+    def _authorize(self, request: Request) -> None:
+        key = self.config.api_key
+        if key is None:
+            return
+        auth = request.headers.get("authorization", "")
+        if not auth:
+            raise APIError(401, "missing API key: send the header 'Authorization: Bearer <key>' with the key given "
+                           "to specedge serve (--api-key or SPECEDGE_API_KEY)", code="invalid_api_key")
+        scheme, _, given = auth.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
+            raise APIError(401, "invalid API key: send 'Authorization: Bearer <key>' with the key the server was "
+                           "started with (--api-key or SPECEDGE_API_KEY)", code="invalid_api_key")
+
+    async def _json(self, request: Request) -> dict:
+        """The request body as a JSON object, read at most max_request_bytes deep (413 beyond)."""
+        limit = self.config.max_request_bytes
+        too_big = APIError(413, f"request body larger than {limit} bytes: shorten the prompt, or start the server "
+                           "with a larger --max-request-bytes", code="request_too_large")
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise too_big
+        data = bytearray()
+        async for piece in request.stream():
+            data += piece
+            if len(data) > limit:
+                raise too_big
+        try:
+            body = json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise proto.invalid(f"the body is not valid JSON ({e}): send a JSON object with "
+                                "Content-Type: application/json") from None
+        if not isinstance(body, dict):
+            raise proto.invalid(f"the body must be a JSON object, got {type(body).__name__}")
+        return body
+
+    # ---- routes -----------------------------------------------------------------------------------------------
+
+    async def health(self, request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    async def models(self, request: Request) -> JSONResponse:
+        self._authorize(request)
+        return JSONResponse(proto.models_list(self.config.model_id, self.created))
+
+    async def model(self, request: Request) -> JSONResponse:
+        self._authorize(request)
+        name = request.path_params["model_id"]
+        if name != self.config.model_id:
+            raise APIError(404, f"model {name!r} is not served here: this server has {self.config.model_id!r} "
+                           "(GET /v1/models)", param="model", code="model_not_found")
+        return JSONResponse(proto.model_card(name, self.created))
+
+    async def metrics_route(self, request: Request) -> JSONResponse:
+        self._authorize(request)
+        return JSONResponse({**self.metrics.to_dict(), "in_flight": self.admission.n,
+                             "max_in_flight": self.admission.limit})
+
+    async def completions(self, request: Request):
+        self._authorize(request)
+        body = await self._json(request)
+        req = proto.parse_completion(body, vocab_size=self.engine.model.backend.config.vocab_size,
+                                     capacity=self.engine.context_length)
+        return await self._generate(request, req)
+
+    async def chat_completions(self, request: Request):
+        self._authorize(request)
+        body = await self._json(request)
+        messages = proto.chat_messages(body)
+        try:
+            rendered = await asyncio.to_thread(self.engine.render_chat, messages)
+        except ValueError as e:
+            raise proto.invalid(f"{e}: check the roles and order of messages", "messages") from None
+        return await self._generate(request, proto.parse_chat(body, rendered, capacity=self.engine.context_length))
+
+    # ---- generation -------------------------------------------------------------------------------------------
+
+    async def _generate(self, request: Request, req: GenRequest):
+        with self.metrics.lock:
+            self.metrics.requests += 1
+        if not self.admission.try_acquire():
+            raise APIError(429, f"the server is busy: {self.admission.limit - 1} requests are already waiting and "
+                           "one is running; retry after a moment, or start the server with a larger --max-queue",
+                           type="rate_limit_error", code="queue_full", headers={"Retry-After": "1"})
+        cancel, stats = threading.Event(), {}
+        try:
+            options = asdict(req.options)
+            chunks = await asyncio.to_thread(lambda: self.engine.stream(req.prompt, cancel=cancel, stats=stats,
+                                                                        **options))
+        except ValueError as e:
+            self.admission.release()
+            raise proto.engine_error(e) from None
+        except BaseException:
+            self.admission.release()
+            raise
+        self.active.add(cancel)
+        shape = Shape.new(self.config.model_id, req.chat)
+        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+        work = loop.run_in_executor(self.pool, self._work, chunks, cancel, loop, queue, req.stream)
+        work.add_done_callback(lambda _: self._finished(req, cancel, stats))
+        if req.stream:
+            return SSEResponse(self._events(shape, req, queue, stats), cancel)
+        watcher = asyncio.ensure_future(_watch_disconnect(request.receive, cancel))
+        try:
+            outcome: Outcome = await work
+        finally:
+            watcher.cancel()
+        if outcome.reason == "error":
+            raise APIError(500, outcome.text, type="server_error")
+        return JSONResponse(shape.completion(outcome.text, outcome.reason, stats["prompt_tokens"],
+                                             outcome.completion_tokens, stats))
+
+    def _finished(self, req: GenRequest, cancel: threading.Event, stats: dict) -> None:
+        self.active.discard(cancel)
+        self.admission.release()
+        if stats:
+            self.metrics.record(req, stats)
+
+    def _work(self, chunks, cancel: threading.Event, loop, queue: asyncio.Queue, stream: bool) -> Outcome:
+        """Worker thread: drive Engine.stream (blocks on the engine's lock until this call's turn); streamed
+        chunks go to the event loop's queue; returns the whole outcome."""
+        def put(item) -> None:
+            if stream:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        parts, n, reason, started = [], 0, "length", False
+        try:
+            if cancel.is_set():  # the client left while the call waited for a thread: never take the lock
+                chunks.close()
+                return Outcome("", 0, "cancelled")
+            for c in chunks:
+                if not started:
+                    started = True
+                    self._running(+1)
+                n += 1
+                reason = c.finish_reason or reason
+                if c.finish_reason == "eos":
+                    n -= 1  # the EOS token is not part of the completion
+                parts.append(c.text)
+                if c.text:
+                    put(("text", c.text))
+            put(("end", (reason, n)))
+            return Outcome("".join(parts), n, reason)
+        except Exception as e:  # a backend failure: the client gets a 500 / an error event, the server lives on
+            put(("error", f"generation failed: {type(e).__name__}: {e}"))
+            return Outcome(f"generation failed: {type(e).__name__}: {e}", n, "error")
+        finally:
+            if started:
+                self._running(-1)
+
+    def _running(self, delta: int) -> None:
+        with self.metrics.lock:
+            self.metrics.running += delta
+
+    async def _events(self, shape: Shape, req: GenRequest, queue: asyncio.Queue, stats: dict):
+        """SSE payloads for a streamed call: a first chunk (chat: the role), text chunks, the final chunk with
+        finish_reason and the `specedge` statistics, the usage chunk if asked, then [DONE]."""
+        first = True
+        if req.chat:
+            yield shape.chunk("", first=True, with_usage=req.include_usage)
+            first = False
+        while True:
+            kind, value = await queue.get()
+            if kind == "text":
+                yield shape.chunk(value, first=first, with_usage=req.include_usage)
+                first = False
+            elif kind == "error":
+                yield APIError(500, value, type="server_error").body()
+                return
+            else:
+                reason, n = value
+                yield shape.chunk(None if req.chat else "", reason=reason, stats=stats,
+                                  with_usage=req.include_usage)
+                if req.include_usage:
+                    yield shape.usage_chunk(stats["prompt_tokens"], n)
+                return
+
+
+async def _watch_disconnect(receive, cancel: threading.Event) -> None:
+    """Set `cancel` when the client disconnects (the request body has been read: the next message is the end)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            cancel.set()
+            return
+
+
+class SSEResponse:
+    """Server-sent events (`data: {json}\\n\\n` ... `data: [DONE]\\n\\n`) from an async iterator of dicts; a
+    disconnect, seen while sending or while waiting for the next chunk, sets `cancel`."""
+
+    def __init__(self, events, cancel: threading.Event) -> None:
+        self.events, self.cancel = events, cancel
+
+    async def __call__(self, scope, receive, send) -> None:
+        watcher = asyncio.ensure_future(_watch_disconnect(receive, self.cancel))
+        try:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
+                                    (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]})
+            async for event in self.events:
+                if self.cancel.is_set():
+                    return
+                await send({"type": "http.response.body", "body": _sse(event), "more_body": True})
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+        except OSError:  # the client went away mid-send
+            pass
+        finally:
+            self.cancel.set()  # a no-op once the call has ended; stops it otherwise
+            watcher.cancel()
+            await self.events.aclose()
+
+
+def _sse(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def create_app(engine: Engine, config: ServerConfig) -> Starlette:
+    """The Starlette app serving `engine`; `app.state.server` is the Server (metrics, admission)."""
+    server = Server(engine, config)
+    server.app.state.server = server
+    return server.app
