@@ -16,6 +16,7 @@ from gguf import GGUFWriter
 from specedge.apps.cli import cli
 from specedge.export.gguf_in import open_gguf
 from specedge.models.catalog import cached_path
+from specedge.models.tiny import write_tiny_gguf
 from specedge.models.family_base import canonical_to_gguf
 from specedge.models.tiny import write_tiny_gguf
 
@@ -111,23 +112,37 @@ def _cached(name):
 
 
 @pytest.mark.real
-def test_real_cross_family_drafter_is_refused():
+def test_real_cross_family_drafter_is_refused(tmp_path):
+    """SmolLM2 with a drafter of another vocabulary: Qwen2.5-Coder-0.5B where it is pulled (opt-in), else a tiny
+    model whose tokenizer differs (the check compares tokenizer fingerprints either way)."""
     pytest.importorskip("llama_cpp")
-    smol, qwen = _cached("smollm2-135m"), _cached("qwen2.5-coder-0.5b")
-    r = run("generate", smol, "hi", "--backend", "llamacpp", "--drafter", f"model:{qwen}", "--max-tokens", 4)
+    smol = _cached("smollm2-135m")
+    other = cached_path("qwen2.5-coder-0.5b") or write_tiny_gguf(tmp_path / "other.gguf", seed=3)
+    r = run("generate", smol, "hi", "--backend", "llamacpp", "--drafter", f"model:{other}", "--max-tokens", 4)
     assert r.exit_code == 1, r.output
     assert "different tokenizer" in r.output and "same family" in r.output
 
 
-@pytest.fixture
-def onnx_copy(tmp_path):
-    """The cached smollm2-135m-onnx-int4 artifact as a tmp directory: the weight data symlinked (never written by the
-    tests), everything else copied, so that editing a copy cannot damage the cached artifact through a link."""
+@pytest.fixture(scope="module")
+def onnx_source(tmp_path_factory):
+    """The cached smollm2-135m-onnx-int4 artifact; where this cache has none yet, one exported here (about a
+    minute), so the tests run on a fresh CI cache too."""
     pytest.importorskip("onnxruntime")
-    src = cached_path("smollm2-135m")
-    src = src.parent / "smollm2-135m-onnx-int4" if src is not None else None
-    if src is None or not (src / "manifest.json").is_file():
-        pytest.skip("smollm2-135m-onnx-int4 is not exported in the model cache")
+    gguf = _cached("smollm2-135m")
+    src = gguf.parent / "smollm2-135m-onnx-int4"
+    if not (src / "manifest.json").is_file():
+        from specedge.export.onnx_export import export_gguf_to_onnx
+        from specedge.export.onnx_linear import WeightFormat
+        src = tmp_path_factory.mktemp("onnx") / "smollm2-135m-onnx-int4"
+        export_gguf_to_onnx(open_gguf(gguf), src, WeightFormat.INT4, threads=2)
+    return src
+
+
+@pytest.fixture
+def onnx_copy(onnx_source, tmp_path):
+    """The artifact as a tmp directory: the weight data symlinked (never written by the tests), everything else
+    copied, so that editing a copy cannot damage the cached artifact through a link."""
+    src = onnx_source
     dst = tmp_path / "art"
     dst.mkdir()
     for f in src.iterdir():
