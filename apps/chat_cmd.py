@@ -128,6 +128,16 @@ class ChatLoop:
         self.totals, self.last = Totals(), None
 
     def run(self) -> None:
+        # A process started in the background by a non-interactive shell (`cmd &`, nohup, some CI runners) inherits
+        # SIGINT as ignored, and Python then never raises KeyboardInterrupt: Ctrl-C at the prompt would do nothing.
+        # An interactive chat wants Ctrl-C whatever its parent did.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            self._loop()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _loop(self) -> None:
         say(f"specedge chat ({self.engine.name}, {self.engine.backend_kind}, drafter {self.engine.drafter_name}): "
             "type a message; /help lists commands; Ctrl-C stops an answer; Ctrl-D exits.")
         if self.conv.messages:

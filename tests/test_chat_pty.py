@@ -4,8 +4,8 @@ a full context; on the tiny model (NumPy) and, marked real, on SmolLM2 (llama.cp
 import json
 import os
 import re
+import signal
 import sys
-import time
 
 import pexpect  # the dev extra installs it
 import pytest
@@ -41,9 +41,16 @@ def _no_leftover_children():
 
 
 def spawn(*args, timeout=60):
-    """The real program in a pty, with this environment (PYTHONPATH resolves specedge to the tree under test)."""
-    child = pexpect.spawn(sys.executable, ["-m", "specedge.apps.cli", "chat", *map(str, args)], env=dict(os.environ),
-                          encoding="utf-8", codec_errors="replace", timeout=timeout, dimensions=(50, 400))
+    """The real program in a pty, with this environment (PYTHONPATH resolves specedge to the tree under test).
+    SIGINT is ignored while spawning, as for a job a non-interactive shell starts with `&`: the chat must still
+    answer Ctrl-C (it did not, and this test hung in CI started that way)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        child = pexpect.spawn(sys.executable, ["-m", "specedge.apps.cli", "chat", *map(str, args)],
+                              env=dict(os.environ), encoding="utf-8", codec_errors="replace", timeout=timeout,
+                              dimensions=(50, 400))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     _CHILDREN.append(child)
     child.expect("Ctrl-D exits")
     child.expect("> ")
@@ -123,12 +130,8 @@ def test_ctrl_c_stops_the_answer_keeps_the_conversation(endless, tmp_path):
     assert nxt["finish"] == "length" and nxt["tokens"] == 6 and nxt["reused"] > 0
     saved = tmp_path / "c.json"
     command(child, f"/save {saved}", "saved 4 messages")
-    # Ctrl-C at the prompt: the first arms, the second exits. "> " is printed just before readline takes the
-    # terminal; a Ctrl-C in that instant was lost once in a loaded CI run, so let the prompt settle as a person would.
-    time.sleep(0.5)
-    child.sendintr()
+    child.sendintr()  # Ctrl-C at the prompt: the first arms, the second exits
     child.expect("Ctrl-C again")
-    time.sleep(0.5)
     child.sendintr()
     child.expect(pexpect.EOF)
     msgs = json.loads(saved.read_text())["messages"]
