@@ -26,6 +26,7 @@ from .. import __version__
 from ..models.config import ModelConfig
 from ..models.errors import ModelFileError
 from ..models.manifest import MANIFEST, OPTIMUM_FORMAT, OPTIMUM_FORMAT_VERSION, config_to_dict, sha256_file
+from ..runtime.backends.ort_threads import foreign_sessions
 from ..runtime.kv import LengthCursor
 from .hf_in import read_config
 from .onnx_export import record_gate, write_tokenizer
@@ -147,8 +148,8 @@ def export_via_optimum(src: str | Path, out_dir: str | Path, *, gate: bool = Tru
     for stale in (MANIFEST, MODEL_FILE, MODEL_FILE + "_data"):
         (out / stale).unlink(missing_ok=True)
     try:
-        with warnings.catch_warnings():  # torch's tracer warns about every shape-dependent branch it freezes
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(), foreign_sessions():  # optimum checks the graph in its own session
+            warnings.simplefilter("ignore")  # torch's tracer warns about every shape-dependent branch it freezes
             onnx_export_from_model(model, out, task=TASK, do_validation=False)  # the parity gate validates
     except (ValueError, RuntimeError, KeyError) as e:
         raise ModelFileError(f"optimum cannot export {src} ({type(e).__name__}: {e})") from None

@@ -79,8 +79,9 @@ class TrimmedHead:
             raise ModelFileError(f"{manifest.root}: this artifact has no standalone head; re-export with "
                                  "--drafter-vocab N")
         import onnxruntime as ort
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads or 1
+
+        from .backends.ort_threads import session_options
+        opts, _ = session_options(ort, threads or 1)
         self.io = manifest.raw["drafter_vocab"].get("head_io", {"hidden": "hidden", "logits": "logits"})
         self.session = ort.InferenceSession(str(manifest.root / vocab.head), sess_options=opts,
                                             providers=["CPUExecutionProvider"])

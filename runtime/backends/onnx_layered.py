@@ -10,10 +10,9 @@ in onnxrt.py: per layer one preallocated buffer bound as both past and present, 
 the planned layers' rows and the verify forward (all layers) overwrites them (ALGORITHMS.md 2.3, 2.4: shared KV).
 Weights: each layer's tensors live only in that layer's session; initializers several graphs name (RoPE tables,
 a tied float head's embedding) are read once into OrtValues and given to every session (add_initializer), so the
-whole artifact is in memory once. Threads: every session owns an intra-op pool; `spinning=False` (default) stops
-idle pools from spinning while the next segment's pool works. onnxruntime's global pool is not used: it is
-process-wide, and once set every session of the process, other backends' too, must opt out of per-session pools
-(docs/onnx.md, "Layer plans", has the measurements).
+whole artifact is in memory once. Threads: all sessions run on the process's one onnxruntime pool (ort_threads.py);
+with SPECEDGE_ORT_THREADPOOL=session each owns a pool, and `spinning=False` (default) stops idle pools from
+spinning while the next segment's pool works (docs/onnx.md, "Thread pools", has the measurements).
 """
 from __future__ import annotations
 
@@ -28,6 +27,7 @@ from ..kv import LengthCursor
 from ..types import Logits, Mask, Tokens
 from .base import BackendCaps, LayerPlan, check_capacity, check_room
 from .onnx_providers import Device, select_providers
+from .ort_threads import session_options
 from .onnxrt import _import_ort, read_bytes_per_token
 
 
@@ -116,14 +116,9 @@ class OnnxLayeredBackend:
     def _session(self, path: Path):
         import onnx
         ort = self.ort
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = self.threads
-        opts.inter_op_num_threads = 1
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.spinning else "0")
+        opts, self.threads = session_options(ort, self.threads, spinning=self.spinning)
         opts.enable_cpu_mem_arena = False  # 32 arenas each grown by prefill: +93 MiB; no speed change measured
         opts.enable_mem_pattern = False  # 10-14 MiB less after a prefill; no speed change measured
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         names = {t.name for t in onnx.load(str(path), load_external_data=False).graph.initializer}
         for name, value in self._shared.items():
             if name in names:

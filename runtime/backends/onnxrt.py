@@ -28,6 +28,7 @@ from ..kv import LengthCursor
 from ..types import Logits, Mask, Tokens
 from .base import BackendCaps, LayerPlan, check_capacity, check_room, tree_depths
 from .onnx_providers import Device, ProviderChoice, select_providers
+from .ort_threads import session_options, threads_note
 
 
 def _import_ort():
@@ -67,11 +68,10 @@ def open_session(manifest: Manifest, device: Device | str, threads: int | None, 
                               static_shapes=manifest.profile is Profile.STATIC)
     if log is not None and Device(device) is Device.AUTO:
         log(choice.note)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts, actual = session_options(ort, threads)
+    if log is not None and (note := threads_note(threads, actual)):
+        log(note)
+    threads = actual
     session = ort.InferenceSession(str(manifest.model_path), sess_options=opts,
                                    providers=[p for p, _ in choice.providers],
                                    provider_options=[o for _, o in choice.providers])
