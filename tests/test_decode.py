@@ -182,3 +182,41 @@ def test_generation_near_the_context_end_stops_at_length(tiny):
     ctx = target.config.context_length
     ev = list(decode(target, np.ones(ctx - 3, np.int32), GREEDY, drafter=NgramDrafter(), k=8, max_tokens=50))
     assert len(ev) == 3 and ev[-1].finish_reason is FinishReason.LENGTH
+
+
+class CountingBackend:
+    """Wraps a backend and records how many tokens each forward feeds."""
+
+    def __init__(self, inner):
+        self.inner, self.fed = inner, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def forward(self, tokens, cache, **kw):
+        self.fed.append(len(tokens))
+        return self.inner.forward(tokens, cache, **kw)
+
+
+def test_draft_model_prefills_in_the_prefill_phase_and_keeps_a_shared_prefix(tiny):
+    """begin feeds prompt[:-1] (so the first draft feeds one token and prefill time holds the drafter's prefill);
+    the next sequence that extends it (a chat's next turn) feeds only the new part, and output stays exact."""
+    target, other, tok = tiny
+    counting = CountingBackend(other)
+    drafter = ModelDrafter(counting, GREEDY, max_len=256)
+    prompt = tok.encode("the cat sat on the mat and the cat")
+    drafter.begin(prompt)
+    assert counting.fed == [len(prompt) - 1]
+    drafter.propose(prompt, 3, np.random.default_rng(0))
+    assert counting.fed[1] == 1  # only the last prompt token: its logits give the first draft
+    out = tokens_of(target, prompt, drafter, k=3, n=12)
+    assert out == tokens_of(target, prompt, k=3, n=12)
+    counting.fed.clear()
+    turn2 = np.concatenate([prompt, out, tok.encode(" and then")]).astype(np.int32)
+    drafter.begin(turn2)
+    assert sum(counting.fed) <= len(turn2) - len(prompt)  # the first turn's rows stay in the draft cache
+    assert tokens_of(target, turn2, drafter, k=3, n=12) == tokens_of(target, turn2, k=3, n=12)
+    counting.fed.clear()
+    drafter.begin(prompt[:4])  # a shorter, diverging sequence rolls back instead of appending
+    assert sum(counting.fed) == 0
+    assert tokens_of(target, prompt[:4], drafter, k=3, n=12) == tokens_of(target, prompt[:4], k=3, n=12)

@@ -7,7 +7,8 @@ The "draft cache lags by one" invariant lives in exactly one place, `_sync`: bef
 draft cache is rolled back to the longest prefix it shares with the committed context (never the
 whole context: the last token is always fed, its logits give q_1), and the rest is fed in one call.
 That covers full acceptance (x_k was never fed), rejection (rejected tokens are dropped) and the
-first round after `begin`.
+first round after `begin`. `begin` prefills prompt[:-1] during the decode loop's prefill phase, over whatever prefix
+the cache still holds from the previous sequence (a chat's earlier turns are not fed again).
 """
 from __future__ import annotations
 
@@ -36,15 +37,31 @@ class ModelDrafter:
         self._cached = np.zeros(0, dtype=np.int32)  # the tokens whose KV the draft cache holds
 
     def begin(self, prompt: Tokens) -> None:
-        self._cache = self.backend.new_cache(self._max_len)
-        self._cached = np.zeros(0, dtype=np.int32)
+        """Prefill the draft cache with prompt[:-1] (in the decode loop's prefill phase, not in the first draft),
+        keeping what it already holds of a previous sequence with the same prefix (the next chat turn)."""
+        if self._cache is None:
+            self._cache = self.backend.new_cache(self._max_len)
+            self._cached = np.zeros(0, dtype=np.int32)
+        prompt = np.asarray(prompt, dtype=np.int32)
+        if len(prompt) > 1 and len(prompt) <= self._cache.capacity:
+            common = self._rollback_to_common(prompt[:-1])
+            if common < len(prompt) - 1:
+                self.backend.forward(prompt[common:-1], self._cache)
+                self._cached = prompt[:-1].copy()
 
-    def _sync(self, context: Tokens) -> np.ndarray:
-        """Make the draft cache hold context[:-1] plus feed the rest; returns the logits row after context[-1]."""
-        n = min(len(self._cached), len(context) - 1)
+    def _rollback_to_common(self, context: np.ndarray) -> int:
+        """Roll the draft cache back to the longest prefix of `context` it holds; returns that length. `_cached` is
+        cut first, so an interrupted forward after this never leaves it claiming rows the cache lacks."""
+        n = min(len(self._cached), len(context))
         diff = np.flatnonzero(self._cached[:n] != context[:n])
         common = int(diff[0]) if len(diff) else n
         self._cache.rollback(common)
+        self._cached = self._cached[:common]
+        return common
+
+    def _sync(self, context: Tokens) -> np.ndarray:
+        """Make the draft cache hold context[:-1] plus feed the rest; returns the logits row after context[-1]."""
+        common = self._rollback_to_common(np.asarray(context, dtype=np.int32)[:-1])
         logits = self.backend.forward(context[common:], self._cache)
         self._cached = np.array(context, dtype=np.int32)
         return self._full(logits[-1:])
@@ -67,10 +84,11 @@ class ModelDrafter:
         for i in range(k):
             q[i] = logits_to_probs(logits, self.params, history=np.concatenate([context, tokens[:i]]))[0]
             tokens[i] = int(np.argmax(q[i])) if self.params.greedy else sample(q[i], rng)
-            feats[i] = stop_features(logits[0], int(tokens[i]))
-            if self.stop is not None and self.stop.stop(feats[:i + 1]):
-                k = i + 1
-                break
+            if self.stop is not None:  # a softmax over the vocabulary per token: only when a policy reads it
+                feats[i] = stop_features(logits[0], int(tokens[i]))
+                if self.stop.stop(feats[:i + 1]):
+                    k = i + 1
+                    break
             if i + 1 < k:
                 logits = self._full(self.backend.forward(tokens[i:i + 1], self._cache))
         self._cached = np.concatenate([self._cached, tokens[:k - 1]])
