@@ -56,6 +56,20 @@ def test_acceptance_model_converges_and_forgets():
     assert forget.probs(1, 1)[0] == pytest.approx(0.5, abs=0.01)  # back at the prior: it gets tried again
 
 
+def test_unreached_positions_inherit_the_deepest_estimate_so_good_drafts_get_verified_deeper():
+    """A drafter accepted at ~0.97 whose drafts were only verified 3 deep: positions 4..8 take position 3's
+    estimate, and on a flat verify curve the policy then verifies all 8 (with the 0.5 prior it stopped at 4)."""
+    m = AcceptanceModel(k_max=8, decay=1.0)
+    for _ in range(200):
+        m.observe(1, 3, 3)
+    p = m.probs(1, 8)
+    assert np.all(p[3:] == p[2]) and p[2] > 0.95
+    flat = 1.0 + 0.02 * np.arange(9)
+    assert best_prefix(p, flat) == 8
+    m.observe(2, 2, 0)  # a kind rejected at once: deeper positions inherit the low estimate, not 0.5
+    assert m.probs(2, 4)[1:].max() < 0.5
+
+
 @pytest.mark.parametrize("which", ["ngram", "random", "self"])
 def test_adaptive_length_never_changes_greedy_output(tiny, which):  # noqa: F811
     target, _, tok = tiny
@@ -92,3 +106,30 @@ def test_policy_keeps_full_drafts_that_are_always_accepted():
         p.observe(kind=3, verified=4, n_accepted=4, width=5, seconds=1.62)
     assert p.choose(3, 4) == 4
     assert p.choose(3, 0) == 0
+
+
+class AskedDrafter(RandomDrafter):
+    """RandomDrafter that records the k it is asked for; `weight_bytes_per_token` > 0 marks it as paying per token."""
+
+    def __init__(self, vocab, paid):
+        super().__init__(vocab)
+        self.weight_bytes_per_token, self.asked = int(paid), []
+
+    def propose(self, context, k, rng):
+        self.asked.append(k)
+        return super().propose(context, k, rng)
+
+
+def test_a_drafter_that_pays_per_token_drafts_only_what_would_be_verified(tiny, monkeypatch):  # noqa: F811
+    """Always-wrong drafts: a paid drafter is soon asked for 1 token per round (it used to draft k and see most of it
+    cut); a free one (n-gram-like) is still asked for k, the policy cutting after the fact. Output unchanged."""
+    monkeypatch.setattr(VerifyCost, "relative", lambda self, w: 1.0 + 0.15 * (w - 1))
+    target, _, tok = tiny
+    prompt = tok.encode(PROMPTS[0])
+    plain = tokens_of(target, prompt, n=60)
+    for paid in (True, False):
+        d = AskedDrafter(target.config.vocab_size, paid)
+        got = [e.token for e in decode(target, prompt, GREEDY, drafter=d, k=6, max_tokens=60, adaptive_k=True)]
+        assert got == plain
+        later = d.asked[10:]
+        assert (max(later) == 1) if paid else (min(later) == 6), (paid, d.asked)
