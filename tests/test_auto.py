@@ -8,8 +8,9 @@ from click.testing import CliRunner
 
 from specedge.apps.cli import cli
 from specedge.models.tiny import write_tiny_gguf
-from specedge.perf.bench_report import RESULTS_SCHEMA, check_schema
 from specedge.perf.profile import DeviceProfile
+
+from test_bench import assert_valid_results  # noqa: E402  (tests/ is on the path)
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +52,7 @@ def test_bench_profile_device_then_auto(tiny):
     assert r.exit_code == 0, r.output
     assert "measuring" not in r.stderr  # the cached profile is reused
     results = json.loads((out / "results.json").read_text())
-    assert check_schema(results) == []
-    try:
-        import jsonschema
-        jsonschema.validate(results, RESULTS_SCHEMA)
-    except ImportError:
-        pass
+    assert_valid_results(results)
     [auto] = results["auto"]
     assert auto["profile"] == str(cached) and auto["predicted_tok_s"] > 0 and auto["plain_predicted_tok_s"] > 0
     assert auto["measured_tok_s"] > 0 and auto["plain_measured_tok_s"] > 0

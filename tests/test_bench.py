@@ -15,6 +15,13 @@ from specedge.runtime.stats import DecodeStats
 from specedge.runtime.types import StepStats
 
 
+def assert_valid_results(results: dict) -> None:
+    """results.json passes our checker and, independently, a JSON Schema validator (jsonschema: the dev extra)."""
+    import jsonschema
+    assert check_schema(results) == []
+    jsonschema.validate(results, RESULTS_SCHEMA)
+
+
 def stats_of(rounds, *, decode_s=1.0, generated=None, draft_s=0.0, forward_s=0.0):
     s = DecodeStats()
     for k, n in rounds:
@@ -123,12 +130,7 @@ def test_bench_end_to_end_writes_the_reports(tmp_path):
                            catch_exceptions=False)
     assert r.exit_code == 0, r.output
     results = json.loads((out / "results.json").read_text())
-    assert check_schema(results) == []
-    try:
-        import jsonschema
-        jsonschema.validate(results, RESULTS_SCHEMA)
-    except ImportError:
-        pass
+    assert_valid_results(results)
     labels = [c["label"] for c in results["configs"]]
     assert labels[:2] == ["numpy plain", "numpy ngram k=2"]
     if not extra:

@@ -43,7 +43,7 @@ def pool_size() -> int | None:
     return _pool_size
 
 
-def _shared_pool(ort: Any, threads: int) -> int:
+def _shared_pool(threads: int) -> int:
     """Create the process-wide pool with `threads` on first use; returns its size."""
     global _pool_size
     with _lock:
@@ -51,9 +51,9 @@ def _shared_pool(ort: Any, threads: int) -> int:
             from onnxruntime.capi import _pybind_state as C
             try:
                 C.set_global_thread_pool_sizes(threads, 1)
-                _pool_size = threads
             except Exception:  # the host application created it first: its size is unknown, ours is a guess
-                _pool_size = threads
+                pass
+            _pool_size = threads
         return _pool_size
 
 
@@ -63,12 +63,13 @@ def session_options(ort: Any, threads: int, *, spinning: bool = True) -> tuple[A
     opts = ort.SessionOptions()
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if mode() == "shared":  # no thread counts on the session: onnxruntime warns that they are ignored
+    policy = mode()
+    if policy == "shared":  # no thread counts on the session: onnxruntime warns that they are ignored
         opts.use_per_session_threads = False
-        return opts, _shared_pool(ort, threads)
+        return opts, _shared_pool(threads)
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
-    spinning = spinning and mode() == "session"
+    spinning = spinning and policy == "session"
     opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     return opts, threads
 
