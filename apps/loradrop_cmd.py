@@ -12,9 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from ..perf.devset import default_devset, load_prompts
-from ..runtime.backends import BackendKind
 from ..runtime.decode import decode
-from ..runtime.loradrop import Corrections, LoRADropSpec, fit
+from ..runtime.loradrop import Corrections, LoRADropSpec, fit, require_reuse
 from ..runtime.lossy import EntropySwitch, LoRADropLossy
 from ..runtime.types import SamplingParams
 
@@ -65,9 +64,9 @@ def lossy_decoder(text: str, target, *, cache_dir: Path | None = None, ctx: int 
 
 
 def load_corrections(path: str | None, target) -> Corrections:
-    """Fitted corrections from a directory, or pure reuse (rank 0, cycle 4) with None; needs a layered backend."""
-    if target.kind is not BackendKind.NUMPY:
-        raise ValueError(f"LoRA-Drop runs on --backend numpy (layer plans); {target.kind.value} has none yet")
+    """Fitted corrections from a directory, or pure reuse (rank 0, cycle 4) with None; needs drop steps (the NumPy
+    reference or a layered ONNX artifact)."""
+    require_reuse(target.backend)
     if path is None:
         from ..runtime.loradrop import droppable_layers, pure_reuse
         cfg = target.backend.config

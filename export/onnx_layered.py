@@ -29,7 +29,8 @@ from onnx import TensorProto
 from onnx.external_data_helper import set_external_data
 
 from ..models.config import ModelConfig
-from .onnx_graph import GraphIO, attention, embed, head, mlp, padded_lengths, rms_norm, rope_tables, skip_rms_norm
+from .onnx_graph import (PAD_ROWS, GraphIO, attention, embed, head, mlp, padded_lengths, rms_norm, rope_tables,
+                         skip_rms_norm)
 from .onnx_ir import GraphBuilder
 from .onnx_linear import ExportOptions, TensorRecord, WeightFormat, WeightSource
 
@@ -46,6 +47,8 @@ class LayeredIO:
     delta_in: str = "delta_in"  # float32 [1, T, D]: delta part d (zeros after the embedding)
     hidden_out: str = "hidden_out"  # float32 [1, T, D]: the embedding's output h0 / a layer's residual r'
     delta_out: str = "delta_out"  # float32 [1, T, D]: a layer's MLP output d' (its h' = r' + d')
+    attn_bias: str = "attn_bias"  # float32 [1, 1, T, L + T]: added to a layer's attention scores (0 or -inf);
+    #   the new columns carry a tree's ancestor mask, the cached ones mask slots the layer did not write (LoRA-Drop)
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,7 @@ def _layer_graph(cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: G
     seqlens = g.input(io.seqlens_k, np.int32, [1])
     total = g.input(io.total_length, np.int32, [])
     cos, sin = rope_tables(g, cfg)
+    pos, bias = _attention_feeds(g, io, lio, total)
     seqlens, total = padded_lengths(g, seqlens, total)
     p = f"layers.{i}"
     with g.scope(p):
@@ -104,7 +108,7 @@ def _layer_graph(cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: G
         else:
             x, h = skip_rms_norm(g, cfg, src, d, h, f"{p}.attn_norm", "attn_norm")
         with g.scope("attn"):
-            a = attention(g, cfg, src, opts, io, i, x, (seqlens, total, cos, sin), records)
+            a = attention(g, cfg, src, opts, io, i, x, (seqlens, total, cos, sin, pos, bias), records)
         x, h = skip_rms_norm(g, cfg, src, a, h, f"{p}.ffn_norm", "ffn_norm")
         with g.scope("mlp"):
             m = mlp(g, src, opts, p, x, records)
@@ -113,6 +117,25 @@ def _layer_graph(cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: G
     g.output(lio.hidden_out, np.float32, [1, "T", cfg.d_model])
     g.output(lio.delta_out, np.float32, [1, "T", cfg.d_model])
     return g
+
+
+def _attention_feeds(g: GraphBuilder, io: GraphIO, lio: LayeredIO, total: str) -> tuple[str, str]:
+    """position_ids [1, T + 1] and attention_bias [1, 1, T + 1, L + T + 1] as GroupQueryAttention sees them (the pad
+    row of onnx_graph.attention gets position L + T and zero bias). Unlike the monolithic graph's [T, T] tree_bias,
+    the bias spans the cached columns too, so the runtime can hide slots a LoRA-Drop drop step left unwritten.
+
+        position_ids [1, T] ───► Concat(L + T) ──────────────────────────► [1, T + 1]
+        attn_bias [1, 1, T, L + T] ───► Pad(1 row and 1 column at the end, zeros) ──► [1, 1, T + 1, L + T + 1]
+    """
+    pos = g.input(io.position_ids, np.int64, [1, "T"])
+    bias = g.input(lio.attn_bias, np.float32, [1, 1, "T", "total"])
+    with g.scope("attn_feeds"):
+        tot = g.op1("Reshape", [g.op1("Cast", [total], "total", to=onnx.TensorProto.INT64),
+                                g.const("attn_feeds.one_by_one", np.array([1, 1], np.int64))], "total_2d")
+        pos = g.op1("Concat", [pos, tot], "pad_position", axis=1)
+        pads = g.const("attn_feeds.pads", np.array([0, 0, 0, 0, 0, 0, PAD_ROWS, PAD_ROWS], np.int64))
+        bias = g.op1("Pad", [bias, pads], "pad_bias")  # constant 0
+    return pos, bias
 
 
 def save_layered(graphs: dict[str, onnx.ModelProto], out: Path) -> tuple[list[str], tuple[str, ...]]:

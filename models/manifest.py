@@ -12,6 +12,9 @@ formats, each with its own versions; the runtime picks its backend by `format` a
                            reader that only knows version 2 refuses it instead of failing on missing IO names
   "specedge-onnx" 5        our graph builder, layered profile: one graph per segment (embed.onnx, layer.{i}.onnx,
                            head.onnx) over one shared data file; runs layer plans (export/onnx_layered.py)
+  "specedge-onnx" 6        version 5 plus each layer's position_ids and attn_bias inputs: token trees, and LoRA-Drop
+                           drop steps (slots a layer did not write are masked); version 5 still loads, chains and
+                           plans without drop steps
   "optimum-onnx" 1         Hugging Face optimum's text-generation-with-past graph (export/optimum_export.py):
                            past_key_values.N.key/value in, present.N.key/value out (a full copy of the KV per call)
 
@@ -56,10 +59,12 @@ FORMAT = "specedge-onnx"
 FORMAT_VERSION = 4  # what dynamic artifacts are written as (4: tree inputs)
 CHAIN_FORMAT_VERSION = 2  # dynamic artifacts without the tree inputs; still read, chains only
 STATIC_FORMAT_VERSION = 3  # static-profile artifacts: readers of version 2 only must refuse them
-LAYERED_FORMAT_VERSION = 5  # layered-profile artifacts (one graph per segment): readers of 2 and 3 must refuse them
+LAYERED_FORMAT_VERSION = 6  # layered-profile artifacts (one graph per segment): readers of 2 and 3 must refuse them
+LAYERED_CHAIN_FORMAT_VERSION = 5  # layered artifacts without the attention feeds; still read (no trees, no drop steps)
 OPTIMUM_FORMAT = "optimum-onnx"
 OPTIMUM_FORMAT_VERSION = 1
-READ_VERSIONS = {FORMAT: (CHAIN_FORMAT_VERSION, STATIC_FORMAT_VERSION, FORMAT_VERSION, LAYERED_FORMAT_VERSION),
+READ_VERSIONS = {FORMAT: (CHAIN_FORMAT_VERSION, STATIC_FORMAT_VERSION, FORMAT_VERSION, LAYERED_CHAIN_FORMAT_VERSION,
+                          LAYERED_FORMAT_VERSION),
                  OPTIMUM_FORMAT: (OPTIMUM_FORMAT_VERSION,)}
 MANIFEST = "manifest.json"
 
@@ -258,7 +263,8 @@ def read_manifest(root: str | Path, *, verify: bool = True) -> Manifest:
     except ValueError:
         raise ModelFileError(f"{path}: unknown profile {raw.get('profile')!r} (this specedge reads "
                              f"{', '.join(p.value for p in Profile)}); upgrade specedge") from None
-    expected = {Profile.STATIC: (STATIC_FORMAT_VERSION,), Profile.LAYERED: (LAYERED_FORMAT_VERSION,)}.get(
+    expected = {Profile.STATIC: (STATIC_FORMAT_VERSION,), Profile.LAYERED: (LAYERED_CHAIN_FORMAT_VERSION,
+                                                                                 LAYERED_FORMAT_VERSION)}.get(
         profile, (CHAIN_FORMAT_VERSION, FORMAT_VERSION))
     if fmt == FORMAT and raw["format_version"] not in expected:
         raise ModelFileError(f"{path}: profile {profile.value} does not match format version "

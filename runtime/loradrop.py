@@ -84,6 +84,15 @@ class Corrections:
         return Corrections(self.cycle, self.layers, tuple(a[:rank] for a in self.a), tuple(b[:, :rank] for b in self.b),
                            self.scale, {**self.provenance, "rank": rank})
 
+    def check(self, config) -> None:
+        """The corrections fit this model's shape (a clear error instead of a matmul failure mid-decode)."""
+        bad = [l for l, a, b in zip(self.layers, self.a, self.b)
+               if not 0 <= l < config.n_layers or a.shape[1:] != (config.d_model,) or b.shape[:1] != (config.d_model,)]
+        if bad:
+            raise ValueError(f"LoRA-Drop corrections for layers {bad} do not fit {config.name or 'this model'} "
+                             f"({config.n_layers} layers, d_model {config.d_model}): fit them on this model with "
+                             "`specedge export MODEL --lora-drop rank=8,cycle=4`")
+
     def plan(self, anchors: dict[int, np.ndarray]) -> LayerPlan:
         """The drop-step plan given each droppable layer's anchor delta ([D])."""
         return LayerPlan(reuse=tuple(LowRankReuse(l, anchors[l], a, b, self.scale)
@@ -116,6 +125,15 @@ class Corrections:
             a = tuple(z[f"a_{l}"] for l in s["layers"])
             b = tuple(z[f"b_{l}"] for l in s["layers"])
         return cls(int(s["cycle"]), tuple(s["layers"]), a, b, float(s["scale"]), s.get("calibration", {}))
+
+
+def require_reuse(backend) -> None:
+    """Start-up check: LoRA-Drop needs drop steps (caps.layer_reuse): the NumPy reference, or a layered ONNX artifact
+    of format 6 (export --profile layered)."""
+    if not backend.caps.layer_reuse:
+        hint = getattr(backend, "reuse_hint", None) or ("use --backend numpy, or an ONNX artifact exported with "
+                                                        "`--profile layered`")
+        raise ValueError(f"LoRA-Drop needs a backend that runs drop steps; {backend.name} does not: {hint}")
 
 
 def pure_reuse(d_model: int, layers: Sequence[int], cycle: int) -> Corrections:
@@ -185,9 +203,8 @@ class Schedule:
     """
 
     def __init__(self, backend: LayeredBackend, corrections: Corrections) -> None:
-        if not backend.caps.layer_plan:
-            raise ValueError(f"LoRA-Drop needs a backend with layer plans and hidden states; {backend.name} has none: "
-                             "use --backend numpy")
+        require_reuse(backend)
+        corrections.check(backend.config)
         self.backend, self.corr = backend, corrections
         self._anchors: dict[int, np.ndarray] | None = None
 

@@ -87,13 +87,13 @@ def test_drafting_on_the_shared_cache_then_verify_equals_never_drafting(trio):
     assert np.array_equal(got, want)
 
 
-def test_rows_without_a_trimmed_head_and_trees_are_clear_errors(trio):
+def test_rows_without_a_trimmed_head_and_bad_trees_are_clear_errors(trio):
     lay, _, _ = trio
     cache = lay.new_cache(8)
     h, _ = lay.hidden(np.arange(2, dtype=np.int32), cache)
     with pytest.raises(ValueError, match="no trimmed LM head"):
         lay.logits_from_hidden(h, rows=np.arange(5))
-    with pytest.raises(ValueError, match="tree masks"):
+    with pytest.raises(ValueError, match="lower triangular"):  # not an ancestor mask (a node would see its child)
         lay.forward(np.arange(2, dtype=np.int32), cache, tree_mask=np.ones((2, 2), bool))
     with pytest.raises(ValueError, match="ascending unique"):
         lay.forward(np.arange(2, dtype=np.int32), cache, plan=LayerPlan(layers=(2, 1)))

@@ -31,6 +31,7 @@ from ..types import Logits, Mask, Tokens
 class BackendCaps:
     tree_mask: bool = False  # forward accepts a tree mask over the new tokens
     layer_plan: bool = False  # forward accepts a LayerPlan (layer skip / early exit)
+    layer_reuse: bool = False  # ... including LoRA-Drop drop steps (LayerPlan.reuse)
     partial_rollback: bool = True  # rollback to any length <= current
     max_batch_tokens: int = 512  # most tokens one forward may take
     max_context: int | None = None  # most positions a cache may hold (None: config.context_length)

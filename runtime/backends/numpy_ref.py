@@ -58,7 +58,8 @@ class NumpyBackend:
     """caps: tree masks, layer plans, any rollback."""
 
     name = "numpy"
-    caps = BackendCaps(tree_mask=True, layer_plan=True, partial_rollback=True, max_batch_tokens=4096)
+    caps = BackendCaps(tree_mask=True, layer_plan=True, layer_reuse=True, partial_rollback=True,
+                       max_batch_tokens=4096)
 
     def __init__(self, weights: Weights, dtype=np.float32) -> None:
         self.config = weights.config

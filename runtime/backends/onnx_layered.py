@@ -3,6 +3,10 @@
     tokens ─► embed ─► h ─► layer i (for i in the plan) ─► h ─► head ─► logits      (plan=None: every layer)
                              └ K/V rows i written in place at [length, length + T)
 
+Trees and LoRA-Drop drop steps (format 6 artifacts): every layer takes position_ids (cache length + depth) and an
+attn_bias over the cached and new columns; the new columns carry the tree's ancestor mask (onnxrt.tree_feeds) and
+a cached column is -inf where that layer wrote no K/V (`LayeredCache.absent`: a drop step replaced the layer there,
+ALGORITHMS.md 2.5), as the NumPy reference skips such slots. Format 5 artifacts still run chains and plans.
 Hidden states stay OrtValues between sessions, as the pair (residual r, delta d) with h = r + d that the next
 segment adds inside its fused norm (export/onnx_layered.py: all layers equal the monolithic graph bit for bit); the
 seqlens/total inputs are two small OrtValues every layer binding holds, rewritten in place once per forward. KV as
@@ -22,13 +26,13 @@ from pathlib import Path
 import numpy as np
 
 from ...models.config import ModelConfig
-from ...models.manifest import Manifest, Profile, manifest_with_profile
+from ...models.manifest import LAYERED_CHAIN_FORMAT_VERSION, Manifest, Profile, manifest_with_profile
 from ..kv import LengthCursor
 from ..types import Logits, Mask, Tokens
 from .base import BackendCaps, LayerPlan, check_capacity, check_room
 from .onnx_providers import Device, select_providers
 from .ort_threads import session_options
-from .onnxrt import _import_ort, read_bytes_per_token
+from .onnxrt import _import_ort, compact_rows, read_bytes_per_token, tree_feeds, tree_refusal
 
 
 def _load_external(manifest: Manifest, name: str, graph: Path):
@@ -53,6 +57,9 @@ class LayeredCache(LengthCursor):
         self.total = np.zeros((), np.int32)
         lens = ort.OrtValue.ortvalue_from_numpy(self.seqlens), ort.OrtValue.ortvalue_from_numpy(self.total)
         self._buffers, self.bindings = [lens], []
+        self._arrays: list[np.ndarray] = []  # the memory the K/V OrtValues wrap (no copy): compact writes here
+        # absent[layer, slot]: a LoRA-Drop drop step replaced the layer there (no K/V written); its queries skip it
+        self.absent = np.zeros((c.n_layers, shape[2]), dtype=bool)
         for i, session in enumerate(backend.layers):
             b = session.io_binding()
             b.bind_output(io["hidden_out"], "cpu")  # first outputs: get_outputs()[:2] is the pair (r, d)
@@ -60,10 +67,12 @@ class LayeredCache(LengthCursor):
             b.bind_ortvalue_input(io["seqlens_k"], lens[0])
             b.bind_ortvalue_input(io["total_length"], lens[1])
             for past, present in (("past_key", "present_key"), ("past_value", "present_value")):
-                buf = ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32))
+                arr = np.zeros(shape, np.float32)
+                buf = ort.OrtValue.ortvalue_from_numpy(arr)
                 b.bind_ortvalue_input(io[past].format(i=i), buf)
                 b.bind_ortvalue_output(io[present].format(i=i), buf)
                 self._buffers.append(buf)
+                self._arrays.append(arr)
             self.bindings.append(b)
 
     @property
@@ -71,12 +80,18 @@ class LayeredCache(LengthCursor):
         return self._capacity
 
     def kv(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """(keys, values) buffers of one layer, [1, n_kv, capacity + pad, head_dim] (views, for tests)."""
-        return self._buffers[1 + 2 * layer].numpy(), self._buffers[2 + 2 * layer].numpy()
+        """(keys, values) buffers of one layer, [1, n_kv, capacity + pad, head_dim] (the bound memory itself)."""
+        return self._arrays[2 * layer], self._arrays[2 * layer + 1]
+
+    def compact(self, src: np.ndarray, dst_start: int) -> None:
+        """The accepted path of a tree into place, in every layer (onnxrt.OnnxCache.compact), absent marks too."""
+        compact_rows([self.absent], 1, self._length, src, dst_start)
+        self._length = compact_rows(self._arrays, 2, self._length, src, dst_start)
 
 
 class OnnxLayeredBackend:
-    """caps: chains, layer plans (any ascending subset, early exit), hidden-state taps; no tree masks yet."""
+    """caps: chains, layer plans (any ascending subset, early exit), hidden-state taps; on format 6 artifacts also
+    LoRA-Drop drop steps (LayerPlan.reuse) and tree masks (lossless trees on fp32/fp16 weights, as onnxrt.py)."""
 
     name = "onnx-layered"
 
@@ -85,8 +100,6 @@ class OnnxLayeredBackend:
         self.manifest = manifest_with_profile(manifest, Profile.LAYERED, verify=verify)
         self.config: ModelConfig = self.manifest.config
         self.io = self.manifest.io
-        self.caps = BackendCaps(tree_mask=False, layer_plan=True, partial_rollback=True,
-                                max_batch_tokens=self.config.context_length)
         self.ort = ort = _import_ort()
         self.threads = threads or min(os.cpu_count() or 1, 8)
         self.choice = select_providers(device, ort.get_available_providers(), threads=self.threads)
@@ -102,6 +115,14 @@ class OnnxLayeredBackend:
         self.head = self._session(root / seg["head"])
         self._layer_bytes = [read_bytes_per_token(root / f) for f in seg["layers"]]
         self._edge_bytes = read_bytes_per_token(root / seg["embed"]) + read_bytes_per_token(root / seg["head"])
+        # format 6 layers take position_ids and attn_bias (trees, drop steps); format 5 ones run chains and plans
+        self.attn_io = self.manifest.raw["format_version"] != LAYERED_CHAIN_FORMAT_VERSION
+        self.reuse_hint = None if self.attn_io else (
+            f"{self.manifest.root} was exported before LoRA-Drop drop steps and trees ran on the layered profile "
+            f"(format version {LAYERED_CHAIN_FORMAT_VERSION}): re-export it with `specedge export --profile layered`")
+        self.tree_hint = self.reuse_hint or tree_refusal(self.manifest, True)
+        self.caps = BackendCaps(tree_mask=self.tree_hint is None, layer_plan=True, layer_reuse=self.attn_io,
+                                partial_rollback=True, max_batch_tokens=self.config.context_length)
 
     def _holder(self, name: str) -> Path:
         """A segment graph that holds initializer `name` (the first layer for RoPE tables, else the head)."""
@@ -131,9 +152,12 @@ class OnnxLayeredBackend:
         return LayeredCache(self, max_len)
 
     def weight_bytes(self, plan: LayerPlan | None = None) -> int:
-        """Initializer bytes one decode step under `plan` reads: the planned layers, the embedding row and the head."""
-        layers = (plan or LayerPlan()).resolve(self.config.n_layers)
-        return self._edge_bytes + sum(self._layer_bytes[i] for i in layers)
+        """Initializer bytes one decode step under `plan` reads: the planned layers (a drop step's low-rank factors
+        instead of its layer), the embedding row and the head."""
+        plan = plan or LayerPlan()
+        layers, reused = plan.resolve(self.config.n_layers), {r.layer for r in plan.reuse}
+        low_rank = sum(int(r.a.nbytes + r.b.nbytes) for r in plan.reuse)
+        return self._edge_bytes + low_rank + sum(self._layer_bytes[i] for i in layers if i not in reused)
 
     def forward(self, tokens: Tokens, cache: LayeredCache, *, tree_mask: Mask | None = None,
                 plan: LayerPlan | None = None) -> Logits:
@@ -161,19 +185,16 @@ class OnnxLayeredBackend:
              taps: tuple[int, ...]):
         """((r, d) OrtValues [1, T, D] with h = r + d, taps) through embed and the plan's layers; advances the
         cache."""
-        if tree_mask is not None:
-            raise ValueError("the layered ONNX backend runs chains (no tree masks yet); use the NumPy backend for "
-                             "tree drafts")
-        layers = (plan or LayerPlan()).resolve(self.config.n_layers)
-        if plan is not None and plan.reuse:
-            raise ValueError("the layered ONNX backend does not run LoRA-Drop drop steps (LayerPlan.reuse) yet; use "
-                             "--backend numpy for the loradrop drafter and lossy mode")
+        plan = plan or LayerPlan()
+        layers, reuse = plan.resolve(self.config.n_layers), {r.layer: r for r in plan.reuse}
+        if (tree_mask is not None or reuse) and not self.attn_io:
+            raise ValueError(self.reuse_hint)
         t = len(tokens)
         if t == 0:
             raise ValueError("forward needs at least one token")
         check_room(cache, t)
         io = self.io
-        total = cache.length + t
+        start, total = cache.length, cache.length + t
         cache.seqlens[0] = total - 1  # the bindings see these through their OrtValues
         cache.total[()] = total
         ids = np.asarray(tokens, dtype=np.int64).reshape(1, t)
@@ -181,22 +202,61 @@ class OnnxLayeredBackend:
         r = self.embed.run_with_ort_values([io["hidden_out"]], {io["input_ids"]: value(ids)})[0]
         pair = (r, value(np.zeros((1, t, self.config.d_model), np.float32)))
         tapped = {0: _sum(pair)} if 0 in taps else {}
+        feeds = _AttentionFeeds(self, cache, tokens, tree_mask) if self.attn_io else None
         for i in layers:
-            b = cache.bindings[i]
-            b.bind_ortvalue_input(io["hidden_in"], pair[0])
-            b.bind_ortvalue_input(io["delta_in"], pair[1])
-            b.bind_output(io["hidden_out"], "cpu")
-            b.bind_output(io["delta_out"], "cpu")
-            self.layers[i].run_with_iobinding(b)
-            pair = tuple(b.get_outputs()[:2])
+            if i in reuse:  # LoRA-Drop drop step: a low-rank delta in NumPy, no attention, no K/V write
+                h = _sum(pair)
+                pair = (value(h[None]), value(np.ascontiguousarray(reuse[i].delta(h), dtype=np.float32)[None]))
+                cache.absent[i, start:total] = True
+            else:
+                pair = self._layer(i, cache, pair, feeds)
             if i + 1 in taps:
                 tapped[i + 1] = _sum(pair)
         cache.advance(t)
         return pair, tapped
 
+    def _layer(self, i: int, cache: LayeredCache, pair, feeds: "_AttentionFeeds | None"):
+        """Layer i's session on h = r + d; returns its (r', d') and writes its K/V rows (clearing absent marks)."""
+        io, b = self.io, cache.bindings[i]
+        if feeds is not None:
+            feeds.bind(b, i)
+            cache.absent[i, feeds.length:feeds.length + feeds.t] = False
+        b.bind_ortvalue_input(io["hidden_in"], pair[0])
+        b.bind_ortvalue_input(io["delta_in"], pair[1])
+        b.bind_output(io["hidden_out"], "cpu")
+        b.bind_output(io["delta_out"], "cpu")
+        self.layers[i].run_with_iobinding(b)
+        return tuple(b.get_outputs()[:2])
+
     def _head(self, r, d) -> Logits:
         io = self.io
         return self.head.run_with_ort_values([io["logits"]], {io["hidden_in"]: r, io["delta_in"]: d})[0].numpy()
+
+
+class _AttentionFeeds:
+    """position_ids and the per-layer attn_bias of one forward (format 6): zero over the cached columns but -inf at
+    a layer's absent slots, the tree's ancestor mask (onnxrt.tree_feeds) over the new ones. Layers with the same
+    absent slots share one OrtValue."""
+
+    def __init__(self, backend: OnnxLayeredBackend, cache: LayeredCache, tokens: Tokens, tree_mask: Mask | None):
+        length, t = cache.length, len(tokens)
+        pos, new = tree_feeds(length, t, tree_mask)
+        self.value, self.io, self.cache = backend.ort.OrtValue.ortvalue_from_numpy, backend.io, cache
+        self.length, self.t = length, t
+        self.pos = self.value(pos)
+        self.base = np.zeros((1, 1, t, length + t), np.float32)
+        self.base[..., length:] = new
+        self.biases: dict[bytes, object] = {}
+
+    def bind(self, binding, layer: int) -> None:
+        gone = np.flatnonzero(self.cache.absent[layer, :self.length])
+        key = gone.tobytes()
+        if key not in self.biases:
+            bias = self.base if not len(gone) else self.base.copy()
+            bias[..., gone] = -np.inf
+            self.biases[key] = self.value(bias)
+        binding.bind_ortvalue_input(self.io["position_ids"], self.pos)
+        binding.bind_ortvalue_input(self.io["attn_bias"], self.biases[key])
 
 
 def _sum(pair) -> np.ndarray:

@@ -113,17 +113,23 @@ class OnnxCache(LengthCursor):
         """Copy the K/V rows at slots `src` (ascending, each >= its destination) to dst_start, dst_start + 1, ... in
         every layer and set the length after them (the accepted path of a tree, ALGORITHMS.md 1.4).
         requires: src within [0, length); returns nothing; rows past the new length are stale."""
-        src = np.asarray(src, dtype=np.int64)
-        dst = np.arange(dst_start, dst_start + len(src))
-        if len(src) and (src[0] < 0 or src[-1] >= self._length or (src < dst).any() or (np.diff(src) <= 0).any()):
-            raise ValueError(f"compact: source slots {src.tolist()} must ascend within [0, {self._length}) and "
-                             f"not lie before their destinations from {dst_start}")
-        keep = int(np.searchsorted(src != dst, True))  # rows already in place (a leading run of src == dst)
-        if keep < len(src):
-            s, d = src[keep:], dst[keep:]
-            for arr in self._arrays:  # [1, n_kv, capacity + pad, head_dim]
-                arr[:, :, d] = arr[:, :, s]
-        self._length = dst_start + len(src)
+        self._length = compact_rows(self._arrays, 2, self._length, src, dst_start)
+
+
+def compact_rows(arrays, axis: int, length: int, src: np.ndarray, dst_start: int) -> int:
+    """Copy the slots `src` of every array (slot axis `axis`) to dst_start, dst_start + 1, ...; returns the new
+    length. The checks and the copy OnnxCache.compact and the layered cache share (no copy for rows in place)."""
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.arange(dst_start, dst_start + len(src))
+    if len(src) and (src[0] < 0 or src[-1] >= length or (src < dst).any() or (np.diff(src) <= 0).any()):
+        raise ValueError(f"compact: source slots {src.tolist()} must ascend within [0, {length}) and "
+                         f"not lie before their destinations from {dst_start}")
+    keep = int(np.searchsorted(src != dst, True))  # rows already in place (a leading run of src == dst)
+    if keep < len(src):
+        index = (slice(None),) * axis
+        for arr in arrays:
+            arr[index + (dst[keep:],)] = arr[index + (src[keep:],)]
+    return dst_start + len(src)
 
 
 class OnnxBackend:
