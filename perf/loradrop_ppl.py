@@ -4,7 +4,8 @@
 
 Corrections are fitted on the dev prompts [0, fit) (chat-formatted prompt text), scored teacher-forced on the prompts
 [fit, fit + eval): each held-out sequence's first `--prefix` tokens are read by the full model, then every further
-token is one step of the cycle (refresh when step % cycle == 0, drop steps between), NumPy backend.
+token is one step of the cycle (refresh when step % cycle == 0, drop steps between), on the NumPy backend, or with
+`--backend onnx --model <layered artifact>` on ONNX Runtime (fit and scoring through the layered graphs).
 Rank 0 = pure reuse (A = B = 0); rank r uses the first r directions of one rank-max fit per cycle.
 """
 from __future__ import annotations
@@ -52,6 +53,8 @@ def score_schedule(backend, corr, seqs, prefix: int) -> float:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--backend", choices=("numpy", "onnx"), default="numpy",
+                    help="onnx: a layered artifact (export --profile layered), format 6")
     ap.add_argument("--fit", type=int, default=16, help="dev prompts used for fitting: [0, fit)")
     ap.add_argument("--eval", type=int, default=3, help="held-out dev prompts: [fit, fit + eval)")
     ap.add_argument("--prefix", type=int, default=8, help="tokens of each held-out sequence read by the full model")
@@ -60,7 +63,7 @@ def main(argv=None) -> None:
     ap.add_argument("--cycles", default="2,4,8")
     ap.add_argument("--ridge", type=float, default=0.1)
     a = ap.parse_args(argv)
-    loaded = load_model(a.model, BackendKind.NUMPY)
+    loaded = load_model(a.model, BackendKind(a.backend))
     backend, cfg = loaded.backend, loaded.backend.config
     fit_seqs, prov = calibration_tokens(loaded, a.fit)
     eval_seqs, _ = calibration_tokens(loaded, a.eval, offset=a.fit)

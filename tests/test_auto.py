@@ -96,3 +96,27 @@ def test_chat_auto_prints_the_choice(tiny):
                                  "--cache-dir", str(d / "chat-cache")], input="hello\n/exit\n")
     assert r.exit_code == 0, r.output
     assert "--auto: " in r.stderr and "predicted" in r.stderr and r.stderr.count(" tok/s | tau ") == 1
+
+
+def test_float_onnx_targets_get_their_quantized_artifacts_as_drafter_candidates(tmp_path):
+    """The same source exported int4 (dynamic) beside an fp32 target is a candidate drafter; a layered artifact, an
+    artifact of another source and the target itself are not; a quantized target gets none."""
+    pytest.importorskip("onnxruntime")
+    from specedge.apps.auto import candidate_specs
+    from specedge.apps.engine import load_model
+    from specedge.export.gguf_in import open_gguf
+    from specedge.export.onnx_export import export_gguf_to_onnx
+    from specedge.export.onnx_linear import WeightFormat
+    from specedge.runtime.backends import BackendKind
+
+    src, other = (open_gguf(write_tiny_gguf(tmp_path / f"{n}.gguf", seed=s)) for n, s in (("a", 0), ("b", 1)))
+    arts = tmp_path / "models"
+    export_gguf_to_onnx(src, arts / "a-fp32", WeightFormat.FP32, gate=False)
+    export_gguf_to_onnx(src, arts / "a-int4", WeightFormat.INT4, gate=False)
+    export_gguf_to_onnx(src, arts / "a-layered-int4", WeightFormat.INT4, gate=False, layered=True)
+    export_gguf_to_onnx(other, arts / "b-int4", WeightFormat.INT4, gate=False)
+    target = load_model(str(arts / "a-fp32"), BackendKind.ONNX, threads=1)
+    specs = candidate_specs(target, ["ngram"])
+    assert [s for s in specs if s.startswith("model:")] == [f"model:{(arts / 'a-int4').resolve()}"]
+    quantized = load_model(str(arts / "a-int4"), BackendKind.ONNX, threads=1)
+    assert not [s for s in candidate_specs(quantized, []) if s.startswith("model:")]
