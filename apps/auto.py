@@ -52,8 +52,8 @@ def candidate_specs(target: LoadedModel, requested: Sequence[str]) -> list[str]:
     is always a candidate; trees are not tuned here), and layer skip where the backend runs layer plans."""
     specs = ["ngram"]
     for text in requested:
-        kind = DrafterSpec.parse(text).kind
-        if kind not in (DrafterKind.NONE, DrafterKind.RECYCLE) and text not in specs:
+        spec = DrafterSpec.parse(text)
+        if spec.kind not in (DrafterKind.NONE, DrafterKind.RECYCLE) and not spec.tree and text not in specs:
             specs.append(text)
     if getattr(target.backend.caps, "layer_plan", False) and SELFSPEC_DEFAULT not in specs:
         specs.append(SELFSPEC_DEFAULT)

@@ -144,13 +144,16 @@ class DrafterSpec:
     model: str | None = None  # DrafterKind.MODEL: catalogue name or GGUF path; an exported artifact for onnx
     value: float | None = None  # skip: the speed ratio R; exit: the exit layer; recycle: the tree's node count
     stop: str | None = None  # a draft-stop policy for drafters with q (runtime/draft_stop.py), from a '+' suffix
+    tree: int | None = None  # model drafters: draft a dynamic tree of this many nodes ('+tree[:<nodes>]')
 
     @classmethod
     def parse(cls, text: str) -> "DrafterSpec":
         """'none' | 'ngram' | 'model:<name-or-path>' | 'recycle[:<nodes>]' | 'skip:<R>' | 'swift' | 'exit:<layer>' |
         'del' | 'loradrop[:<corrections-dir>]', optionally followed by '+<stop>' (model and self-speculative drafters): +conf, +conf:<t>, +logistic,
-        +logistic:<h>."""
+        +logistic:<h>; or, for a model drafter, '+tree[:<nodes>]' (a dynamic draft tree, runtime/drafters/dytree.py)."""
         body, plus, stop = text.rpartition("+")
+        if plus and stop.partition(":")[0] == "tree":
+            return cls._tree(text, body, stop.partition(":")[2])
         if not plus or stop.partition(":")[0] not in _STOPS:
             body, stop = text, None
         head, _, arg = body.partition(":")
@@ -187,6 +190,16 @@ class DrafterSpec:
                 raise ValueError(f"drafter {text!r}: expected {_ARG[kind]} with a number") from None
         return cls(kind, None, value, stop)
 
+    @classmethod
+    def _tree(cls, text: str, body: str, nodes: str) -> "DrafterSpec":
+        spec = cls.parse(body)
+        if spec.kind is not DrafterKind.MODEL or spec.stop is not None:
+            raise ValueError(f"drafter {text!r}: +tree[:<nodes>] follows a model drafter without a draft stop, as "
+                             "model:<name>+tree:16")
+        if nodes and not (nodes.isdigit() and 1 <= int(nodes) <= 256):
+            raise ValueError(f"drafter {text!r}: the tree size is a node count in 1..256, as +tree:16")
+        return cls(spec.kind, spec.model, tree=int(nodes) if nodes else 16)
+
     @property
     def nodes(self) -> int:
         """DrafterKind.RECYCLE: the tree template's node count."""
@@ -217,6 +230,16 @@ def make_drafter(spec: DrafterSpec, target: LoadedModel, params: SamplingParams,
         from ..runtime.drafters.loradrop import LoRADropDrafter
         from .loradrop_cmd import load_corrections
         return LoRADropDrafter(load_corrections(spec.model, target), params)
+    if spec.tree:
+        require_tree(target.backend)  # at start-up: the target verifies the tree
+        from ..runtime.drafters.dytree import DynamicTreeDrafter
+        return DynamicTreeDrafter(_model_drafter(spec, target, params, None, ctx=ctx, threads=threads,
+                                                 cache_dir=cache_dir, device=device), spec.tree)
+    return _model_drafter(spec, target, params, stop, ctx=ctx, threads=threads, cache_dir=cache_dir, device=device)
+
+
+def _model_drafter(spec: DrafterSpec, target: LoadedModel, params: SamplingParams, stop, *, ctx, threads, cache_dir,
+                   device) -> ModelDrafter:
     if target.kind is BackendKind.NUMPY and resolve_model(spec.model, cache_dir).resolve() == target.path.resolve():
         # The NumPy backend holds any number of caches over one copy of the weights.
         return ModelDrafter(target.backend, params, max_len=ctx, name=f"model:{spec.model}", stop=stop)
