@@ -2,7 +2,6 @@
 sampled: the target's distribution), best-first shape within the budget, the draft cache left holding the context,
 the `+tree` drafter syntax and its start-up errors, and the ONNX path (a tree forward on the draft artifact)."""
 import json
-from collections import Counter
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ from specedge.runtime.drafters.dytree import DynamicTreeDrafter
 from specedge.runtime.drafters.model import ModelDrafter
 from specedge.runtime.stats import DecodeStats
 from specedge.runtime.types import SamplingParams
-from test_tree_decode import TreeMarkovBackend, assert_matches_target
+from test_tree_decode import TreeMarkovBackend, assert_matches_target, sampled_counts
 
 GREEDY = SamplingParams()
 
@@ -73,14 +72,12 @@ def test_self_drafted_tree_holds_the_greedy_chain_and_respects_the_budget(models
 
 
 def test_sampled_dynamic_trees_preserve_the_target_distribution():
-    V, n, trials, params = 5, 3, 6000, SamplingParams(temperature=1.0)
-    P, Q = random_markov_table(V, seed=3, scale=1.0), random_markov_table(V, seed=4, scale=1.0)
-    target, prompt = TreeMarkovBackend(P), np.array([0, 1, 0], dtype=np.int32)
-    rng, counts = np.random.default_rng(9), Counter()
-    for _ in range(trials):
-        drafter = DynamicTreeDrafter(ModelDrafter(TreeMarkovBackend(Q), params), 4, wave=2, branch=2)
-        counts[tuple(e.token for e in decode(target, prompt, params, drafter=drafter, max_tokens=n, rng=rng))] += 1
-    assert_matches_target(counts, P, prompt, params, n, trials)
+    params = SamplingParams(temperature=1.0)
+    P, Q = random_markov_table(5, seed=3, scale=1.0), random_markov_table(5, seed=4, scale=1.0)
+    prompt = np.array([0, 1, 0], dtype=np.int32)
+    counts = sampled_counts(TreeMarkovBackend(P), prompt, params, lambda: DynamicTreeDrafter(
+        ModelDrafter(TreeMarkovBackend(Q), params), 4, wave=2, branch=2), trials=6000, seed=9)
+    assert_matches_target(counts, P, prompt, params, 3, 6000)
 
 
 def test_tree_suffix_parses_and_bad_combinations_fail_at_start_up(models):

@@ -103,15 +103,21 @@ def test_sampled_tree_decode_preserves_the_target_distribution(params):
 
 
 def test_sampled_decode_with_block_verification_preserves_the_target_distribution():
-    V, n, trials, params = 5, 3, 8000, SamplingParams(temperature=1.0)
-    P, Q = random_markov_table(V, seed=3, scale=1.0), random_markov_table(V, seed=4, scale=1.0)
-    target, prompt = MarkovBackend(P), np.array([0, 1, 0], dtype=np.int32)
-    rng, counts = np.random.default_rng(8), Counter()
+    params = SamplingParams(temperature=1.0)
+    P, Q = random_markov_table(5, seed=3, scale=1.0), random_markov_table(5, seed=4, scale=1.0)
+    prompt = np.array([0, 1, 0], dtype=np.int32)
+    counts = sampled_counts(MarkovBackend(P), prompt, params, lambda: ModelDrafter(MarkovBackend(Q), params),
+                            trials=8000, seed=8, k=2, verifier_kind=VerifierKind.BLOCK)
+    assert_matches_target(counts, P, prompt, params, 3, 8000)
+
+
+def sampled_counts(target, prompt, params, new_drafter, *, trials, seed, n=3, **kw) -> Counter:
+    """Counts of the first n tokens over `trials` decodes, a fresh drafter each time."""
+    rng, counts = np.random.default_rng(seed), Counter()
     for _ in range(trials):
-        drafter = ModelDrafter(MarkovBackend(Q), params)
-        counts[tuple(e.token for e in decode(target, prompt, params, drafter=drafter, k=2, max_tokens=n, rng=rng,
-                                             verifier_kind=VerifierKind.BLOCK))] += 1
-    assert_matches_target(counts, P, prompt, params, n, trials)
+        counts[tuple(e.token for e in decode(target, prompt, params, drafter=new_drafter(), max_tokens=n, rng=rng,
+                                             **kw))] += 1
+    return counts
 
 
 def assert_matches_target(counts, P, prompt, params, n, trials):
