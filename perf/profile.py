@@ -33,7 +33,7 @@ import numpy as np
 from ..runtime.draft_length import expected_tokens
 from .bench_report import check_schema
 
-PROFILE_SCHEMA_VERSION = 1
+PROFILE_SCHEMA_VERSION = 2  # 2: a draft model's cost measured at one k is per token (profile_measure.draft_cost)
 PLAIN = "none"
 
 _NUMS = {"type": "array", "items": {"type": "number"}}

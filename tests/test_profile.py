@@ -6,7 +6,7 @@ import pytest
 
 from specedge.perf.profile import (PLAIN, DeviceProfile, DrafterProfile, choose, load_profile, predict,
                                    profile_key, save_profile)
-from specedge.perf.profile_measure import acceptance, fit_line
+from specedge.perf.profile_measure import acceptance, draft_cost, fit_line
 from specedge.runtime.types import StepStats
 
 
@@ -76,6 +76,16 @@ def test_fit_line():
     assert fit_line([3, 3], [2, 4]) == pytest.approx((3.0, 0.0))
     assert fit_line([1, 2], [3, 1]) == pytest.approx((2.0, 0.0))  # a negative slope is noise: the mean
     assert fit_line([], []) == (0.0, 0.0)
+
+
+def test_draft_cost_at_one_k_is_per_token_for_paying_drafters():
+    """Profiles measure at k = k_max only: a draft model's cost must scale with k, or the choice over k is wrong."""
+    rounds = [StepStats(k=8, n_accepted=3, draft_s=0.080), StepStats(k=8, n_accepted=8, draft_s=0.084)]
+    assert draft_cost(rounds, True) == pytest.approx((0.0, 0.01025))
+    assert draft_cost(rounds, False) == pytest.approx((0.082, 0.0))  # n-gram: the lookup is per round
+    mixed = rounds + [StepStats(k=4, n_accepted=1, draft_s=0.041)]  # two k: the fit separates them itself
+    fixed, per_token = draft_cost(mixed, True)
+    assert per_token > 0.009 and fixed < 0.003
 
 
 def test_profile_json_round_trip_and_schema(tmp_path):
