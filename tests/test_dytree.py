@@ -52,7 +52,6 @@ def test_self_drafted_tree_holds_the_greedy_chain_and_respects_the_budget(models
     _, _, _, target, _ = models
     drafter = DynamicTreeDrafter(ModelDrafter(target, GREEDY), 12, wave=3, branch=2)
     prompt = np.array([1, 5, 9, 2], np.int32)
-    cache = drafter.model.backend  # the NumPy backend holds any number of caches over its weights
     drafter.begin(prompt)
     tree = drafter.propose_tree(prompt, 12, np.random.default_rng(0))
     # waves of <= 3 nodes: the root's 2 continuations (branch=2), then 3, 3, 3 and the last 1, which needs no
@@ -65,7 +64,7 @@ def test_self_drafted_tree_holds_the_greedy_chain_and_respects_the_budget(models
         node = int(kids[0])
         chain.append(int(tree.tokens[node - 1]))
     assert chain == plain[:len(chain)] and len(chain) >= 3
-    assert drafter.model._cache.length == len(prompt) and cache is target  # the draft cache holds the context
+    assert drafter.model._cache.length == len(prompt)  # the draft cache holds the context again
     st = DecodeStats()
     out = run(target, prompt, DynamicTreeDrafter(ModelDrafter(target, GREEDY), 12, wave=3, branch=2), stats=st)
     assert out == run(target, prompt) and st.n_accepted / st.n_target_forwards >= 2  # rounds only (no prefill)

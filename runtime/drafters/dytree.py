@@ -8,10 +8,9 @@ draft model hesitates and deep where it is sure, at the cost of one draft forwar
 
 Verification: the tree is a deterministic function of the context (top choices, no draws), so it is verified by
 the deterministic-drafter tree rule (1.2) under sampling and greedily under greedy decoding: lossless either way.
-The draft cache: `ModelDrafter._sync` leaves it holding the context; each wave rolls it back to the context minus
-the root and feeds the root and the tree again (the Backend contract's tree mask covers only new tokens, so nodes
-of an earlier wave cannot stay cached without their siblings seeing each other); after the last wave it keeps the
-context's rows, which is what `_sync` expects next round.
+The draft cache (ModelDrafter.root_logits / tree_logits): it holds the context after the root's logits; each wave
+feeds the root and the whole tree again (the Backend contract's tree mask covers only new tokens, so nodes of an
+earlier wave cannot stay cached without their siblings seeing each other) and leaves it holding the context.
 """
 from __future__ import annotations
 
@@ -51,27 +50,31 @@ class DynamicTreeDrafter:
     def propose_tree(self, context: Tokens, max_nodes: int, rng: np.random.Generator) -> TreeDraft:
         """requires: context = every committed token; returns a tree of <= min(nodes, max_nodes) nodes."""
         m = self.model
-        if m._cache is None:
-            m.begin(context)
-        context = np.asarray(context, dtype=np.int32)
-        budget = max(0, min(self.max_nodes, max_nodes, m._cache.capacity - len(context)))
+        root = m.root_logits(context)[0]
+        budget = max(0, min(self.max_nodes, max_nodes, m.capacity - len(context)))
         tokens, parents, values, depths = [int(context[-1])], [-1], [1.0], [0]  # node 0: the root
         heap: list[tuple[float, int, int]] = []
-        self._push(heap, 0, m._sync(context)[0], 1.0)
+        self._push(heap, 0, root, 1.0)
         self.waves = 1
         while len(tokens) - 1 < budget and heap:
             fresh = []
             while heap and len(fresh) < self.wave and len(tokens) - 1 < budget:
                 neg, parent, tok = heapq.heappop(heap)
                 if depths[parent] < self.max_depth:
-                    tokens.append(tok), parents.append(parent), values.append(-neg), depths.append(depths[parent] + 1)
-                    fresh.append(len(tokens) - 1)
+                    fresh.append(len(tokens))
+                    tokens.append(tok)
+                    parents.append(parent)
+                    values.append(-neg)
+                    depths.append(depths[parent] + 1)
             if len(tokens) - 1 >= budget or not fresh:
                 break
-            rows = self._forward(context, tokens, parents, depths)
+            tree, order = _bfs(tokens, parents, depths)
+            logits = m.tree_logits(context, tree)
+            self.waves += 1
+            row = {i: 1 + n for n, i in enumerate(order)}  # insertion index -> row of the BFS-ordered forward
             for j in fresh:
-                self._push(heap, j, rows[j], values[j])
-        return _bfs(tokens, parents, depths)
+                self._push(heap, j, logits[row[j]], values[j])
+        return _bfs(tokens, parents, depths)[0]
 
     def _push(self, heap: list, node: int, logits: Logits, value: float) -> None:
         """The node's top `branch` continuations as candidates worth value * p(token)."""
@@ -83,27 +86,15 @@ class DynamicTreeDrafter:
             if p[tok] > 0:
                 heapq.heappush(heap, (-value * float(p[tok]), node, int(tok)))
 
-    def _forward(self, context: np.ndarray, tokens: list, parents: list, depths: list) -> dict[int, Logits]:
-        """Draft logits of every node (by insertion index) from one forward over [root, nodes] in BFS order."""
-        m = self.model
-        order = sorted(range(1, len(tokens)), key=lambda i: (depths[i], i))
-        tree = _bfs(tokens, parents, depths)
-        m._cache.rollback(len(context) - 1)
-        m._cached = context[:-1]
-        fed = np.concatenate([context[-1:], tree.tokens]).astype(np.int32)
-        logits = m._full(m.backend.forward(fed, m._cache, tree_mask=tree.mask()))
-        m._cache.rollback(len(context))  # keep the root's row: the cache holds the context again
-        m._cached = context
-        self.waves += 1
-        return {i: logits[1 + n] for n, i in enumerate(order)}
-
     def accept(self, n_accepted: int, next_token: int) -> None:
-        """Nothing to learn; `ModelDrafter._sync` reconciles the draft cache at the next tree."""
+        """Nothing to learn; `ModelDrafter.root_logits` reconciles the draft cache at the next tree."""
 
 
-def _bfs(tokens: list, parents: list, depths: list) -> TreeDraft:
-    """The nodes renumbered breadth-first (by depth, then insertion order: a parent precedes its children)."""
+def _bfs(tokens: list, parents: list, depths: list) -> tuple[TreeDraft, list[int]]:
+    """The nodes renumbered breadth-first (by depth, then insertion order: a parent precedes its children), and the
+    insertion indices in that order."""
     order = sorted(range(1, len(tokens)), key=lambda i: (depths[i], i))
     index = {0: 0, **{i: n + 1 for n, i in enumerate(order)}}
-    return TreeDraft(np.array([tokens[i] for i in order], dtype=np.int32),
+    tree = TreeDraft(np.array([tokens[i] for i in order], dtype=np.int32),
                      np.array([index[parents[i]] for i in order], dtype=np.int64))
+    return tree, order

@@ -17,6 +17,7 @@ import numpy as np
 from ..backends.base import Backend
 from ..draft_stop import DraftStop, stop_features
 from ..sampling import logits_to_probs, sample
+from ..tree import TreeDraft
 from ..types import Draft, Logits, SamplingParams, Tokens
 from ..vocab_trim import expand_logits
 
@@ -65,6 +66,29 @@ class ModelDrafter:
         logits = self.backend.forward(context[common:], self._cache)
         self._cached = np.array(context, dtype=np.int32)
         return self._full(logits[-1:])
+
+    @property
+    def capacity(self) -> int:
+        """Positions the draft cache holds (0 before the first `begin`)."""
+        return 0 if self._cache is None else self._cache.capacity
+
+    def root_logits(self, context: Tokens) -> Logits:
+        """[1, V] draft logits after the whole context (the cache then holds it): where a tree drafter starts."""
+        if self._cache is None:
+            self.begin(context)
+        return self._sync(context)
+
+    def tree_logits(self, context: Tokens, tree: TreeDraft) -> Logits:
+        """[n + 1, V] draft logits of [root = context[-1], *tree.tokens] under the tree mask, fed again from the root
+        (earlier trees' rows are not kept); afterwards the cache holds the context, as after `root_logits`."""
+        context = np.asarray(context, dtype=np.int32)
+        self._cache.rollback(len(context) - 1)
+        self._cached = context[:-1]
+        fed = np.concatenate([context[-1:], tree.tokens]).astype(np.int32)
+        logits = self._full(self.backend.forward(fed, self._cache, tree_mask=tree.mask()))
+        self._cache.rollback(len(context))  # keep the root's row
+        self._cached = context
+        return logits
 
     def _full(self, logits: Logits) -> Logits:
         """Draft logits over the full vocabulary: a trimmed head's [T, N] scattered, -inf off the list."""
