@@ -71,5 +71,7 @@ def load_corrections(path: str | None, target) -> Corrections:
         from ..runtime.loradrop import droppable_layers, pure_reuse
         cfg = target.backend.config
         return pure_reuse(cfg.d_model, droppable_layers(cfg.n_layers), 4)
-    return Corrections.load(Path(path))
+    corrections = Corrections.load(Path(path))
+    corrections.check(target.backend.config)  # at start-up, not at the first draft
+    return corrections
 
