@@ -145,15 +145,19 @@ class DrafterSpec:
     value: float | None = None  # skip: the speed ratio R; exit: the exit layer; recycle: the tree's node count
     stop: str | None = None  # a draft-stop policy for drafters with q (runtime/draft_stop.py), from a '+' suffix
     tree: int | None = None  # model drafters: draft a dynamic tree of this many nodes ('+tree[:<nodes>]')
+    lookup: int | None = None  # model drafters: prompt lookup first, matches of >= this many tokens ('+lookup[:<n>]')
 
     @classmethod
     def parse(cls, text: str) -> "DrafterSpec":
         """'none' | 'ngram' | 'model:<name-or-path>' | 'recycle[:<nodes>]' | 'skip:<R>' | 'swift' | 'exit:<layer>' |
         'del' | 'loradrop[:<corrections-dir>]', optionally followed by '+<stop>' (model and self-speculative drafters): +conf, +conf:<t>, +logistic,
-        +logistic:<h>; or, for a model drafter, '+tree[:<nodes>]' (a dynamic draft tree, runtime/drafters/dytree.py)."""
+        +logistic:<h>; or, for a model drafter, '+tree[:<nodes>]' (a dynamic draft tree, runtime/drafters/dytree.py)
+        or '+lookup[:<n>]' (prompt lookup first, the model when no n-token match exists, runtime/drafters/lookup.py)."""
         body, plus, stop = text.rpartition("+")
         if plus and stop.partition(":")[0] == "tree":
             return cls._tree(text, body, stop.partition(":")[2])
+        if plus and stop.partition(":")[0] == "lookup":
+            return cls._lookup(text, body, stop.partition(":")[2])
         if not plus or stop.partition(":")[0] not in _STOPS:
             body, stop = text, None
         head, _, arg = body.partition(":")
@@ -200,6 +204,16 @@ class DrafterSpec:
             raise ValueError(f"drafter {text!r}: the tree size is a node count in 1..256, as +tree:16")
         return cls(spec.kind, spec.model, tree=int(nodes) if nodes else 16)
 
+    @classmethod
+    def _lookup(cls, text: str, body: str, n: str) -> "DrafterSpec":
+        spec = cls.parse(body)
+        if spec.kind is not DrafterKind.MODEL or spec.tree:
+            raise ValueError(f"drafter {text!r}: +lookup[:<n>] follows a chain model drafter, as "
+                             "model:<name>+lookup:2")
+        if n and not (n.isdigit() and 1 <= int(n) <= 3):
+            raise ValueError(f"drafter {text!r}: the lookup match length is 1, 2 or 3 tokens, as +lookup:2")
+        return cls(spec.kind, spec.model, stop=spec.stop, lookup=int(n) if n else 2)
+
     @property
     def nodes(self) -> int:
         """DrafterKind.RECYCLE: the tree template's node count."""
@@ -235,7 +249,11 @@ def make_drafter(spec: DrafterSpec, target: LoadedModel, params: SamplingParams,
         from ..runtime.drafters.dytree import DynamicTreeDrafter
         return DynamicTreeDrafter(_model_drafter(spec, target, params, None, ctx=ctx, threads=threads,
                                                  cache_dir=cache_dir, device=device), spec.tree)
-    return _model_drafter(spec, target, params, stop, ctx=ctx, threads=threads, cache_dir=cache_dir, device=device)
+    drafter = _model_drafter(spec, target, params, stop, ctx=ctx, threads=threads, cache_dir=cache_dir, device=device)
+    if spec.lookup:
+        from ..runtime.drafters.lookup import LookupModelDrafter
+        return LookupModelDrafter(drafter, spec.lookup)
+    return drafter
 
 
 def _model_drafter(spec: DrafterSpec, target: LoadedModel, params: SamplingParams, stop, *, ctx, threads, cache_dir,

@@ -2,8 +2,8 @@
 exported once per format (parity-gated) into a temporary directory.
 
 Greedy speculative output must equal plain greedy output for 20 dev prompts x 64 tokens, with the n-gram drafter
-and with a model drafter (the same artifact in a second session). Every divergence is reported with the target's
-top-2 margin on the plain path.
+and with a model drafter (the same artifact in a second session), alone and behind prompt lookup (+lookup). Every
+divergence is reported with the target's top-2 margin on the plain path.
 
 The quantized formats are the hard case: int8 activation rounding inside every MatMulNBits turns any rounding
 difference between a verify batch and one-token decoding into logit differences up to ~1. Before the attention pad
@@ -52,10 +52,10 @@ def greedy(model, prompt, drafter=None, stats=None):
     return out
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "model"])
+@pytest.mark.parametrize("drafter", ["ngram", "model", "model+lookup"])
 def test_onnx_speculative_equals_plain(artifact, drafter):
     model = load_onnx(str(artifact), device="cpu", threads=2)
-    spec = DrafterSpec.parse("ngram" if drafter == "ngram" else f"model:{artifact}")
+    spec = DrafterSpec.parse("ngram" if drafter == "ngram" else f"model:{artifact}" + drafter[len("model"):])
     stats = DecodeStats()
     diverged = []
     for i, prompt in enumerate(prompts_for(model)):

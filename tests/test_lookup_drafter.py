@@ -1,0 +1,136 @@
+"""Prompt lookup first, a draft model otherwise (runtime/drafters/lookup.py): lossless (greedy: identical output;
+sampled: the target's distribution) while both parts draft, the `+lookup` syntax and its start-up errors."""
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from specedge.apps.cli import cli
+from specedge.apps.engine import DrafterKind, DrafterSpec
+from specedge.export.gguf_in import open_gguf
+from specedge.models.tiny import write_tiny_gguf
+from specedge.runtime.backends.fake import MarkovBackend, random_markov_table
+from specedge.runtime.backends.numpy_ref import NumpyBackend
+from specedge.runtime.decode import decode
+from specedge.runtime.drafters.lookup import LookupModelDrafter
+from specedge.runtime.drafters.model import ModelDrafter
+from specedge.runtime.stats import DecodeStats
+from specedge.runtime.types import SamplingParams
+from test_tree_decode import assert_matches_target, sampled_counts
+
+GREEDY = SamplingParams()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("lookup")
+    target, draft = (write_tiny_gguf(d / f"{n}.gguf", seed=s, n_layers=l) for n, s, l in (("t", 0, 2), ("d", 1, 1)))
+    return target, draft, NumpyBackend(open_gguf(target).load_weights(), np.float64), \
+        NumpyBackend(open_gguf(draft).load_weights(), np.float64)
+
+
+def run(target, prompt, drafter=None, n=48, params=GREEDY, stats=None, seed=0):
+    return [e.token for e in decode(target, np.asarray(prompt, np.int32), params, drafter=drafter, max_tokens=n,
+                                    stats=stats, rng=np.random.default_rng(seed))]
+
+
+@pytest.mark.parametrize("min_n", [1, 2])
+def test_greedy_output_equals_plain_greedy_with_both_parts_drafting(models, min_n):
+    _, _, target, draft = models
+    both = {"lookup": 0, "model": 0}
+    for prompt in ([1, 5, 9, 2, 1, 5, 9], [7, 7, 7, 3, 7, 7], [3, 4]):
+        st = DecodeStats()
+        drafter = LookupModelDrafter(ModelDrafter(draft, GREEDY), min_n)
+        assert run(target, prompt, drafter, stats=st) == run(target, prompt)
+        assert st.n_drafted > 0
+        for part in both:
+            both[part] += drafter.rounds[part]
+    assert both["lookup"] > 0 and both["model"] > 0  # the test exercises the switch, not just one part
+
+
+def test_the_draft_models_cache_catches_up_after_lookup_rounds(models):
+    """Rounds drafted by lookup never feed the draft model; its next draft must still continue the whole committed
+    context (a stale cache would draft from the wrong prefix: still lossless, but the self-drafting target below
+    would then stop proposing its own greedy continuation)."""
+    _, _, target, _ = models
+    st = DecodeStats()
+    drafter = LookupModelDrafter(ModelDrafter(target, GREEDY), 1)
+    prompt = [2, 6, 2, 6, 2]
+    out = run(target, prompt, drafter, n=40, stats=st)
+    assert out == run(target, prompt, n=40) and drafter.rounds["lookup"] > 0 and drafter.rounds["model"] > 0
+    model_rounds = drafter.rounds["model"]
+    # the self-drafting model's rounds are accepted in full: tokens from model rounds = k + 1 each
+    assert st.n_accepted >= 4 * model_rounds
+
+
+def test_sampled_hybrid_preserves_the_target_distribution():
+    params = SamplingParams(temperature=1.0)
+    P, Q = random_markov_table(5, seed=3, scale=1.0), random_markov_table(5, seed=4, scale=1.0)
+    prompt = np.array([0, 1, 0, 2, 0], dtype=np.int32)
+    seen = {"lookup": 0, "model": 0}
+
+    def new():
+        d = LookupModelDrafter(ModelDrafter(MarkovBackend(Q), params), 1)
+        drafters.append(d)
+        return d
+
+    drafters: list[LookupModelDrafter] = []
+    counts = sampled_counts(MarkovBackend(P), prompt, params, new, trials=6000, seed=11, n=3, k=2)
+    for d in drafters:
+        for part in seen:
+            seen[part] += d.rounds[part]
+    assert seen["lookup"] > 1000 and seen["model"] > 1000
+    assert_matches_target(counts, P, prompt, params, 3, 6000)
+
+
+def test_lookup_suffix_parses_and_bad_combinations_fail_at_start_up(models):
+    assert DrafterSpec.parse("model:x+lookup") == DrafterSpec(DrafterKind.MODEL, "x", lookup=2)
+    assert DrafterSpec.parse("model:x+conf+lookup:3") == DrafterSpec(DrafterKind.MODEL, "x", stop="conf", lookup=3)
+    for bad, msg in (("ngram+lookup", "chain model drafter"), ("model:x+tree:4+lookup", "chain model drafter"),
+                     ("model:x+lookup:4", "1, 2 or 3"), ("model:x+lookup:two", "1, 2 or 3")):
+        with pytest.raises(ValueError, match=msg):
+            DrafterSpec.parse(bad)
+    target, draft, _, _ = models
+    r = CliRunner().invoke(cli, ["generate", str(target), "the cat sat on the mat, the cat", "--backend", "numpy",
+                                 "--drafter", f"model:{draft}+lookup", "--max-tokens", "16", "--json", "--baseline"])
+    assert r.exit_code == 0, r.output
+    stats = json.loads(r.stdout.strip().splitlines()[-1])["stats"]
+    assert stats["identical_to_baseline"] is True and stats["drafter"].endswith("+lookup")
+
+
+class FakeClock:
+    """Seconds advance only when a test says so: round times are what the test sets."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_match_length_slower_than_the_model_is_passed_over_and_retried():
+    """Rates decide: lookup rounds that emit 1 token in 20 ms lose to model rounds that emit 5 in 50 ms, so the
+    lookup draft is skipped (the model drafts although a match exists) except for a retry every `explore` rounds;
+    once lookup rounds emit 4 tokens in 20 ms, two retries move its rate (a moving average) past the model's and it
+    drafts every round again."""
+    table = random_markov_table(5, seed=0)
+    clock = FakeClock()
+    d = LookupModelDrafter(ModelDrafter(MarkovBackend(table), GREEDY), 1, explore=4, clock=clock)
+    context = np.array([1, 2, 1, 2, 1], np.int32)  # every round finds a match
+    d.begin(context)
+    rng = np.random.default_rng(0)
+
+    def round_(lookup_tokens, model_tokens):
+        draft = d.propose(context, 4, rng)
+        lookup = d._source != 0
+        clock.now += 0.02 if lookup else 0.05
+        d.accept((lookup_tokens if lookup else model_tokens) - 1, 0)
+        return lookup
+
+    sources = [round_(1, 5) for _ in range(14)]
+    # first the lookup (no rate yet), then the model once, then the model wins except every 4th pass-over
+    assert sources[:2] == [True, False]
+    assert sources[2:] == [False, False, False, True] * 3
+    sources = [round_(4, 5) for _ in range(16)]  # lookup improves: 200 tok/s against the model's 100
+    assert sources[:8] == [False, False, False, True] * 2 and all(sources[8:])
