@@ -99,8 +99,9 @@ def test_chat_auto_prints_the_choice(tiny):
 
 
 def test_float_onnx_targets_get_their_quantized_artifacts_as_drafter_candidates(tmp_path):
-    """The same source exported int4 (dynamic) beside an fp32 target is a candidate drafter; a layered artifact, an
-    artifact of another source and the target itself are not; a quantized target gets none."""
+    """The same source exported int4 (dynamic) beside an fp32 target is a candidate drafter, alone and behind prompt
+    lookup; a layered artifact, an artifact of another source and the target itself are not; a quantized target gets
+    none."""
     pytest.importorskip("onnxruntime")
     from specedge.apps.auto import candidate_specs
     from specedge.apps.engine import load_model
@@ -117,6 +118,7 @@ def test_float_onnx_targets_get_their_quantized_artifacts_as_drafter_candidates(
     export_gguf_to_onnx(other, arts / "b-int4", WeightFormat.INT4, gate=False)
     target = load_model(str(arts / "a-fp32"), BackendKind.ONNX, threads=1)
     specs = candidate_specs(target, ["ngram"])
-    assert [s for s in specs if s.startswith("model:")] == [f"model:{(arts / 'a-int4').resolve()}"]
+    int4 = f"model:{(arts / 'a-int4').resolve()}"
+    assert [s for s in specs if s.startswith("model:")] == [int4, f"{int4}+lookup"]
     quantized = load_model(str(arts / "a-int4"), BackendKind.ONNX, threads=1)
     assert not [s for s in candidate_specs(quantized, []) if s.startswith("model:")]
