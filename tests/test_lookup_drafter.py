@@ -55,7 +55,7 @@ def test_the_draft_models_cache_catches_up_after_lookup_rounds(models):
     would then stop proposing its own greedy continuation)."""
     _, _, target, _ = models
     st = DecodeStats()
-    drafter = LookupModelDrafter(ModelDrafter(target, GREEDY), 1)
+    drafter = LookupModelDrafter(ModelDrafter(target, GREEDY), 1, extend=False)
     prompt = [2, 6, 2, 6, 2]
     out = run(target, prompt, drafter, n=40, stats=st)
     assert out == run(target, prompt, n=40) and drafter.rounds["lookup"] > 0 and drafter.rounds["model"] > 0
@@ -97,6 +97,32 @@ def test_lookup_suffix_parses_and_bad_combinations_fail_at_start_up(models):
     assert r.exit_code == 0, r.output
     stats = json.loads(r.stdout.strip().splitlines()[-1])["stats"]
     assert stats["identical_to_baseline"] is True and stats["drafter"].endswith("+lookup")
+
+
+def test_a_lookup_match_can_complete_a_model_draft_and_stays_lossless(models):
+    """Once the model's draft so far ends in a 3-token match, the match's continuation ends the draft (point-mass q
+    rows). Greedy: identical to plain greedy; sampled: the target's distribution. min_n=3 keeps round-start lookups
+    rare, so model drafts (and their extensions) do the work."""
+    _, _, target, draft = models
+    extended = 0
+    for prompt in ([1, 5, 9, 2, 1, 5, 9, 2, 1], [7, 3, 7, 3, 7, 3]):
+        for model in (draft, target):  # the tiny models repeat tokens; the target drafting itself runs into matches
+            drafter = LookupModelDrafter(ModelDrafter(model, GREEDY), 3)
+            assert run(target, prompt, drafter) == run(target, prompt)
+            extended += drafter.extended
+    assert extended > 0
+    params = SamplingParams(temperature=1.0)
+    P, Q = random_markov_table(5, seed=3, scale=1.0), random_markov_table(5, seed=4, scale=1.0)
+    prompt = np.array([0, 1, 2, 0, 1], dtype=np.int32)  # a model draft starting with 2 matches [0, 1, 2]
+    drafters: list[LookupModelDrafter] = []
+
+    def new():
+        drafters.append(LookupModelDrafter(ModelDrafter(MarkovBackend(Q), params), 3))
+        return drafters[-1]
+
+    counts = sampled_counts(MarkovBackend(P), prompt, params, new, trials=6000, seed=12, n=3, k=3)
+    assert sum(d.extended for d in drafters) > 500
+    assert_matches_target(counts, P, prompt, params, 3, 6000)
 
 
 class FakeClock:

@@ -15,6 +15,11 @@ accept), and takes a lookup draft only when its match length's rate is at least 
 over is retried every `explore` rounds, so a rate that improves is noticed. Decisions change only which lossless
 draft is verified, never the output.
 
+A model round can end in a match too: after each token the model drafts, if the draft so far ends in a 3-token
+match (and that length is worth taking), the match's continuation completes the draft instead of further model
+forwards. Those tokens carry point-mass q rows (a deterministic proposal: speculative sampling then accepts x with
+probability p(x) and resamples from p without x, the 1.2 rule's law), so the mixed draft stays lossless.
+
 The draft model's cache is not fed during lookup rounds: ModelDrafter reconciles it with the committed context at its
 next propose, in one batched forward over the tokens it missed.
 """
@@ -49,7 +54,7 @@ class _Rate:
 
 class LookupModelDrafter:
     def __init__(self, model: ModelDrafter, min_n: int = 2, max_n: int = 3, *, explore: int = 16,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 extend: bool = True, clock: Callable[[], float] = time.perf_counter) -> None:
         if not 1 <= min_n <= max_n:
             raise ValueError(f"lookup needs 1 <= n <= {max_n} (the shortest context match that replaces the draft "
                              f"model), got {min_n}")
@@ -59,9 +64,12 @@ class LookupModelDrafter:
         self.weight_bytes_per_token = model.weight_bytes_per_token  # what a model round reads per drafted token
         self.rounds = {"lookup": 0, "model": 0}  # which part made each draft (for --stats and tests)
         self.explore, self.clock = explore, clock
+        self.extend = extend  # let a lookup match end a model draft (see _extension)
+        self.extended = 0  # model drafts a lookup match completed
         self.rates: dict[int, _Rate] = {}  # source -> rate; 0 = the model, m >= 1 = lookup with an m-token match
         self._passed: dict[int, int] = {}  # lookup match length -> rounds it was passed over since it last drafted
         self._source = 0
+        self._extended = False  # the current model draft was completed by a lookup match
         self._draft_s = 0.0
         self._proposed_at = 0.0
 
@@ -72,6 +80,7 @@ class LookupModelDrafter:
 
     def propose(self, context: Tokens, k: int, rng: np.random.Generator) -> Draft:
         t0 = self.clock()
+        self._extended = False
         draft = self.lookup.propose(context, k, rng)
         if draft.k and self._worth(draft.kind):
             self._source = draft.kind
@@ -79,10 +88,25 @@ class LookupModelDrafter:
         else:
             self._source = 0
             self.rounds["model"] += 1
-            draft = self.model.propose(context, k, rng)
+            draft = self.model.propose(context, k, rng, extend=self._extension(context) if self.extend else None)
         self._proposed_at = self.clock()
         self._draft_s = self._proposed_at - t0
         return draft
+
+    def _extension(self, context: Tokens):
+        """For the model's draft loop: once its draft so far ends in a match of the longest length (max_n) that is
+        worth taking, the match's continuation ends the draft instead of more model forwards."""
+        head = np.asarray(context, dtype=np.int32)[-self.lookup.max_n:]
+
+        def extend(drafted: np.ndarray, room: int) -> np.ndarray:
+            found = self.lookup.continuation(np.concatenate([head, drafted]), room)
+            if found.kind != self.lookup.max_n or not self._worth(found.kind):
+                return found.tokens[:0]
+            self.extended += 1
+            self._extended = True
+            return found.tokens
+
+        return extend
 
     def _worth(self, kind: int) -> bool:
         """Lookup with this match length emits at least as many tokens per second as the model, or it is its turn to
@@ -103,6 +127,7 @@ class LookupModelDrafter:
         """Charge the round (draft + verify) to its source; only a model draft informs the model's draft-stop
         policy; the lookup index grows from the next context."""
         seconds = self._draft_s + (self.clock() - self._proposed_at)
-        self.rates.setdefault(self._source, _Rate()).update(n_accepted + 1, seconds)
+        if not self._extended:  # a completed model draft's free tail would flatter the model's rate
+            self.rates.setdefault(self._source, _Rate()).update(n_accepted + 1, seconds)
         if self._source == 0:
             self.model.accept(n_accepted, next_token)

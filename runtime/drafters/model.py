@@ -12,6 +12,8 @@ the cache still holds from the previous sequence (a chat's earlier turns are not
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from ..backends.base import Backend
@@ -95,7 +97,12 @@ class ModelDrafter:
         return logits if self.vocab_ids is None else expand_logits(logits, self.vocab_ids,
                                                                    self.backend.config.vocab_size)
 
-    def propose(self, context: Tokens, k: int, rng: np.random.Generator) -> Draft:
+    def propose(self, context: Tokens, k: int, rng: np.random.Generator,
+                extend: Callable[[np.ndarray, int], np.ndarray] | None = None) -> Draft:
+        """Draft up to k tokens. `extend(drafted, room)` (without a stop policy) is asked after each drafted token for
+        up to `room` tokens that continue it without the model (prompt lookup, runtime/drafters/lookup.py); if it
+        returns any, the draft ends with them, each with a point-mass q row (a deterministic proposal, which
+        speculative sampling verifies exactly as the 1.2 rule does)."""
         if self._cache is None:
             self.begin(context)
         k = max(0, min(k, self._cache.capacity - len(context)))
@@ -104,6 +111,7 @@ class ModelDrafter:
         tokens = np.zeros(k, dtype=np.int32)
         q = np.zeros((k, self.backend.config.vocab_size), dtype=np.float64)
         feats = np.zeros((k, 2), dtype=np.float64)
+        fed = k - 1  # drafted tokens fed to the draft cache (all but the last, unless a continuation takes over)
         logits = self._sync(context)
         for i in range(k):
             q[i] = logits_to_probs(logits, self.params, history=np.concatenate([context, tokens[:i]]))[0]
@@ -111,11 +119,18 @@ class ModelDrafter:
             if self.stop is not None:  # a softmax over the vocabulary per token: only when a policy reads it
                 feats[i] = stop_features(logits[0], int(tokens[i]))
                 if self.stop.stop(feats[:i + 1]):
-                    k = i + 1
+                    k, fed = i + 1, i
                     break
+            elif extend is not None and i + 1 < k and len(more := extend(tokens[:i + 1], k - i - 1)):
+                n = len(more)
+                tokens[i + 1:i + 1 + n] = more
+                q[i + 1:i + 1 + n] = 0.0
+                q[np.arange(i + 1, i + 1 + n), more] = 1.0
+                k, fed = i + 1 + n, i
+                break
             if i + 1 < k:
                 logits = self._full(self.backend.forward(tokens[i:i + 1], self._cache))
-        self._cached = np.concatenate([self._cached, tokens[:k - 1]])
+        self._cached = np.concatenate([self._cached, tokens[:fed]])
         self._feats = feats[:k]
         return Draft(tokens=tokens[:k], q=q[:k])
 

@@ -50,12 +50,23 @@ class NgramDrafter:
             self.begin(context)
         else:
             self._extend(context[m:])
-        L = len(context)
+        return self._match(self._buf[:len(context)], k)
+
+    def continuation(self, tail: Tokens, k: int) -> Draft:
+        """The draft `propose` would make for a context ending in `tail` (which may run past the committed context,
+        e.g. into a model's draft), from the committed context's index only; nothing is indexed or changed.
+        requires: the last propose saw the committed context."""
+        return self._match(np.asarray(tail, dtype=np.int32).reshape(-1), k)
+
+    def _match(self, suffix: np.ndarray, k: int) -> Draft:
+        """Longest n in max_n..min_n whose last-n tokens of `suffix` are indexed: the <= k committed tokens after
+        their latest occurrence."""
+        L = len(suffix)
         if k > 0:
             for n in range(min(self.max_n, L - 1), self.min_n - 1, -1):
-                end = self._index.get(tuple(self._buf[L - n:L].tolist()))
+                end = self._index.get(tuple(suffix[L - n:L].tolist()))
                 if end is not None:
-                    return Draft(tokens=self._buf[end:min(end + k, L)].copy(), q=None, kind=n)
+                    return Draft(tokens=self._buf[end:min(end + k, self._n)].copy(), q=None, kind=n)
         return Draft(tokens=np.zeros(0, dtype=np.int32), q=None)
 
     def accept(self, n_accepted: int, next_token: int) -> None:
