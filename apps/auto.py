@@ -65,7 +65,7 @@ def candidate_specs(target: LoadedModel, requested: Sequence[str]) -> list[str]:
 def quantized_self_drafters(target: LoadedModel) -> list[str]:
     """`model:<dir>` for every int4/int8 dynamic ONNX artifact beside a float ONNX target that was exported from the
     same source file (provenance source_sha256): the same weights with 8-bit activations, the most accepted drafter
-    measured for float targets (README, "Drafters": 1.42x on SmolLM2 fp32, 1.56x behind prompt lookup)."""
+    measured for float targets (README, "Drafters": 1.42x on SmolLM2 fp32, 1.58x behind prompt lookup)."""
     manifest = getattr(target.backend, "manifest", None)
     if target.kind is not BackendKind.ONNX or manifest is None or manifest.weight_format not in ("fp32", "fp16"):
         return []

@@ -31,9 +31,9 @@ def decoding_options(f):
                      show_default=True, help="Inference backend for the target (and a model drafter)."),
         click.option("--drafter", default="ngram", show_default=True,
                      help="none | ngram | recycle[:nodes] (token-recycling trees; tree backends) | "
-                          "model:<catalogue-name-or-gguf-path> (with --backend onnx: model:<exported-dir-or-name>), optionally "
-                          "+tree[:<nodes>] (dynamic draft trees) or +lookup[:<n>] (prompt lookup first, the model when "
-                          "no n-token match) | "
+                          "model:<catalogue-name-or-gguf-path> (with --backend onnx: model:<exported-dir-or-name>), "
+                          "optionally +tree[:<nodes>] (dynamic draft trees) or +lookup[:<n>] (prompt lookup first, the "
+                          "model when no n-token match) | "
                           "skip:<R> | swift | exit:<layer> | del (self-speculative: the target's own layers; numpy or "
                           "a layered ONNX artifact), optionally +conf[:<t>] or +logistic[:<h>] to stop drafting early"),
         click.option("--k", "k", type=click.IntRange(0, 64), default=4, show_default=True,

@@ -150,9 +150,10 @@ class DrafterSpec:
     @classmethod
     def parse(cls, text: str) -> "DrafterSpec":
         """'none' | 'ngram' | 'model:<name-or-path>' | 'recycle[:<nodes>]' | 'skip:<R>' | 'swift' | 'exit:<layer>' |
-        'del' | 'loradrop[:<corrections-dir>]', optionally followed by '+<stop>' (model and self-speculative drafters): +conf, +conf:<t>, +logistic,
-        +logistic:<h>; or, for a model drafter, '+tree[:<nodes>]' (a dynamic draft tree, runtime/drafters/dytree.py)
-        or '+lookup[:<n>]' (prompt lookup first, the model when no n-token match exists, runtime/drafters/lookup.py)."""
+        'del' | 'loradrop[:<corrections-dir>]', optionally followed by '+<stop>' (model and self-speculative
+        drafters): +conf, +conf:<t>, +logistic, +logistic:<h>; or, for a model drafter, '+tree[:<nodes>]' (a dynamic
+        draft tree, runtime/drafters/dytree.py) or '+lookup[:<n>]' (prompt lookup first, the model when no n-token
+        match exists, runtime/drafters/lookup.py)."""
         body, plus, stop = text.rpartition("+")
         if plus and stop.partition(":")[0] == "tree":
             return cls._tree(text, body, stop.partition(":")[2])

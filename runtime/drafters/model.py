@@ -124,8 +124,7 @@ class ModelDrafter:
             elif extend is not None and i + 1 < k and len(more := extend(tokens[:i + 1], k - i - 1)):
                 n = len(more)
                 tokens[i + 1:i + 1 + n] = more
-                q[i + 1:i + 1 + n] = 0.0
-                q[np.arange(i + 1, i + 1 + n), more] = 1.0
+                q[np.arange(i + 1, i + 1 + n), more] = 1.0  # rows past i are still zero
                 k, fed = i + 1 + n, i
                 break
             if i + 1 < k:
