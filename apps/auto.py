@@ -18,8 +18,8 @@ from typing import Callable, Sequence
 
 from ..models.catalog import model_cache_dir
 from ..perf.bench_report import environment
-from ..perf.profile import (PLAIN, Choice, DeviceProfile, choose, load_profile, model_fingerprint, profile_key,
-                            profile_path, save_profile)
+from ..perf.profile import (PLAIN, Choice, DeviceProfile, choose, k_label, load_profile, model_fingerprint,
+                            profile_key, profile_path, save_profile)
 from ..perf.profile_measure import MeasureSettings, measure
 from ..runtime.backends import BackendKind
 from ..runtime.types import SamplingParams
@@ -115,14 +115,15 @@ def load_or_measure(target: LoadedModel, label: str, specs: Sequence[str], *, th
 
 
 def auto_options(o: dict, target: LoadedModel, log: Log) -> dict:
-    """generate/chat --auto: the options to decode with (drafter, k, fixed k) from this target's profile; the
+    """generate/chat --auto: the options to decode with (drafter, k, fixed or adaptive) from this target's profile; the
     requested --drafter (if not ngram/none) is measured as a candidate too. Prints the choice to stderr."""
     specs = candidate_specs(target, [o["drafter"]])
     profile, path = load_or_measure(target, f"{o['backend']}:{o['model']}", specs, threads=o["threads"],
                                     device=o["device"], cache_dir=o["cache_dir"], ctx=o["ctx"], log=log)
     choice = choose(profile, specs)
     log(f"--auto: {choice.describe()}; profile {path}")
-    return {"drafter": choice.drafter, "k": choice.k if choice.drafter != PLAIN else o["k"], "adaptive_k": False}
+    return {"drafter": choice.drafter, "k": choice.k if choice.drafter != PLAIN else o["k"],
+            "adaptive_k": choice.adaptive}
 
 
 def tune_targets(targets: Sequence[str], drafters: Sequence[str], *, model: str, threads: int | None, ctx: int,
@@ -150,25 +151,28 @@ def profile_rows(tuned: Sequence[Tuned]) -> list[dict]:
         rows.append({"target": t.label, "key": p.key, "path": str(t.path), "ctx": p.ctx, "verify_s": p.verify_s,
                      "overhead_s": p.overhead_s, "plain_tok_s_measured": p.plain_tok_s_measured,
                      "drafters": {k: {"accept": d.accept, "draft_fixed_s": d.draft_fixed_s,
-                                      "draft_per_token_s": d.draft_per_token_s, "tok_s_measured": d.tok_s_measured}
+                                      "draft_per_token_s": d.draft_per_token_s, "tok_s_measured": d.tok_s_measured,
+                                      "tok_s_adaptive": d.tok_s_adaptive, "tau_adaptive": d.tau_adaptive}
                                   for k, d in p.drafters.items()},
-                     "choice": {"drafter": c.drafter, "k": c.k, "predicted_tok_s": c.predicted_tok_s,
+                     "choice": {"drafter": c.drafter, "k": c.k, "adaptive": c.adaptive,
+                                "predicted_tok_s": c.predicted_tok_s,
                                 "plain_predicted_tok_s": c.plain_tok_s}})
     return rows
 
 
 def choice_table(tuned: Sequence[Tuned]) -> str:
-    """Markdown: per target, T(n)/T(1), the best k per drafter and the chosen configuration."""
+    """Markdown: per target, T(n)/T(1), the best k (fixed or adaptive) per drafter and the chosen configuration."""
     lines = ["| target | T(n)/T(1), n = 1.. | best per drafter (predicted tok/s) | chosen | predicted tok/s | "
              "plain predicted |", "|---|---|---|---|---|---|"]
     for t in tuned:
         v = t.profile.verify_s
-        best: dict[str, tuple[int, float]] = {}
+        best: dict[str, tuple[str, float]] = {}
         for c in t.choice.candidates:
-            if c.drafter != PLAIN and c.tok_s > best.get(c.drafter, (0, 0.0))[1]:
-                best[c.drafter] = (c.k, c.tok_s)
-        per = ", ".join(f"{d} k={k} ({r:.1f})" for d, (k, r) in best.items())
-        chosen = "plain" if t.choice.drafter == PLAIN else f"{t.choice.drafter} k={t.choice.k}"
+            if c.drafter != PLAIN and c.tok_s > best.get(c.drafter, ("", 0.0))[1]:
+                best[c.drafter] = (k_label(c.k, c.adaptive), c.tok_s)
+        per = ", ".join(f"{d} {k} ({r:.1f})" for d, (k, r) in best.items())
+        ch = t.choice
+        chosen = "plain" if ch.drafter == PLAIN else f"{ch.drafter} {k_label(ch.k, ch.adaptive)}"
         lines.append(f"| {t.label} | {' '.join(f'{x / v[0]:.2f}' for x in v)} | {per} | {chosen} | "
-                     f"{t.choice.predicted_tok_s:.1f} | {t.choice.plain_tok_s:.1f} |")
+                     f"{ch.predicted_tok_s:.1f} | {ch.plain_tok_s:.1f} |")
     return "\n".join(lines) + "\n"

@@ -44,7 +44,8 @@ def predicted_vs_measured(tuned, rows: list[dict]) -> list[dict]:
             chosen["predicted_tokens_per_s"] = c.predicted_tok_s
         measured = chosen and chosen["tokens_per_s"]["mean"]
         plain_measured = plain and plain["tokens_per_s"]["mean"]
-        out.append({"target": t.label, "drafter": c.drafter, "k": c.k, "predicted_tok_s": c.predicted_tok_s,
+        out.append({"target": t.label, "drafter": c.drafter, "k": c.k, "adaptive": c.adaptive,
+                    "predicted_tok_s": c.predicted_tok_s,
                     "measured_tok_s": measured, "plain_predicted_tok_s": c.plain_tok_s,
                     "plain_measured_tok_s": plain_measured, "profile": str(t.path),
                     # speedups are robust to the machine's load drifting between profiling and the benchmark
@@ -149,9 +150,10 @@ def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, categ
                 _write_profiles(tuned, out)
                 return
         prompts = bench.read_prompts(prompts_file, limit=limit, categories=_split([categories or ""]), by=group)
-        if tuned:  # --auto: plain + the chosen configuration on each target, at fixed k
+        if tuned:  # --auto: plain + the chosen configuration on each target, at its k (fixed or adaptive)
             configs = [c for t in tuned for c in bench.specedge_configs(
-                [t.label], [t.choice.drafter], [max(t.choice.k, 1)], [False], model=model, max_tokens=max_tokens,
+                [t.label], [t.choice.drafter], [max(t.choice.k, 1)], [t.choice.adaptive], model=model,
+                max_tokens=max_tokens,
                 threads=threads, ctx=ctx, cache_dir=cache_dir)]
         else:
             configs = bench.specedge_configs(_split(targets), _split(drafters), k_list, modes, model=model,

@@ -51,7 +51,8 @@ _AUTO = {"type": "object",  # one per target under --auto: the chosen configurat
          "required": ["target", "drafter", "k", "predicted_tok_s", "measured_tok_s", "plain_predicted_tok_s",
                       "plain_measured_tok_s", "profile"],
          "properties": {"target": {"type": "string"}, "drafter": {"type": "string"}, "k": {"type": "integer"},
-                        "predicted_tok_s": _NUM, "measured_tok_s": _NUM_OR_NULL, "plain_predicted_tok_s": _NUM,
+                        "adaptive": {"type": "boolean"}, "predicted_tok_s": _NUM, "measured_tok_s": _NUM_OR_NULL,
+                        "plain_predicted_tok_s": _NUM,
                         "plain_measured_tok_s": _NUM_OR_NULL, "profile": {"type": "string"},
                         "predicted_speedup": _NUM, "measured_speedup": _NUM_OR_NULL}}
 _PROFILE = {"type": "object",  # the device profile each --auto / --profile-device target used (apps/auto.py)
@@ -191,7 +192,8 @@ def markdown(results: dict) -> str:
                   "| target | chosen | predicted tok/s | measured | plain predicted | plain measured | speedup "
                   "predicted | measured | profile |", "|---|---|---|---|---|---|---|---|---|"]
         for a in results["auto"]:
-            chosen = "plain" if a["drafter"] == "none" else f"{a['drafter']} k={a['k']}"
+            k = f"k{'<=' if a.get('adaptive') else '='}{a['k']}"
+            chosen = "plain" if a["drafter"] == "none" else f"{a['drafter']} {k}"
             lines.append(f"| {a['target']} | {chosen} | {a['predicted_tok_s']:.1f} | "
                          f"{_f(a['measured_tok_s'], '{:.1f}')} | {a['plain_predicted_tok_s']:.1f} | "
                          f"{_f(a['plain_measured_tok_s'], '{:.1f}')} | {_f(a.get('predicted_speedup'), '{:.2f}x')} | "

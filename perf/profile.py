@@ -8,7 +8,8 @@ A profile holds, for one backend + model artifact + threads + device (its `key`)
   fitted as overhead(n) = a + b n over the measured rounds;
 - per drafter: conditional acceptance alpha_i of draft position i (given positions < i were accepted; a position
   the drafter did not propose counts as rejected, so an n-gram miss lowers alpha_1), the distribution of proposed
-  draft lengths at k = k_max, and the drafting cost fitted as fixed + per_token * (tokens drafted).
+  draft lengths at k = k_max, and the drafting cost fitted as fixed + per_token * (tokens drafted);
+- per drafter: tokens/s and tokens per round of a second run with the adaptive draft length (k <= k_max).
 
 `choose` maximises expected tokens/s (ALGORITHMS.md 1.1, 3 "adaptive K by measured throughput", 5):
 
@@ -16,6 +17,13 @@ A profile holds, for one backend + model artifact + threads + device (its `key`)
     E[tokens]  = 1 + sum_{i<=k} prod_{l<=i} alpha_l            (runtime/draft_length.expected_tokens)
     E[time]    = sum_j P(L = j) (T(j+1) + overhead(j+1)) + fixed + per_token E[L],   L = min(drafted length, k)
     plain      = 1 / (T(1) + overhead(1))
+
+The adaptive draft length (runtime/draft_length.py) chooses k per round and per draft kind online, which this fixed-k
+model cannot express (the lookup hybrid's gain is that choice), so it is a measured candidate: its run's tokens/s,
+scaled by the model's own ratio predicted/measured for the same drafter at fixed k = k_max on the same prompts (the
+two runs differ only in the length policy, so the scale carries the model's bias and the machine's load over):
+
+    rate(d, adaptive) = tok_s_adaptive(d) * rate(d, k_max) / tok_s_measured(d)
 
 Example (overhead 0, free n-gram drafts of full length): T(n)/T(1) = 1, 1.15, 1.30, 1.50 with T(1) = 10 ms and
 alpha = 0.8 at every position: k = 1: 1.8 / 11.5 ms = 157 tok/s, k = 2: 2.44 / 13 ms = 188, k = 3: 2.952 / 15 ms =
@@ -33,16 +41,19 @@ import numpy as np
 from ..runtime.draft_length import expected_tokens
 from .bench_report import check_schema
 
-PROFILE_SCHEMA_VERSION = 2  # 2: a draft model's cost measured at one k is per token (profile_measure.draft_cost)
+PROFILE_SCHEMA_VERSION = 3  # 2: a draft model's cost measured at one k is per token (profile_measure.draft_cost);
+# 3: each drafter also measured with the adaptive draft length
 PLAIN = "none"
 
 _NUMS = {"type": "array", "items": {"type": "number"}}
 _DRAFTER = {"type": "object",
-            "required": ["spec", "k_max", "accept", "length_dist", "draft_fixed_s", "draft_per_token_s", "rounds"],
+            "required": ["spec", "k_max", "accept", "length_dist", "draft_fixed_s", "draft_per_token_s", "rounds",
+                         "tok_s_adaptive", "tau_adaptive"],
             "properties": {"spec": {"type": "string"}, "k_max": {"type": "integer"}, "accept": _NUMS,
                            "length_dist": _NUMS, "draft_fixed_s": {"type": "number"},
                            "draft_per_token_s": {"type": "number"}, "rounds": {"type": "integer"},
-                           "tok_s_measured": {"type": "number"}}}
+                           "tok_s_measured": {"type": "number"}, "tok_s_adaptive": {"type": "number"},
+                           "tau_adaptive": {"type": "number"}}}
 PROFILE_SCHEMA = {
     "type": "object",
     "required": ["schema_version", "key", "target", "backend", "model", "fingerprint", "threads", "device", "ctx",
@@ -73,6 +84,8 @@ class DrafterProfile:
     draft_per_token_s: float  # ... plus this per drafted token
     rounds: int  # rounds the estimates rest on
     tok_s_measured: float = 0.0  # tokens/s of the measuring run (k = k_max, fixed)
+    tok_s_adaptive: float = 0.0  # tokens/s of a run with the adaptive draft length, k <= k_max (0: not measured)
+    tau_adaptive: float = 0.0  # its tokens per round
 
 
 @dataclass
@@ -122,6 +135,7 @@ class Candidate:
     k: int
     tokens_per_round: float
     round_s: float
+    adaptive: bool = False  # the adaptive draft length with k as its maximum
 
     @property
     def tok_s(self) -> float:
@@ -137,11 +151,17 @@ class Choice:
     predicted_tok_s: float
     plain_tok_s: float
     candidates: tuple[Candidate, ...]
+    adaptive: bool = False
 
     def describe(self) -> str:
-        what = "plain decoding" if self.drafter == PLAIN else f"drafter {self.drafter} k={self.k}"
+        what = "plain decoding" if self.drafter == PLAIN else f"drafter {self.drafter} {k_label(self.k, self.adaptive)}"
         return (f"{what}: predicted {self.predicted_tok_s:.1f} tok/s (plain {self.plain_tok_s:.1f} tok/s, "
                 f"{self.predicted_tok_s / self.plain_tok_s:.2f}x)")
+
+
+def k_label(k: int, adaptive: bool) -> str:
+    """k=5 for a fixed draft length, k<=8 for an adaptive one."""
+    return f"k{'<=' if adaptive else '='}{k}"
 
 
 def predict(profile: DeviceProfile, drafter: str, k: int) -> Candidate:
@@ -160,9 +180,22 @@ def predict(profile: DeviceProfile, drafter: str, k: int) -> Candidate:
     return Candidate(drafter, k, float(expected_tokens(d.accept[:k])[k]), float(verify + draft))
 
 
+def predict_adaptive(profile: DeviceProfile, drafter: str) -> Candidate | None:
+    """The adaptive draft length (k <= the drafter's k_max) as a candidate: measured tokens/s on the predicted scale
+    (module docstring); None when the profile has no adaptive run for it.
+    Example: measured 60 tok/s adaptive and 50 tok/s at fixed k = 8, predicted 55 tok/s at k = 8 -> 66 tok/s."""
+    d = profile.drafters[drafter]
+    if d.tok_s_adaptive <= 0 or d.tok_s_measured <= 0 or d.tau_adaptive <= 0 or d.k_max + 1 > len(profile.verify_s):
+        return None
+    rate = d.tok_s_adaptive * predict(profile, drafter, d.k_max).tok_s / d.tok_s_measured
+    return Candidate(drafter, d.k_max, d.tau_adaptive, d.tau_adaptive / rate, adaptive=True)
+
+
 def choose(profile: DeviceProfile, drafters: list[str] | None = None, k_max: int = 8) -> Choice:
-    """The (drafter, k) with the most expected tokens/s among plain decoding and the profile's drafters (or the
-    listed ones), k = 1..min(k_max, measured); ties go to plain, then to the smaller k."""
+    """The (drafter, k, fixed or adaptive) with the most expected tokens/s among plain decoding and the profile's
+    drafters (or the listed ones), fixed k = 1..min(k_max, measured) and the adaptive length where measured (with
+    the drafter's k_max as its maximum, when that is <= k_max); ties go to plain, then to the smaller fixed k,
+    then to fixed over adaptive."""
     names = list(profile.drafters) if drafters is None else [d for d in drafters if d != PLAIN]
     missing = [d for d in names if d not in profile.drafters]
     if missing:
@@ -173,11 +206,13 @@ def choose(profile: DeviceProfile, drafters: list[str] | None = None, k_max: int
     for name in names:
         top = min(k_max, profile.drafters[name].k_max, len(profile.verify_s) - 1)
         cands += [predict(profile, name, k) for k in range(1, top + 1)]
+        adaptive = predict_adaptive(profile, name) if profile.drafters[name].k_max <= k_max else None
+        cands += [adaptive] if adaptive is not None else []
     best = plain
     for c in cands[1:]:
         if c.tok_s > best.tok_s * (1 + 1e-9):
             best = c
-    return Choice(best.drafter, best.k, best.tok_s, plain.tok_s, tuple(cands))
+    return Choice(best.drafter, best.k, best.tok_s, plain.tok_s, tuple(cands), best.adaptive)
 
 
 # -- key and cache ------------------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@ overhead, and each drafter's acceptance by position and drafting cost on a few s
 
 T(n) reuses perf/verify_cost.py's `time_forward` (n random tokens appended at a fixed cache length, rolled back
 after each call as a rejected draft is); the statistic is the median of `reps` calls after warm-up. Drafters are
-measured greedily at fixed k = k_max (no adaptive truncation), so every position's acceptance is observed.
+measured greedily at fixed k = k_max (no adaptive truncation), so every position's acceptance is observed, then
+once more with the adaptive draft length (k <= k_max), whose tokens/s is the adaptive candidate (perf/profile.py).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class MeasureSettings:
     prompts: int = 6  # dev prompts (round-robin over tasks: one per Spec-Bench task)
     max_tokens: int = 128  # generated per prompt and drafter (as the benchmark; n-gram matches grow with length)
     prompt_tokens: int = 384  # a longer prompt keeps its last this many tokens (bounds the prefill time)
+    adaptive: bool = True  # also run each drafter with the adaptive draft length (doubles the drafters' time)
 
 
 class RoundLog(DecodeStats):
@@ -110,17 +112,18 @@ def dev_prompts(n: int) -> list[Prompt]:
     return load_prompts(limit=n, by="task")
 
 
-def run_rounds(target, drafter, prompts: Sequence[Prompt], k: int, max_tokens: int, prompt_tokens: int = 384
-               ) -> RoundLog:
+def run_rounds(target, drafter, prompts: Sequence[Prompt], k: int, max_tokens: int, prompt_tokens: int = 384,
+               adaptive: bool = False) -> RoundLog:
     """Greedy decode of every prompt (chat-formatted, its last `prompt_tokens` tokens) with `drafter` (None: plain)
-    at fixed k; the merged log."""
+    at fixed k (adaptive: k is the maximum of the adaptive draft length); the merged log."""
     log, tok, params = RoundLog(), target.tokenizer, SamplingParams()
     for p in prompts:
         ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": p.text}]))
         room = min(prompt_tokens, context_of(target.backend) - max_tokens - k - 2)
         ids = ids[-room:]  # a small-context model sees the end of a long prompt (the chat template's tail)
         for _ in decode(target.backend, ids, params, drafter=drafter, k=max(k, 1), max_tokens=max_tokens,
-                        eos_ids=tok.eos_ids, stats=log, rng=np.random.default_rng(0)):
+                        eos_ids=tok.eos_ids, stats=log, rng=np.random.default_rng(0),
+                        adaptive_k=adaptive):
             pass
     return log
 
@@ -139,12 +142,18 @@ def measure(target, drafters: dict[str, object], settings: MeasureSettings = Mea
     prompts = dev_prompts(settings.prompts)
     plain = run_rounds(target, None, prompts, 0, settings.max_tokens, settings.prompt_tokens)
     over_x, over_y = [], []
-    logs = {}
+    logs, adaptive = {}, {}
     for spec, drafter in drafters.items():
         t0 = time.perf_counter()
         logs[spec] = run_rounds(target, drafter, prompts, settings.k_max, settings.max_tokens,
                                  settings.prompt_tokens)
         log(f"drafter {spec}: {logs[spec].summary()} ({time.perf_counter() - t0:.1f} s)")
+        if settings.adaptive:
+            t0 = time.perf_counter()
+            adaptive[spec] = run_rounds(target, drafter, prompts, settings.k_max, settings.max_tokens,
+                                        settings.prompt_tokens, adaptive=True)
+            log(f"drafter {spec}, adaptive k<={settings.k_max}: {adaptive[spec].summary()} "
+                f"({time.perf_counter() - t0:.1f} s)")
     for r in plain.rounds + [r for lg in logs.values() for r in lg.rounds]:
         over_x.append(r.k + 1)
         over_y.append(max(r.verify_s - r.forward_s, 0.0))
@@ -152,7 +161,9 @@ def measure(target, drafters: dict[str, object], settings: MeasureSettings = Mea
     for spec, lg in logs.items():
         alpha, dist = acceptance(lg.rounds, settings.k_max)
         fixed, per_token = draft_cost(lg.rounds, getattr(drafters[spec], "weight_bytes_per_token", 0) > 0)
+        ad = adaptive.get(spec)
         out[spec] = DrafterProfile(spec, settings.k_max, alpha, dist, fixed, per_token, len(lg.rounds),
-                                   float(lg.tokens_per_s))
+                                   float(lg.tokens_per_s), float(ad.tokens_per_s) if ad else 0.0,
+                                   float(ad.mean_accepted_length) if ad else 0.0)
     return {"verify_s": verify_s, "overhead_s": list(fit_line(over_x, over_y)), "drafters": out, "ctx": ctx,
             "plain_tok_s_measured": float(plain.tokens_per_s)}

@@ -39,6 +39,7 @@ def test_bench_profile_device_then_auto(tiny):
     ngram = profile.drafters["ngram"]
     assert len(ngram.accept) == 8 and all(0 < a < 1 for a in ngram.accept)
     assert sum(ngram.length_dist) == pytest.approx(1.0) and ngram.rounds > 0
+    assert ngram.tok_s_adaptive > 0 and ngram.tau_adaptive >= 1.0  # the adaptive-length run, a candidate too
     assert profile.machine["threads"] == 1 and profile.machine["cpu_model"]
     rows = json.loads((out / "profiles.json").read_text())["profiles"]
     assert rows[0]["choice"]["predicted_tok_s"] > 0 and rows[0]["path"] == str(cached)
@@ -63,6 +64,7 @@ def test_bench_profile_device_then_auto(tiny):
     chosen = results["configs"][-1]
     assert (chosen["drafter"], chosen["k"]) == (("none", 0) if auto["drafter"] == "none" else
                                                 (auto["drafter"], auto["k"]))
+    assert chosen["adaptive"] == auto["adaptive"]  # the chosen length policy is what ran
     assert chosen["predicted_tokens_per_s"] == pytest.approx(auto["predicted_tok_s"])
     assert all(c["identical_to_plain"] == 2 for c in results["configs"])  # lossless
     assert "predicted vs measured" in (out / "report.md").read_text() and (out / "verify_cost.png").is_file()
@@ -79,9 +81,8 @@ def test_generate_auto_is_plain_greedy_and_remeasures_a_corrupt_profile(tiny):
     assert json.loads(auto.stdout)["tokens"] == json.loads(plain.stdout)["tokens"]
     assert "no device profile" in auto.stderr and "--auto: " in auto.stderr
     stats = json.loads(auto.stdout)["stats"]
-    assert stats["adaptive_k"] is False  # the prediction is for a fixed k
-    assert (f"drafter {stats['drafter']} k={stats['k']}" if stats["drafter"] != "none" else "plain decoding") \
-        in auto.stderr
+    k = f"k{'<=' if stats['adaptive_k'] else '='}{stats['k']}"  # decoded with the chosen length policy
+    assert (f"drafter {stats['drafter']} {k}" if stats["drafter"] != "none" else "plain decoding") in auto.stderr
     [cached] = list((cache / "profiles").glob("*.json"))
     cached.write_text("{truncated")
     again = run(*common, "--auto")

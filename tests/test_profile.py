@@ -5,14 +5,15 @@ import json
 import pytest
 
 from specedge.perf.profile import (PLAIN, DeviceProfile, DrafterProfile, choose, load_profile, predict,
-                                   profile_key, save_profile)
+                                   predict_adaptive, profile_key, save_profile)
 from specedge.perf.profile_measure import acceptance, draft_cost, fit_line
 from specedge.runtime.types import StepStats
 
 
-def drafter(spec, accept, dist=None, fixed=0.0, per_token=0.0):
+def drafter(spec, accept, dist=None, fixed=0.0, per_token=0.0, measured=0.0, adaptive=0.0, tau=0.0):
     k = len(accept)
-    return DrafterProfile(spec, k, list(accept), dist or [0.0] * k + [1.0], fixed, per_token, rounds=100)
+    return DrafterProfile(spec, k, list(accept), dist or [0.0] * k + [1.0], fixed, per_token, rounds=100,
+                          tok_s_measured=measured, tok_s_adaptive=adaptive, tau_adaptive=tau)
 
 
 def profile(verify_ms, drafters, overhead=(0.0, 0.0)):
@@ -62,6 +63,28 @@ def test_overhead_counts_for_plain_too_and_k_is_bounded_by_the_curve():
     assert c.plain_tok_s == pytest.approx(1 / 0.0115)
     assert (c.drafter, c.k) == ("ngram", 2)  # T(n) measured for n <= 3 only
     assert c.predicted_tok_s == pytest.approx(3 / 0.0125)
+
+
+def test_the_adaptive_length_is_a_measured_candidate_on_the_predicted_scale():
+    """Fixed k: model:x at alpha 0.9, 5 ms per drafted token on T(n) = 10 ms + 0.5 ms per extra position; k = 3
+    predicts 3.439 / 26.5 ms = 129.8 tok/s (k = 2: 129.0). Adaptive runs are scaled by predicted / measured at
+    k = k_max (plain: 100 tok/s)."""
+    model = drafter("model:x", [0.9] * 3, per_token=5e-3, measured=70.0, adaptive=84.0, tau=3.2)
+    p = profile([10, 10.5, 11, 11.5], [model])
+    at3 = predict(p, "model:x", 3)
+    assert at3.tok_s == pytest.approx(3.439 / 0.0265)
+    ad = predict_adaptive(p, "model:x")
+    assert ad.adaptive and ad.k == 3 and ad.tokens_per_round == pytest.approx(3.2)
+    assert ad.tok_s == pytest.approx(84.0 * at3.tok_s / 70.0)  # 1.2x the fixed k = 3 prediction
+    c = choose(p)
+    assert (c.drafter, c.k, c.adaptive) == ("model:x", 3, True)
+    assert c.predicted_tok_s == pytest.approx(ad.tok_s) and "k<=3" in c.describe()
+    slower = drafter("model:x", [0.9] * 3, per_token=5e-3, measured=70.0, adaptive=60.0, tau=3.2)
+    c = choose(profile([10, 10.5, 11, 11.5], [slower]))  # adaptive measured slower than fixed: a fixed k wins
+    assert (c.drafter, c.k, c.adaptive) == ("model:x", 3, False) and "k=3" in c.describe()
+    unmeasured = drafter("model:x", [0.9] * 3, per_token=5e-3, measured=70.0)  # no adaptive run: no candidate
+    assert predict_adaptive(profile([10, 10.5, 11, 11.5], [unmeasured]), "model:x") is None
+    assert not any(x.adaptive for x in choose(p, k_max=2).candidates)  # measured up to 3 > k_max: not offered
 
 
 def test_acceptance_by_position_and_length_distribution():
