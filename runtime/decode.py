@@ -63,7 +63,8 @@ def speculative_step(target: Backend, drafter: Drafter | None, verifier: Verifie
     t0 = time.perf_counter()
     context = seq.tokens
     if policy is not None and k > 0 and getattr(drafter, "weight_bytes_per_token", 0):
-        k = min(k, policy.budget(k))  # a drafter that pays per token drafts only what the policy would verify
+        # a drafter that pays per token drafts only what the policy would verify of its paid kind of draft
+        k = min(k, policy.budget(k, getattr(drafter, "budget_kind", None)))
     draft = drafter.propose(context, k, rng) if (drafter is not None and k > 0) else EMPTY_DRAFT
     if policy is not None and draft.k:
         draft = draft.prefix(policy.choose(draft.kind, draft.k))

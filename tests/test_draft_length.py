@@ -29,13 +29,31 @@ def test_verify_cost_learns_ratios_interpolates_and_clips():
     c.observe(5, 0.020)
     assert c.relative(5) == pytest.approx(2.0)
     assert c.relative(3) == pytest.approx(1.5)  # between the observed widths
-    assert c.relative(7) == pytest.approx(2.4)  # beyond: the prior slope
+    assert c.relative(7) == pytest.approx(2.5)  # beyond: the observed slope, 2.5 ms per position
     c.observe(5, 10.0)  # a preempted call moves the estimate by at most weight * 2 * old
     assert c.relative(5) < 2.5
     noisy = VerifyCost()
     noisy.observe(1, 0.010)
     noisy.observe(2, 0.009)  # a wider call measured faster than a narrower one
     assert np.allclose(noisy.curve(3)[:2], 1.0) and noisy.curve(3)[2] >= 1.0
+
+
+def test_verify_cost_without_one_wide_calls_fits_t1_from_the_wider_ones():
+    """A drafter that always drafts never runs T(1): the curve comes from the observed widths' line taken back to
+    w = 1 (here T(w) = 20 ms + 1 ms per position), not from the prior slope."""
+    c = VerifyCost(prior_slope=0.15)
+    for w in (3, 5, 9):
+        c.observe(w, 0.020 + 0.001 * w)
+    assert c.relative(5) == pytest.approx(0.025 / 0.021)
+    assert c.relative(2) == pytest.approx(1 + (0.023 / 0.021 - 1) / 2)  # between T(1) and the first observed width
+    assert c.relative(12) == pytest.approx(0.032 / 0.021)  # beyond the widest: the fitted 1 ms per position
+    one = VerifyCost(prior_slope=0.15)
+    one.observe(5, 0.016)  # one width: the prior slope gives T(1) = 16 / 1.6 ms
+    assert one.relative(5) == pytest.approx(1.6)
+    steep = VerifyCost()
+    steep.observe(2, 0.001)
+    steep.observe(3, 0.030)  # a line through these crosses zero before w = 1: T(1) stays >= T(2) / 2
+    assert steep.relative(2) == pytest.approx(2.0)
 
 
 def test_acceptance_model_converges_and_forgets():

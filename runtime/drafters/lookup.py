@@ -62,6 +62,9 @@ class LookupModelDrafter:
         self.lookup = NgramDrafter(max_n=max_n, min_n=min_n)
         self.name = f"{model.name}+lookup:{min_n}"
         self.weight_bytes_per_token = model.weight_bytes_per_token  # what a model round reads per drafted token
+        # the adaptive length's budget is the model's (kind 0), not the last round's source: a 2-token match that is
+        # usually cut after one token must not cut the next model draft to one token
+        self.budget_kind = 0
         self.rounds = {"lookup": 0, "model": 0}  # which part made each draft (for --stats and tests)
         self.explore, self.clock = explore, clock
         self.extend = extend  # let a lookup match end a model draft (see _extension)
