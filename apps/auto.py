@@ -3,8 +3,9 @@ with the most expected tokens/s (perf/profile.py). Used by `generate/chat --auto
 `specedge bench --profile-device / --auto` (apps/bench_cmd.py).
 
 Profiles live at <model cache>/profiles/<key>.json; the key covers the model file (or artifact manifest), backend,
-its engine version, threads and device. A missing, stale or corrupt profile is re-measured (about 10-30 s for a
-135M model), with a message on stderr saying why.
+its engine version, threads and device. A missing, stale or corrupt profile is re-measured (for a 135M model on 2
+cores about 20 s plus 25 s per draft model candidate: each drafter decodes the profile prompts twice, at fixed k and
+with the adaptive length), with a message on stderr saying why.
 """
 from __future__ import annotations
 
@@ -101,7 +102,8 @@ def load_or_measure(target: LoadedModel, label: str, specs: Sequence[str], *, th
             return old, path
         why = f"the device profile {path} has no measurements for {missing}"
         specs = list(old.drafters) + missing
-    log(f"{why}: measuring {label} (T(n), drafters {', '.join(specs)}; about 10-30 s)")
+    log(f"{why}: measuring {label} (T(n), drafters {', '.join(specs)}; each drafter decodes {settings.prompts} "
+        "prompts twice)")
     params = SamplingParams()  # profiles are measured greedily
     drafters = {s: make_drafter(DrafterSpec.parse(s), target, params, ctx=ctx, threads=threads, cache_dir=cache_dir,
                                 device=device) for s in specs}

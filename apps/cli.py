@@ -58,7 +58,7 @@ def decoding_options(f):
                      help="ONNX Runtime execution provider (--backend onnx); auto says what it picked."),
         click.option("--auto", is_flag=True,
                      help="Pick the drafter and k with the most expected tokens/s from this machine's device profile "
-                          "for the model/backend/threads (measured and cached on first use, ~10-30 s); the choice "
+                          "for the model/backend/threads (measured and cached on first use, 1-5 min); the choice "
                           "goes to stderr. --drafter, if not ngram, is a candidate too."),
         CACHE_OPT,
     ]
