@@ -160,3 +160,19 @@ def test_a_match_length_slower_than_the_model_is_passed_over_and_retried():
     assert sources[2:] == [False, False, False, True] * 3
     sources = [round_(4, 5) for _ in range(16)]  # lookup improves: 200 tok/s against the model's 100
     assert sources[:8] == [False, False, False, True] * 2 and all(sources[8:])
+    d.begin(context)  # a new sequence: its rates start afresh, so the match is tried at once
+    assert not d.rates and round_(1, 5) and not round_(1, 5)
+    assert len(d.rates) == 2 and all(r.rounds == 1 for r in d.rates.values())
+
+
+def test_the_adaptive_budget_of_a_hybrid_is_the_model_kind_not_the_last_rounds():
+    """After a lookup round whose 1-token matches are always rejected, the model must still be asked for the long
+    draft its own acceptance pays for (the decode loop passes `budget_kind`; the last kind seen would be the match's)."""
+    from specedge.runtime.draft_length import AdaptiveDraftLength
+    policy = AdaptiveDraftLength(k_max=8)
+    for _ in range(50):
+        policy.observe(0, 8, 8, 9, 0.0235)  # model drafts: all 8 accepted; target calls 10 ms + 1.5 ms per position
+        policy.observe(1, 4, 0, 5, 0.0175)  # 1-token matches: never accepted (the last kind seen)
+    assert policy.budget(8) == 1 and policy.budget(8, 0) == 8
+    table = random_markov_table(5, seed=0)
+    assert LookupModelDrafter(ModelDrafter(MarkovBackend(table), GREEDY), 1).budget_kind == 0
