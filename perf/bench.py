@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..runtime.stats import DecodeStats, mbsu
+from .bench_report import k_label
 from .devset import Prompt, load_prompts
 
 # (prompt) -> (generated token ids, without EOS; the prompt's decoding statistics)
@@ -44,7 +45,7 @@ class Config:
     def label(self) -> str:
         if self.drafter == "none":
             return f"{self.target} plain"
-        return f"{self.target} {self.drafter} k{'<=' if self.adaptive else '='}{self.k}"
+        return f"{self.target} {self.drafter} {k_label(self.k, self.adaptive)}"
 
 
 @dataclass

@@ -151,6 +151,11 @@ def _f(x, fmt="{:.2f}", none="-"):
     return none if x is None else fmt.format(x)
 
 
+def k_label(k: int, adaptive: bool) -> str:
+    """k=5 for a fixed draft length, k<=8 for an adaptive one (its maximum)."""
+    return f"k{'<=' if adaptive else '='}{k}"
+
+
 def markdown(results: dict) -> str:
     """Summary tables: every configuration overall, speedup (tau) by category, time split and bytes."""
     env, rows, cats = results["environment"], results["configs"], results["categories"]
@@ -192,7 +197,7 @@ def markdown(results: dict) -> str:
                   "| target | chosen | predicted tok/s | measured | plain predicted | plain measured | speedup "
                   "predicted | measured | profile |", "|---|---|---|---|---|---|---|---|---|"]
         for a in results["auto"]:
-            k = f"k{'<=' if a.get('adaptive') else '='}{a['k']}"
+            k = k_label(a["k"], a.get("adaptive", False))
             chosen = "plain" if a["drafter"] == "none" else f"{a['drafter']} {k}"
             lines.append(f"| {a['target']} | {chosen} | {a['predicted_tok_s']:.1f} | "
                          f"{_f(a['measured_tok_s'], '{:.1f}')} | {a['plain_predicted_tok_s']:.1f} | "

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from ..runtime.draft_length import expected_tokens
-from .bench_report import check_schema
+from .bench_report import check_schema, k_label
 
 PROFILE_SCHEMA_VERSION = 3  # 2: a draft model's cost measured at one k is per token (profile_measure.draft_cost);
 # 3: each drafter also measured with the adaptive draft length
@@ -157,11 +157,6 @@ class Choice:
         what = "plain decoding" if self.drafter == PLAIN else f"drafter {self.drafter} {k_label(self.k, self.adaptive)}"
         return (f"{what}: predicted {self.predicted_tok_s:.1f} tok/s (plain {self.plain_tok_s:.1f} tok/s, "
                 f"{self.predicted_tok_s / self.plain_tok_s:.2f}x)")
-
-
-def k_label(k: int, adaptive: bool) -> str:
-    """k=5 for a fixed draft length, k<=8 for an adaptive one."""
-    return f"k{'<=' if adaptive else '='}{k}"
 
 
 def predict(profile: DeviceProfile, drafter: str, k: int) -> Candidate:

@@ -35,6 +35,7 @@ class VerifyCost:
         self._t: dict[int, float] = {}
         self._t1: float | None = None
         self._slope: float | None = None  # seconds per position of the line through the observed widths (>= 2 of them)
+        self._points: dict[int, float] = {}  # width -> seconds: the observed widths and the T(1) estimate
 
     def observe(self, width: int, seconds: float) -> None:
         old = self._t.get(width)
@@ -43,19 +44,18 @@ class VerifyCost:
         else:  # clip outliers (a preempted call) so one bad sample cannot swing the choice
             self._t[width] = old + self.weight * (min(seconds, 3 * old) - old)
         widths = sorted(self._t)
-        self._slope = (max(float(np.polyfit(widths, [self._t[w] for w in widths], 1)[0]), 0.0)
-                       if len(widths) >= 2 else None)
-        self._t1 = self._estimate_t1()
+        times = [self._t[w] for w in widths]
+        self._slope = max(float(np.polyfit(widths, times, 1)[0]), 0.0) if len(widths) >= 2 else None
+        self._t1 = self._estimate_t1(widths, times)
+        self._points = {1: self._t1, **self._t}
 
-    def _estimate_t1(self) -> float:
+    def _estimate_t1(self, widths: list[int], times: list[float]) -> float:
         """T(1): observed, or (a drafter that always drafts never runs a 1-wide call) the least-squares line through
         the observed widths taken back to w = 1, no lower than T(w_min) / w_min (a fully compute-bound kernel);
         from one width, the prior slope. Before this, an unobserved T(1) left the whole curve at the prior slope
         (0.15 per position), which on a flat kernel (fp32 SmolLM2: 0.05) cut a model drafter's drafts short."""
-        if 1 in self._t:
-            return self._t[1]
-        widths = sorted(self._t)
-        times = np.array([self._t[w] for w in widths])
+        if widths[0] == 1:
+            return times[0]
         floor = times[0] / widths[0]
         if self._slope is None:
             return max(times[0] / (1.0 + self.prior_slope * (widths[0] - 1)), floor)
@@ -73,7 +73,7 @@ class VerifyCost:
         (fp32 SmolLM2: widths 3-6 seen, T(9)/T(1) taken as 1.52 against 1.40 measured, drafts cut at 5-6)."""
         if self._t1 is None or width == 1:
             return 1.0 + self.prior_slope * (width - 1)
-        t = {1: self._t1, **self._t}
+        t = self._points
         if width in t:
             return t[width] / self._t1
         lo = max(w for w in t if w < width)
