@@ -28,7 +28,7 @@ from ..runtime.session import Session
 from ..runtime.stats import DecodeStats
 from ..runtime.types import FinishReason, SamplingParams
 from ..runtime.verify import VerifierKind
-from .engine import DrafterSpec, LoadedModel, load_model, make_drafter
+from ..assembly.load import DrafterSpec, LoadedModel, load_model, make_drafter
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from ..models.catalog import resolve_model
 from ..perf import bench
 from ..perf.bench_llama import llama_available, llama_configs
 from ..perf.bench_report import SCHEMA_VERSION, environment, verify_cost_plot, write_reports
-from .auto import choice_table, profile_rows, tune_targets
+from ..assembly.auto import choice_table, profile_rows, tune_targets
 
 
 def _write_profiles(tuned, out: Path) -> None:
@@ -162,7 +162,7 @@ def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, categ
             if not llama_available():
                 raise ImportError("--baselines need llama-cpp-python (pip install 'specedge[llama]'); or pass "
                                   "--no-baselines")
-            from ..export.gguf_in import open_gguf
+            from ..models.gguf_in import open_gguf
             from ..runtime.tokenizer import Tokenizer
             gguf = resolve_model(model, cache_dir)
             tokenizer = Tokenizer(open_gguf(gguf).tokenizer_spec())

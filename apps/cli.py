@@ -15,7 +15,7 @@ from ..runtime.stats import DecodeStats
 from ..runtime.types import FinishReason, SamplingParams
 from ..runtime.backends.onnx_providers import Device
 from ..runtime.verify import VerifierKind
-from .engine import DrafterSpec, load_model, make_drafter
+from ..assembly.load import DrafterSpec, load_model, make_drafter
 from .bench_cmd import bench_cmd
 from .export_cmd import export_cmd
 from .chat_cmd import chat_command
@@ -83,7 +83,7 @@ def setup(o):
         target = load_model(o["model"], BackendKind(o["backend"]), ctx=o["ctx"], threads=o["threads"],
                             cache_dir=o["cache_dir"], device=o["device"], log=lambda m: click.echo(m, err=True))
         if o.get("auto"):
-            from .auto import auto_options
+            from ..assembly.auto import auto_options
             o.update(auto_options(o, target, log=lambda m: click.echo(m, err=True)))
         spec = DrafterSpec.parse(o["drafter"])
         drafter = make_drafter(spec, target, params, ctx=o["ctx"], threads=o["threads"], cache_dir=o["cache_dir"],
@@ -159,7 +159,7 @@ def generate(**o) -> None:
     prompt_ids = target.tokenizer.encode(text)
     base, decoder = None, None
     if o["lossy"]:
-        from .loradrop_cmd import lossy_decoder
+        from ..assembly.loradrop import lossy_decoder
         try:
             decoder = lossy_decoder(o["lossy"], target, cache_dir=o["cache_dir"], ctx=o["ctx"])
         except (ValueError, FileNotFoundError) as e:
@@ -204,7 +204,7 @@ def engine_from(o):
                         verifier=o["verifier"], ctx=o["ctx"], threads=o["threads"], device=o["device"],
                         cache_dir=o["cache_dir"], log=log)
         if o.get("auto"):  # the profile's choice replaces --drafter / --k (apps/auto.py)
-            from .auto import auto_options
+            from ..assembly.auto import auto_options
             o.update(auto_options(o, engine.model, log=log))
             engine.set_drafter(o["drafter"])
             engine.k, engine.adaptive_k = o["k"], o["adaptive_k"]

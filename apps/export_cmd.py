@@ -22,11 +22,11 @@ from pathlib import Path
 
 import click
 
-from ..export.gguf_in import open_gguf
-from ..export.hf_in import is_hf_dir, open_hf
+from ..models.gguf_in import open_gguf
+from ..models.hf_in import is_hf_dir, open_hf
 from ..models.catalog import model_cache_dir, pid_alive, resolve_model
 from ..models.manifest import MANIFEST
-from .engine import artifact_name
+from ..assembly.load import artifact_name
 
 ONNX_WEIGHTS = ("fp32", "fp16", "int8", "int4", "int8-dynamic")
 GGUF_DTYPES = {"fp32": "f32", "fp16": "f16", "keep": "keep"}
@@ -198,7 +198,8 @@ def _export_drafter_vocab(out, source, hf_model, weights, n, target, limit, toke
     """Calibrate on the target's greedy completions, keep the top n ids (and the special ids), write the heads."""
     from ..export.onnx_export import FloatSource, GGUFSource
     from ..export.onnx_linear import ExportOptions, WeightFormat
-    from ..export.vocab_trim import calibrate_model, top_ids, write_drafter_vocab
+    from ..assembly.calibrate import calibrate_model
+    from ..export.vocab_trim import top_ids, write_drafter_vocab
     src = GGUFSource(source) if hf_model is None else FloatSource(hf_model.load_weights(), hf_model.tensor_types())
     spec = (source or hf_model).tokenizer_spec()
     cfg = src.weights.config
@@ -243,8 +244,8 @@ def _static_shape(profile, weights, verify_width, max_context, config):
 def _export_lora_drop(model, text, out, cache_dir) -> None:
     from ..runtime.backends import BackendKind
     from ..runtime.loradrop import LoRADropSpec
-    from .engine import load_model
-    from .loradrop_cmd import export_lora_drop
+    from ..assembly.load import load_model
+    from ..assembly.loradrop import export_lora_drop
     try:
         spec = LoRADropSpec.parse(text)
         loaded = load_model(model, BackendKind.NUMPY, cache_dir=cache_dir)

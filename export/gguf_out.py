@@ -23,7 +23,7 @@ from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType
 
 from ..models.config import ModelConfig, Weights
 from ..models.family_base import canonical_to_gguf
-from .gguf_in import GGUFModel
+from ..models.gguf_in import GGUFModel
 
 _DTYPES = {"f32": (GGMLQuantizationType.F32, LlamaFileType.ALL_F32),
            "f16": (GGMLQuantizationType.F16, LlamaFileType.MOSTLY_F16)}

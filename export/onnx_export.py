@@ -28,8 +28,8 @@ from ..models.config import Weights
 from ..models.manifest import FORMAT, FORMAT_VERSION, LAYERED_FORMAT_VERSION, MANIFEST, STATIC_FORMAT_VERSION, \
     Profile, config_to_dict, sha256_file
 from ..models.tokenizer_spec import TokenizerSpec
-from .gguf_in import GGUFModel
-from .hf_in import HFModel
+from ..models.gguf_in import GGUFModel
+from ..models.hf_in import HFModel
 from .onnx_graph import PAD_ROWS, GraphIO, build_decoder
 from .onnx_layered import LAYERED_DATA, build_layered, layered_fields, save_layered
 from .onnx_ir import IR_VERSION, MS_OPSET, OPSET

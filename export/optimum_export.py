@@ -28,10 +28,10 @@ from ..models.errors import ModelFileError
 from ..models.manifest import MANIFEST, OPTIMUM_FORMAT, OPTIMUM_FORMAT_VERSION, config_to_dict, sha256_file
 from ..runtime.backends.ort_threads import foreign_sessions
 from ..runtime.kv import LengthCursor
-from .hf_in import read_config
+from ..models.hf_in import read_config
 from .onnx_export import record_gate, write_tokenizer
 from .parity_gate import GateReport, Tolerance, gate_prompts, measure
-from .tokenizer_hf import tokenizer_spec_from_hf
+from ..models.tokenizer_hf import tokenizer_spec_from_hf
 
 TASK = "text-generation-with-past"
 MODEL_FILE = "model.onnx"

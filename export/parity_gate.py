@@ -115,7 +115,7 @@ def check_artifact(artifact: str | Path, weights: Weights, tokenizer: Tokenizer,
 def main(argv=None) -> None:
     import argparse
     import sys
-    from .gguf_in import open_gguf
+    from ..models.gguf_in import open_gguf
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("artifact")
     ap.add_argument("source", help="the GGUF the artifact was exported from")

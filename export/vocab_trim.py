@@ -66,38 +66,6 @@ def calibrate(target, tokenizer, prompts: Sequence[str], *, max_tokens: int = 64
     return counts, n
 
 
-def calibrate_model(target: str, *, limit: int | None = 10, max_tokens: int = 64, cache_dir: Path | None = None,
-                    threads: int | None = None) -> tuple[np.ndarray, Calibration]:
-    """Counts from the target model (catalogue name, .gguf or Hugging Face directory) on the dev-set prompts
-    (perf/devset.py, `limit` spread across categories), with its fastest engine here: llama.cpp on a GGUF when
-    llama-cpp-python is installed, else the NumPy reference. returns: (counts [V], provenance)."""
-    from ..models.catalog import resolve_model
-    from ..perf.devset import default_devset, load_prompts
-    from ..runtime.backends import BackendKind, open_backend
-    from ..runtime.tokenizer import Tokenizer
-    from .gguf_in import open_gguf
-    from .hf_in import is_hf_dir, open_hf
-    prompts = [p.text for p in load_prompts(limit=limit)]
-    if is_hf_dir(target):
-        from ..runtime.backends.numpy_ref import NumpyBackend
-        hf = open_hf(target)
-        tokenizer, engine, backend = Tokenizer(hf.tokenizer_spec()), "numpy", NumpyBackend(hf.load_weights())
-    else:
-        gguf = open_gguf(resolve_model(target, cache_dir))
-        tokenizer = Tokenizer(gguf.tokenizer_spec())
-        try:
-            import llama_cpp  # noqa: F401
-            kind = BackendKind.LLAMACPP
-        except ImportError:
-            kind = BackendKind.NUMPY
-        longest = max(len(tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": t}])))
-                      for t in prompts)
-        n_ctx = min(gguf.config.context_length, longest + max_tokens + 8)  # llama.cpp keeps [n_ctx, V] scores
-        engine, backend = kind.value, open_backend(kind, gguf, n_ctx=n_ctx, n_threads=threads)
-    counts, n = calibrate(backend, tokenizer, prompts, max_tokens=max_tokens)
-    return counts, Calibration(Path(target).name, engine, len(prompts), max_tokens, n, str(default_devset().name))
-
-
 def top_ids(counts: np.ndarray, n: int, keep: Sequence[int] = ()) -> np.ndarray:
     """The n ids with the highest counts, ties to the lower id, every id of `keep` included; int32 ascending.
 

@@ -15,7 +15,7 @@ from gguf.quants import quantize
 from .config import ModelConfig
 from .families import family
 from .family_base import canonical_to_gguf
-from ..export.tokenizer_gguf import TOKEN_CONTROL
+from .tokenizer_gguf import TOKEN_CONTROL
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHATML = (

@@ -18,8 +18,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..runtime.stats import DecodeStats, mbsu
-from .bench_report import k_label
-from .devset import Prompt, load_prompts
+from ..assembly.profile import k_label
+from ..assembly.spec import parse_target
+from ..assembly.devset import Prompt, load_prompts
 
 # (prompt) -> (generated token ids, without EOS; the prompt's decoding statistics)
 Runner = Callable[[Prompt], "tuple[list[int], DecodeStats]"]
@@ -243,17 +244,6 @@ def write_json(path: Path, obj: dict) -> None:
 
 # -- configurations ---------------------------------------------------------------------------------------------
 
-def parse_target(text: str, default_model: str):
-    """'onnx:/path/to/artifact' | 'llamacpp' | 'numpy:model.gguf' -> (BackendKind, model)."""
-    from ..runtime.backends import BackendKind
-    kind, _, model = text.partition(":")
-    try:
-        return BackendKind(kind), model or default_model
-    except ValueError:
-        raise ValueError(f"unknown target backend {kind!r} in {text!r}; use "
-                         f"{', '.join(k.value for k in BackendKind)}[:model]") from None
-
-
 def drafter_for(text: str, kind, target: str | None = None) -> str | None:
     """'spec' applies to every target; 'spec@backend' only to targets on that backend (a model drafter names a GGUF
     for llamacpp and an exported artifact for onnx), 'spec@backend:artifact' only to that target (a self-speculative
@@ -277,7 +267,7 @@ def specedge_configs(targets: Sequence[str], drafters: Sequence[str], ks: Sequen
                      cache_dir: Path | None = None) -> list[Config]:
     """Greedy configurations: each target plain first, then each drafter x k x adaptive mode on it. Chat template
     applied as in chat use."""
-    from ..apps.engine import DrafterSpec, load_model, make_drafter
+    from ..assembly.load import DrafterSpec, load_model, make_drafter
     from ..runtime.generate import generate
     from ..runtime.types import SamplingParams
 

@@ -2,12 +2,13 @@
 the environment every report records (package versions, threads, CPU model and flags, git commit, command line)."""
 from __future__ import annotations
 
-import importlib.metadata
 import json
-import platform
-import subprocess
 import time
 from pathlib import Path
+
+from ..assembly.environment import SIMD, environment  # noqa: F401  (environment: re-exported for the bench command)
+from ..assembly.profile import k_label
+from ..assembly.schema import check_schema as _check_schema
 
 SCHEMA_VERSION = 2  # 2: predicted_tokens_per_s on every configuration; 'auto' and 'profiles' from --auto
 
@@ -84,76 +85,13 @@ RESULTS_SCHEMA = {
     },
 }
 
-_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
-
-
-def check_schema(obj, schema: dict = RESULTS_SCHEMA, where: str = "$") -> list[str]:
-    """The JSON-schema subset RESULTS_SCHEMA uses (type, enum, required, properties, additionalProperties, items);
-    returns the violations (empty when valid). Used where the jsonschema package is not installed."""
-    errors = []
-    types = schema.get("type")
-    if types is not None:
-        types = [types] if isinstance(types, str) else types
-        ok = any(isinstance(obj, (int, float)) and not isinstance(obj, bool) if t == "number" else
-                 isinstance(obj, int) and not isinstance(obj, bool) if t == "integer" else isinstance(obj, _TYPES[t])
-                 for t in types)
-        if not ok:
-            return [f"{where}: expected {'/'.join(types)}, got {type(obj).__name__}"]
-    if "enum" in schema and obj not in schema["enum"]:
-        errors.append(f"{where}: {obj!r} not in {schema['enum']}")
-    if isinstance(obj, dict):
-        errors += [f"{where}: missing {k!r}" for k in schema.get("required", []) if k not in obj]
-        props = schema.get("properties", {})
-        for k, v in obj.items():
-            sub = props.get(k, schema.get("additionalProperties"))
-            if isinstance(sub, dict):
-                errors += check_schema(v, sub, f"{where}.{k}")
-    if isinstance(obj, list) and "items" in schema:
-        for i, v in enumerate(obj):
-            errors += check_schema(v, schema["items"], f"{where}[{i}]")
-    return errors
-
-
-def environment(threads: int | None, root: Path | None = None) -> dict:
-    """Package versions, threads, CPU model and SIMD flags (/proc/cpuinfo), git commit of the project checkout."""
-    packages = {}
-    for name in ("specedge", "numpy", "onnxruntime", "onnx", "llama_cpp_python", "tokenizers", "gguf"):
-        try:
-            packages[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            packages[name] = None
-    model, flags = platform.processor() or platform.machine(), []
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, val = line.partition(":")
-            if key.strip() == "model name" and val.strip():
-                model = val.strip()
-            elif key.strip() in ("flags", "Features") and not flags:
-                flags = val.split()
-    except OSError:
-        pass
-    commit = None
-    try:
-        root = root or Path(__file__).resolve().parent.parent
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return {"packages": packages, "python": platform.python_version(), "platform": platform.platform(),
-            "threads": threads, "cpu_model": model, "cpu_flags": flags, "git_commit": commit}
-
-
-SIMD = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx_vnni",
-        "amx_tile", "amx_int8", "amx_bf16", "neon", "asimd", "asimddp", "sve", "i8mm")
-
-
 def _f(x, fmt="{:.2f}", none="-"):
     return none if x is None else fmt.format(x)
 
 
-def k_label(k: int, adaptive: bool) -> str:
-    """k=5 for a fixed draft length, k<=8 for an adaptive one (its maximum)."""
-    return f"k{'<=' if adaptive else '='}{k}"
+def check_schema(obj, schema: dict = RESULTS_SCHEMA, where: str = "$") -> list[str]:
+    """Violations of RESULTS_SCHEMA (or another schema) in obj; empty when valid."""
+    return _check_schema(obj, schema, where)
 
 
 def markdown(results: dict) -> str:

@@ -182,7 +182,7 @@ def run_load(url: str, prompts: list[list[dict]], expected: list[str], *, client
 
 
 def dev_messages(n: int) -> list[list[dict]]:
-    from .devset import load_prompts
+    from ..assembly.devset import load_prompts
     return [[{"role": "user", "content": p.text}] for p in load_prompts(limit=n)]
 
 

@@ -15,8 +15,8 @@ import time
 
 import numpy as np
 
-from ..apps.engine import load_model
-from ..apps.loradrop_cmd import calibration_tokens
+from ..assembly.load import load_model
+from ..assembly.loradrop import calibration_tokens
 from ..runtime.backends import BackendKind
 from ..runtime.loradrop import LoRADropSpec, Schedule, droppable_layers, fit, pure_reuse
 

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..export.gguf_in import GGUFModel, open_gguf
+from ..models.gguf_in import GGUFModel, open_gguf
 from ..export.gguf_out import write_gguf
 from ..runtime.backends.numpy_ref import NumpyBackend
 from ..runtime.tokenizer import Tokenizer
-from .devset import load_prompts
+from ..assembly.devset import load_prompts
 
 
 @dataclass(frozen=True)

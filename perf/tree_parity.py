@@ -14,8 +14,8 @@ import argparse
 
 import numpy as np
 
-from ..apps.engine import load_model
-from .devset import load_prompts
+from ..assembly.load import load_model
+from ..assembly.devset import load_prompts
 from .greedy_table import parse_target
 
 

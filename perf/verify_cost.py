@@ -22,31 +22,12 @@ import time
 
 import numpy as np
 
-from ..apps.engine import load_model
+from ..assembly.load import load_model
+from ..assembly.timing import heap_tree_mask, time_forward  # noqa: F401  (heap_tree_mask: tests)
 from ..runtime.decode import decode
 from ..runtime.stats import DecodeStats
 from ..runtime.types import SamplingParams
 from .greedy_table import parse_target
-
-
-def heap_tree_mask(n: int, fanout: int) -> np.ndarray:
-    """Ancestor-or-self mask [n, n] of the tree where node i's parent is (i - 1) // fanout (BFS order)."""
-    mask = np.eye(n, dtype=bool)
-    for i in range(1, n):
-        mask[i] |= mask[(i - 1) // fanout]
-    return mask
-
-
-def time_forward(backend, cache, n: int, rng: np.random.Generator, clock=time.perf_counter,
-                 tree_fanout: int | None = None) -> float:
-    base = cache.length
-    toks = rng.integers(0, backend.config.vocab_size, n).astype(np.int32)
-    mask = None if tree_fanout is None else heap_tree_mask(n, tree_fanout)
-    t0 = clock()
-    backend.forward(toks, cache, tree_mask=mask)
-    dt = clock() - t0
-    cache.rollback(base)
-    return dt
 
 
 def plain_tok_s(backend, n_decode: int, rng: np.random.Generator) -> float:

@@ -21,11 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..apps.engine import load_onnx
-from ..export.gguf_in import open_gguf
+from ..assembly.load import load_onnx
+from ..models.gguf_in import open_gguf
 from ..export.onnx_export import GGUFSource
 from ..export.onnx_linear import ExportOptions, WeightFormat
-from ..export.vocab_trim import calibrate_model, top_ids, write_drafter_vocab
+from ..assembly.calibrate import calibrate_model
+from ..export.vocab_trim import top_ids, write_drafter_vocab
 from ..models.catalog import resolve_model
 from ..models.manifest import MANIFEST, read_manifest
 from ..runtime.backends import open_onnx
@@ -34,7 +35,7 @@ from ..runtime.drafters.model import ModelDrafter
 from ..runtime.stats import DecodeStats
 from ..runtime.types import SamplingParams
 from ..runtime.vocab_trim import drafter_manifest, read_drafter_vocab
-from .devset import load_prompts
+from ..assembly.devset import load_prompts
 
 
 def link_artifact(src: Path, dst: Path) -> Path:

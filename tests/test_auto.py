@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from specedge.apps.cli import cli
 from specedge.models.tiny import write_tiny_gguf
-from specedge.perf.profile import DeviceProfile
+from specedge.assembly.profile import DeviceProfile
 
 from test_bench import assert_valid_results  # noqa: E402  (tests/ is on the path)
 
@@ -104,9 +104,9 @@ def test_float_onnx_targets_get_their_quantized_artifacts_as_drafter_candidates(
     lookup; a layered artifact, an artifact of another source and the target itself are not; a quantized target gets
     none."""
     pytest.importorskip("onnxruntime")
-    from specedge.apps.auto import candidate_specs
-    from specedge.apps.engine import load_model
-    from specedge.export.gguf_in import open_gguf
+    from specedge.assembly.auto import candidate_specs
+    from specedge.assembly.load import load_model
+    from specedge.models.gguf_in import open_gguf
     from specedge.export.onnx_export import export_gguf_to_onnx
     from specedge.export.onnx_linear import WeightFormat
     from specedge.runtime.backends import BackendKind

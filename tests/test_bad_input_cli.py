@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from gguf import GGUFWriter
 
 from specedge.apps.cli import cli
-from specedge.export.gguf_in import open_gguf
+from specedge.models.gguf_in import open_gguf
 from specedge.models.catalog import cached_path
 from specedge.models.tiny import write_tiny_gguf
 from specedge.models.family_base import canonical_to_gguf

@@ -10,7 +10,7 @@ from specedge.apps.cli import cli
 from specedge.models.tiny import write_tiny_gguf
 from specedge.perf import bench
 from specedge.perf.bench_report import RESULTS_SCHEMA, SCHEMA_VERSION, check_schema
-from specedge.perf.devset import Prompt
+from specedge.assembly.devset import Prompt
 from specedge.runtime.stats import DecodeStats
 from specedge.runtime.types import StepStats
 
@@ -109,7 +109,7 @@ def test_bench_end_to_end_writes_the_reports(tmp_path):
     targets, extra = ["numpy"], ["--no-baselines"]
     try:
         import onnxruntime  # noqa: F401
-        from specedge.export.gguf_in import open_gguf
+        from specedge.models.gguf_in import open_gguf
         from specedge.export.onnx_export import export_gguf_to_onnx
         from specedge.export.onnx_linear import WeightFormat
         export_gguf_to_onnx(open_gguf(path), tmp_path / "onnx", WeightFormat.FP32, gate=False)
@@ -155,7 +155,7 @@ def test_bench_end_to_end_writes_the_reports(tmp_path):
 def test_llama_baselines_take_prompts_longer_than_a_batch(tmp_path):
     """Prompt lookup's logits_all buffer: a prompt over llama-cpp-python's default n_batch (512) must not fail."""
     pytest.importorskip("llama_cpp")
-    from specedge.export.gguf_in import open_gguf
+    from specedge.models.gguf_in import open_gguf
     from specedge.perf.bench_llama import llama_configs
     from specedge.runtime.tokenizer import Tokenizer
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from specedge.export.gguf_in import open_gguf
+from specedge.models.gguf_in import open_gguf
 from specedge.models.tiny import write_tiny_gguf
 from specedge.runtime.backends.fake import MarkovBackend, random_markov_table
 from specedge.runtime.backends.numpy_ref import NumpyBackend

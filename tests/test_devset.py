@@ -1,7 +1,7 @@
 """Dev-set loading: round-robin spreading over categories or Spec-Bench's six tasks."""
 import json
 
-from specedge.perf.devset import load_prompts
+from specedge.assembly.devset import load_prompts
 
 
 def _write(tmp_path, cats):

@@ -8,8 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from specedge.apps.cli import cli
-from specedge.apps.engine import DrafterKind, DrafterSpec
-from specedge.export.gguf_in import open_gguf
+from specedge.assembly.load import DrafterKind, DrafterSpec
+from specedge.models.gguf_in import open_gguf
 from specedge.models.tiny import write_tiny_gguf
 from specedge.runtime.backends.fake import MarkovBackend, random_markov_table
 from specedge.runtime.backends.numpy_ref import NumpyBackend

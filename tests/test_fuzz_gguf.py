@@ -14,8 +14,8 @@ import re
 from hypothesis import currently_in_test_context, event, given, strategies as st
 
 from fuzz_util import EDGE_INTS, fuzz_settings, time_limit
-from specedge.export.gguf_in import open_gguf
-from specedge.export.gguf_scan import MAX_ARRAY_ITEMS, scan_gguf
+from specedge.models.gguf_in import open_gguf
+from specedge.models.gguf_scan import MAX_ARRAY_ITEMS, scan_gguf
 from specedge.models.errors import ModelFileError
 from specedge.models.tiny import write_tiny_gguf
 from specedge.runtime.tokenizer import Tokenizer

@@ -16,7 +16,7 @@ from hypothesis import given, strategies as st
 pytest.importorskip("onnx")
 
 from fuzz_util import fuzz_settings, time_limit  # noqa: E402
-from specedge.export.gguf_in import open_gguf  # noqa: E402
+from specedge.models.gguf_in import open_gguf  # noqa: E402
 from specedge.export.onnx_export import export_gguf_to_onnx  # noqa: E402
 from specedge.export.onnx_linear import WeightFormat  # noqa: E402
 from specedge.models.errors import ModelFileError  # noqa: E402

@@ -16,8 +16,8 @@ from gguf import GGUFValueType, GGUFWriter
 from hypothesis import given, strategies as st
 
 from fuzz_util import fuzz_settings, time_limit
-from specedge.export.gguf_in import open_gguf
-from specedge.export.tokenizer_gguf import tokenizer_spec_from_gguf
+from specedge.models.gguf_in import open_gguf
+from specedge.models.tokenizer_gguf import tokenizer_spec_from_gguf
 from specedge.models.errors import ModelFileError
 from specedge.models.tiny import write_tiny_gguf
 from specedge.models.tokenizer_spec import TokenizerSpec

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from specedge.export.gguf_out import write_gguf
-from specedge.export.gguf_in import open_gguf
+from specedge.models.gguf_in import open_gguf
 from specedge.models.tiny import write_tiny_gguf
 from specedge.runtime.backends.base import LayerPlan
 from specedge.runtime.backends.numpy_ref import NumpyBackend

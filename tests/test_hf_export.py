@@ -13,12 +13,12 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from specedge.apps.cli import cli  # noqa: E402
-from specedge.apps.engine import load_onnx  # noqa: E402
-from specedge.export.hf_in import open_hf  # noqa: E402
+from specedge.assembly.load import load_onnx  # noqa: E402
+from specedge.models.hf_in import open_hf  # noqa: E402
 from specedge.export.onnx_export import export_hf_to_onnx  # noqa: E402
 from specedge.export.onnx_linear import WeightFormat  # noqa: E402
 from specedge.export.optimum_export import export_via_optimum  # noqa: E402
-from specedge.export.tokenizer_gguf import build_hf_tokenizer  # noqa: E402
+from specedge.models.tokenizer_gguf import build_hf_tokenizer  # noqa: E402
 from specedge.models.errors import ModelFileError  # noqa: E402
 from specedge.models.tiny import CHATML, tiny_vocab  # noqa: E402
 from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
@@ -172,7 +172,7 @@ def test_optimum_manifest_and_engine(case):
 def test_tokenizer_spec_from_checkpoint(tmp_path):
     """bos/eos/template from tokenizer_config; add_bos from the post-processor when the config does not say;
     the template from chat_template.jinja when tokenizer_config has none."""
-    from specedge.export.tokenizer_hf import tokenizer_spec_from_hf
+    from specedge.models.tokenizer_hf import tokenizer_spec_from_hf
     from tokenizers import Tokenizer, processors
     write_tokenizer(tmp_path)
     spec = tokenizer_spec_from_hf(tmp_path, {"eos_token_id": [EOS, BOS]})

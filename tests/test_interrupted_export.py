@@ -19,7 +19,7 @@ from click.testing import CliRunner
 pytest.importorskip("onnxruntime")
 
 from specedge.apps.cli import cli  # noqa: E402
-from specedge.apps.engine import load_onnx  # noqa: E402
+from specedge.assembly.load import load_onnx  # noqa: E402
 from specedge.models.errors import ModelFileError  # noqa: E402
 from specedge.models.tiny import write_tiny_gguf  # noqa: E402
 
@@ -80,7 +80,7 @@ def test_killed_re_export_keeps_the_previous_artifact(tiny, tmp_path):
 def test_killed_api_export_is_refused_as_unfinished(tiny, tmp_path):
     """export_gguf_to_onnx writes in place: killed during its gate, the manifest still says pending."""
     out = tmp_path / "api"
-    code = (f"import os, signal; {_KILL['gate']}; from specedge.export.gguf_in import open_gguf; "
+    code = (f"import os, signal; {_KILL['gate']}; from specedge.models.gguf_in import open_gguf; "
             "from specedge.export.onnx_linear import WeightFormat; "
             f"e.export_gguf_to_onnx(open_gguf({str(tiny)!r}), {str(out)!r}, WeightFormat.FP32)")
     r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ), capture_output=True, text=True, timeout=300)

@@ -9,7 +9,7 @@ import pytest
 from specedge.models import catalog
 from specedge.models.catalog import CATALOG, CatalogEntry, list_models, model_cache_dir, pull, resolve_model
 from specedge.models.errors import ModelFileError
-from specedge.export.gguf_in import open_gguf
+from specedge.models.gguf_in import open_gguf
 from specedge.models.tiny import write_tiny_gguf
 
 

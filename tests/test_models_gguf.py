@@ -7,7 +7,7 @@ from specedge.models import llama, qwen2
 from specedge.models.errors import ModelFileError
 from specedge.models.families import SUPPORTED_ARCHS, family
 from specedge.models.family_base import canonical_to_gguf, gguf_to_canonical
-from specedge.export.gguf_in import open_gguf
+from specedge.models.gguf_in import open_gguf
 from specedge.models.tiny import tiny_config, tiny_vocab, tiny_weights, write_tiny_gguf
 
 
@@ -205,7 +205,7 @@ def test_unsupported_tokenizer_model(tiny_llama):
     m = open_gguf(tiny_llama)
     fields = m.fields("tokenizer.")
     fields["tokenizer.ggml.model"] = "llama"
-    from specedge.export.tokenizer_gguf import tokenizer_spec_from_gguf
+    from specedge.models.tokenizer_gguf import tokenizer_spec_from_gguf
     with pytest.raises(ValueError, match="unsupported tokenizer model 'llama'"):
         tokenizer_spec_from_gguf(fields)
     fields["tokenizer.ggml.model"] = "gpt2"

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from specedge.export.gguf_in import open_gguf
+from specedge.models.gguf_in import open_gguf
 from specedge.models.tiny import write_tiny_gguf
 from specedge.runtime.tokenizer import Tokenizer
 
@@ -33,7 +33,7 @@ def test_tiny_model_matches_llama_cpp(tmp_path, arch):
 def test_tiny_tokenizer_matches_llama_cpp_on_devset(tmp_path, arch):
     """Both pre-tokenizers (smollm, qwen2) on real prompts; the tiny merges make splits visible."""
     import json
-    from specedge.perf.devset import default_devset
+    from specedge.assembly.devset import default_devset
     dev = default_devset()
     path = write_tiny_gguf(tmp_path / f"{arch}.gguf", arch=arch)
     ours = Tokenizer(open_gguf(path).tokenizer_spec())

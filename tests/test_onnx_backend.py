@@ -5,7 +5,7 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from specedge.export.gguf_in import open_gguf  # noqa: E402
+from specedge.models.gguf_in import open_gguf  # noqa: E402
 from specedge.export.onnx_export import export_gguf_to_onnx  # noqa: E402
 from specedge.export.onnx_linear import WeightFormat  # noqa: E402
 from specedge.models.tiny import write_tiny_gguf  # noqa: E402

@@ -10,11 +10,11 @@ from click.testing import CliRunner
 pytest.importorskip("onnxruntime")
 
 from specedge.apps.cli import cli  # noqa: E402
-from specedge.export.gguf_in import open_gguf  # noqa: E402
+from specedge.models.gguf_in import open_gguf  # noqa: E402
 from specedge.export.onnx_export import export_gguf_to_onnx  # noqa: E402
 from specedge.export.onnx_linear import WeightFormat  # noqa: E402
 from specedge.export.parity_gate import Tolerance, check_artifact  # noqa: E402
-from specedge.export.tokenizer_gguf import build_hf_tokenizer  # noqa: E402
+from specedge.models.tokenizer_gguf import build_hf_tokenizer  # noqa: E402
 from specedge.models.manifest import sha256_file  # noqa: E402
 from specedge.models.tiny import tiny_vocab, write_tiny_gguf  # noqa: E402
 from specedge.runtime.tokenizer import Tokenizer  # noqa: E402

@@ -11,7 +11,7 @@ import onnx  # noqa: E402
 from gguf import GGMLQuantizationType  # noqa: E402
 from gguf.quants import dequantize, quantize  # noqa: E402
 
-from specedge.export.gguf_in import open_gguf  # noqa: E402
+from specedge.models.gguf_in import open_gguf  # noqa: E402
 from specedge.export.onnx_export import FloatSource, GGUFSource, export_gguf_to_onnx  # noqa: E402
 from specedge.export.onnx_linear import WeightFormat, block_quant  # noqa: E402
 from specedge.export.quant import from_gguf_blocks, pack_nbits, quantize_blocks, quantize_per_channel_int8  # noqa

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 pytest.importorskip("onnxruntime")
 
 from specedge.apps.cli import cli  # noqa: E402
-from specedge.export.gguf_in import open_gguf  # noqa: E402
+from specedge.models.gguf_in import open_gguf  # noqa: E402
 from specedge.export.onnx_export import StaticShape, export_gguf_to_onnx  # noqa: E402
 from specedge.export.onnx_linear import WeightFormat  # noqa: E402
 from specedge.models.errors import ModelFileError  # noqa: E402

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from specedge.export.gguf_in import open_gguf
+from specedge.models.gguf_in import open_gguf
 from specedge.models.tiny import write_tiny_gguf
 from specedge.perf import verify_cost
 

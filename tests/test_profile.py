@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from specedge.perf.profile import (PLAIN, DeviceProfile, DrafterProfile, choose, load_profile, predict,
+from specedge.assembly.profile import (PLAIN, DeviceProfile, DrafterProfile, choose, load_profile, predict,
                                    predict_adaptive, profile_key, save_profile)
-from specedge.perf.profile_measure import acceptance, draft_cost, fit_line
+from specedge.assembly.profile_measure import acceptance, draft_cost, fit_line
 from specedge.runtime.types import StepStats
 
 

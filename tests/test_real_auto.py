@@ -2,10 +2,10 @@
 reused, and a choice made from it. Timings are machine-dependent; only their structure and sanity are checked."""
 import pytest
 
-from specedge.apps.auto import load_or_measure
-from specedge.apps.engine import load_model
-from specedge.perf.profile import choose
-from specedge.perf.profile_measure import MeasureSettings
+from specedge.assembly.auto import load_or_measure
+from specedge.assembly.load import load_model
+from specedge.assembly.profile import choose
+from specedge.assembly.profile_measure import MeasureSettings
 from specedge.runtime.backends import BackendKind
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]

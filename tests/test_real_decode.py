@@ -9,8 +9,8 @@ the plain-decoding path, is below 0.1; each one is reported.
 import numpy as np
 import pytest
 
-from specedge.apps.engine import DrafterSpec, load_model, make_drafter
-from specedge.perf.devset import load_prompts
+from specedge.assembly.load import DrafterSpec, load_model, make_drafter
+from specedge.assembly.devset import load_prompts
 from specedge.runtime.backends import BackendKind
 from specedge.runtime.decode import decode
 from specedge.runtime.stats import DecodeStats

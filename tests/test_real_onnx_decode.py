@@ -15,8 +15,8 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from specedge.apps.engine import DrafterSpec, load_onnx, make_drafter  # noqa: E402
-from specedge.export.gguf_in import open_gguf  # noqa: E402
+from specedge.assembly.load import DrafterSpec, load_onnx, make_drafter  # noqa: E402
+from specedge.models.gguf_in import open_gguf  # noqa: E402
 from specedge.export.onnx_export import export_gguf_to_onnx  # noqa: E402
 from specedge.export.onnx_linear import WeightFormat  # noqa: E402
 from specedge.models.catalog import resolve_model  # noqa: E402

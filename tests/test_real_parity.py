@@ -7,7 +7,7 @@ and held to the level measured when this test was written.
 """
 import pytest
 
-from specedge.export.gguf_in import open_gguf
+from specedge.models.gguf_in import open_gguf
 from specedge.models.catalog import resolve_model
 from specedge.perf.parity import compare, f32_rewrite, prompt_prefixes
 from specedge.runtime.backends.numpy_ref import NumpyBackend

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from specedge.models.catalog import resolve_model
-from specedge.export.gguf_in import open_gguf
-from specedge.perf.devset import default_devset
+from specedge.models.gguf_in import open_gguf
+from specedge.assembly.devset import default_devset
 from specedge.runtime.tokenizer import Tokenizer
 
 pytestmark = [pytest.mark.real, pytest.mark.llamacpp]

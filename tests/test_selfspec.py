@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from test_numpy_backend import random_weights
 
-from specedge.apps.engine import DrafterKind, DrafterSpec
+from specedge.assembly.load import DrafterKind, DrafterSpec
 from specedge.runtime.backends.fake import MarkovBackend, random_markov_table
 from specedge.runtime.backends.numpy_ref import NumpyBackend
 from specedge.runtime.decode import decode

@@ -3,7 +3,7 @@ what is new."""
 import numpy as np
 import pytest
 
-from specedge.export.gguf_in import open_gguf
+from specedge.models.gguf_in import open_gguf
 from specedge.models.tiny import write_tiny_gguf
 from specedge.runtime.backends.numpy_ref import NumpyBackend
 from specedge.runtime.decode import decode

@@ -4,9 +4,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from specedge.export.gguf_in import open_gguf
+from specedge.models.gguf_in import open_gguf
 from specedge.models.tiny import tiny_vocab, write_tiny_gguf
-from specedge.export.tokenizer_gguf import build_hf_tokenizer
+from specedge.models.tokenizer_gguf import build_hf_tokenizer
 from specedge.runtime.tokenizer import CHATML_TEMPLATE, StreamDecoder, Tokenizer
 
 TEXTS = [

@@ -5,8 +5,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from specedge.apps.engine import DrafterKind, DrafterSpec
-from specedge.export.gguf_in import open_gguf
+from specedge.assembly.load import DrafterKind, DrafterSpec
+from specedge.models.gguf_in import open_gguf
 from specedge.models.tiny import write_tiny_gguf
 from specedge.runtime.backends.base import BackendCaps
 from specedge.runtime.backends.fake import FakeCache, MarkovBackend, random_markov_table

@@ -6,8 +6,8 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from specedge.apps.engine import DrafterSpec, LoadedModel, load_onnx, make_drafter  # noqa: E402
-from specedge.export.gguf_in import open_gguf  # noqa: E402
+from specedge.assembly.load import DrafterSpec, LoadedModel, load_onnx, make_drafter  # noqa: E402
+from specedge.models.gguf_in import open_gguf  # noqa: E402
 from specedge.export.onnx_export import GGUFSource, export_gguf_to_onnx  # noqa: E402
 from specedge.export.onnx_linear import ExportOptions, WeightFormat  # noqa: E402
 from specedge.export.vocab_trim import calibrate, top_ids, write_drafter_vocab  # noqa: E402

@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..models.catalog import model_cache_dir
-from ..perf.bench_report import environment
-from ..perf.profile import (PLAIN, Choice, DeviceProfile, choose, k_label, load_profile, model_fingerprint,
+from .environment import environment
+from .profile import (PLAIN, Choice, DeviceProfile, choose, k_label, load_profile, model_fingerprint,
                             profile_key, profile_path, save_profile)
-from ..perf.profile_measure import MeasureSettings, measure
+from .profile_measure import MeasureSettings, measure
 from ..runtime.backends import BackendKind
 from ..runtime.types import SamplingParams
-from .engine import DrafterKind, DrafterSpec, LoadedModel, load_model, make_drafter
+from .load import DrafterKind, DrafterSpec, LoadedModel, load_model, make_drafter
 
 Log = Callable[[str], None]
 _ENGINE = {BackendKind.LLAMACPP: "llama_cpp_python", BackendKind.ONNX: "onnxruntime", BackendKind.NUMPY: "numpy"}
@@ -132,7 +132,7 @@ def tune_targets(targets: Sequence[str], drafters: Sequence[str], *, model: str,
                  cache_dir: Path | None, force: bool, log: Log) -> list[Tuned]:
     """bench --profile-device / --auto: per target, its profile (measured when forced, missing or stale) and the
     chosen configuration. Each target is loaded for the measurement and released before the next."""
-    from ..perf.bench import parse_target
+    from .spec import parse_target
     out = []
     for label in targets:
         kind, name = parse_target(label, model)

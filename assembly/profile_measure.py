@@ -19,7 +19,7 @@ from ..runtime.stats import DecodeStats
 from ..runtime.types import SamplingParams, StepStats
 from .devset import Prompt, load_prompts
 from .profile import DrafterProfile
-from .verify_cost import time_forward
+from .timing import time_forward
 
 
 @dataclass(frozen=True)

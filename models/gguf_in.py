@@ -13,13 +13,13 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 from gguf.gguf_writer import GGUFValue
 from gguf.quants import dequantize
 
-from ..models.config import ModelConfig, Weights
-from ..models.errors import ModelFileError
-from ..models.families import family
-from ..models.family_base import canonical_to_gguf, gguf_to_canonical
+from .config import ModelConfig, Weights
+from .errors import ModelFileError
+from .families import family
+from .family_base import canonical_to_gguf, gguf_to_canonical
 from .gguf_scan import scan_gguf
 from .tokenizer_gguf import tokenizer_spec_from_gguf
-from ..models.tokenizer_spec import TokenizerSpec
+from .tokenizer_spec import TokenizerSpec
 
 GGUF_MAGIC = b"GGUF"
 MAX_META_ARRAY = 64  # longer arrays (vocab, merges) stay out of `.metadata`; read them on demand

@@ -19,7 +19,7 @@ import numpy as np
 from ..models.catalog import model_cache_dir, resolve_model
 from ..models.errors import ModelFileError
 from ..models.manifest import MANIFEST, read_manifest
-from ..export.gguf_in import GGUFModel, open_gguf
+from ..models.gguf_in import GGUFModel, open_gguf
 from ..runtime.backends import Backend, BackendKind, open_backend, open_onnx
 from ..runtime.backends.base import require_tree
 from ..runtime.draft_stop import parse_stop
@@ -243,7 +243,7 @@ def make_drafter(spec: DrafterSpec, target: LoadedModel, params: SamplingParams,
         return drafter
     if spec.kind is DrafterKind.LORADROP:
         from ..runtime.drafters.loradrop import LoRADropDrafter
-        from .loradrop_cmd import load_corrections
+        from .loradrop import load_corrections
         return LoRADropDrafter(load_corrections(spec.model, target), params)
     if spec.tree:
         require_tree(target.backend)  # at start-up: the target verifies the tree

@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from ..models.config import ModelConfig, Weights
-from ..models.errors import ModelFileError
-from ..models.families import SUPPORTED_ARCHS, family
-from ..models.family_base import HF_IGNORED, hf_to_canonical
-from ..models.tokenizer_spec import TokenizerSpec
+from .config import ModelConfig, Weights
+from .errors import ModelFileError
+from .families import SUPPORTED_ARCHS, family
+from .family_base import HF_IGNORED, hf_to_canonical
+from .tokenizer_spec import TokenizerSpec
 from .tokenizer_hf import tokenizer_spec_from_hf
 
 CONFIG = "config.json"

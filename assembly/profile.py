@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from ..runtime.draft_length import expected_tokens
-from .bench_report import check_schema, k_label
+from .schema import check_schema
 
 PROFILE_SCHEMA_VERSION = 3  # 2: a draft model's cost measured at one k is per token (profile_measure.draft_cost);
 # 3: each drafter also measured with the adaptive draft length
@@ -70,6 +70,11 @@ PROFILE_SCHEMA = {
         "machine": {"type": "object"}, "created": {"type": "string"},
     },
 }
+
+
+def k_label(k: int, adaptive: bool) -> str:
+    """k=5 for a fixed draft length, k<=8 for an adaptive one (its maximum)."""
+    return f"k{'<=' if adaptive else '='}{k}"
 
 
 @dataclass

@@ -10,8 +10,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from ..models.family_base import special_ids
-from ..models.tokenizer_spec import TokenizerSpec
+from .family_base import special_ids
+from .tokenizer_spec import TokenizerSpec
 
 TOKEN_CONTROL = 3
 TOKEN_USER_DEFINED = 4

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from tokenizers import Tokenizer
 
-from ..models.tokenizer_spec import TokenizerSpec
+from .tokenizer_spec import TokenizerSpec
 
 
 def _json(path: Path) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..perf.devset import default_devset, load_prompts
+from .devset import default_devset, load_prompts
 from ..runtime.decode import decode
 from ..runtime.loradrop import Corrections, LoRADropSpec, fit, require_reuse
 from ..runtime.lossy import EntropySwitch, LoRADropLossy
@@ -46,7 +46,7 @@ def export_lora_drop(loaded, spec: LoRADropSpec, out: Path, n_prompts: int = 16,
 
 def lossy_decoder(text: str, target, *, cache_dir: Path | None = None, ctx: int | None = None):
     """'loradrop[:DIR]' (no DIR: pure reuse, cycle 4) or 'entropy-switch:<small-model>,<threshold>[,<dwell>]'."""
-    from .engine import load_model  # engine imports this module for the drafter
+    from .load import load_model  # engine imports this module for the drafter
     head, _, arg = text.partition(":")
     if head == "loradrop":
         return LoRADropLossy(load_corrections(arg or None, target))

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from ..models.errors import ModelFileError
+from .errors import ModelFileError
 
 SUPPORTED_VERSIONS = (2, 3)  # what gguf-py's reader reads (version 1 used 32-bit counts)
 DEFAULT_ALIGNMENT = 32

@@ -1,0 +1,40 @@
+"""The machine a measurement ran on: package versions, threads, CPU model and SIMD flags, git commit. Every report
+(bench results, device profiles) records it; the profile cache keys on it."""
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import subprocess
+from pathlib import Path
+
+SIMD = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx_vnni",
+        "amx_tile", "amx_int8", "amx_bf16", "neon", "asimd", "asimddp", "sve", "i8mm")
+
+
+def environment(threads: int | None, root: Path | None = None) -> dict:
+    """Package versions, threads, CPU model and SIMD flags (/proc/cpuinfo), git commit of the project checkout."""
+    packages = {}
+    for name in ("specedge", "numpy", "onnxruntime", "onnx", "llama_cpp_python", "tokenizers", "gguf"):
+        try:
+            packages[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            packages[name] = None
+    model, flags = platform.processor() or platform.machine(), []
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, val = line.partition(":")
+            if key.strip() == "model name" and val.strip():
+                model = val.strip()
+            elif key.strip() in ("flags", "Features") and not flags:
+                flags = val.split()
+    except OSError:
+        pass
+    commit = None
+    try:
+        root = root or Path(__file__).resolve().parent.parent
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"packages": packages, "python": platform.python_version(), "platform": platform.platform(),
+            "threads": threads, "cpu_model": model, "cpu_flags": flags, "git_commit": commit}
