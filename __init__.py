@@ -3,7 +3,7 @@
 `specedge.Engine` (apps/api.py) is the embeddable API; it is imported on first use so that `import specedge` stays
 light.
 """
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: F401  (one place, imported by the exporters without the apps)
 __all__ = ["Engine"]
 
 

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import click
 
-from .api import CallOptions, Engine
+from ..assembly.decoder import CallSettings
+from .api import Engine
 
 SAVE_FORMAT = "specedge-chat/1"
 COMMANDS = {
@@ -38,7 +39,7 @@ COMMANDS = {
     "/help": "this list",
     "/exit": "quit (also /quit, Ctrl-D, Ctrl-C twice at the prompt)",
 }
-OPTION_NAMES = tuple(f.name for f in fields(CallOptions) if f.name != "stop")
+OPTION_NAMES = tuple(f.name for f in fields(CallSettings) if f.name != "stop")
 
 
 @dataclass
@@ -65,7 +66,7 @@ class Conversation:
     """What /save writes and --load reads: the system prompt, the turns and the per-call options."""
     system: str | None = None
     messages: list[dict] = field(default_factory=list)  # {"role", "content"[, "interrupted": True]}
-    options: dict = field(default_factory=dict)  # CallOptions fields (max_tokens, temperature, ...)
+    options: dict = field(default_factory=dict)  # CallSettings fields (max_tokens, temperature, ...)
 
     def render(self) -> list[dict]:
         """The messages for the chat template (system first; only role and content)."""
@@ -106,15 +107,15 @@ def stats_line(s: dict) -> str:
 
 
 def parse_option(key: str, value: str, current: dict) -> dict:
-    """The options with KEY set to VALUE (typed as CallOptions declares it), validated. Raises ValueError."""
-    types = {f.name: type(getattr(CallOptions(), f.name)) for f in fields(CallOptions) if f.name in OPTION_NAMES}
+    """The options with KEY set to VALUE (typed as CallSettings declares it), validated. Raises ValueError."""
+    types = {f.name: type(getattr(CallSettings(), f.name)) for f in fields(CallSettings) if f.name in OPTION_NAMES}
     if key not in types:
         raise ValueError(f"unknown option {key!r}; use one of {', '.join(OPTION_NAMES)}")
     try:
         new = {**current, key: types[key](value)}
     except ValueError:
         raise ValueError(f"{key} takes a {types[key].__name__}, got {value!r}") from None
-    CallOptions(**new).sampling()  # raises ValueError naming a bad value
+    CallSettings(**new)  # raises ValueError naming a bad value
     if new.get("max_tokens", 1) < 1:
         raise ValueError(f"max_tokens must be >= 1, got {new['max_tokens']}")
     return new
@@ -270,7 +271,7 @@ class ChatLoop:
         key, _, value = arg.partition(" ")
         if not value.strip():
             for k in OPTION_NAMES:
-                click.echo(f"  {k} = {self.conv.options.get(k, getattr(CallOptions(), k))}")
+                click.echo(f"  {k} = {self.conv.options.get(k, getattr(CallSettings(), k))}")
             return
         try:
             self.conv.options = parse_option(key, value.strip(), self.conv.options)

@@ -6,16 +6,14 @@ import sys
 from pathlib import Path
 
 import click
-import numpy as np
 
+from ..assembly.decoder import CallSettings, DecodeSettings, Decoder, ModelSettings, load
+from ..assembly.load import parse_drafter
 from ..models import catalog
 from ..runtime.backends import BackendKind
-from ..runtime.generate import stream
-from ..runtime.stats import DecodeStats
-from ..runtime.types import FinishReason, SamplingParams
 from ..runtime.backends.onnx_providers import Device
+from ..runtime.stats import DecodeStats
 from ..runtime.verify import VerifierKind
-from ..assembly.load import DrafterSpec, load_model, make_drafter
 from .bench_cmd import bench_cmd
 from .export_cmd import export_cmd
 from .chat_cmd import chat_command
@@ -67,30 +65,44 @@ def decoding_options(f):
     return f
 
 
-def sampling_from(o) -> SamplingParams:
+def call_from(o) -> CallSettings:
+    """The per-call settings from the parsed options; a bad value is a clean CLI error naming it."""
     try:
-        return SamplingParams(temperature=o["temperature"], top_k=o["top_k"], top_p=o["top_p"], min_p=o["min_p"],
-                              repetition_penalty=o["repeat_penalty"])
+        return CallSettings(max_tokens=o["max_tokens"], temperature=o["temperature"], top_p=o["top_p"],
+                                         top_k=o["top_k"], min_p=o["min_p"], repeat_penalty=o["repeat_penalty"],
+                                         seed=o["seed"], stop=o.get("stop") or ())
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
 
 
-def setup(o):
-    """Load target and drafter from the parsed options; errors become clean CLI errors."""
-    params = sampling_from(o)
+def settings_from(o) -> tuple[ModelSettings, DecodeSettings]:
+    """Typed load and decode settings from the parsed options (a bad --drafter fails here, before any load)."""
     try:
-        DrafterSpec.parse(o["drafter"])  # a bad --drafter fails before the model loads
-        target = load_model(o["model"], BackendKind(o["backend"]), ctx=o["ctx"], threads=o["threads"],
-                            cache_dir=o["cache_dir"], device=o["device"], log=lambda m: click.echo(m, err=True))
+        drafter = parse_drafter(o["drafter"])
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    model = ModelSettings(o["model"], BackendKind(o["backend"]), ctx=o["ctx"], threads=o["threads"],
+                          device=o["device"], cache_dir=o["cache_dir"])
+    return model, DecodeSettings(drafter, o["k"], o["adaptive_k"], VerifierKind(o["verifier"]), o.get("lossy"))
+
+
+def _echo_err(m: str) -> None:
+    click.echo(m, err=True)
+
+
+def setup(o) -> tuple[Decoder, CallSettings]:
+    """The decoder and call settings from the parsed options (--auto: the device profile picks the drafter and k);
+    load and start-up errors become clean CLI errors."""
+    call = call_from(o)
+    model_s, decode_s = settings_from(o)
+    try:
+        target = load(model_s, log=_echo_err)
         if o.get("auto"):
-            from ..assembly.auto import auto_options
-            o.update(auto_options(o, target, log=lambda m: click.echo(m, err=True)))
-        spec = DrafterSpec.parse(o["drafter"])
-        drafter = make_drafter(spec, target, params, ctx=o["ctx"], threads=o["threads"], cache_dir=o["cache_dir"],
-                               device=o["device"])
+            from ..assembly.auto import auto_settings
+            decode_s = auto_settings(model_s, decode_s, target, log=_echo_err)
+        return Decoder(target, model_s, decode_s), call
     except (ValueError, FileNotFoundError, ImportError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
-    return target, drafter, params
 
 
 @click.group()
@@ -120,25 +132,6 @@ def models_cmd(cache_dir: Path | None) -> None:
         click.echo(f"{entry.name:24s} {entry.size / 1e6:8.1f} MB  {state}\n    {entry.description}")
 
 
-def run_once(target, drafter, params, prompt_ids, o, *, echo: bool, decoder=None):
-    stats = DecodeStats()
-    parts, tokens, reason = [], [], None
-    extra = {} if decoder is None else {"decoder": decoder}
-    for r in stream(target.backend, target.tokenizer, prompt_ids, params, drafter=drafter, k=o["k"],
-                    max_tokens=o["max_tokens"], stop=o["stop"], rng=np.random.default_rng(o["seed"]), stats=stats,
-                    ctx=o["ctx"], adaptive_k=o["adaptive_k"], verifier_kind=VerifierKind(o["verifier"]), **extra):
-        parts.append(r.text)
-        tokens.append(r.token)
-        reason = r.finish_reason
-        if echo and r.text:
-            click.echo(r.text, nl=False)
-    if echo:
-        click.echo("")
-    if reason is FinishReason.EOS:
-        tokens = tokens[:-1]
-    return "".join(parts), tokens, reason, stats
-
-
 @cli.command()
 @click.argument("model")
 @click.argument("prompt")
@@ -154,42 +147,42 @@ def run_once(target, drafter, params, prompt_ids, o, *, echo: bool, decoder=None
 def generate(**o) -> None:
     """Decode PROMPT with MODEL (catalogue name or GGUF path; with --backend onnx an exported directory or its
     cache name, e.g. smollm2-135m-onnx-int8), speculatively."""
-    target, drafter, params = setup(o)
-    text = o["prompt"] if o["raw"] else target.tokenizer.apply_chat_template([{"role": "user", "content": o["prompt"]}])
-    prompt_ids = target.tokenizer.encode(text)
-    base, decoder = None, None
-    if o["lossy"]:
-        from ..assembly.loradrop import lossy_decoder
-        try:
-            decoder = lossy_decoder(o["lossy"], target, cache_dir=o["cache_dir"], ctx=o["ctx"])
-        except (ValueError, FileNotFoundError) as e:
-            raise click.ClickException(str(e)) from None
-        drafter = None
+    decoder, call = setup(o)
+    tok = decoder.tokenizer
+    text = o["prompt"] if o["raw"] else tok.apply_chat_template([{"role": "user", "content": o["prompt"]}])
+    prompt_ids = tok.encode(text)
+    if decoder.lossy is not None:
         click.echo(f"warning: {decoder.label}: the output is NOT the model's own (quality measured in "
                    "perf/loradrop_ppl.py)", err=True)
+    base = None
     if o["baseline"]:
-        base = run_once(target, None, params, prompt_ids, o, echo=False)
+        plain = decoder.with_decode(DecodeSettings(parse_drafter("none"), decoder.settings.k))
+        base = plain.run(prompt_ids, call, stats=(base_stats := DecodeStats()))
+    stats = DecodeStats()
+    echo = None if o["as_json"] else (lambda s: click.echo(s, nl=False))
     try:
-        out_text, tokens, reason, stats = run_once(target, drafter, params, prompt_ids, o, echo=not o["as_json"],
-                                                   decoder=decoder)
+        result = decoder.run(prompt_ids, call, stats=stats, on_text=echo)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
-    report = {"drafter": o["drafter"], "backend": o["backend"], "k": o["k"], "adaptive_k": o["adaptive_k"],
+    if echo is not None:
+        click.echo("")
+    s = decoder.settings  # --auto may have replaced the drafter, k and the length policy
+    drafter = str(s.drafter) if o.get("auto") else o["drafter"]
+    report = {"drafter": drafter, "backend": o["backend"], "k": s.k, "adaptive_k": s.adaptive_k,
               "verifier": o["verifier"], **stats.to_dict()}
-    if decoder is not None:
+    if decoder.lossy is not None:
         report.update(drafter="none", lossy=decoder.label)
     if base is not None:
-        b_stats = base[3]
-        report["baseline_tokens_per_s"] = b_stats.tokens_per_s
-        report["speedup"] = stats.tokens_per_s / max(b_stats.tokens_per_s, 1e-9)
-        report["identical_to_baseline"] = base[1] == tokens
+        report["baseline_tokens_per_s"] = base_stats.tokens_per_s
+        report["speedup"] = stats.tokens_per_s / max(base_stats.tokens_per_s, 1e-9)
+        report["identical_to_baseline"] = base.tokens == result.tokens
     if o["as_json"]:
-        click.echo(json.dumps({"text": out_text, "tokens": tokens, "finish_reason": reason.value,
-                               "stats": report}))
+        click.echo(json.dumps({"text": result.text, "tokens": result.tokens,
+                               "finish_reason": result.finish_reason.value, "stats": report}))
     if o["show_stats"] or o["baseline"]:
-        line = f"[{o['backend']} {report.get('lossy') or 'drafter=' + o['drafter']} k={o['k']}] {stats.summary()}"
+        line = f"[{o['backend']} {report.get('lossy') or 'drafter=' + drafter} k={s.k}] {stats.summary()}"
         if base is not None:
-            line += (f"\n[{o['backend']} plain] {base[3].tokens_per_s:.1f} tok/s -> speedup "
+            line += (f"\n[{o['backend']} plain] {base_stats.tokens_per_s:.1f} tok/s -> speedup "
                      f"{report['speedup']:.2f}x, output identical to plain: {report['identical_to_baseline']}")
         click.echo(line, err=True)
 
@@ -197,18 +190,14 @@ def generate(**o) -> None:
 def engine_from(o):
     """An Engine (apps/api.py) from the parsed decoding options; load errors become clean CLI errors."""
     from .api import Engine
-    sampling_from(o)  # a bad sampling value fails before the model loads
-    log = lambda m: click.echo(m, err=True)  # noqa: E731
+    call_from(o)  # a bad sampling value fails before the model loads
+    model_s, decode_s = settings_from(o)
     try:
-        engine = Engine(o["model"], backend=o["backend"], drafter=o["drafter"], k=o["k"], adaptive_k=o["adaptive_k"],
-                        verifier=o["verifier"], ctx=o["ctx"], threads=o["threads"], device=o["device"],
-                        cache_dir=o["cache_dir"], log=log)
-        if o.get("auto"):  # the profile's choice replaces --drafter / --k (apps/auto.py)
-            from ..assembly.auto import auto_options
-            o.update(auto_options(o, engine.model, log=log))
-            engine.set_drafter(o["drafter"])
-            engine.k, engine.adaptive_k = o["k"], o["adaptive_k"]
-        return engine
+        target = load(model_s, log=_echo_err)
+        if o.get("auto"):  # the profile's choice replaces --drafter / --k (assembly/auto.py)
+            from ..assembly.auto import auto_settings
+            decode_s = auto_settings(model_s, decode_s, target, log=_echo_err)
+        return Engine.from_decoder(Decoder(target, model_s, decode_s), o["model"])
     except (ValueError, FileNotFoundError, ImportError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
 

@@ -128,15 +128,16 @@ def export_cmd(model, fmt, weights, out, layers, profile, verify_width, max_cont
     if drafter_vocab is not None and (static is not None or via == "optimum"):
         raise click.BadParameter("VocabTrim heads are built for our dynamic-profile graphs: drop --profile static "
                                  "and --via optimum", param_hint="--drafter-vocab")
-    from ..export.onnx_export import ParityError, Tolerance, WeightFormat, export_gguf_to_onnx, export_hf_to_onnx
+    from ..export.onnx_export import (ExportProfile, ParityError, Profile, Tolerance, WeightFormat,
+                                      export_gguf_to_onnx, export_hf_to_onnx)
     tolerance = None
     if min_top1 is not None or max_dlogit is not None:
         base = Tolerance.for_format(weights)
         tolerance = Tolerance(base.min_top1 if min_top1 is None else min_top1,
                               base.max_dlogit if max_dlogit is None else max_dlogit)
-    layered = profile == "layered"
-    out = out or model_cache_dir(cache_dir) / artifact_name(model, weights, via=via, static=static is not None,
-                                                            layered=layered)
+    kind = Profile.STATIC if static is not None else Profile(profile or "dynamic")
+    export_profile = ExportProfile(kind, static)
+    out = out or model_cache_dir(cache_dir) / artifact_name(model, weights, via=via, profile=kind)
     shape = "" if static is None else f", static W={static.verify_width} C={static.max_context}"
     click.echo(f"exporting {Path(model).name} -> {out} ({weights}{', via optimum' if via == 'optimum' else ''}"
                f"{shape})", err=True)
@@ -148,10 +149,10 @@ def export_cmd(model, fmt, weights, out, layers, profile, verify_width, max_cont
                 manifest = export_via_optimum(model, stage, tolerance=tolerance, threads=threads)
             elif hf:
                 manifest = export_hf_to_onnx(hf_model, stage, WeightFormat(weights), tolerance=tolerance,
-                                             threads=threads, static=static, layered=layered)
+                                             threads=threads, profile=export_profile)
             else:
                 manifest = export_gguf_to_onnx(source, stage, WeightFormat(weights), tolerance=tolerance,
-                                               threads=threads, static=static, layered=layered)
+                                               threads=threads, profile=export_profile)
         except ParityError as e:
             _publish(stage, out)
             raise click.ClickException(f"{e}\nthe artifact in {out} is kept for inspection and marked failed") from None

@@ -16,7 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from .api import CallOptions
+from ..assembly.decoder import CallSettings
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the rest of the context
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -57,7 +57,7 @@ class GenRequest:
     """One parsed generation request: a raw prompt (text after the chat template, or token ids) and its options."""
     chat: bool
     prompt: str | tuple[int, ...]
-    options: CallOptions
+    options: CallSettings
     stream: bool
     include_usage: bool
     max_tokens_given: bool
@@ -103,7 +103,7 @@ def _stop(body: dict) -> tuple[str, ...]:
     raise invalid(f"stop must be a string or a list of strings, got {v!r}", "stop")
 
 
-def _common(body: dict, *, chat: bool, capacity: int) -> tuple[CallOptions, bool, bool, bool]:
+def _common(body: dict, *, chat: bool, capacity: int) -> tuple[CallSettings, bool, bool, bool]:
     for name, ok in _UNSUPPORTED.items():
         if name in body and body[name] not in ok:
             raise invalid(f"{name} is not supported by specedge serve (allowed: {ok[1:] or 'leave it out'})"
@@ -118,10 +118,13 @@ def _common(body: dict, *, chat: bool, capacity: int) -> tuple[CallOptions, bool
     if max_tokens < 1:
         raise invalid(f"{name} must be >= 1, got {max_tokens}", name)
     seed = _integer(body, "seed", 0)
-    opts = CallOptions(max_tokens=max_tokens, temperature=_number(body, "temperature", 1.0),
-                       top_p=_number(body, "top_p", 1.0), top_k=_integer(body, "top_k", 0),
-                       min_p=_number(body, "min_p", 0.0), repeat_penalty=_number(body, "repeat_penalty", 1.0),
-                       seed=seed, stop=_stop(body))
+    try:  # a value out of range is a 400 naming the field (CallSettings validates at construction)
+        opts = CallSettings(max_tokens=max_tokens, temperature=_number(body, "temperature", 1.0),
+                            top_p=_number(body, "top_p", 1.0), top_k=_integer(body, "top_k", 0),
+                            min_p=_number(body, "min_p", 0.0), repeat_penalty=_number(body, "repeat_penalty", 1.0),
+                            seed=seed, stop=_stop(body))
+    except ValueError as e:
+        raise engine_error(e) from None
     stream = body.get("stream", False)
     if not isinstance(stream, bool) and stream is not None:
         raise invalid(f"stream must be true or false, got {stream!r}", "stream")

@@ -15,7 +15,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..models.catalog import model_cache_dir
 from .environment import environment
@@ -25,6 +25,9 @@ from .profile_measure import MeasureSettings, measure
 from ..runtime.backends import BackendKind
 from ..runtime.types import SamplingParams
 from .load import DrafterKind, DrafterSpec, LoadedModel, load_model, make_drafter
+
+if TYPE_CHECKING:
+    from .decoder import DecodeSettings, ModelSettings
 
 Log = Callable[[str], None]
 _ENGINE = {BackendKind.LLAMACPP: "llama_cpp_python", BackendKind.ONNX: "onnxruntime", BackendKind.NUMPY: "numpy"}
@@ -116,16 +119,18 @@ def load_or_measure(target: LoadedModel, label: str, specs: Sequence[str], *, th
     return profile, path
 
 
-def auto_options(o: dict, target: LoadedModel, log: Log) -> dict:
-    """generate/chat --auto: the options to decode with (drafter, k, fixed or adaptive) from this target's profile; the
-    requested --drafter (if not ngram/none) is measured as a candidate too. Prints the choice to stderr."""
-    specs = candidate_specs(target, [o["drafter"]])
-    profile, path = load_or_measure(target, f"{o['backend']}:{o['model']}", specs, threads=o["threads"],
-                                    device=o["device"], cache_dir=o["cache_dir"], ctx=o["ctx"], log=log)
+def auto_settings(model: "ModelSettings", decode: "DecodeSettings", target: LoadedModel, log: Log
+                  ) -> "DecodeSettings":
+    """generate/chat --auto: the decode settings (drafter, k, fixed or adaptive) from this target's profile; the
+    requested drafter (if not ngram/none) is measured as a candidate too. Prints the choice to stderr."""
+    from dataclasses import replace
+    specs = candidate_specs(target, [str(decode.drafter)])
+    profile, path = load_or_measure(target, f"{model.backend.value}:{model.model}", specs, threads=model.threads,
+                                    device=model.device, cache_dir=model.cache_dir, ctx=model.ctx, log=log)
     choice = choose(profile, specs)
     log(f"--auto: {choice.describe()}; profile {path}")
-    return {"drafter": choice.drafter, "k": choice.k if choice.drafter != PLAIN else o["k"],
-            "adaptive_k": choice.adaptive}
+    return replace(decode, drafter=DrafterSpec.parse(choice.drafter),
+                   k=choice.k if choice.drafter != PLAIN else decode.k, adaptive_k=choice.adaptive)
 
 
 def tune_targets(targets: Sequence[str], drafters: Sequence[str], *, model: str, threads: int | None, ctx: int,

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..models.catalog import model_cache_dir, resolve_model
 from ..models.errors import ModelFileError
-from ..models.manifest import MANIFEST, read_manifest
+from ..models.manifest import MANIFEST, Profile, read_manifest
 from ..models.gguf_in import GGUFModel, open_gguf
 from ..runtime.backends import Backend, BackendKind, open_backend, open_onnx
 from ..runtime.backends.base import require_tree
@@ -45,15 +45,14 @@ class LoadedModel:
     vocab_ids: np.ndarray | None = None  # int32 [N] when the backend is a VocabTrim drafter graph (logits [T, N])
 
 
-def artifact_name(model: str, weights: str, via: str = "specedge", static: bool = False, layered: bool = False
-                  ) -> str:
+def artifact_name(model: str, weights: str, via: str = "specedge", profile: Profile = Profile.DYNAMIC) -> str:
     """The cache name `specedge export` gives an artifact: smollm2-135m + int8 -> smollm2-135m-onnx-int8 (static
     profile: smollm2-135m-onnx-static-int8, layered: -onnx-layered-int8); a checkpoint directory by its name
     (path/SmolLM2-135M + fp32 -> SmolLM2-135M-onnx-fp32; via optimum: -optimum-fp32)."""
     p = Path(model)
     base = p.stem if model.endswith(".gguf") else p.resolve().name if p.is_dir() else model
-    profile = "static-" if static else "layered-" if layered else ""
-    return f"{base}-{'optimum' if via == 'optimum' else 'onnx'}-{profile}{weights}"
+    infix = "" if profile is Profile.DYNAMIC else f"{profile.value}-"
+    return f"{base}-{'optimum' if via == 'optimum' else 'onnx'}-{infix}{weights}"
 
 
 def resolve_artifact(name_or_path: str, cache_dir: Path | None = None) -> Path:
@@ -215,10 +214,25 @@ class DrafterSpec:
             raise ValueError(f"drafter {text!r}: the lookup match length is 1, 2 or 3 tokens, as +lookup:2")
         return cls(spec.kind, spec.model, stop=spec.stop, lookup=int(n) if n else 2)
 
+    def __str__(self) -> str:
+        """The canonical --drafter text: parse(str(spec)) == spec."""
+        if self.kind is DrafterKind.MODEL:
+            tail = f"+tree:{self.tree}" if self.tree else f"+lookup:{self.lookup}" if self.lookup else ""
+            return f"model:{self.model}{'+' + self.stop if self.stop else ''}{tail}"
+        if self.kind is DrafterKind.LORADROP:
+            return f"loradrop:{self.model}" if self.model else "loradrop"
+        if self.kind is DrafterKind.RECYCLE:
+            return f"recycle:{self.nodes}"
+        arg = "" if self.value is None else f":{int(self.value) if self.kind is DrafterKind.EXIT else self.value:g}"
+        return f"{self.kind.value}{arg}{'+' + self.stop if self.stop else ''}"
+
     @property
     def nodes(self) -> int:
         """DrafterKind.RECYCLE: the tree template's node count."""
         return int(self.value) if self.value is not None else 16
+
+
+parse_drafter = DrafterSpec.parse
 
 
 def make_drafter(spec: DrafterSpec, target: LoadedModel, params: SamplingParams, *, ctx: int | None = None,

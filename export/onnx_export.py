@@ -18,12 +18,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
 
-from .. import __version__
+from .._version import __version__
 from ..models.config import Weights
 from ..models.manifest import FORMAT, FORMAT_VERSION, LAYERED_FORMAT_VERSION, MANIFEST, STATIC_FORMAT_VERSION, \
     Profile, config_to_dict, sha256_file
@@ -39,6 +40,25 @@ from .parity_gate import GateReport, ParityError, Tolerance, check_artifact
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
+
+
+@dataclass(frozen=True)
+class ExportProfile:
+    """Which graph profile to build: dynamic (the default), layered, or static with its fixed shape."""
+
+    kind: Profile = Profile.DYNAMIC
+    shape: StaticShape | None = None  # Profile.STATIC: the [1, W] call width and C cache slots
+
+    def __post_init__(self) -> None:
+        if (self.kind is Profile.STATIC) != (self.shape is not None):
+            raise ValueError("a static export profile needs its StaticShape (and only a static one has a shape)")
+
+    @classmethod
+    def static(cls, shape: StaticShape) -> "ExportProfile":
+        return cls(Profile.STATIC, shape)
+
+
+DYNAMIC, LAYERED = ExportProfile(), ExportProfile(Profile.LAYERED)
 
 
 class FloatSource:
@@ -72,15 +92,14 @@ class GGUFSource(FloatSource):
 
 def export_onnx(src: FloatSource, out_dir: str | Path, opts: ExportOptions, *,
                 tokenizer: TokenizerSpec | None = None, provenance: Path | None = None,
-                static: StaticShape | None = None, layered: bool = False) -> Path:
-    """Build, save and describe one decoder artifact (the static-shape profile when `static` is given, the layered
-    profile, one graph per segment, when `layered`); returns the manifest path."""
+                profile: ExportProfile = DYNAMIC) -> Path:
+    """Build, save and describe one decoder artifact in the given profile (static: fixed shapes; layered: one graph
+    per segment); returns the manifest path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = src.weights.config
-    if layered:
-        if static is not None:
-            raise ValueError("the layered profile has dynamic shapes; pass static or layered, not both")
+    static = profile.shape
+    if profile.kind is Profile.LAYERED:
         graphs, records = build_layered(cfg, src, opts, GraphIO())
         files, shared = save_layered(graphs, out)
         fields = {"format_version": LAYERED_FORMAT_VERSION, "profile": Profile.LAYERED.value,
@@ -187,15 +206,14 @@ def gate_artifact(manifest_path: Path, weights: Weights, tokenizer: TokenizerSpe
 
 def export_gguf_to_onnx(gguf: GGUFModel, out_dir: str | Path, fmt: WeightFormat, *, accuracy_level: int = 4,
                         exact_mins: bool = True, gate: bool = True, tolerance: Tolerance | None = None,
-                        threads: int | None = None, static: StaticShape | None = None, layered: bool = False) -> Path:
+                        threads: int | None = None, profile: ExportProfile = DYNAMIC) -> Path:
     """The GGUF path of `specedge export`: blocks transcoded where exact, tokenizer and template carried over,
     then the parity gate (gate=False skips it and records "parity": null; only tests and benchmarks do that).
-    `static` selects the static-shape profile (export/onnx_static.py), `layered` the layered one
-    (export/onnx_layered.py)."""
+    `profile`: dynamic, static (export/onnx_static.py) or layered (export/onnx_layered.py)."""
     src = GGUFSource(gguf)
     spec = gguf.tokenizer_spec()
     path = export_onnx(src, out_dir, ExportOptions(fmt, accuracy_level, exact_mins), tokenizer=spec,
-                       provenance=gguf.path, static=static, layered=layered)
+                       provenance=gguf.path, profile=profile)
     if gate:
         gate_artifact(path, src.weights, spec, tolerance=tolerance, threads=threads)
     return path
@@ -203,14 +221,14 @@ def export_gguf_to_onnx(gguf: GGUFModel, out_dir: str | Path, fmt: WeightFormat,
 
 def export_hf_to_onnx(hf: HFModel, out_dir: str | Path, fmt: WeightFormat, *, accuracy_level: int = 4,
                       gate: bool = True, tolerance: Tolerance | None = None, threads: int | None = None,
-                      static: StaticShape | None = None, layered: bool = False) -> Path:
+                      profile: ExportProfile = DYNAMIC) -> Path:
     """The Hugging Face path of `specedge export`: safetensors weights (F32/F16/BF16 widened to float32; int
     formats re-quantized from them), the checkpoint's tokenizer and template, then the same parity gate.
-    `static` selects the static-shape profile (export/onnx_static.py)."""
+    `profile` as for export_gguf_to_onnx."""
     src = FloatSource(hf.load_weights(), hf.tensor_types())
     spec = hf.tokenizer_spec()
     path = export_onnx(src, out_dir, ExportOptions(fmt, accuracy_level), tokenizer=spec, provenance=hf.path,
-                       static=static, layered=layered)
+                       profile=profile)
     if gate:
         gate_artifact(path, src.weights, spec, tolerance=tolerance, threads=threads)
     return path

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__
+from .._version import __version__
 from ..models.config import ModelConfig
 from ..models.errors import ModelFileError
 from ..models.manifest import MANIFEST, OPTIMUM_FORMAT, OPTIMUM_FORMAT_VERSION, config_to_dict, sha256_file

@@ -267,18 +267,18 @@ def specedge_configs(targets: Sequence[str], drafters: Sequence[str], ks: Sequen
                      cache_dir: Path | None = None) -> list[Config]:
     """Greedy configurations: each target plain first, then each drafter x k x adaptive mode on it. Chat template
     applied as in chat use."""
-    from ..assembly.load import DrafterSpec, load_model, make_drafter
-    from ..runtime.generate import generate
-    from ..runtime.types import SamplingParams
+    from ..assembly.decoder import CallSettings, DecodeSettings, Decoder, ModelSettings, load
+    from ..assembly.load import parse_drafter
 
-    params = SamplingParams()
+    call = CallSettings(max_tokens=max_tokens)  # greedy, seed 0
     drafters = ["none"] + [d for d in drafters if d != "none"]
     for d in drafters:
         drafter_for(d, None)  # a bad qualifier fails before any model loads
     configs = []
     for t in targets:
         kind, name = parse_target(t, model)
-        target = load_model(name, kind, ctx=ctx, threads=threads, cache_dir=cache_dir, device="cpu")
+        settings = ModelSettings(name, kind, ctx=ctx, threads=threads, device="cpu", cache_dir=cache_dir)
+        target = load(settings)
         tok = target.tokenizer
         ids_of = {}
 
@@ -290,17 +290,12 @@ def specedge_configs(targets: Sequence[str], drafters: Sequence[str], ks: Sequen
         for d in (x for x in (drafter_for(d, kind, t) for d in drafters) if x is not None):
             for k, adapt in ([(0, False)] if d == "none" else [(k, a) for k in ks for a in adaptive]):
                 before = rss_mb()
-                drafter = make_drafter(DrafterSpec.parse(d), target, params, ctx=ctx, threads=threads,
-                                       cache_dir=cache_dir, device="cpu")
+                decoder = Decoder(target, settings, DecodeSettings(parse_drafter(d), max(k, 1), adapt))
 
-                def run(p: Prompt, target=target, drafter=drafter, k=k, adapt=adapt, prompt_ids=prompt_ids):
+                def run(p: Prompt, decoder=decoder, prompt_ids=prompt_ids):
                     s = DecodeStats()
-                    r = generate(target.backend, target.tokenizer, prompt_ids(p), params, drafter=drafter,
-                                 k=max(k, 1), max_tokens=max_tokens, rng=np.random.default_rng(0), stats=s, ctx=ctx,
-                                 adaptive_k=adapt)
-                    return r.tokens, s
+                    return decoder.run(prompt_ids(p), call, stats=s).tokens, s
 
                 configs.append(Config(t, d, k, adapt, run, int(target.backend.weight_bytes()),
-                                      (lambda dr=drafter: getattr(dr, "weight_bytes_per_token", 0) if dr else 0),
-                                      rss_mb() - before))
+                                      decoder.draft_bytes_per_token, rss_mb() - before))
     return configs

@@ -1,11 +1,11 @@
-"""Time to first token over a multi-turn chat, with and without KV-cache reuse across turns (apps/api.py's Engine
-keeps one Session; runtime/session.py).
+"""Time to first token over a multi-turn chat, with and without KV-cache reuse across turns (one decoder and one
+runtime/session.py Session, as apps/api.py's Engine and `specedge chat` run them).
 
     python -m specedge.perf.chat_ttft [--targets llamacpp:smollm2-135m onnx:smollm2-135m-onnx-int4] [--turns 5]
         [--max-tokens 32] [--reps 3] [--threads 2] [--out ttft.json]
 
-Per target: one Engine; a 5-turn conversation through Engine.chat (greedy, so both modes see the same answers),
-once reusing the cache (the normal chat) and once with Engine.reset() before each turn (the baseline: every turn
+Per target: one decoder; a 5-turn conversation (chat template, greedy, so both modes see the same answers),
+once reusing the cache (the normal chat) and once with a session reset before each turn (the baseline: every turn
 prefills the whole conversation). Modes alternate per repetition so machine-load drift hits both; the table shows
 the median TTFT per turn and the prompt tokens each turn prefilled.
 """
@@ -18,7 +18,25 @@ from pathlib import Path
 
 import numpy as np
 
-from ..apps.api import Engine
+from ..assembly.decoder import CallSettings, DecodeSettings, Decoder, ModelSettings, load
+from ..assembly.load import parse_drafter
+from ..runtime.backends import BackendKind
+from ..runtime.session import Session
+
+
+class Chat:
+    """A decoder and the one KV session its turns share."""
+
+    def __init__(self, decoder: Decoder) -> None:
+        self.decoder, self.session = decoder, Session(decoder.model.backend, decoder.model_settings.ctx)
+
+    def reset(self) -> None:
+        self.session.reset()
+
+    def chat(self, messages: list[dict], max_tokens: int):
+        tok = self.decoder.tokenizer
+        ids = tok.encode(tok.apply_chat_template(messages))
+        return self.decoder.run(ids, CallSettings(max_tokens=max_tokens), session=self.session)
 
 SYSTEM = ("You are a helpful, concise assistant running on a small device. Answer in plain sentences, keep answers "
           "short, and say so when you are not sure about something.")
@@ -30,7 +48,7 @@ TURNS = ("What is speculative decoding, in two sentences?",
          "Thanks. One more tip for running models on phones?")
 
 
-def conversation(engine: Engine, turns: int, max_tokens: int, reuse: bool) -> list[dict]:
+def conversation(engine: Chat, turns: int, max_tokens: int, reuse: bool) -> list[dict]:
     """One conversation of `turns` user messages; per turn: ttft_s, prompt_tokens, n_prefilled, reused."""
     engine.reset()
     messages, rows = [{"role": "system", "content": SYSTEM}], []
@@ -38,14 +56,14 @@ def conversation(engine: Engine, turns: int, max_tokens: int, reuse: bool) -> li
         messages.append({"role": "user", "content": TURNS[i % len(TURNS)]})
         if not reuse:
             engine.reset()
-        c = engine.chat(messages, max_tokens=max_tokens)
+        c = engine.chat(messages, max_tokens)
         rows.append(dict(ttft_s=c.stats["ttft_s"], prompt_tokens=c.prompt_tokens, n_prefilled=c.stats["n_prefilled"],
                          reused=c.stats["reused_prompt_tokens"]))
         messages.append({"role": "assistant", "content": c.text})
     return rows
 
 
-def measure(engine: Engine, turns: int, max_tokens: int, reps: int) -> dict:
+def measure(engine: Chat, turns: int, max_tokens: int, reps: int) -> dict:
     """Median TTFT per turn in both modes over `reps` alternating repetitions (after one warm-up conversation)."""
     conversation(engine, 1, 4, True)  # warm-up: first-call allocations out of turn 1
     runs: dict[str, list[list[dict]]] = {"reuse": [], "reset": []}
@@ -85,7 +103,8 @@ def main(argv=None) -> dict:
     results = {}
     for target in a.targets:
         backend, _, model = target.partition(":")
-        engine = Engine(model, backend=backend, drafter=a.drafter, ctx=a.ctx, threads=a.threads)
+        settings = ModelSettings(model, BackendKind(backend), ctx=a.ctx, threads=a.threads)
+        engine = Chat(Decoder(load(settings), settings, DecodeSettings(parse_drafter(a.drafter))))
         results[target] = measure(engine, a.turns, a.max_tokens, a.reps)
         print(table(f"{target} (drafter {a.drafter}, {a.max_tokens} tokens per answer, median of {a.reps})",
                     results[target]), flush=True)

@@ -5,7 +5,7 @@ The CLI, the Python API, the server and the benchmark all consume `stream`.
 from __future__ import annotations
 
 import time
-from typing import Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -73,15 +73,24 @@ def stream(target: Backend, tokenizer: Tokenizer, prompt: Tokens, params: Sampli
         yield Response(out, ev.token, ev.from_draft, rate, None)
 
 
-def generate(target: Backend, tokenizer: Tokenizer, prompt: Tokens, params: SamplingParams,
-             **kwargs) -> GenerationResult:
-    """Collect `stream` into one result (text, tokens, finish reason, stats)."""
-    stats = kwargs.pop("stats", None) or DecodeStats()
+def collect(responses: Iterable[Response], on_text: Callable[[str], None] | None = None) -> GenerationResult:
+    """Join a Response stream into one result; on_text sees each piece of text as it arrives. The EOS token is
+    dropped from the tokens (it is never in the text)."""
     parts, tokens, reason = [], [], FinishReason.LENGTH
-    for r in stream(target, tokenizer, prompt, params, stats=stats, **kwargs):
+    for r in responses:
         parts.append(r.text)
         tokens.append(r.token)
         reason = r.finish_reason or reason
+        if on_text is not None and r.text:
+            on_text(r.text)
     if reason is FinishReason.EOS:
         tokens = tokens[:-1]
-    return GenerationResult(text="".join(parts), tokens=tokens, finish_reason=reason, stats=stats)
+    return GenerationResult(text="".join(parts), tokens=tokens, finish_reason=reason)
+
+
+def generate(target: Backend, tokenizer: Tokenizer, prompt: Tokens, params: SamplingParams,
+             **kwargs) -> GenerationResult:
+    """Collect `stream` into one result (text, tokens, finish reason, stats as a dict)."""
+    stats = kwargs.pop("stats", None) or DecodeStats()
+    result = collect(stream(target, tokenizer, prompt, params, stats=stats, **kwargs))
+    return GenerationResult(result.text, result.tokens, result.finish_reason, len(prompt), stats.to_dict())

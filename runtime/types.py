@@ -92,11 +92,16 @@ class Verdict:
     kind: NextKind
 
 
-class FinishReason(enum.Enum):
+class FinishReason(str, enum.Enum):  # a str: "eos" == FinishReason.EOS for API users and JSON
     EOS = "eos"
     LENGTH = "length"
     STOP = "stop"
     CANCELLED = "cancelled"
+
+    def __str__(self) -> str:  # "eos", as in f-strings, JSON and the OpenAI finish_reason
+        return self.value
+
+    __format__ = str.__format__
 
 
 @dataclass(frozen=True)
@@ -121,9 +126,12 @@ class Response:
     finish_reason: FinishReason | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class GenerationResult:
+    """A whole answer: the Response stream collected (EOS token stripped from `tokens`, never part of `text`)."""
+
     text: str
     tokens: list[int]
     finish_reason: FinishReason
-    stats: "object" = field(default=None)  # runtime.stats.DecodeStats
+    prompt_tokens: int = 0
+    stats: dict = field(default_factory=dict)  # DecodeStats.to_dict() + the call's facts (wall_s, drafter, ttft_s...)

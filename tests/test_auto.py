@@ -107,7 +107,7 @@ def test_float_onnx_targets_get_their_quantized_artifacts_as_drafter_candidates(
     from specedge.assembly.auto import candidate_specs
     from specedge.assembly.load import load_model
     from specedge.models.gguf_in import open_gguf
-    from specedge.export.onnx_export import export_gguf_to_onnx
+    from specedge.export.onnx_export import LAYERED, export_gguf_to_onnx
     from specedge.export.onnx_linear import WeightFormat
     from specedge.runtime.backends import BackendKind
 
@@ -115,7 +115,7 @@ def test_float_onnx_targets_get_their_quantized_artifacts_as_drafter_candidates(
     arts = tmp_path / "models"
     export_gguf_to_onnx(src, arts / "a-fp32", WeightFormat.FP32, gate=False)
     export_gguf_to_onnx(src, arts / "a-int4", WeightFormat.INT4, gate=False)
-    export_gguf_to_onnx(src, arts / "a-layered-int4", WeightFormat.INT4, gate=False, layered=True)
+    export_gguf_to_onnx(src, arts / "a-layered-int4", WeightFormat.INT4, gate=False, profile=LAYERED)
     export_gguf_to_onnx(other, arts / "b-int4", WeightFormat.INT4, gate=False)
     target = load_model(str(arts / "a-fp32"), BackendKind.ONNX, threads=1)
     specs = candidate_specs(target, ["ngram"])

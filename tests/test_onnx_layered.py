@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("onnxruntime")
 
 from specedge.models.gguf_in import open_gguf  # noqa: E402
-from specedge.export.onnx_export import export_gguf_to_onnx  # noqa: E402
+from specedge.export.onnx_export import LAYERED, export_gguf_to_onnx  # noqa: E402
 from specedge.export.onnx_linear import WeightFormat  # noqa: E402
 from specedge.models.manifest import read_manifest  # noqa: E402
 from specedge.models.tiny import write_tiny_gguf  # noqa: E402
@@ -30,7 +30,7 @@ def trio(request, tmp_path_factory):
     d = tmp_path_factory.mktemp(f"layered-{request.param}")
     tied = request.param == "llama"
     gguf = open_gguf(write_tiny_gguf(d / "m.gguf", arch=request.param, n_layers=4, tied=tied, seed=7))
-    export_gguf_to_onnx(gguf, d / "layered", WeightFormat.FP32, gate=False, layered=True)
+    export_gguf_to_onnx(gguf, d / "layered", WeightFormat.FP32, gate=False, profile=LAYERED)
     export_gguf_to_onnx(gguf, d / "mono", WeightFormat.FP32, gate=False)
     return open_onnx(d / "layered", threads=1), open_onnx(d / "mono", threads=1), NumpyBackend(gguf.load_weights())
 
@@ -106,7 +106,7 @@ def test_each_tensor_is_stored_once(tmp_path):
     monolithic artifact's data, give or take alignment), reading a plan's weights counts only its layers, and all
     layers give the monolithic logits bit for bit (int8 activation rounding would amplify any difference)."""
     gguf = open_gguf(write_tiny_gguf(tmp_path / "m.gguf", n_layers=3, dtype="q4_1", seed=5))
-    export_gguf_to_onnx(gguf, tmp_path / "layered", WeightFormat.INT4, gate=False, layered=True)
+    export_gguf_to_onnx(gguf, tmp_path / "layered", WeightFormat.INT4, gate=False, profile=LAYERED)
     export_gguf_to_onnx(gguf, tmp_path / "mono", WeightFormat.INT4, gate=False)
     files = {d: json.loads((tmp_path / d / "manifest.json").read_text())["files"] for d in ("layered", "mono")}
     lay_bytes, mono_bytes = files["layered"]["weights.onnx.data"]["bytes"], files["mono"]["model.onnx.data"]["bytes"]
@@ -123,7 +123,7 @@ def test_layered_verify_batches_equal_one_token_steps_bit_for_bit(tmp_path):
     """Lossless greedy speculation rests on this (onnx_graph.attention's pad row): the layered graphs keep it, for
     all layers and for a plan."""
     gguf = open_gguf(write_tiny_gguf(tmp_path / "m.gguf", n_layers=3, dtype="q4_1", seed=5))
-    export_gguf_to_onnx(gguf, tmp_path / "layered", WeightFormat.INT4, gate=False, layered=True)
+    export_gguf_to_onnx(gguf, tmp_path / "layered", WeightFormat.INT4, gate=False, profile=LAYERED)
     lay = open_onnx(tmp_path / "layered", threads=2)
     toks = np.random.default_rng(1).integers(0, lay.config.vocab_size, 13).astype(np.int32)
     for plan in (None, LayerPlan(layers=(0, 2))):

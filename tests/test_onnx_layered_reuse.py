@@ -11,7 +11,7 @@ pytest.importorskip("onnxruntime")
 
 from specedge.apps.cli import cli  # noqa: E402
 from specedge.models.gguf_in import open_gguf  # noqa: E402
-from specedge.export.onnx_export import export_gguf_to_onnx  # noqa: E402
+from specedge.export.onnx_export import LAYERED, export_gguf_to_onnx  # noqa: E402
 from specedge.export.onnx_linear import WeightFormat  # noqa: E402
 from specedge.models.tiny import write_tiny_gguf  # noqa: E402
 from specedge.runtime.backends import LayerPlan, open_onnx  # noqa: E402
@@ -43,7 +43,7 @@ def pair(tmp_path_factory):
     """(layered fp32 ONNX, NumPy float32) over one tiny llama GGUF with 6 layers (droppable: 1, 2, 3, 5)."""
     d = tmp_path_factory.mktemp("layered-reuse")
     gguf = open_gguf(write_tiny_gguf(d / "m.gguf", n_layers=6, seed=11))
-    export_gguf_to_onnx(gguf, d / "layered", WeightFormat.FP32, gate=False, layered=True)
+    export_gguf_to_onnx(gguf, d / "layered", WeightFormat.FP32, gate=False, profile=LAYERED)
     return open_onnx(d / "layered", threads=1), NumpyBackend(gguf.load_weights())
 
 
@@ -156,7 +156,7 @@ def test_corrections_for_another_shape_are_refused(pair, corrections):
 
 def test_int4_layered_runs_drop_steps_but_refuses_lossless_trees(tmp_path):
     gguf = open_gguf(write_tiny_gguf(tmp_path / "m.gguf", n_layers=4, seed=2))
-    export_gguf_to_onnx(gguf, tmp_path / "l4", WeightFormat.INT4, gate=False, layered=True)
+    export_gguf_to_onnx(gguf, tmp_path / "l4", WeightFormat.INT4, gate=False, profile=LAYERED)
     lay = open_onnx(tmp_path / "l4", threads=1)
     assert lay.caps.layer_reuse and not lay.caps.tree_mask and "8 bits" in lay.tree_hint
 

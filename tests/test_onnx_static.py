@@ -13,7 +13,7 @@ pytest.importorskip("onnxruntime")
 
 from specedge.apps.cli import cli  # noqa: E402
 from specedge.models.gguf_in import open_gguf  # noqa: E402
-from specedge.export.onnx_export import StaticShape, export_gguf_to_onnx  # noqa: E402
+from specedge.export.onnx_export import ExportProfile, StaticShape, export_gguf_to_onnx  # noqa: E402
 from specedge.export.onnx_linear import WeightFormat  # noqa: E402
 from specedge.models.errors import ModelFileError  # noqa: E402
 from specedge.models.manifest import Profile, read_manifest  # noqa: E402
@@ -43,7 +43,7 @@ def pair(request, tmp_path_factory):
     d = tmp_path_factory.mktemp(f"static-{request.param}")
     gguf = open_gguf(write_tiny_gguf(d / "m.gguf", arch=request.param, n_layers=3, tied=request.param == "llama",
                                      seed=3))
-    export_gguf_to_onnx(gguf, d / "onnx", WeightFormat.FP32, gate=False, static=StaticShape(W, C))
+    export_gguf_to_onnx(gguf, d / "onnx", WeightFormat.FP32, gate=False, profile=ExportProfile.static(StaticShape(W, C)))
     return open_onnx(d / "onnx", threads=1), NumpyBackend(gguf.load_weights())
 
 
@@ -57,7 +57,7 @@ def _export(tiny, fmt: str, shape=StaticShape(W, 64)):
     d, gguf = tiny
     out = d / f"static-{fmt}-{shape.verify_width}-{shape.max_context}"
     if not (out / "manifest.json").is_file():
-        export_gguf_to_onnx(gguf, out, WeightFormat(fmt), gate=False, static=shape)
+        export_gguf_to_onnx(gguf, out, WeightFormat(fmt), gate=False, profile=ExportProfile.static(shape))
     return out
 
 

@@ -1,0 +1,155 @@
+"""The one path from typed settings to a token stream.
+
+    ModelSettings  --load-->  LoadedModel  --build_decoder(DecodeSettings)-->  Decoder
+    Decoder.stream(prompt_ids, CallSettings)  -> Iterator[Response]      (the CLI, Engine, server, bench)
+    Decoder.run(prompt_ids, CallSettings)     -> GenerationResult        (the same stream, collected)
+
+`specedge generate`, `specedge chat` and `specedge serve` (through apps/api.py's Engine), the Python Engine and
+`specedge bench` all build their decoder here and consume the same Response stream, so the decode arguments and the
+collect-and-strip-EOS step exist once.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from ..runtime.backends import BackendKind
+from ..runtime.drafters.base import Drafter
+from ..runtime.generate import collect, stream
+from ..runtime.session import Session
+from ..runtime.stats import DecodeStats
+from ..runtime.types import GenerationResult, Response, SamplingParams, Tokens
+from ..runtime.verify import VerifierKind
+from .load import DrafterSpec, LoadedModel, load_model, make_drafter
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """What to load: a catalogue name, GGUF path or exported artifact, on which engine, with which resources."""
+    model: str
+    backend: BackendKind = BackendKind.LLAMACPP
+    ctx: int | None = None  # KV positions (prompt + answer); None: the model's context length
+    threads: int | None = None
+    device: str = "auto"  # ONNX Runtime execution provider (runtime/backends/onnx_providers.py)
+    cache_dir: Path | None = None
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """How a decoder decodes: the drafter, the draft length and its policy, the verifier, or an opt-in lossy mode."""
+    drafter: DrafterSpec = field(default_factory=lambda: DrafterSpec.parse("ngram"))
+    k: int = 4  # the draft length; its maximum with adaptive_k
+    adaptive_k: bool = True
+    verifier: VerifierKind = VerifierKind.CHAIN
+    lossy: str | None = None  # 'loradrop[:DIR]' | 'entropy-switch:<small>,<threshold>[,<dwell>]': LOSSY, labelled
+
+
+@dataclass(frozen=True)
+class CallSettings:
+    """One call's sampling and stopping, flat as the CLI, the chat's /set and the server take them. Invalid values
+    raise ValueError naming the field at construction."""
+    max_tokens: int = 128
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        object.__setattr__(self, "stop", tuple(self.stop))
+        self.sampling()  # raises ValueError naming a bad value
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
+                              repetition_penalty=self.repeat_penalty)
+
+
+def load(settings: ModelSettings, log: Log | None = None) -> LoadedModel:
+    return load_model(settings.model, settings.backend, ctx=settings.ctx, threads=settings.threads,
+                      cache_dir=settings.cache_dir, device=settings.device, log=log)
+
+
+class Decoder:
+    """A loaded target with its drafter (or lossy mode) and decode settings; stateless between calls except what a
+    caller passes in (a Session for KV reuse, a DecodeStats to accumulate)."""
+
+    def __init__(self, model: LoadedModel, settings: ModelSettings, decode: DecodeSettings) -> None:
+        self.model, self.model_settings, self.settings = model, settings, decode
+        self.lossy = None
+        self.drafter: Drafter | None = None
+        if decode.lossy:
+            from .loradrop import lossy_decoder
+            self.lossy = lossy_decoder(decode.lossy, model, cache_dir=settings.cache_dir, ctx=settings.ctx)
+        else:
+            self.drafter = make_drafter(decode.drafter, model, SamplingParams(), ctx=settings.ctx,
+                                        threads=settings.threads, cache_dir=settings.cache_dir,
+                                        device=settings.device)
+
+    @property
+    def tokenizer(self):
+        return self.model.tokenizer
+
+    @property
+    def label(self) -> str:
+        """What decodes: `lossy <mode>` or the drafter spec as given."""
+        return self.lossy.label if self.lossy is not None else str(self.settings.drafter)
+
+    def draft_bytes_per_token(self) -> int:
+        """Weight bytes one drafted token reads (0 for free drafters and plain decoding); for MBSU."""
+        return 0 if self.drafter is None else int(self.drafter.weight_bytes_per_token)
+
+    def with_decode(self, decode: DecodeSettings) -> "Decoder":
+        """A decoder over the same loaded target with other decode settings (a new drafter is built and checked)."""
+        return Decoder(self.model, self.model_settings, decode)
+
+    def stream(self, prompt_ids: Tokens | Sequence[int], call: CallSettings, *, stats: DecodeStats | None = None,
+               session: Session | None = None) -> Iterator[Response]:
+        """Decode prompt_ids (already templated and tokenized); the last Response carries the finish reason."""
+        extra = {} if self.lossy is None else {"decoder": self.lossy}
+        if session is not None:
+            extra["session"] = session
+        s = self.settings
+        return stream(self.model.backend, self.model.tokenizer, np.asarray(prompt_ids, dtype=np.int32),
+                      call.sampling(), drafter=self.drafter, k=s.k, max_tokens=call.max_tokens, stop=call.stop,
+                      rng=np.random.default_rng(call.seed), stats=stats, ctx=self.model_settings.ctx,
+                      adaptive_k=s.adaptive_k, verifier_kind=s.verifier, **extra)
+
+    def run(self, prompt_ids: Tokens | Sequence[int], call: CallSettings, *, stats: DecodeStats | None = None,
+            session: Session | None = None, on_text: Callable[[str], None] | None = None) -> GenerationResult:
+        """`stream` collected into text, tokens (EOS stripped), finish reason and the call's statistics (DecodeStats
+        fields plus wall_s, ttft_s, reused_prompt_tokens with a session, drafter)."""
+        stats = stats if stats is not None else DecodeStats()
+        t0, first = time.perf_counter(), []
+
+        def timed(responses):
+            for r in responses:
+                if not first:
+                    first.append(time.perf_counter() - t0)
+                yield r
+
+        result = collect(timed(self.stream(prompt_ids, call, stats=stats, session=session)), on_text=on_text)
+        facts = {"wall_s": time.perf_counter() - t0, "ttft_s": first[0] if first else None, "drafter": self.label}
+        if session is not None:
+            facts["reused_prompt_tokens"] = session.reused
+        return replace(result, prompt_tokens=len(prompt_ids), stats={**stats.to_dict(), **facts})
+
+
+def build_decoder(model: LoadedModel, settings: ModelSettings, decode: DecodeSettings) -> Decoder:
+    """The decoder for a loaded target; raises ValueError/FileNotFoundError/ImportError/RuntimeError naming what is
+    wrong (a drafter the backend cannot run, a draft model with another tokenizer, a missing corrections dir)."""
+    return Decoder(model, settings, decode)
+
+
+def open_decoder(settings: ModelSettings, decode: DecodeSettings, log: Log | None = None) -> Decoder:
+    """Load the target and build its decoder."""
+    return build_decoder(load(settings, log), settings, decode)
