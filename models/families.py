@@ -1,7 +1,7 @@
 """Registry of model families: `family(arch)` returns the module that knows that architecture.
 
-Each family module exposes ARCH (the GGUF general.architecture and the Hugging Face model_type),
-config_from_gguf(meta, tensors), config_from_hf(config_json), GLOBAL_NAMES / LAYER_NAMES (GGUF -> canonical;
+Each family module exposes ARCH (the GGUF general.architecture and the Hugging Face model_type), BLOCK (its block
+declaration, models/block.py: what the NumPy reference and the ONNX builders build), config_from_gguf(meta, tensors), config_from_hf(config_json), GLOBAL_NAMES / LAYER_NAMES (GGUF -> canonical;
 Hugging Face names are one table for all, family_base.HF_*), from_gguf_layout / to_gguf_layout (row-order quirks)
 and tokenizer_pre.
 """
