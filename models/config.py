@@ -10,7 +10,7 @@ writer (ONNX, GGUF variants) meets in one place:
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Mapping
 
@@ -79,11 +79,6 @@ class ModelConfig:
             raise ValueError(f"the block declares {len(self.block.layers)} layers; the model has {self.n_layers}")
 
     @property
-    def qkv_bias(self) -> bool:
-        """q/k/v projections carry biases (qwen2): the block's declaration."""
-        return self.block.qkv_bias
-
-    @property
     def group(self) -> int:
         """Query heads per KV head (grouped-query attention)."""
         return self.n_heads // self.n_kv_heads
@@ -97,6 +92,26 @@ class ModelConfig:
         for i in range(self.n_layers):
             out.update(self.block.layer_tensors(f"layers.{i}.", D, F, H, KV, hd))
         return out
+
+
+def _with_qkv_bias(init):
+    """`ModelConfig(..., qkv_bias=b)`, the spelling from before `block`, sets block.qkv_bias (on the given block or
+    the llama one); `cfg.qkv_bias` reads it. Not a field, so dataclasses.replace never passes it."""
+    def __init__(self, *args, qkv_bias: bool | None = None, **kw) -> None:
+        if qkv_bias is not None:
+            if not isinstance(qkv_bias, bool):
+                raise TypeError(f"qkv_bias must be a boolean, not {qkv_bias!r}")
+            if "block" in kw and kw["block"].qkv_bias != qkv_bias:
+                raise ValueError(f"qkv_bias={qkv_bias} contradicts block.qkv_bias={kw['block'].qkv_bias}")
+            kw["block"] = replace(kw.get("block", BlockSpec()), qkv_bias=qkv_bias)
+        init(self, *args, **kw)
+    __init__.__doc__ = init.__doc__
+    return __init__
+
+
+ModelConfig.__init__ = _with_qkv_bias(ModelConfig.__init__)  # type: ignore[method-assign]
+ModelConfig.qkv_bias = property(lambda self: self.block.qkv_bias,  # type: ignore[attr-defined]
+                                doc="q/k/v projections carry biases (qwen2): the block's declaration.")
 
 
 @dataclass(frozen=True)

@@ -93,13 +93,8 @@ def config_from_dict(d: Mapping[str, Any]) -> ModelConfig:
     if not isinstance(rope, dict):
         raise TypeError(f"rope_scaling must be an object, not {type(rope).__name__}")
     d["rope_scaling"] = RopeScaling(**rope)
-    legacy_bias = d.pop("qkv_bias", False)  # written before the block declaration existed
-    if "block" in d:
+    if "block" in d:  # manifests written before the block declaration carry qkv_bias (ModelConfig takes both)
         d["block"] = BlockSpec.from_dict(d["block"])
-    else:
-        if not isinstance(legacy_bias, bool):
-            raise TypeError(f"qkv_bias must be a boolean, not {legacy_bias!r}")
-        d["block"] = BlockSpec(qkv_bias=legacy_bias)
     eos = d.get("eos_ids", ())
     if not isinstance(eos, (list, tuple)) or not all(_is_int(i) and i >= 0 for i in eos):
         raise TypeError(f"eos_ids must be a list of token ids, not {eos!r}")

@@ -174,3 +174,50 @@ def test_dynamic_profiles_refuse_partial_rotary_by_name(tmp_path, profile):
     with pytest.raises(UnsupportedVariant, match="rotary_fraction=0.5"):
         export_onnx(FloatSource(variant_weights(PARTIAL)), tmp_path / "x", ExportOptions(WeightFormat.FP32),
                     **profile)
+
+
+def test_numpy_gemma3_like_block_matches_transformers():
+    """The declaration's semantics against an independent implementation: transformers' Gemma3 text model ((1 + w)
+    norms, pre+post norms, q/k norms, GELU-tanh, embedding scale, q/k/v/o biases, sliding layers with their own RoPE
+    base) equals the NumPy reference on the same weights under the declared BlockSpec."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    kinds = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
+    hf_cfg = transformers.Gemma3TextConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, max_position_embeddings=128, rms_norm_eps=1e-6,
+        rope_theta=1e6, rope_local_base_freq=100.0, sliding_window=3, layer_types=kinds, attention_bias=True,
+        final_logit_softcapping=None, attn_logit_softcapping=None, tie_word_embeddings=True)
+    model = transformers.Gemma3ForCausalLM(hf_cfg).eval()
+    model.config._attn_implementation = "eager"
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * (0.1 if "norm" in name or "bias" in name else 0.3))
+    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attn_norm",
+             "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffn_norm",
+             "self_attn.q_norm": "q_norm", "self_attn.k_norm": "k_norm", "mlp.gate_proj": "gate", "mlp.up_proj": "up",
+             "mlp.down_proj": "down", **{f"self_attn.{x}_proj": x for x in "qkvo"}}
+    tensors = {}
+    for name, p in model.state_dict().items():
+        a = p.float().numpy().copy()
+        if name == "model.embed_tokens.weight":
+            tensors["embed"] = a
+        elif name == "model.norm.weight":
+            tensors["norm"] = a
+        elif name.startswith("model.layers."):
+            i, rest = name[len("model.layers."):].split(".", 1)
+            stem, kind = rest.rsplit(".", 1)
+            tensors[f"layers.{i}.{names[stem]}" + ("_bias" if kind == "bias" else "")] = a
+    spec = BlockSpec(norm=Norm.RMS_PLUS_ONE, post_norms=True, qk_norm=True, activation=Activation.GELU_TANH,
+                     embed_scale=8.0, qkv_bias=True, o_bias=True,
+                     layers=tuple(LayerSpec(window=3, rope_theta=100.0) if k.startswith("sliding") else LayerSpec()
+                                  for k in kinds))
+    cfg = ModelConfig(arch="gemma3-like", n_layers=4, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=96,
+                      vocab_size=97, rms_eps=1e-6, rope_theta=1e6, context_length=128, tied_embeddings=True,
+                      block=spec)
+    toks = _toks(12)
+    with torch.no_grad():
+        want = model(torch.tensor(toks[None].astype(np.int64))).logits[0].numpy()
+    b = NumpyBackend(Weights(cfg, tensors), dtype=np.float64)
+    np.testing.assert_allclose(b.forward(toks, b.new_cache(16)), want, atol=TOL * np.abs(want).max())
