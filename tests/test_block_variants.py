@@ -1,5 +1,6 @@
-"""Block variants a family declares (models/block.py) on tiny seeded models: the NumPy reference's identities, and
-every ONNX profile against it (dynamic, layered, static), plus the variants a profile refuses by name."""
+"""Block variants a family declares (models/block.py) on tiny seeded models: the NumPy reference's identities, its
+semantics against transformers' Gemma3, the manifest round trip, and the variants refused by name. The ONNX profiles
+against the NumPy reference: test_block_variants_onnx.py."""
 import dataclasses
 
 import numpy as np
@@ -8,43 +9,14 @@ import pytest
 from specedge.models.block import Activation, BlockSpec, LayerSpec, Norm, UnsupportedVariant
 from specedge.models.config import ModelConfig, RopeScaling, Weights
 from specedge.models.manifest import config_from_dict, config_to_dict
-from specedge.runtime.backends.base import LayerPlan
 from specedge.runtime.backends.numpy_ref import NumpyBackend
-
-# gemma3-like: (1 + w) norms, pre+post norms, q/k norms, GELU-tanh, embedding scale; qwen2's q/k/v biases and an o
-# bias; per layer a local window with its own RoPE base, a NoPE layer (smollm3), a global layer, a narrow window.
-GEMMA_LIKE = BlockSpec(norm=Norm.RMS_PLUS_ONE, post_norms=True, qk_norm=True, activation=Activation.GELU_TANH,
-                       embed_scale=64 ** 0.5, qkv_bias=True, o_bias=True,
-                       layers=(LayerSpec(window=4, rope_theta=100.0), LayerSpec(rope=False), LayerSpec(),
-                               LayerSpec(window=2)))
-PHI_LIKE = BlockSpec(fused_qkv=True, fused_gate_up=True, qkv_bias=True)  # fused tensors
-PARTIAL = BlockSpec(rotary_fraction=0.5)  # partial rotary: NumPy and static only
-SPECS = {"gemma-like": GEMMA_LIKE, "phi-like": PHI_LIKE}
-TOL = 1e-4
-
-
-def variant_weights(spec: BlockSpec, seed: int = 0, tied: bool = False, **cfg_kw) -> Weights:
-    cfg = ModelConfig(arch="llama", n_layers=4, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=96,
-                      vocab_size=97, rms_eps=1e-5, rope_theta=10000.0, context_length=128, tied_embeddings=tied,
-                      block=spec, **cfg_kw)
-    rng = np.random.default_rng(seed)
-    t = {n: (rng.standard_normal(s) / np.sqrt(s[-1])).astype(np.float32) for n, s in cfg.tensor_names().items()}
-    for n in t:
-        if n.endswith("norm"):
-            t[n] = (0.1 * rng.standard_normal(t[n].shape)).astype(np.float32) + (
-                0 if spec.norm is Norm.RMS_PLUS_ONE else 1)
-    t["embed"] *= 4 / spec.embed_scale
-    return Weights(cfg, t)
-
-
-def _toks(n, seed=1):
-    return np.random.default_rng(seed).integers(0, 97, n).astype(np.int32)
+from block_variants import GEMMA_LIKE, PARTIAL, PHI_LIKE, TOL, tokens, variant_weights  # (tests/ is on the path)
 
 
 @pytest.mark.parametrize("spec", [GEMMA_LIKE, PHI_LIKE, PARTIAL], ids=["gemma-like", "phi-like", "partial"])
 def test_numpy_batched_equals_incremental_and_trees_match_chains(spec):
     b = NumpyBackend(variant_weights(spec), dtype=np.float64)
-    toks = _toks(12)
+    toks = tokens(12)
     full = b.forward(toks, b.new_cache(32))
     cache = b.new_cache(32)
     np.testing.assert_allclose(full, np.stack([b.forward(toks[i:i + 1], cache)[0] for i in range(12)]), atol=1e-9)
@@ -58,7 +30,7 @@ def test_numpy_batched_equals_incremental_and_trees_match_chains(spec):
 
 def _same_logits(a: Weights, b: Weights, n=10):
     x, y = NumpyBackend(a, dtype=np.float64), NumpyBackend(b, dtype=np.float64)
-    np.testing.assert_allclose(x.forward(_toks(n), x.new_cache(16)), y.forward(_toks(n), y.new_cache(16)), atol=1e-9)
+    np.testing.assert_allclose(x.forward(tokens(n), x.new_cache(16)), y.forward(tokens(n), y.new_cache(16)), atol=1e-9)
 
 
 def test_numpy_variants_reduce_to_the_llama_block():
@@ -90,11 +62,11 @@ def test_numpy_window_and_nope_change_the_logits():
     """The window, the NoPE layer and the per-layer base each act (the equalities above are not vacuous)."""
     plain = variant_weights(BlockSpec())
     b = NumpyBackend(plain, dtype=np.float64)
-    base = b.forward(_toks(10), b.new_cache(16))
+    base = b.forward(tokens(10), b.new_cache(16))
     for lay in (LayerSpec(window=3), LayerSpec(rope=False), LayerSpec(rope_theta=50.0)):
         cfg = dataclasses.replace(plain.config, block=BlockSpec(layers=(lay,) * 4))
         b = NumpyBackend(Weights(cfg, dict(plain.tensors)), dtype=np.float64)
-        assert np.abs(b.forward(_toks(10), b.new_cache(16)) - base).max() > 1e-3, lay
+        assert np.abs(b.forward(tokens(10), b.new_cache(16)) - base).max() > 1e-3, lay
 
 
 def test_declared_variants_without_an_implementation_are_refused_by_name():
@@ -121,59 +93,6 @@ def test_manifest_round_trip_of_the_block(spec):
     assert config_from_dict(legacy).block == BlockSpec()
     with pytest.raises(ValueError, match="block"):
         config_from_dict({**d, "block": {**d["block"], "norm": "layernorm"}})
-
-
-# --- ONNX profiles against the NumPy reference ------------------------------------------------------------------
-
-ort = pytest.importorskip("onnxruntime")
-from specedge.export.onnx_export import FloatSource, StaticShape, export_onnx  # noqa: E402
-from specedge.export.onnx_linear import ExportOptions, WeightFormat  # noqa: E402
-from specedge.runtime.backends import open_onnx  # noqa: E402
-from verify_walk import walk_verify_steps  # noqa: E402  (tests/ is on the path)
-
-
-def _export(tmp_path, weights, **profile):
-    out = tmp_path / "onnx"
-    export_onnx(FloatSource(weights), out, ExportOptions(WeightFormat.FP32), **profile)
-    return open_onnx(out, threads=1)
-
-
-@pytest.mark.parametrize("name", SPECS)
-def test_dynamic_profile_matches_numpy(tmp_path, name):
-    w = variant_weights(SPECS[name], seed=3)
-    got, ref = _export(tmp_path, w), NumpyBackend(w)
-    walk_verify_steps(got, ref, capacity=64, prefill=9, steps=14, max_width=5, tol=TOL)
-    cg, cr = got.new_cache(32), ref.new_cache(32)
-    got.forward(_toks(7), cg)
-    ref.forward(_toks(7), cr)
-    tree = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], bool)
-    nodes = np.array([3, 5, 8, 13], np.int32)
-    np.testing.assert_allclose(got.forward(nodes, cg, tree_mask=tree), ref.forward(nodes, cr, tree_mask=tree),
-                               atol=TOL)
-
-
-def test_layered_profile_matches_numpy_with_plans(tmp_path):
-    w = variant_weights(GEMMA_LIKE, seed=4)
-    got, ref = _export(tmp_path, w, layered=True), NumpyBackend(w)
-    walk_verify_steps(got, ref, capacity=64, prefill=9, steps=8, max_width=5, tol=TOL)
-    for plan in (LayerPlan(layers=(0, 2, 3)), LayerPlan(exit_layer=2)):
-        cg, cr = got.new_cache(32), ref.new_cache(32)
-        np.testing.assert_allclose(got.forward(_toks(11), cg, plan=plan), ref.forward(_toks(11), cr, plan=plan),
-                                   atol=TOL)
-
-
-@pytest.mark.parametrize("spec", [GEMMA_LIKE, PHI_LIKE, PARTIAL], ids=["gemma-like", "phi-like", "partial"])
-def test_static_profile_matches_numpy(tmp_path, spec):
-    w = variant_weights(spec, seed=5)
-    got, ref = _export(tmp_path, w, static=StaticShape(4, 48)), NumpyBackend(w)
-    walk_verify_steps(got, ref, capacity=48, prefill=9, steps=10, max_width=4, tol=TOL)
-
-
-@pytest.mark.parametrize("profile", [{}, {"layered": True}], ids=["dynamic", "layered"])
-def test_dynamic_profiles_refuse_partial_rotary_by_name(tmp_path, profile):
-    with pytest.raises(UnsupportedVariant, match="rotary_fraction=0.5"):
-        export_onnx(FloatSource(variant_weights(PARTIAL)), tmp_path / "x", ExportOptions(WeightFormat.FP32),
-                    **profile)
 
 
 def test_numpy_gemma3_like_block_matches_transformers():
@@ -216,7 +135,7 @@ def test_numpy_gemma3_like_block_matches_transformers():
     cfg = ModelConfig(arch="gemma3-like", n_layers=4, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=96,
                       vocab_size=97, rms_eps=1e-6, rope_theta=1e6, context_length=128, tied_embeddings=True,
                       block=spec)
-    toks = _toks(12)
+    toks = tokens(12)
     with torch.no_grad():
         want = model(torch.tensor(toks[None].astype(np.int64))).logits[0].numpy()
     b = NumpyBackend(Weights(cfg, tensors), dtype=np.float64)
