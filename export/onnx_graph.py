@@ -1,4 +1,4 @@
-"""Build the decoder graph (llama / qwen2 families) from canonical weights with our own builder.
+"""Build the decoder graph (dynamic profile) from canonical weights with our own builder.
 
 One graph serves prefill, plain decoding, verification of k+1 chain positions and of a token tree (format 4): the
 new tokens are written at cache slots `L + arange(T)` with `L = seqlens_k + 1 - T`, for any cache length L; their
@@ -9,18 +9,24 @@ Attention is com.microsoft GroupQueryAttention with shared past/present buffers:
 preallocated [1, n_kv, max_ctx, head_dim] OrtValue as past_key.i and present_key.i, so the op writes only the T
 new rows in place (no full-cache copy per step). Rollback is just a smaller seqlens_k on the next call.
 
-The math matches runtime/backends/numpy_ref.py: RMSNorm (eps from the config), rotate_half RoPE with the config's
-theta and scaling, GQA, SwiGLU, optional q/k/v biases (qwen2), tied or separate LM head.
+The block is the one the config declares, emitted by export/onnx_block.py (the math of runtime/backends/numpy_ref.py);
+this module adds the dynamic profile's plumbing: fused residual-add + RMSNorm nodes, GroupQueryAttention with its
+RoPE tables (models/rope.py; one pair per distinct RoPE, do_rotary=0 on a layer without RoPE) and, for a layer with
+a sliding window, the tree bias plus a window mask computed from the positions (`window_bias`). q/k norms split the
+packed projection, norm each head and pack it again. Partial rotary is refused (UnsupportedVariant).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping
 
 import numpy as np
 import onnx
 
+from ..models import rope as rope_tables
 from ..models.config import ModelConfig
-from ..runtime.backends.numpy_ref import rope_inv_freq
+from ..models.rope import Rope
+from .onnx_block import BlockEmitter, block, embed, norm_weight, out_projection, qkv_projection, qkv_sizes
 from .onnx_ir import MS_DOMAIN, GraphBuilder
 from .onnx_linear import ExportOptions, TensorRecord, WeightFormat, WeightSource, linear
 
@@ -48,34 +54,113 @@ class GraphIO:
     present_value: str = "present_value.{i}"
 
 
+@dataclass(frozen=True)
+class AttnFeeds:
+    """Per-call tensors GroupQueryAttention takes, built once per graph (padded: see attention())."""
+
+    seqlens: str  # int32 [1]
+    total: str  # int32 scalar
+    positions: str  # int64 [1, T + 1]
+    bias: str  # float32 [1, 1, T + 1, L + T + 1]
+    tables: Mapping[Rope, tuple[str, str]] = field(default_factory=dict)  # cos, sin [positions, rot/2] per RoPE
+    windowed: Mapping[int, str] = field(default_factory=dict)  # window -> bias with the window mask added
+
+
+def check_dynamic(cfg: ModelConfig, profile: str = "the dynamic ONNX profile") -> None:
+    """Refuse the declared variants GroupQueryAttention cannot run (its RoPE rotates whole heads)."""
+    cfg.block.require(profile, rotary_fraction=cfg.block.rotary_fraction != 1.0)
+
+
 def build_decoder(cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: GraphIO = GraphIO()
                   ) -> tuple[onnx.ModelProto, dict[str, TensorRecord]]:
     """The whole decoder: embed -> n_layers blocks -> final norm -> LM head; returns (model, tensor records)."""
+    check_dynamic(cfg)
     g = GraphBuilder(cfg.name or cfg.arch)
     records: dict[str, TensorRecord] = {}
     ids = g.input(io.input_ids, np.int64, [1, "T"])
     seqlens = g.input(io.seqlens_k, np.int32, [1])
     total = g.input(io.total_length, np.int32, [])
-    cos, sin = rope_tables(g, cfg)
+    tables = rope_tables_for(g, cfg, range(cfg.n_layers))
     pos, bias = tree_inputs(g, io, ids, total)
     seqlens, total = padded_lengths(g, seqlens, total)
+    feeds = AttnFeeds(seqlens, total, pos, bias, tables, window_biases(g, cfg, range(cfg.n_layers), pos, bias))
+    em = DynamicBlocks(g, cfg, src, opts, records, io=io, feeds=feeds)
     h = embed(g, cfg, src, opts, ids, records)
     with g.scope("layers.0"):
         x = rms_norm(g, cfg, src, h, "layers.0.attn_norm", "attn_norm")
     for i in range(cfg.n_layers):
         after = f"layers.{i + 1}.attn_norm" if i + 1 < cfg.n_layers else "norm"
         with g.scope(f"layers.{i}"):
-            x, h = block(g, cfg, src, opts, io, i, x, h, after, (seqlens, total, cos, sin, pos, bias), records)
+            h, m = block(em, i, x, h)
+            x, h = skip_rms_norm(g, cfg, src, m, h, after, "next_norm")
     head(g, cfg, src, opts, io, x, records)
     return g.model(producer="specedge", doc=f"{cfg.arch} decoder, {opts.fmt.value} weights"), records
 
 
-def rope_tables(g: GraphBuilder, cfg: ModelConfig) -> tuple[str, str]:
-    """cos/sin [context_length + PAD_ROWS, head_dim/2] (the pad row's position too), angles in float64 as the NumPy
-    reference computes them."""
-    angles = np.arange(cfg.context_length + PAD_ROWS, dtype=np.float64)[:, None] * rope_inv_freq(cfg)[None, :]
-    return (g.const("rope.cos", np.cos(angles).astype(np.float32)),
-            g.const("rope.sin", np.sin(angles).astype(np.float32)))
+@dataclass
+class DynamicBlocks(BlockEmitter):
+    """The dynamic (and layered) profile's emitter: MatMulNBits-capable linears, fused norms, GroupQueryAttention."""
+
+    io: GraphIO = GraphIO()
+    feeds: AttnFeeds | None = None
+
+    def linear(self, x: str, parts: list[str], prefix: str, name: str) -> str:
+        y, recs = linear(self.g, x, parts, self.src, self.opts, prefix, name)
+        self.records.update(recs)
+        return y
+
+    def norm(self, x: str, tensor: str, name: str) -> str:
+        return rms_norm(self.g, self.cfg, self.src, x, tensor, name)
+
+    def add_norm(self, delta: str, h: str, tensor: str, name: str) -> tuple[str, str]:
+        return skip_rms_norm(self.g, self.cfg, self.src, delta, h, tensor, name)
+
+    def attention(self, i: int, x: str) -> str:
+        return attention(self, i, x)
+
+
+def rope_tables_for(g: GraphBuilder, cfg: ModelConfig, layers) -> dict[Rope, tuple[str, str]]:
+    """cos/sin tables of the RoPEs `layers` run."""
+    used = {rope_tables.layer_rope(cfg, i) for i in layers} - {None}
+    return {r: rope_table_pair(g, cfg, r) for r in rope_tables.distinct_ropes(cfg) if r in used}
+
+
+def rope_table_pair(g: GraphBuilder, cfg: ModelConfig, rope: Rope) -> tuple[str, str]:
+    """cos/sin [context_length + PAD_ROWS, rot/2] (the pad row's position too), angles in float64 as the NumPy
+    reference computes them; named by models/rope.table_name ("rope.cos" for the config's own RoPE)."""
+    angles = rope_tables.angles(rope, np.arange(cfg.context_length + PAD_ROWS))
+    return (g.const(rope_tables.table_name(cfg, rope, "cos"), np.cos(angles).astype(np.float32)),
+            g.const(rope_tables.table_name(cfg, rope, "sin"), np.sin(angles).astype(np.float32)))
+
+
+def window_biases(g: GraphBuilder, cfg: ModelConfig, layers, pos: str, bias: str) -> dict[int, str]:
+    """{window: bias + window mask} for the sliding windows `layers` use (none: {})."""
+    windows = sorted({cfg.block.layer(i).window for i in layers} - {None})
+    return {w: window_bias(g, pos, bias, w) for w in windows}
+
+
+def window_bias(g: GraphBuilder, pos: str, bias: str, window: int) -> str:
+    """The padded attention bias [1, 1, T + 1, L + T + 1] with -inf where a key is `window` or more positions behind
+    its query: a query's position is its position_ids entry; a key in column c < L (committed) is at position c, the
+    new and pad columns at their rows' positions (a tree's depths included).
+
+        positions [1, T + 1] ─► Reshape [T + 1, 1] ─────────────────────┐
+        Range(0, L) ─► Concat(positions) = key positions [L + T + 1] ─► Sub ─► >= window ─► Where(-inf, 0) ─► Add(bias)
+    """
+    with g.scope(f"window_{window}"):
+        dims = g.op1("Shape", [bias], "dims", start=2, end=4)  # [T + 1, L + T + 1]
+        rows, cols = g.op("Split", [dims], "rows_cols", n_out=2, axis=0, num_outputs=2)
+        cached = g.op1("Squeeze", [g.op1("Sub", [cols, rows], "cached")], "cached_scalar")
+        zero, one = (g.const_once(f"window.{v}", np.array(v, np.int64)) for v in (0, 1))
+        flat = g.op1("Reshape", [pos, g.const_once("window.flat", np.array([-1], np.int64))], "query_positions")
+        keys = g.op1("Concat", [g.op1("Range", [zero, cached, one], "cached_positions"), flat], "key_positions",
+                     axis=0)
+        queries = g.op1("Reshape", [pos, g.const_once("window.column", np.array([-1, 1], np.int64))], "query_column")
+        behind = g.op1("Sub", [queries, keys], "behind")  # [T + 1, L + T + 1]
+        far = g.op1("GreaterOrEqual", [behind, g.const(f"window.{window}.size", np.array(window, np.int64))], "far")
+        mask = g.op1("Where", [far, g.const_once("window.neg_inf", np.array(-np.inf, np.float32)),
+                               g.const_once("window.zero_f", np.array(0.0, np.float32))], "mask")
+        return g.op1("Add", [bias, mask], "bias")
 
 
 def padded_lengths(g: GraphBuilder, seqlens: str, total: str) -> tuple[str, str]:
@@ -110,27 +195,9 @@ def tree_inputs(g: GraphBuilder, io: GraphIO, ids: str, total: str) -> tuple[str
     return pos, bias
 
 
-def embed(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: ExportOptions, ids: str,
-          records: dict[str, TensorRecord]) -> str:
-    """Token embedding rows [1, T, D]; float16 tables (fp16 format) are cast after the gather (one row per token)."""
-    table = src.float("embed")
-    if opts.fmt is WeightFormat.FP16:
-        rows = g.op1("Gather", [g.const("embed.weight", table.astype(np.float16)), ids], "embed")
-        records["embed"] = _float_record(g.path("embed"), "fp16", src, table.astype(np.float16))
-        return g.op1("Cast", [rows], "embed/cast", to=1)
-    records["embed"] = _float_record(g.path("embed"), "fp32", src, table)
-    return g.op1("Gather", [g.const("embed.weight", table), ids], "embed")
-
-
-def _float_record(path: str, storage: str, src: WeightSource, stored: np.ndarray) -> TensorRecord:
-    ref = src.float("embed")
-    approx = stored.astype(np.float32)
-    return TensorRecord(path, storage, src.source_type("embed"), bool(np.array_equal(approx, ref)),
-                        float(np.abs(approx - ref).max()))
-
-
 def rms_norm(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, x: str, tensor: str, name: str) -> str:
-    return g.op1("SimplifiedLayerNormalization", [x, g.const(tensor + ".weight", src.float(tensor))], name,
+    """The declared RMSNorm of x over its last axis (weight `tensor`, its (1 + w) form for gemma-style norms)."""
+    return g.op1("SimplifiedLayerNormalization", [x, norm_weight(g, cfg, src, tensor)], name,
                  axis=-1, epsilon=float(cfg.rms_eps), stash_type=1)
 
 
@@ -138,34 +205,15 @@ def skip_rms_norm(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, delta: s
                   name: str) -> tuple[str, str]:
     """(RMSNorm(h + delta), h + delta) in one node: a residual Add and the next norm fused."""
     path = g.path(name)
-    out = g.op("SkipSimplifiedLayerNormalization", [delta, h, g.const(tensor + ".weight", src.float(tensor))], name,
+    out = g.op("SkipSimplifiedLayerNormalization", [delta, h, norm_weight(g, cfg, src, tensor)], name,
                outputs=[path + "/out0", "", "", path + "/residual"], domain=MS_DOMAIN, epsilon=float(cfg.rms_eps))
     return out[0], out[3]
 
 
-def block(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: GraphIO, i: int, x: str,
-          h: str, next_norm: str, attn_inputs: tuple[str, ...], records: dict[str, TensorRecord]
-          ) -> tuple[str, str]:
-    """One pre-norm transformer block; takes (x = attn_norm(h), h), returns (next_norm(h'), h').
-
-        x ─► attn ─► SkipRMSNorm(+h, ffn_norm) ─► mlp ─► SkipRMSNorm(+h, next norm) ─► x'
-        h ──────────────┴─────────── h ───────────────────────┴────────────────────── h'
-    The next layer's attn_norm (or the final norm) is fused with this block's last residual Add.
-    """
-    p = f"layers.{i}"
-    with g.scope("attn"):
-        a = attention(g, cfg, src, opts, io, i, x, attn_inputs, records)
-    x, h = skip_rms_norm(g, cfg, src, a, h, f"{p}.ffn_norm", "ffn_norm")
-    with g.scope("mlp"):
-        m = mlp(g, src, opts, p, x, records)
-    return skip_rms_norm(g, cfg, src, m, h, next_norm, "next_norm")
-
-
-def attention(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: GraphIO, i: int, x: str,
-              attn_inputs: tuple[str, ...], records: dict[str, TensorRecord]) -> str:
+def attention(em: DynamicBlocks, i: int, x: str) -> str:
     """Fused q|k|v projection, GroupQueryAttention on the packed QKV (RoPE inside, in-place KV), output projection.
 
-        x ─► qkv_proj ─(+ q|k|v bias)─► Concat(zero row) ─► GroupQueryAttention ─► Slice(drop row) ─► o_proj ─► out
+        x ─► qkv_proj ─(+ q|k|v bias)─(q/k norm)─► Concat(zero row) ─► GroupQueryAttention ─► Slice(drop row) ─► o_proj
           past_key.i, past_value.i ───────────────────────────┘        └─► present_key.i, present_value.i (same buffers)
 
     Batch invariance: onnxruntime's CPU GroupQueryAttention multiplies probs x V with MLAS, which takes a GEMV path
@@ -179,14 +227,12 @@ def attention(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: Export
     tree_inputs(); onnxruntime 1.31's CPU kernel honours both with the pad row. A zero bias adds exactly nothing, so
     chains stay bit-identical across T; a tree node off the first root path gets the same terms at other slots of
     the probs x V reduction, equal to its chain up to float rounding (~1e-6 relative in fp32).
+    The layer's RoPE picks its cos/sin tables (none: do_rotary=0); a sliding window swaps in its windowed bias.
     """
-    p = f"layers.{i}"
-    seqlens, total, cos, sin, positions, tree_bias = (tuple(attn_inputs) + ("", ""))[:6]  # chain-only graphs: 4
-    qkv, recs = linear(g, x, [f"{p}.q", f"{p}.k", f"{p}.v"], src, opts, f"{p}.attn.qkv_proj", "qkv_proj")
-    records.update(recs)
-    if cfg.qkv_bias:
-        bias = np.concatenate([src.float(f"{p}.{n}_bias") for n in "qkv"])
-        qkv = g.op1("Add", [qkv, g.const(f"{p}.attn.qkv_proj.bias", bias)], "qkv_bias")
+    g, cfg, io, feeds = em.g, em.cfg, em.io, em.feeds
+    qkv = qkv_projection(em, i, x)
+    if cfg.block.qk_norm:
+        qkv = _qk_norm(em, i, qkv)
     kv_shape = [1, cfg.n_kv_heads, "max_ctx", cfg.head_dim]
     past_k = g.input(io.past_key.format(i=i), np.float32, kv_shape)
     past_v = g.input(io.past_value.format(i=i), np.float32, kv_shape)
@@ -196,35 +242,36 @@ def attention(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: Export
     if not g.has_const("attn_pad.zeros"):
         g.const("attn_pad.zeros", np.zeros((1, PAD_ROWS, d), np.float32))
     padded = g.op1("Concat", [qkv, "attn_pad.zeros"], "pad_rows", axis=1)
-    gqa_in = [padded, "", "", past_k, past_v, seqlens, total, cos, sin, positions, tree_bias]
-    while gqa_in[-1] == "":  # omitted trailing optional inputs
-        gqa_in.pop()
+    rope = rope_tables.layer_rope(cfg, i)
+    cos, sin = ("", "") if rope is None else feeds.tables[rope]
+    window = cfg.block.layer(i).window
+    bias = feeds.bias if window is None else feeds.windowed[window]
+    gqa_in = [padded, "", "", past_k, past_v, feeds.seqlens, feeds.total, cos, sin, feeds.positions, bias]
     attn = g.op("GroupQueryAttention", gqa_in, "gqa", outputs=[g.path("gqa") + "/out0", present_k, present_v],
-                domain=MS_DOMAIN, num_heads=cfg.n_heads, kv_num_heads=cfg.n_kv_heads, do_rotary=1, rotary_interleaved=0,
-                scale=float(1.0 / np.sqrt(cfg.head_dim)))[0]
+                domain=MS_DOMAIN, num_heads=cfg.n_heads, kv_num_heads=cfg.n_kv_heads, do_rotary=int(rope is not None),
+                rotary_interleaved=0, scale=float(1.0 / np.sqrt(cfg.head_dim)))[0]
     attn = g.op1("Slice", [attn, g.const_once("attn_pad.start", np.array([0], np.int64)),
                            g.const_once("attn_pad.end", np.array([-PAD_ROWS], np.int64)),
                            g.const_once("attn_pad.axis", np.array([1], np.int64))], "unpad_rows")
-    out, recs = linear(g, attn, [f"{p}.o"], src, opts, f"{p}.attn.o_proj", "o_proj")
-    records.update(recs)
-    return out
+    return out_projection(em, i, attn)
 
 
-def mlp(g: GraphBuilder, src: WeightSource, opts: ExportOptions, p: str, x: str,
-        records: dict[str, TensorRecord], lin=linear) -> str:
-    """SwiGLU with a fused gate|up projection (`lin` builds the linears: onnx_linear.linear or standard_linear).
+def _qk_norm(em: DynamicBlocks, i: int, qkv: str) -> str:
+    """Per-head RMSNorm of q and k inside the packed projection.
 
-        x ─► gate_up_proj ─► Split ─┬─ gate ─► Sigmoid ─► Mul(gate) ─► Mul ─► down_proj ─► out
-                                    └─ up ────────────────────────────┘
+        qkv ─► Split ─┬─ q ─► Reshape [1, T, H, hd] ─► norm(q_norm) ─► Reshape [1, T, H hd] ─┐
+                      ├─ k ─► Reshape [1, T, KV, hd] ─► norm(k_norm) ─► Reshape ─────────────┼─► Concat ─► qkv
+                      └─ v ──────────────────────────────────────────────────────────────────┘
     """
-    gu, recs = lin(g, x, [f"{p}.gate", f"{p}.up"], src, opts, f"{p}.mlp.gate_up_proj", "gate_up_proj")
-    records.update(recs)
-    gate, up = g.op("Split", [gu], "split", n_out=2, axis=-1, num_outputs=2)
-    silu = g.op1("Mul", [gate, g.op1("Sigmoid", [gate], "sigmoid")], "silu")
-    act = g.op1("Mul", [silu, up], "swiglu")
-    out, recs = lin(g, act, [f"{p}.down"], src, opts, f"{p}.mlp.down_proj", "down_proj")
-    records.update(recs)
-    return out
+    g, cfg, p = em.g, em.cfg, f"layers.{i}"
+    q, k, v = g.op("Split", [qkv, qkv_sizes(em)], "split_qkv", n_out=3, axis=-1)
+    flat = g.const_once("attn.flat_heads", np.array([0, 0, -1], np.int64))
+    heads = g.const_once("attn.heads", np.array([0, 0, -1, cfg.head_dim], np.int64))
+    normed = []
+    for name, t in (("q", q), ("k", k)):
+        x = em.norm(g.op1("Reshape", [t, heads], f"{name}_heads"), f"{p}.{name}_norm", f"{name}_norm")
+        normed.append(g.op1("Reshape", [x, flat], f"{name}_flat"))
+    return g.op1("Concat", [*normed, v], "qk_normed", axis=-1)
 
 
 def head(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: GraphIO, h: str,

@@ -7,7 +7,8 @@ subset of layers, reads any layer's hidden state, and applies the head anywhere,
     input_ids ─► embed.onnx ─► h0 ─► layer.0.onnx ─► h1 ─► ... ─► layer.{L-1}.onnx ─► hL ─► head.onnx ─► logits
                                       past/present K/V 0             past/present K/V L-1
 
-Every segment is built by the shared builders of onnx_graph.py (`embed`, `attention`, `mlp`, `head`). The hidden
+Every segment is built by the shared builders (onnx_block.py's `embed` and `block`, onnx_graph.py's attention plumbing
+and `head`), so a layer graph is the declared block exactly as the monolithic graph emits it. The hidden
 state crosses a segment boundary as a pair (residual r, delta d), h = r + d, and the next segment does the add
 fused with its norm, exactly as the monolithic graph fuses each residual Add with the next RMSNorm, so all layers
 give the monolithic graph's logits bit for bit (the next layer a plan runs is not known at export time):
@@ -29,8 +30,9 @@ from onnx import TensorProto
 from onnx.external_data_helper import set_external_data
 
 from ..models.config import ModelConfig
-from .onnx_graph import (PAD_ROWS, GraphIO, attention, embed, head, mlp, padded_lengths, rms_norm, rope_tables,
-                         skip_rms_norm)
+from .onnx_block import block, embed
+from .onnx_graph import (PAD_ROWS, AttnFeeds, DynamicBlocks, GraphIO, check_dynamic, head, padded_lengths, rms_norm,
+                         rope_tables_for, skip_rms_norm, window_biases)
 from .onnx_ir import GraphBuilder
 from .onnx_linear import ExportOptions, TensorRecord, WeightFormat, WeightSource
 
@@ -64,6 +66,7 @@ class Segments:
 def build_layered(cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: GraphIO = GraphIO(),
                   lio: LayeredIO = LayeredIO()) -> tuple[dict[str, onnx.ModelProto], dict[str, TensorRecord]]:
     """{file name: graph} for the embedding, every layer and the head; plus the tensor records."""
+    check_dynamic(cfg, "the layered ONNX profile")
     records: dict[str, TensorRecord] = {}
     doc = f"{cfg.arch} {{}}, {opts.fmt.value} weights (layered profile)"
     g = GraphBuilder("embed")
@@ -91,15 +94,17 @@ def build_layered(cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: 
 
 def _layer_graph(cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: GraphIO, lio: LayeredIO, i: int,
                  records: dict[str, TensorRecord]) -> GraphBuilder:
-    """Layer i alone (the docstring's block): the same attention() and mlp() as the monolithic graph."""
+    """Layer i alone (the docstring's block): the same onnx_block.block as the monolithic graph."""
     g = GraphBuilder(f"layer.{i}")
     h = g.input(lio.hidden_in, np.float32, [1, "T", cfg.d_model])
     d = g.input(lio.delta_in, np.float32, [1, "T", cfg.d_model])
     seqlens = g.input(io.seqlens_k, np.int32, [1])
     total = g.input(io.total_length, np.int32, [])
-    cos, sin = rope_tables(g, cfg)
+    tables = rope_tables_for(g, cfg, [i])
     pos, bias = _attention_feeds(g, io, lio, total)
     seqlens, total = padded_lengths(g, seqlens, total)
+    feeds = AttnFeeds(seqlens, total, pos, bias, tables, window_biases(g, cfg, [i], pos, bias))
+    em = DynamicBlocks(g, cfg, src, opts, records, io=io, feeds=feeds)
     p = f"layers.{i}"
     with g.scope(p):
         if i == 0:  # d is zero after the embedding: the plain norm the monolithic graph's layer 0 has
@@ -107,11 +112,7 @@ def _layer_graph(cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: G
             x = rms_norm(g, cfg, src, h, f"{p}.attn_norm", "attn_norm")
         else:
             x, h = skip_rms_norm(g, cfg, src, d, h, f"{p}.attn_norm", "attn_norm")
-        with g.scope("attn"):
-            a = attention(g, cfg, src, opts, io, i, x, (seqlens, total, cos, sin, pos, bias), records)
-        x, h = skip_rms_norm(g, cfg, src, a, h, f"{p}.ffn_norm", "ffn_norm")
-        with g.scope("mlp"):
-            m = mlp(g, src, opts, p, x, records)
+        h, m = block(em, i, x, h)
         g.op("Identity", [h], "residual", outputs=[lio.hidden_out])
         g.op("Identity", [m], "delta", outputs=[lio.delta_out])
     g.output(lio.hidden_out, np.float32, [1, "T", cfg.d_model])

@@ -18,20 +18,24 @@ row's own position, which is "the committed cache, then causal over the new rows
 - rows past the cursor (rejected drafts, stale data) sit in masked slots: rollback only moves the cursor;
 - a chunk shorter than W is padded with copies of its last row (same token, same position): they compute the same
   K/V, scatter the same values into the same slot, and their logits are dropped.
-The math is runtime/backends/numpy_ref.py's: RMSNorm in primitive ops (SimplifiedLayerNormalization is an
-onnxruntime op), rotate_half RoPE from cos/sin tables gathered by position, grouped-query attention without
-repeating K/V (query heads grouped under their KV head), SwiGLU, optional q/k/v biases, tied or separate head.
+The block is the one the config declares, emitted by export/onnx_block.py (the math of runtime/backends/numpy_ref.py);
+this profile supplies RMSNorm in primitive ops (SimplifiedLayerNormalization is an onnxruntime op), rotate_half RoPE
+from cos/sin tables gathered by position (one pair per distinct RoPE, none on a layer without RoPE, the first
+rotary dims only under partial rotary), grouped-query attention without repeating K/V (query heads grouped under
+their KV head), and per sliding window a bias with the window mask added (`prepare`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping
 
 import numpy as np
 import onnx
 
+from ..models import rope as rope_tables
 from ..models.config import ModelConfig
-from ..runtime.backends.numpy_ref import rope_inv_freq
-from .onnx_graph import embed, mlp
+from ..models.rope import Rope
+from .onnx_block import BlockEmitter, block, embed, norm_weight, out_projection, qkv_projection, qkv_sizes
 from .onnx_ir import GraphBuilder
 from .onnx_linear import STANDARD_FORMATS, ExportOptions, TensorRecord, WeightFormat, WeightSource, standard_linear
 
@@ -72,10 +76,10 @@ class StaticIO:
 class _Prep:
     """Per-call tensors every layer shares, computed once at the top of the graph."""
 
-    cos: str  # [W, hd/2]
-    sin: str
     slots: str  # int64 [KV, W, hd]: each new row's position, the ScatterElements indices
     bias: str  # [G*W, C]: the attention bias repeated for the G query heads of each KV head
+    tables: Mapping[Rope, tuple[str, str]] = field(default_factory=dict)  # cos, sin rows [W, rot/2] per RoPE
+    windowed: Mapping[int, str] = field(default_factory=dict)  # window -> bias [G*W, C] with the window mask
 
 
 def build_static_decoder(cfg: ModelConfig, src: WeightSource, opts: ExportOptions, shape: StaticShape,
@@ -93,14 +97,42 @@ def build_static_decoder(cfg: ModelConfig, src: WeightSource, opts: ExportOption
     bias = g.input(io.attention_bias, np.float32, [1, 1, w, c])
     with g.scope("prep"):
         prep = prepare(g, cfg, shape, pos, bias)
+    em = StaticBlocks(g, cfg, src, opts, records, shape=shape, io=io, prep=prep)
     h = embed(g, cfg, src, opts, ids, records)
+    with g.scope("layers.0"):
+        x = rms_norm(g, cfg, src, h, "layers.0.attn_norm", "attn_norm")
     for i in range(cfg.n_layers):
+        after = f"layers.{i + 1}.attn_norm" if i + 1 < cfg.n_layers else "norm"
         with g.scope(f"layers.{i}"):
-            h = block(g, cfg, src, opts, shape, io, i, h, prep, records)
-    x = rms_norm(g, cfg, src, h, "norm", "norm")
+            h, m = block(em, i, x, h)
+            x, h = em.add_norm(m, h, after, "next_norm")
     head(g, cfg, src, opts, shape, io, x, records)
     doc = f"{cfg.arch} decoder, {opts.fmt.value} weights, static shapes W={w} C={c}"
     return g.model(producer="specedge", doc=doc), records
+
+
+@dataclass
+class StaticBlocks(BlockEmitter):
+    """The static profile's emitter: standard-op linears and norms, attention over all C slots."""
+
+    shape: StaticShape = StaticShape()
+    io: StaticIO = StaticIO()
+    prep: _Prep | None = None
+
+    def linear(self, x: str, parts: list[str], prefix: str, name: str) -> str:
+        y, recs = standard_linear(self.g, x, parts, self.src, self.opts, prefix, name)
+        self.records.update(recs)
+        return y
+
+    def norm(self, x: str, tensor: str, name: str) -> str:
+        return rms_norm(self.g, self.cfg, self.src, x, tensor, name)
+
+    def add_norm(self, delta: str, h: str, tensor: str, name: str) -> tuple[str, str]:
+        h = self.g.op1("Add", [h, delta], f"{name}_residual")
+        return rms_norm(self.g, self.cfg, self.src, h, tensor, name), h
+
+    def attention(self, i: int, x: str) -> str:
+        return attention(self, i, x)
 
 
 def _shape(g: GraphBuilder, *dims: int) -> str:
@@ -108,24 +140,38 @@ def _shape(g: GraphBuilder, *dims: int) -> str:
 
 
 def prepare(g: GraphBuilder, cfg: ModelConfig, shape: StaticShape, pos: str, bias: str) -> _Prep:
-    """RoPE rows, scatter indices and the per-group bias, from position_ids and attention_bias.
+    """RoPE rows, scatter indices and the per-group biases, from position_ids and attention_bias.
 
-        position_ids [1, W] ─┬─ Gather(cos/sin tables [C, hd/2]) ─► Reshape ─► cos, sin [W, hd/2]
+        position_ids [1, W] ─┬─ Gather(cos/sin tables [C, rot/2]) ─► Reshape ─► cos, sin [W, rot/2] (per RoPE)
                              └─ Reshape [1, W, 1] ─► Expand [KV, W, hd] ─► slots
         attention_bias [1, 1, W, C] ─► Reshape [W, C] ─► Tile(G, 1) ─► bias [G*W, C]
+        (per window: + Where(position - slot >= window, MASK_VALUE, 0) before the Tile)
     """
     w, c, hd = shape.verify_width, shape.max_context, cfg.head_dim
-    angles = np.arange(c, dtype=np.float64)[:, None] * rope_inv_freq(cfg)[None, :]
-    rows = []
-    for name, fn in (("cos", np.cos), ("sin", np.sin)):
-        table = g.const(f"rope.{name}", fn(angles).astype(np.float32))
-        rows.append(g.op1("Reshape", [g.op1("Gather", [table, pos], f"rope_{name}"), _shape(g, w, hd // 2)],
-                          f"rope_{name}_rows"))
+    tables = {}
+    for r in rope_tables.distinct_ropes(cfg):
+        angles = rope_tables.angles(r, np.arange(c))
+        rows = []
+        for name, fn in (("cos", np.cos), ("sin", np.sin)):
+            table = g.const(rope_tables.table_name(cfg, r, name), fn(angles).astype(np.float32))
+            label = rope_tables.table_name(cfg, r, name).replace(".", "_")
+            rows.append(g.op1("Reshape", [g.op1("Gather", [table, pos], label), _shape(g, w, r.dim // 2)],
+                              f"{label}_rows"))
+        tables[r] = (rows[0], rows[1])
     col = g.op1("Reshape", [pos, _shape(g, 1, w, 1)], "slot_column")
     slots = g.op1("Expand", [col, _shape(g, cfg.n_kv_heads, w, hd)], "slots")
     flat = g.op1("Reshape", [bias, _shape(g, w, c)], "bias_rows")
     tiled = g.op1("Tile", [flat, _shape(g, cfg.group, 1)], "bias_groups")
-    return _Prep(rows[0], rows[1], slots, tiled)
+    windowed = {}
+    for win in cfg.block.windows():
+        with g.scope(f"window_{win}"):
+            behind = g.op1("Sub", [g.op1("Reshape", [pos, _shape(g, w, 1)], "positions"),
+                                   g.const_once("window.slots", np.arange(c, dtype=np.int64))], "behind")  # [W, C]
+            far = g.op1("GreaterOrEqual", [behind, g.const(f"window.{win}.size", np.array(win, np.int64))], "far")
+            mask = g.op1("Where", [far, g.const_once("window.masked", np.array(MASK_VALUE, np.float32)),
+                                   g.const_once("window.zero", np.array(0.0, np.float32))], "mask")
+            windowed[win] = g.op1("Tile", [g.op1("Add", [flat, mask], "bias"), _shape(g, cfg.group, 1)], "groups")
+    return _Prep(slots, tiled, tables, windowed)
 
 
 def rms_norm(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, x: str, tensor: str, name: str) -> str:
@@ -138,55 +184,40 @@ def rms_norm(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, x: str, tenso
         ms = g.op1("ReduceMean", [sq, g.const_once("norm.axes", np.array([-1], np.int64))], "mean", keepdims=1)
         eps = g.const_once("norm.eps", np.array(cfg.rms_eps, np.float32))
         rms = g.op1("Sqrt", [g.op1("Add", [ms, eps], "add_eps")], "sqrt")
-        return g.op1("Mul", [g.op1("Div", [x, rms], "normalize"), g.const(tensor + ".weight", src.float(tensor))],
-                     "scale")
+        return g.op1("Mul", [g.op1("Div", [x, rms], "normalize"), norm_weight(g, cfg, src, tensor)], "scale")
 
 
-def block(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: ExportOptions, shape: StaticShape,
-          io: StaticIO, i: int, h: str, prep: _Prep, records: dict[str, TensorRecord]) -> str:
-    """One pre-norm block: h + attn(norm(h)), then + mlp(norm(.))."""
-    p = f"layers.{i}"
-    x = rms_norm(g, cfg, src, h, f"{p}.attn_norm", "attn_norm")
-    with g.scope("attn"):
-        a = attention(g, cfg, src, opts, shape, io, i, x, prep, records)
-    h = g.op1("Add", [h, a], "attn_residual")
-    x = rms_norm(g, cfg, src, h, f"{p}.ffn_norm", "ffn_norm")
-    with g.scope("mlp"):
-        m = mlp(g, src, opts, p, x, records, lin=standard_linear)
-    return g.op1("Add", [h, m], "mlp_residual")
-
-
-def rope(g: GraphBuilder, x: str, prep: _Prep, name: str) -> str:
-    """rotate_half RoPE on x [heads, W, hd]: [x1 cos - x2 sin, x2 cos + x1 sin]."""
+def rope(g: GraphBuilder, x: str, cos: str, sin: str, rot: int, hd: int, name: str) -> str:
+    """rotate_half RoPE on the first `rot` dims of x [heads, W, hd]: [x1 cos - x2 sin, x2 cos + x1 sin] (the other
+    hd - rot dims pass through)."""
     with g.scope(name):
+        rest = None
+        if rot < hd:
+            x, rest = g.op("Split", [x, g.const_once(f"rope.split_{rot}", np.array([rot, hd - rot], np.int64))],
+                           "rotary_part", n_out=2, axis=-1)
         x1, x2 = g.op("Split", [x], "halves", n_out=2, axis=-1, num_outputs=2)
-        a = g.op1("Sub", [g.op1("Mul", [x1, prep.cos], "x1_cos"), g.op1("Mul", [x2, prep.sin], "x2_sin")], "first")
-        b = g.op1("Add", [g.op1("Mul", [x2, prep.cos], "x2_cos"), g.op1("Mul", [x1, prep.sin], "x1_sin")], "second")
-        return g.op1("Concat", [a, b], "rotated", axis=-1)
+        a = g.op1("Sub", [g.op1("Mul", [x1, cos], "x1_cos"), g.op1("Mul", [x2, sin], "x2_sin")], "first")
+        b = g.op1("Add", [g.op1("Mul", [x2, cos], "x2_cos"), g.op1("Mul", [x1, sin], "x1_sin")], "second")
+        return g.op1("Concat", [a, b] + ([rest] if rest else []), "rotated", axis=-1)
 
 
-def attention(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: ExportOptions, shape: StaticShape,
-              io: StaticIO, i: int, x: str, prep: _Prep, records: dict[str, TensorRecord]) -> str:
+def attention(em: StaticBlocks, i: int, x: str) -> str:
     """Grouped-query attention over the C cache slots with the W new rows scattered in at their positions.
 
-        x ─► qkv_proj ─► Split ─┬─ q ─► heads ─► RoPE ──────────────────────────► q [KV, G*W, hd]
-                                ├─ k ─► heads ─► RoPE ─┬─► new_key.i
-                                │                      └─► ScatterElements into past_key.i ─► keys [KV, C, hd]
-                                └─ v ─► heads ─────────┬─► new_value.i
-                                                       └─► ScatterElements into past_value.i ─► values [KV, C, hd]
-        Softmax(q keysᵀ × scale + bias) ─► MatMul(values) ─► [1, W, H*hd] ─► o_proj ─► out
+        x ─► qkv_proj ─► Split ─┬─ q ─► heads ─(q_norm)─► RoPE ─────────────────────────► q [KV, G*W, hd]
+                                ├─ k ─► heads ─(k_norm)─► RoPE ─┬─► new_key.i
+                                │                               └─► ScatterElements into past_key.i ─► keys [KV, C, hd]
+                                └─ v ─► heads ──────────────────┬─► new_value.i
+                                                                └─► ScatterElements into past_value.i ─► values
+        Softmax(q keysᵀ × scale + bias (of the layer's window)) ─► MatMul(values) ─► [1, W, H*hd] ─► o_proj ─► out
     """
+    g, cfg, io, shape, prep = em.g, em.cfg, em.io, em.shape, em.prep
     p, w = f"layers.{i}", shape.verify_width
     n_kv, n_h, hd = cfg.n_kv_heads, cfg.n_heads, cfg.head_dim
-    qkv, recs = standard_linear(g, x, [f"{p}.q", f"{p}.k", f"{p}.v"], src, opts, f"{p}.attn.qkv_proj", "qkv_proj")
-    records.update(recs)
-    if cfg.qkv_bias:
-        b = np.concatenate([src.float(f"{p}.{n}_bias") for n in "qkv"])
-        qkv = g.op1("Add", [qkv, g.const(f"{p}.attn.qkv_proj.bias", b)], "qkv_bias")
-    sizes = g.const_once("attn.qkv_sizes", np.array([n_h * hd, n_kv * hd, n_kv * hd], np.int64))
-    q, k, v = g.op("Split", [qkv, sizes], "split_qkv", n_out=3, axis=-1)
-    q = rope(g, _heads(g, q, w, n_h, hd, "q"), prep, "q_rope")
-    k = rope(g, _heads(g, k, w, n_kv, hd, "k"), prep, "k_rope")
+    qkv = qkv_projection(em, i, x)
+    q, k, v = g.op("Split", [qkv, qkv_sizes(em)], "split_qkv", n_out=3, axis=-1)
+    r = rope_tables.layer_rope(cfg, i)
+    q, k = (_positioned(em, i, x, n, r, name) for x, n, name in ((q, n_h, "q"), (k, n_kv, "k")))
     v = _heads(g, v, w, n_kv, hd, "v")
     keys = _cache_with_new_rows(g, prep, k, io.past_key.format(i=i), io.new_key.format(i=i), "key", shape, n_kv, hd)
     values = _cache_with_new_rows(g, prep, v, io.past_value.format(i=i), io.new_value.format(i=i), "value", shape,
@@ -194,15 +225,27 @@ def attention(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: Export
     qg = g.op1("Reshape", [q, _shape(g, n_kv, cfg.group * w, hd)], "q_groups")
     scores = g.op1("MatMul", [qg, g.op1("Transpose", [keys], "keys_t", perm=[0, 2, 1])], "scores")
     scale = g.const_once("attn.scale", np.array(1.0 / np.sqrt(hd), np.float32))
-    masked = g.op1("Add", [g.op1("Mul", [scores, scale], "scaled"), prep.bias], "masked")
+    window = cfg.block.layer(i).window
+    bias = prep.bias if window is None else prep.windowed[window]
+    masked = g.op1("Add", [g.op1("Mul", [scores, scale], "scaled"), bias], "masked")
     probs = g.op1("Softmax", [masked], "softmax", axis=-1)
     ctx = g.op1("MatMul", [probs, values], "context")  # [KV, G*W, hd]
     ctx = g.op1("Transpose", [g.op1("Reshape", [ctx, _shape(g, n_h, w, hd)], "context_heads")], "context_rows",
                 perm=[1, 0, 2])
     ctx = g.op1("Reshape", [ctx, _shape(g, 1, w, n_h * hd)], "context_flat")
-    out, recs = standard_linear(g, ctx, [f"{p}.o"], src, opts, f"{p}.attn.o_proj", "o_proj")
-    records.update(recs)
-    return out
+    return out_projection(em, i, ctx)
+
+
+def _positioned(em: StaticBlocks, i: int, x: str, n: int, r, name: str) -> str:
+    """q or k rows [1, W, n*hd] -> heads [n, W, hd], q/k-normed and rotated as the layer declares."""
+    g, hd = em.g, em.cfg.head_dim
+    x = _heads(g, x, em.shape.verify_width, n, hd, name)
+    if em.cfg.block.qk_norm:
+        x = em.norm(x, f"layers.{i}.{name}_norm", f"{name}_norm")
+    if r is None:
+        return x
+    cos, sin = em.prep.tables[r]
+    return rope(g, x, cos, sin, r.dim, hd, f"{name}_rope")
 
 
 def _heads(g: GraphBuilder, x: str, w: int, n: int, hd: int, name: str) -> str:

@@ -5,25 +5,35 @@ writer (ONNX, GGUF variants) meets in one place:
   - matrices are float32 [out_features, in_features];
   - Q and K rows are in HF "rotate_half" order (GGUF llama files store them permuted for
     llama.cpp's interleaved RoPE; the llama family reader undoes that);
-  - names are the keys of `tensor_names()` below.
+  - names are the keys of `tensor_names()` below (which tensors a layer has follows `block`, models/block.py).
 """
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Mapping
 
 import numpy as np
 
+from .block import BlockSpec
+
 
 @dataclass(frozen=True)
 class RopeScaling:
-    kind: str = "none"  # none | linear | yarn | llama3
+    """RoPE scaling as data (models/rope.py computes none, linear and llama3; the others are declared only)."""
+
+    kind: str = "none"  # none | linear | llama3 | yarn | longrope
     factor: float = 1.0
     original_context: int = 0
     low_freq_factor: float = 1.0  # llama3
     high_freq_factor: float = 4.0  # llama3
+    short_factor: tuple[float, ...] = ()  # longrope: per-frequency divisors within the original context
+    long_factor: tuple[float, ...] = ()  # longrope: beyond it
+
+    def __post_init__(self) -> None:  # lists from a manifest become tuples: a Rope is a dict key
+        object.__setattr__(self, "short_factor", tuple(self.short_factor))
+        object.__setattr__(self, "long_factor", tuple(self.long_factor))
 
 
 @dataclass(frozen=True)
@@ -40,7 +50,7 @@ class ModelConfig:
     rope_theta: float
     context_length: int
     tied_embeddings: bool
-    qkv_bias: bool = False
+    block: BlockSpec = field(default_factory=BlockSpec)  # the family's block, refined per checkpoint
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
     bos_id: int | None = None
     eos_ids: tuple[int, ...] = ()
@@ -63,6 +73,10 @@ class ModelConfig:
                 raise ValueError(f"model config {k} must be a finite number >= 0, not {v!r}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+        if not isinstance(self.block, BlockSpec):
+            raise TypeError(f"model config block must be a BlockSpec, not {type(self.block).__name__}")
+        if self.block.layers and len(self.block.layers) != self.n_layers:
+            raise ValueError(f"the block declares {len(self.block.layers)} layers; the model has {self.n_layers}")
 
     @property
     def group(self) -> int:
@@ -76,14 +90,28 @@ class ModelConfig:
         if not self.tied_embeddings:
             out["lm_head"] = (V, D)
         for i in range(self.n_layers):
-            p = f"layers.{i}."
-            out.update({
-                p + "attn_norm": (D,), p + "q": (H * hd, D), p + "k": (KV * hd, D), p + "v": (KV * hd, D),
-                p + "o": (D, H * hd), p + "ffn_norm": (D,), p + "gate": (F, D), p + "up": (F, D), p + "down": (D, F),
-            })
-            if self.qkv_bias:
-                out.update({p + "q_bias": (H * hd,), p + "k_bias": (KV * hd,), p + "v_bias": (KV * hd,)})
+            out.update(self.block.layer_tensors(f"layers.{i}.", D, F, H, KV, hd))
         return out
+
+
+def _with_qkv_bias(init):
+    """`ModelConfig(..., qkv_bias=b)`, the spelling from before `block`, sets block.qkv_bias (on the given block or
+    the llama one); `cfg.qkv_bias` reads it. Not a field, so dataclasses.replace never passes it."""
+    def __init__(self, *args, qkv_bias: bool | None = None, **kw) -> None:
+        if qkv_bias is not None:
+            if not isinstance(qkv_bias, bool):
+                raise TypeError(f"qkv_bias must be a boolean, not {qkv_bias!r}")
+            if "block" in kw and kw["block"].qkv_bias != qkv_bias:
+                raise ValueError(f"qkv_bias={qkv_bias} contradicts block.qkv_bias={kw['block'].qkv_bias}")
+            kw["block"] = replace(kw.get("block", BlockSpec()), qkv_bias=qkv_bias)
+        init(self, *args, **kw)
+    __init__.__doc__ = init.__doc__
+    return __init__
+
+
+ModelConfig.__init__ = _with_qkv_bias(ModelConfig.__init__)  # type: ignore[method-assign]
+ModelConfig.qkv_bias = property(lambda self: self.block.qkv_bias,  # type: ignore[attr-defined]
+                                doc="q/k/v projections carry biases (qwen2): the block's declaration.")
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,16 @@
 """What llama-like families share: the GGUF and Hugging Face -> canonical weight name tables, and configs from
 GGUF metadata or a Hugging Face config.json.
 
-Family modules (llama.py, qwen2.py) call these with their own quirks; nothing here branches on
-an architecture string.
+Family modules (llama.py, qwen2.py) call these with their own quirks and their block declaration (models/block.py);
+nothing here branches on an architecture string.
 """
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any, Mapping
 
+from .block import BlockSpec
 from .config import ModelConfig, RopeScaling
 
 # GGUF tensor name -> canonical name (models/config.py). `{i}` is the block index.
@@ -133,8 +135,9 @@ def special_ids(meta: Mapping[str, Any]) -> tuple[int | None, tuple[int, ...]]:
 
 
 def llama_like_config(meta: Mapping[str, Any], tensors: Mapping[str, tuple[int, ...]], *, arch: str,
-                      qkv_bias: bool) -> ModelConfig:
-    """ModelConfig from llama-style GGUF metadata; `tensors` maps GGUF tensor names to numpy shapes."""
+                      block: BlockSpec) -> ModelConfig:
+    """ModelConfig from llama-style GGUF metadata; `tensors` maps GGUF tensor names to numpy shapes; `block` is the
+    family's declaration, its q/k/v biases set by whether the file has them."""
     if "token_embd.weight" not in tensors:
         raise ValueError("the file has no token_embd.weight tensor")
     if "rope_freqs.weight" in tensors and f"{arch}.rope.scaling.type" not in meta:
@@ -163,7 +166,7 @@ def llama_like_config(meta: Mapping[str, Any], tensors: Mapping[str, tuple[int, 
         rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
         context_length=_int(meta, f"{arch}.context_length", 2048),
         tied_embeddings="output.weight" not in tensors,
-        qkv_bias=qkv_bias,
+        block=replace(block, qkv_bias="blk.0.attn_q.bias" in tensors),
         rope_scaling=rope_scaling(meta, arch),
         bos_id=bos,
         eos_ids=eos,
@@ -202,8 +205,9 @@ def hf_rope(hf: Mapping[str, Any]) -> tuple[float, RopeScaling]:
     raise ValueError(f"rope scaling {kind!r} is not built by specedge (supported: linear, llama3)")
 
 
-def llama_like_config_from_hf(hf: Mapping[str, Any], *, arch: str, qkv_bias: bool) -> ModelConfig:
-    """ModelConfig from a Hugging Face config.json of a llama-like model; ValueError names what is not supported."""
+def llama_like_config_from_hf(hf: Mapping[str, Any], *, arch: str, block: BlockSpec) -> ModelConfig:
+    """ModelConfig from a Hugging Face config.json of a llama-like model whose block the family declares;
+    ValueError names what is not supported."""
     if hf.get("hidden_act", "silu") != "silu":
         raise ValueError(f"activation {hf['hidden_act']!r} is not supported (the builder runs SwiGLU with silu)")
     if hf.get("mlp_bias"):
@@ -229,7 +233,7 @@ def llama_like_config_from_hf(hf: Mapping[str, Any], *, arch: str, qkv_bias: boo
         rope_theta=theta,
         context_length=int(hf.get("max_position_embeddings") or 2048),
         tied_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        qkv_bias=qkv_bias,
+        block=block,
         rope_scaling=scaling,
         bos_id=None if bos is None else int(bos),
         eos_ids=eos,

@@ -10,16 +10,18 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import family_base
+from .block import BlockSpec
 from .config import ModelConfig
 
 ARCH = "llama"
+BLOCK = BlockSpec()  # pre-norm RMSNorm, SwiGLU, RoPE on every layer; GGUF files may add q/k/v biases
 GLOBAL_NAMES = family_base.GLOBAL_NAMES
 LAYER_NAMES = family_base.LAYER_NAMES
 
 
 def config_from_gguf(meta: Mapping[str, Any], tensors: Mapping[str, tuple[int, ...]]) -> ModelConfig:
     """ModelConfig from GGUF metadata and GGUF tensor name -> numpy shape."""
-    return family_base.llama_like_config(meta, tensors, arch=ARCH, qkv_bias="blk.0.attn_q.bias" in tensors)
+    return family_base.llama_like_config(meta, tensors, arch=ARCH, block=BLOCK)
 
 
 def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
@@ -27,7 +29,7 @@ def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
     if hf.get("attention_bias"):
         # LlamaAttention puts the same flag on o_proj, which has no canonical tensor (nor a GGUF one).
         raise ValueError("attention_bias: true (llama q/k/v/o biases) is not supported")
-    return family_base.llama_like_config_from_hf(hf, arch=ARCH, qkv_bias=False)
+    return family_base.llama_like_config_from_hf(hf, arch=ARCH, block=BLOCK)
 
 
 def _heads(canonical: str, config: ModelConfig) -> int | None:

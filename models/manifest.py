@@ -26,7 +26,8 @@ formats, each with its own versions; the runtime picks its backend by `format` a
     segments                      layered only: embed, layers (one file per layer), head, and shared (initializer
                                   names several segment graphs hold: stored once, loaded once, shared by sessions)
     weight_format                 fp32 | fp16 | int8 | int8-dynamic | int4
-    config                        ModelConfig fields (rope_scaling nested)
+    config                        ModelConfig fields (rope_scaling and block nested; manifests written before the
+                                  block existed carry qkv_bias instead and read as the llama block with it)
     io                            graph input/output names ("{i}" = layer index), the KV layout, and
                                   dynamic: kv_pad_rows (cache rows past the capacity that the graph writes scratch
                                   K/V into); static: verify_width, max_context, mask_value
@@ -51,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from .block import BlockSpec
 from .config import ModelConfig, RopeScaling
 from .errors import ModelFileError
 from .tokenizer_spec import TokenizerSpec
@@ -80,6 +82,7 @@ class Profile(enum.Enum):
 def config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
     d = dataclasses.asdict(cfg)
     d["eos_ids"] = list(cfg.eos_ids)
+    d["block"] = cfg.block.to_dict()
     return d
 
 
@@ -90,6 +93,8 @@ def config_from_dict(d: Mapping[str, Any]) -> ModelConfig:
     if not isinstance(rope, dict):
         raise TypeError(f"rope_scaling must be an object, not {type(rope).__name__}")
     d["rope_scaling"] = RopeScaling(**rope)
+    if "block" in d:  # manifests written before the block declaration carry qkv_bias (ModelConfig takes both)
+        d["block"] = BlockSpec.from_dict(d["block"])
     eos = d.get("eos_ids", ())
     if not isinstance(eos, (list, tuple)) or not all(_is_int(i) and i >= 0 for i in eos):
         raise TypeError(f"eos_ids must be a list of token ids, not {eos!r}")

@@ -9,16 +9,18 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import family_base
+from .block import BlockSpec
 from .config import ModelConfig
 
 ARCH = "qwen2"
+BLOCK = BlockSpec(qkv_bias=True)  # the llama block with q/k/v biases
 GLOBAL_NAMES = family_base.GLOBAL_NAMES
 LAYER_NAMES = family_base.LAYER_NAMES
 
 
 def config_from_gguf(meta: Mapping[str, Any], tensors: Mapping[str, tuple[int, ...]]) -> ModelConfig:
     """ModelConfig from GGUF metadata and GGUF tensor name -> numpy shape."""
-    return family_base.llama_like_config(meta, tensors, arch=ARCH, qkv_bias="blk.0.attn_q.bias" in tensors)
+    return family_base.llama_like_config(meta, tensors, arch=ARCH, block=BLOCK)
 
 
 def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
@@ -26,7 +28,7 @@ def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
     window = hf.get("sliding_window")
     if hf.get("use_sliding_window") and window and window < int(hf.get("max_position_embeddings") or 0):
         raise ValueError(f"sliding-window attention (window {window}) is not supported")
-    return family_base.llama_like_config_from_hf(hf, arch=ARCH, qkv_bias=True)
+    return family_base.llama_like_config_from_hf(hf, arch=ARCH, block=BLOCK)
 
 
 def to_gguf_layout(canonical: str, w: np.ndarray, config: ModelConfig) -> np.ndarray:

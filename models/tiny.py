@@ -64,7 +64,7 @@ def tiny_config(*, arch: str = "llama", n_layers: int = 2, d_model: int = 64, n_
     eos = tokens.index("<|im_end|>")
     return ModelConfig(arch=arch, n_layers=n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads,
                        head_dim=d_model // n_heads, d_ff=d_ff, vocab_size=len(tokens), rms_eps=1e-5,
-                       rope_theta=10000.0, context_length=context, tied_embeddings=tied, qkv_bias=arch == "qwen2",
+                       rope_theta=10000.0, context_length=context, tied_embeddings=tied, block=family(arch).BLOCK,
                        bos_id=tokens.index("<|endoftext|>"), eos_ids=(eos,), name=f"tiny-{arch}")
 
 

@@ -1,5 +1,7 @@
-"""Pure-NumPy reference transformer (llama / qwen2 families): the ground truth the other backends are checked against.
+"""Pure-NumPy reference transformer: the ground truth the other backends are checked against.
 
+It builds the block the model's config declares (models/block.py: norms and their placement, q/k norms, RoPE per
+layer from models/rope.py, sliding windows, activation, biases, fused tensors, embedding scale).
 float32 by default; float64 for exactness tests. Runs any subset of layers and exits early at any
 layer (LayerPlan), and takes a tree mask, because the self-speculative drafters build on that.
 """
@@ -7,43 +9,32 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...models.config import ModelConfig, RopeScaling, Weights
+from ...models import rope as rope_tables
+from ...models.block import Activation
+from ...models.config import Weights
 from ..kv import KVCache
 from ..types import Logits, Mask, Tokens
 from .base import BackendCaps, LayerPlan, check_room, tree_depths
 
 
-def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
-    """[head_dim/2] inverse frequencies, with linear or llama3 scaling applied."""
-    hd = cfg.head_dim
-    inv = 1.0 / (cfg.rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
-    rs: RopeScaling = cfg.rope_scaling
-    if rs.kind == "linear":
-        inv = inv / rs.factor
-    elif rs.kind == "llama3":
-        # Meta's llama3 rule: long wavelengths scaled by factor, short kept, smooth blend between.
-        low_wl = rs.original_context / rs.low_freq_factor
-        high_wl = rs.original_context / rs.high_freq_factor
-        wl = 2 * np.pi / inv
-        smooth = (rs.original_context / wl - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
-        blended = (1 - smooth) * inv / rs.factor + smooth * inv
-        inv = np.where(wl > low_wl, inv / rs.factor, np.where(wl < high_wl, inv, blended))
-    elif rs.kind != "none":
-        raise ValueError(f"RoPE scaling {rs.kind!r} is not supported by the NumPy backend (supported: none, linear, "
-                         "llama3); use a model without it or the llama.cpp backend")
-    return inv
-
-
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """HF rotate_half RoPE. x: [heads, T, hd]; cos, sin: [T, hd/2]."""
-    half = x.shape[-1] // 2
+    """HF rotate_half RoPE over the first 2 * cos.shape[-1] dims (the rest pass through). x: [heads, T, hd];
+    cos, sin: [T, rot/2]."""
+    half = cos.shape[-1]
+    if 2 * half != x.shape[-1]:  # partial rotary
+        return np.concatenate([apply_rope(x[..., :2 * half], cos, sin), x[..., 2 * half:]], axis=-1)
     x1, x2 = x[..., :half], x[..., half:]
     return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * w; `w` is the multiplier (BlockSpec.norm_scale of the stored weight)."""
     var = np.mean(np.square(x), axis=-1, keepdims=True)
     return x / np.sqrt(var + eps) * w
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
 def attention_mask(length: int, t: int, tree_mask: Mask | None) -> np.ndarray:
@@ -52,6 +43,13 @@ def attention_mask(length: int, t: int, tree_mask: Mask | None) -> np.ndarray:
     if new.shape != (t, t):
         raise ValueError(f"tree mask has shape {new.shape}, expected {(t, t)}")
     return np.concatenate([np.ones((t, length), dtype=bool), new], axis=1)
+
+
+def window_mask(mask: np.ndarray, length: int, positions: np.ndarray, window: int) -> np.ndarray:
+    """`mask` [t, length + t] restricted to keys less than `window` positions behind the query: committed slot s
+    holds position s, new token j position positions[j] (a tree's depth-based positions included)."""
+    keys = np.concatenate([np.arange(length), positions])
+    return mask & (positions[:, None] - keys[None, :] < window)
 
 
 class NumpyBackend:
@@ -67,7 +65,12 @@ class NumpyBackend:
         cast = (lambda a: a) if self.dtype == np.float32 else (lambda a: a.astype(self.dtype))
         self._w = {name: cast(t) for name, t in weights.tensors.items()}
         self._lm_head = self._w["embed"] if self.config.tied_embeddings else self._w["lm_head"]
-        self._inv_freq = rope_inv_freq(self.config)
+        spec = self.config.block
+        for name in self._w:
+            if name.endswith("norm"):  # every norm weight becomes the multiplier its norm applies
+                self._w[name] = spec.norm_scale(self._w[name])
+        self._rope = [rope_tables.layer_rope(self.config, i) for i in range(self.config.n_layers)]
+        self._inv_freq = {r: rope_tables.inv_freq(r) for r in rope_tables.distinct_ropes(self.config)}
         self._layer_bytes = [sum(int(t.nbytes) for n, t in self._w.items() if n.startswith(f"layers.{i}."))
                              for i in range(self.config.n_layers)]
 
@@ -109,10 +112,16 @@ class NumpyBackend:
         plan = plan or LayerPlan()
         layers = plan.resolve(c.n_layers)
         depth = np.arange(t) if tree_mask is None else tree_depths(tree_mask)
-        angles = (cache.length + depth).astype(np.float64)[:, None] * self._inv_freq[None, :]
-        cos, sin = np.cos(angles).astype(self.dtype), np.sin(angles).astype(self.dtype)
+        positions = cache.length + depth
+        tables = {}
+        for r, inv in self._inv_freq.items():
+            angles = positions.astype(np.float64)[:, None] * inv[None, :]
+            tables[r] = (np.cos(angles).astype(self.dtype), np.sin(angles).astype(self.dtype))
         mask = attention_mask(cache.length, t, tree_mask)
+        masks = {None: mask, **{w: window_mask(mask, cache.length, positions, w) for w in c.block.windows()}}
         h = self._w["embed"][tokens]
+        if c.block.embed_scale != 1.0:
+            h = h * self.dtype.type(c.block.embed_scale)
         tapped = {0: h} if 0 in taps else {}
         reuse = {r.layer: r for r in plan.reuse}
         for i in layers:
@@ -120,33 +129,68 @@ class NumpyBackend:
                 cache.skip(i, t)
                 h = h + reuse[i].delta(h)
             else:
-                h = self._block(i, h, cos, sin, mask, cache)
+                h = self._block(i, h, tables, masks, cache)
             if i + 1 in taps:
                 tapped[i + 1] = h
         cache.advance(t)
         return h, tapped
 
-    def _block(self, i: int, h: np.ndarray, cos, sin, mask, cache: KVCache) -> np.ndarray:
-        c, w, p = self.config, self._w, f"layers.{i}."
+    def _block(self, i: int, h: np.ndarray, tables: dict, masks: dict, cache: KVCache) -> np.ndarray:
+        """One block as the config declares it (models/block.py); writes layer i's K/V."""
+        c, spec, w, p = self.config, self.config.block, self._w, f"layers.{i}."
         t = h.shape[0]
         x = rms_norm(h, w[p + "attn_norm"], c.rms_eps)
-        q, k, v = x @ w[p + "q"].T, x @ w[p + "k"].T, x @ w[p + "v"].T
-        if c.qkv_bias:
-            q, k, v = q + w[p + "q_bias"], k + w[p + "k_bias"], v + w[p + "v_bias"]
-        q = apply_rope(q.reshape(t, c.n_heads, c.head_dim).transpose(1, 0, 2), cos, sin)  # [H, T, hd]
-        k = apply_rope(k.reshape(t, c.n_kv_heads, c.head_dim).transpose(1, 0, 2), cos, sin)  # [KV, T, hd]
+        q, k, v = self._qkv(p, x)
+        q = q.reshape(t, c.n_heads, c.head_dim).transpose(1, 0, 2)  # [H, T, hd]
+        k = k.reshape(t, c.n_kv_heads, c.head_dim).transpose(1, 0, 2)  # [KV, T, hd]
         v = v.reshape(t, c.n_kv_heads, c.head_dim).transpose(1, 0, 2)
+        if spec.qk_norm:
+            q, k = rms_norm(q, w[p + "q_norm"], c.rms_eps), rms_norm(k, w[p + "k_norm"], c.rms_eps)
+        if self._rope[i] is not None:
+            cos, sin = tables[self._rope[i]]
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         cache.write(i, k, v)
         keys, values = cache.view(i, t)  # [KV, S, hd]
         q = q.reshape(c.n_kv_heads, c.group * t, c.head_dim)  # query heads grouped under their KV head
         scores = (q @ keys.transpose(0, 2, 1)) * self.dtype.type(1.0 / np.sqrt(c.head_dim))  # [KV, G*T, S]
         scores = scores.reshape(c.n_kv_heads, c.group, t, -1)
+        mask = masks[spec.layer(i).window]
         hole = cache.absent[i, :scores.shape[-1]]
         scores = np.where(mask & ~hole if hole.any() else mask, scores, -np.inf)
         scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
         probs = (scores / scores.sum(axis=-1, keepdims=True)).reshape(c.n_kv_heads, c.group * t, -1)
         attn = (probs @ values).reshape(c.n_heads, t, c.head_dim).transpose(1, 0, 2).reshape(t, -1)
-        h = h + attn @ w[p + "o"].T
+        a = attn @ w[p + "o"].T
+        if spec.o_bias:
+            a = a + w[p + "o_bias"]
+        if spec.post_norms:
+            a = rms_norm(a, w[p + "post_attn_norm"], c.rms_eps)
+        h = h + a
         x = rms_norm(h, w[p + "ffn_norm"], c.rms_eps)
-        gate = x @ w[p + "gate"].T
-        return h + ((gate / (1.0 + np.exp(-gate))) * (x @ w[p + "up"].T)) @ w[p + "down"].T
+        m = self._mlp(p, x)
+        if spec.post_norms:
+            m = rms_norm(m, w[p + "post_ffn_norm"], c.rms_eps)
+        return h + m
+
+    def _qkv(self, p: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """q [T, H*hd], k, v [T, KV*hd], biases added."""
+        c, spec, w = self.config, self.config.block, self._w
+        if spec.fused_qkv:
+            qkv = x @ w[p + "qkv"].T
+            if spec.qkv_bias:
+                qkv = qkv + w[p + "qkv_bias"]
+            return tuple(np.split(qkv, [c.n_heads * c.head_dim, (c.n_heads + c.n_kv_heads) * c.head_dim], axis=-1))
+        q, k, v = x @ w[p + "q"].T, x @ w[p + "k"].T, x @ w[p + "v"].T
+        if spec.qkv_bias:
+            q, k, v = q + w[p + "q_bias"], k + w[p + "k_bias"], v + w[p + "v_bias"]
+        return q, k, v
+
+    def _mlp(self, p: str, x: np.ndarray) -> np.ndarray:
+        """down(act(gate) * up) with the declared activation."""
+        spec, w = self.config.block, self._w
+        if spec.fused_gate_up:
+            gate, up = np.split(x @ w[p + "gate_up"].T, 2, axis=-1)
+        else:
+            gate, up = x @ w[p + "gate"].T, None
+        act = gate / (1.0 + np.exp(-gate)) if spec.activation is Activation.SILU else gelu_tanh(gate)
+        return (act * (x @ w[p + "up"].T if up is None else up)) @ w[p + "down"].T

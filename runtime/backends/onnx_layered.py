@@ -125,10 +125,11 @@ class OnnxLayeredBackend:
                                 partial_rollback=True, max_batch_tokens=self.config.context_length)
 
     def _holder(self, name: str) -> Path:
-        """A segment graph that holds initializer `name` (the first layer for RoPE tables, else the head)."""
+        """A segment graph that holds initializer `name` (the first layer for RoPE tables, else the head; a RoPE
+        only later layers run, models/rope.py, is in one of them)."""
         import onnx
         seg = self.manifest.raw["segments"]
-        for f in (seg["layers"][0], seg["head"], seg["embed"]):
+        for f in (seg["layers"][0], seg["head"], seg["embed"], *seg["layers"][1:]):
             g = onnx.load(str(self.manifest.root / f), load_external_data=False).graph
             if any(t.name == name for t in g.initializer):
                 return self.manifest.root / f
