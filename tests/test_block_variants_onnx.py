@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from specedge.export.onnx_export import FloatSource, StaticShape, export_onnx  # noqa: E402
+from specedge.export.onnx_export import LAYERED, ExportProfile, FloatSource, StaticShape, export_onnx  # noqa: E402
 from specedge.export.onnx_linear import ExportOptions, WeightFormat  # noqa: E402
 from specedge.models.block import UnsupportedVariant  # noqa: E402
 from specedge.runtime.backends import open_onnx  # noqa: E402
@@ -16,9 +16,9 @@ from block_variants import GEMMA_LIKE, PARTIAL, PHI_LIKE, SPECS, TOL, tokens, va
 from verify_walk import walk_verify_steps  # noqa: E402  (tests/ is on the path)
 
 
-def _export(tmp_path, weights, **profile):
+def _export(tmp_path, weights, profile: ExportProfile = ExportProfile()):
     out = tmp_path / "onnx"
-    export_onnx(FloatSource(weights), out, ExportOptions(WeightFormat.FP32), **profile)
+    export_onnx(FloatSource(weights), out, ExportOptions(WeightFormat.FP32), profile=profile)
     return open_onnx(out, threads=1)
 
 
@@ -38,7 +38,7 @@ def test_dynamic_profile_matches_numpy(tmp_path, name):
 
 def test_layered_profile_matches_numpy_with_plans(tmp_path):
     w = variant_weights(GEMMA_LIKE, seed=4)
-    got, ref = _export(tmp_path, w, layered=True), NumpyBackend(w)
+    got, ref = _export(tmp_path, w, LAYERED), NumpyBackend(w)
     walk_verify_steps(got, ref, capacity=64, prefill=9, steps=8, max_width=5, tol=TOL)
     for plan in (LayerPlan(layers=(0, 2, 3)), LayerPlan(exit_layer=2)):
         cg, cr = got.new_cache(32), ref.new_cache(32)
@@ -49,12 +49,12 @@ def test_layered_profile_matches_numpy_with_plans(tmp_path):
 @pytest.mark.parametrize("spec", [GEMMA_LIKE, PHI_LIKE, PARTIAL], ids=["gemma-like", "phi-like", "partial"])
 def test_static_profile_matches_numpy(tmp_path, spec):
     w = variant_weights(spec, seed=5)
-    got, ref = _export(tmp_path, w, static=StaticShape(4, 48)), NumpyBackend(w)
+    got, ref = _export(tmp_path, w, ExportProfile.static(StaticShape(4, 48))), NumpyBackend(w)
     walk_verify_steps(got, ref, capacity=48, prefill=9, steps=10, max_width=4, tol=TOL)
 
 
-@pytest.mark.parametrize("profile", [{}, {"layered": True}], ids=["dynamic", "layered"])
+@pytest.mark.parametrize("profile", [ExportProfile(), LAYERED], ids=["dynamic", "layered"])
 def test_dynamic_profiles_refuse_partial_rotary_by_name(tmp_path, profile):
     with pytest.raises(UnsupportedVariant, match="rotary_fraction=0.5"):
         export_onnx(FloatSource(variant_weights(PARTIAL)), tmp_path / "x", ExportOptions(WeightFormat.FP32),
-                    **profile)
+                    profile=profile)
