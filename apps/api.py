@@ -166,8 +166,6 @@ class Engine:
     def _run(self, ids: np.ndarray, opts: CallOptions, params: SamplingParams, cancel, out: dict
              ) -> Iterator[Chunk]:
         with self._lock:
-            if self.drafter is not None and hasattr(self.drafter, "params"):
-                self.drafter.params = params  # drafters that sample draft with this call's settings
             dstats, t0, ttft = DecodeStats(), time.perf_counter(), None
             reason = FinishReason.LENGTH
             try:

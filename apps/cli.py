@@ -123,7 +123,7 @@ def models_cmd(cache_dir: Path | None) -> None:
 def run_once(target, drafter, params, prompt_ids, o, *, echo: bool, decoder=None):
     stats = DecodeStats()
     parts, tokens, reason = [], [], None
-    extra = {} if decoder is None else {"decoder": decoder}
+    extra = {} if decoder is None else {"lossy": decoder}
     for r in stream(target.backend, target.tokenizer, prompt_ids, params, drafter=drafter, k=o["k"],
                     max_tokens=o["max_tokens"], stop=o["stop"], rng=np.random.default_rng(o["seed"]), stats=stats,
                     ctx=o["ctx"], adaptive_k=o["adaptive_k"], verifier_kind=VerifierKind(o["verifier"]), **extra):

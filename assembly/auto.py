@@ -54,7 +54,7 @@ def candidate_specs(target: LoadedModel, requested: Sequence[str]) -> list[str]:
     specs = ["ngram"]
     for text in requested:
         spec = DrafterSpec.parse(text)
-        if spec.kind not in (DrafterKind.NONE, DrafterKind.RECYCLE) and not spec.tree and text not in specs:
+        if spec.kind not in (DrafterKind.NONE, DrafterKind.RECYCLE) and not spec.is_tree and text not in specs:
             specs.append(text)
     if getattr(target.backend.caps, "layer_plan", False) and SELFSPEC_DEFAULT not in specs:
         specs.append(SELFSPEC_DEFAULT)
