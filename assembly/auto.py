@@ -23,8 +23,7 @@ from .profile import (PLAIN, Choice, DeviceProfile, choose, k_label, load_profil
                             profile_key, profile_path, save_profile)
 from .profile_measure import MeasureSettings, measure
 from ..runtime.backends import BackendKind
-from ..runtime.types import SamplingParams
-from .load import DrafterKind, DrafterSpec, LoadedModel, load_model, make_drafter
+from .load import DrafterKind, LoadedModel, load_model, make_drafter, parse_drafter
 
 if TYPE_CHECKING:
     from .decoder import DecodeSettings, ModelSettings
@@ -56,8 +55,8 @@ def candidate_specs(target: LoadedModel, requested: Sequence[str]) -> list[str]:
     is always a candidate; trees are not tuned here), and layer skip where the backend runs layer plans."""
     specs = ["ngram"]
     for text in requested:
-        spec = DrafterSpec.parse(text)
-        if spec.kind not in (DrafterKind.NONE, DrafterKind.RECYCLE) and not spec.tree and text not in specs:
+        spec = parse_drafter(text)
+        if spec.kind not in (DrafterKind.NONE, DrafterKind.RECYCLE) and not spec.is_tree and text not in specs:
             specs.append(text)
     if getattr(target.backend.caps, "layer_plan", False) and SELFSPEC_DEFAULT not in specs:
         specs.append(SELFSPEC_DEFAULT)
@@ -107,8 +106,7 @@ def load_or_measure(target: LoadedModel, label: str, specs: Sequence[str], *, th
         specs = list(old.drafters) + missing
     log(f"{why}: measuring {label} (T(n), drafters {', '.join(specs)}; each drafter decodes {settings.prompts} "
         "prompts twice)")
-    params = SamplingParams()  # profiles are measured greedily
-    drafters = {s: make_drafter(DrafterSpec.parse(s), target, params, ctx=ctx, threads=threads, cache_dir=cache_dir,
+    drafters = {s: make_drafter(parse_drafter(s), target, ctx=ctx, threads=threads, cache_dir=cache_dir,
                                 device=device) for s in specs}
     fields = measure(target, drafters, settings, log=log)
     profile = DeviceProfile(key=key, target=label, backend=target.kind.value, model=str(target.path),
@@ -129,7 +127,7 @@ def auto_settings(model: "ModelSettings", decode: "DecodeSettings", target: Load
                                     device=model.device, cache_dir=model.cache_dir, ctx=model.ctx, log=log)
     choice = choose(profile, specs)
     log(f"--auto: {choice.describe()}; profile {path}")
-    return replace(decode, drafter=DrafterSpec.parse(choice.drafter),
+    return replace(decode, drafter=parse_drafter(choice.drafter),
                    k=choice.k if choice.drafter != PLAIN else decode.k, adaptive_k=choice.adaptive)
 
 

@@ -24,7 +24,7 @@ from ..runtime.session import Session
 from ..runtime.stats import DecodeStats
 from ..runtime.types import GenerationResult, Response, SamplingParams, Tokens
 from ..runtime.verify import VerifierKind
-from .load import DrafterSpec, LoadedModel, load_model, make_drafter
+from .load import DrafterSpec, LoadedModel, load_model, make_drafter, parse_drafter
 
 Log = Callable[[str], None]
 
@@ -43,7 +43,7 @@ class ModelSettings:
 @dataclass(frozen=True)
 class DecodeSettings:
     """How a decoder decodes: the drafter, the draft length and its policy, the verifier, or an opt-in lossy mode."""
-    drafter: DrafterSpec = field(default_factory=lambda: DrafterSpec.parse("ngram"))
+    drafter: DrafterSpec = field(default_factory=lambda: parse_drafter("ngram"))
     k: int = 4  # the draft length; its maximum with adaptive_k
     adaptive_k: bool = True
     verifier: VerifierKind = VerifierKind.CHAIN
@@ -91,9 +91,8 @@ class Decoder:
             from .loradrop import lossy_decoder
             self.lossy = lossy_decoder(decode.lossy, model, cache_dir=settings.cache_dir, ctx=settings.ctx)
         else:
-            self.drafter = make_drafter(decode.drafter, model, SamplingParams(), ctx=settings.ctx,
-                                        threads=settings.threads, cache_dir=settings.cache_dir,
-                                        device=settings.device)
+            self.drafter = make_drafter(decode.drafter, model, ctx=settings.ctx, threads=settings.threads,
+                                        cache_dir=settings.cache_dir, device=settings.device)
 
     @property
     def tokenizer(self):
@@ -115,7 +114,7 @@ class Decoder:
     def stream(self, prompt_ids: Tokens | Sequence[int], call: CallSettings, *, stats: DecodeStats | None = None,
                session: Session | None = None) -> Iterator[Response]:
         """Decode prompt_ids (already templated and tokenized); the last Response carries the finish reason."""
-        extra = {} if self.lossy is None else {"decoder": self.lossy}
+        extra = {} if self.lossy is None else {"lossy": self.lossy}
         if session is not None:
             extra["session"] = session
         s = self.settings

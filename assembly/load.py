@@ -10,7 +10,6 @@
 """
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,15 +20,8 @@ from ..models.errors import ModelFileError
 from ..models.manifest import MANIFEST, Profile, read_manifest
 from ..models.gguf_in import GGUFModel, open_gguf
 from ..runtime.backends import Backend, BackendKind, open_backend, open_onnx
-from ..runtime.backends.base import require_tree
-from ..runtime.draft_stop import parse_stop
-from ..runtime.drafters.base import Drafter
-from ..runtime.drafters.early_exit import DelDrafter, EarlyExitDrafter
-from ..runtime.drafters.layerskip import LayerSkipDrafter, SwiftDrafter
-from ..runtime.drafters.model import ModelDrafter
-from ..runtime.drafters.ngram import NgramDrafter
-from ..runtime.drafters.recycle import RecycleDrafter
-from ..runtime.drafters.selfspec import require_layered
+from ..runtime.drafters import (Drafter, DrafterInputs, DrafterKind, DrafterSpec, DraftModel, ModelSpec,  # noqa: F401
+                                build_drafter, check_target, parse_drafter)  # re-exported for the apps
 from ..runtime.tokenizer import Tokenizer
 from ..runtime.vocab_trim import drafter_manifest, read_drafter_vocab
 from ..runtime.types import SamplingParams
@@ -121,161 +113,26 @@ def load_model(name_or_path: str, kind: BackendKind, *, ctx: int | None = None, 
     return LoadedModel(path, gguf, tokenizer, backend, kind)
 
 
-class DrafterKind(enum.Enum):
-    NONE = "none"
-    NGRAM = "ngram"
-    MODEL = "model"
-    RECYCLE = "recycle"  # token recycling trees (needs a backend with tree masks)
-    SKIP = "skip"  # balanced layer skip at speed ratio R (ALGORITHMS.md 2.3)
-    SWIFT = "swift"  # on-the-fly skip-set search (2.3)
-    EXIT = "exit"  # early exit at layer l (2.4)
-    DEL = "del"  # exit layer and draft length from shadow tokens (2.4)
-    LORADROP = "loradrop"  # self-speculative LoRA-Drop (2.5); optional argument: a fitted corrections directory
-
-
-_ARG = {DrafterKind.MODEL: "model:<name-or-path>", DrafterKind.SKIP: "skip:<R>", DrafterKind.EXIT: "exit:<layer>"}
-_STOPS = ("conf", "logistic")
-
-
-@dataclass(frozen=True)
-class DrafterSpec:
-    kind: DrafterKind
-    model: str | None = None  # DrafterKind.MODEL: catalogue name or GGUF path; an exported artifact for onnx
-    value: float | None = None  # skip: the speed ratio R; exit: the exit layer; recycle: the tree's node count
-    stop: str | None = None  # a draft-stop policy for drafters with q (runtime/draft_stop.py), from a '+' suffix
-    tree: int | None = None  # model drafters: draft a dynamic tree of this many nodes ('+tree[:<nodes>]')
-    lookup: int | None = None  # model drafters: prompt lookup first, matches of >= this many tokens ('+lookup[:<n>]')
-
-    @classmethod
-    def parse(cls, text: str) -> "DrafterSpec":
-        """'none' | 'ngram' | 'model:<name-or-path>' | 'recycle[:<nodes>]' | 'skip:<R>' | 'swift' | 'exit:<layer>' |
-        'del' | 'loradrop[:<corrections-dir>]', optionally followed by '+<stop>' (model and self-speculative
-        drafters): +conf, +conf:<t>, +logistic, +logistic:<h>; or, for a model drafter, '+tree[:<nodes>]' (a dynamic
-        draft tree, runtime/drafters/dytree.py) or '+lookup[:<n>]' (prompt lookup first, the model when no n-token
-        match exists, runtime/drafters/lookup.py)."""
-        body, plus, stop = text.rpartition("+")
-        if plus and stop.partition(":")[0] == "tree":
-            return cls._tree(text, body, stop.partition(":")[2])
-        if plus and stop.partition(":")[0] == "lookup":
-            return cls._lookup(text, body, stop.partition(":")[2])
-        if not plus or stop.partition(":")[0] not in _STOPS:
-            body, stop = text, None
-        head, _, arg = body.partition(":")
-        try:
-            kind = DrafterKind(head)
-        except ValueError:
-            raise ValueError(f"unknown drafter {text!r}; use none, ngram, recycle[:nodes], model:<name-or-path>, "
-                             "skip:<R>, swift, exit:<layer>, del or loradrop[:<corrections-dir>]") from None
-        if kind is DrafterKind.LORADROP:
-            if stop is not None:
-                raise ValueError(f"drafter {text!r}: the loradrop drafter takes no draft stop; drop the +{stop}")
-            return cls(kind, arg or None)  # optional: a fitted corrections directory
-        if kind is DrafterKind.RECYCLE:
-            if arg and not arg.isdigit():
-                raise ValueError(f"drafter {text!r}: the recycle tree size is a node count, as recycle:16")
-            if stop is not None:
-                raise ValueError(f"drafter {text!r}: recycle drafts trees without probabilities; drop the +{stop}")
-            return cls(kind, None, int(arg) if arg else 16)
-        if (kind in _ARG) != bool(arg):
-            raise ValueError(f"drafter {text!r}: only {', '.join(_ARG.values())} (and recycle:<nodes>) take an "
-                             "argument")
-        if stop is not None:
-            if kind in (DrafterKind.NONE, DrafterKind.NGRAM):
-                raise ValueError(f"drafter {text!r}: a draft stop needs a drafter with probabilities (model, skip, "
-                                 "swift, exit, del)")
-            parse_stop(stop)  # fails here, at start-up
-        if kind is DrafterKind.MODEL:
-            return cls(kind, arg, stop=stop)
-        value = None
-        if arg:
-            try:
-                value = int(arg) if kind is DrafterKind.EXIT else float(arg)
-            except ValueError:
-                raise ValueError(f"drafter {text!r}: expected {_ARG[kind]} with a number") from None
-        return cls(kind, None, value, stop)
-
-    @classmethod
-    def _tree(cls, text: str, body: str, nodes: str) -> "DrafterSpec":
-        spec = cls.parse(body)
-        if spec.kind is not DrafterKind.MODEL or spec.stop is not None:
-            raise ValueError(f"drafter {text!r}: +tree[:<nodes>] follows a model drafter without a draft stop, as "
-                             "model:<name>+tree:16")
-        if nodes and not (nodes.isdigit() and 1 <= int(nodes) <= 256):
-            raise ValueError(f"drafter {text!r}: the tree size is a node count in 1..256, as +tree:16")
-        return cls(spec.kind, spec.model, tree=int(nodes) if nodes else 16)
-
-    @classmethod
-    def _lookup(cls, text: str, body: str, n: str) -> "DrafterSpec":
-        spec = cls.parse(body)
-        if spec.kind is not DrafterKind.MODEL or spec.tree:
-            raise ValueError(f"drafter {text!r}: +lookup[:<n>] follows a chain model drafter, as "
-                             "model:<name>+lookup:2")
-        if n and not (n.isdigit() and 1 <= int(n) <= 3):
-            raise ValueError(f"drafter {text!r}: the lookup match length is 1, 2 or 3 tokens, as +lookup:2")
-        return cls(spec.kind, spec.model, stop=spec.stop, lookup=int(n) if n else 2)
-
-    def __str__(self) -> str:
-        """The canonical --drafter text: parse(str(spec)) == spec."""
-        if self.kind is DrafterKind.MODEL:
-            tail = f"+tree:{self.tree}" if self.tree else f"+lookup:{self.lookup}" if self.lookup else ""
-            return f"model:{self.model}{'+' + self.stop if self.stop else ''}{tail}"
-        if self.kind is DrafterKind.LORADROP:
-            return f"loradrop:{self.model}" if self.model else "loradrop"
-        if self.kind is DrafterKind.RECYCLE:
-            return f"recycle:{self.nodes}"
-        arg = "" if self.value is None else f":{int(self.value) if self.kind is DrafterKind.EXIT else self.value:g}"
-        return f"{self.kind.value}{arg}{'+' + self.stop if self.stop else ''}"
-
-    @property
-    def nodes(self) -> int:
-        """DrafterKind.RECYCLE: the tree template's node count."""
-        return int(self.value) if self.value is not None else 16
-
-
-parse_drafter = DrafterSpec.parse
-
-
-def make_drafter(spec: DrafterSpec, target: LoadedModel, params: SamplingParams, *, ctx: int | None = None,
-                 threads: int | None = None, cache_dir: Path | None = None, device: str = "auto") -> Drafter | None:
-    """Build the drafter; a draft model runs on the target's backend kind and must share its tokenizer (checked
-    here, at start-up)."""
-    if spec.kind is DrafterKind.NONE:
-        return None
-    if spec.kind is DrafterKind.NGRAM:
-        return NgramDrafter()
-    if spec.kind is DrafterKind.RECYCLE:
-        require_tree(target.backend)  # at start-up
-        return RecycleDrafter(target.backend.config.vocab_size, spec.nodes)
-    stop = parse_stop(spec.stop) if spec.stop else None
-    selfspec = {DrafterKind.SKIP: lambda: LayerSkipDrafter(spec.value, params, stop),
-                DrafterKind.SWIFT: lambda: SwiftDrafter(params, stop),
-                DrafterKind.EXIT: lambda: EarlyExitDrafter(int(spec.value), params, stop),
-                DrafterKind.DEL: lambda: DelDrafter(params, stop)}
-    if spec.kind in selfspec:
-        drafter = selfspec[spec.kind]()
-        require_layered(target.backend, drafter.name)  # at start-up, not at the first bind
-        return drafter
-    if spec.kind is DrafterKind.LORADROP:
-        from ..runtime.drafters.loradrop import LoRADropDrafter
+def make_drafter(spec: DrafterSpec, target: LoadedModel, params: SamplingParams | None = None, *,
+                 ctx: int | None = None, threads: int | None = None, cache_dir: Path | None = None,
+                 device: str = "auto") -> Drafter | None:
+    """Load what the spec needs (a draft model on the target's backend kind, sharing its tokenizer; LoRA-Drop
+    corrections) and build the drafter through the registry (runtime/drafters/registry.py); checked here, at
+    start-up. `params` is unused (drafters draft from each call's SamplingParams); kept while callers pass it."""
+    check_target(spec, target.backend)  # before loading anything (tree masks, drop steps)
+    draft = _draft_model(spec, target, ctx=ctx, threads=threads, cache_dir=cache_dir, device=device) \
+        if spec.needs_draft else None
+    corrections = None
+    if spec.needs_corrections:
         from .loradrop import load_corrections
-        return LoRADropDrafter(load_corrections(spec.model, target), params)
-    if spec.tree:
-        require_tree(target.backend)  # at start-up: the target verifies the tree
-        from ..runtime.drafters.dytree import DynamicTreeDrafter
-        return DynamicTreeDrafter(_model_drafter(spec, target, params, None, ctx=ctx, threads=threads,
-                                                 cache_dir=cache_dir, device=device), spec.tree)
-    drafter = _model_drafter(spec, target, params, stop, ctx=ctx, threads=threads, cache_dir=cache_dir, device=device)
-    if spec.lookup:
-        from ..runtime.drafters.lookup import LookupModelDrafter
-        return LookupModelDrafter(drafter, spec.lookup)
-    return drafter
+        corrections = load_corrections(spec.dir, target)
+    return build_drafter(spec, DrafterInputs(target.backend, draft, corrections))
 
 
-def _model_drafter(spec: DrafterSpec, target: LoadedModel, params: SamplingParams, stop, *, ctx, threads, cache_dir,
-                   device) -> ModelDrafter:
+def _draft_model(spec: ModelSpec, target: LoadedModel, *, ctx, threads, cache_dir, device) -> DraftModel:
     if target.kind is BackendKind.NUMPY and resolve_model(spec.model, cache_dir).resolve() == target.path.resolve():
         # The NumPy backend holds any number of caches over one copy of the weights.
-        return ModelDrafter(target.backend, params, max_len=ctx, name=f"model:{spec.model}", stop=stop)
+        return DraftModel(target.backend, spec.model, max_len=ctx)
     if target.kind is BackendKind.ONNX:  # a --drafter-vocab artifact drafts with its trimmed head
         draft = load_onnx(spec.model, device=device, threads=threads, cache_dir=cache_dir, trimmed=True)
     else:
@@ -283,6 +140,4 @@ def _model_drafter(spec: DrafterSpec, target: LoadedModel, params: SamplingParam
     if draft.tokenizer.fingerprint() != target.tokenizer.fingerprint():
         raise ValueError(f"the draft model {spec.model} has a different tokenizer from the target {target.path.name}; "
                          "speculative decoding needs identical vocabularies: pick a drafter from the same family")
-    trim = "" if draft.vocab_ids is None else f" (vocab {len(draft.vocab_ids)})"
-    return ModelDrafter(draft.backend, params, max_len=ctx, name=f"model:{spec.model}{trim}", stop=stop,
-                        vocab_ids=draft.vocab_ids)
+    return DraftModel(draft.backend, spec.model, draft.vocab_ids, ctx)

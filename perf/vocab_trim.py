@@ -130,7 +130,7 @@ def main(argv=None) -> None:
     for (name, backend, ids), cost in zip(drafters, costs):
         row = {"N": name, "drafter_bytes_per_token": backend.weight_bytes(), "forward_cpu_ms": round(cost, 3)}
         for t in a.temperatures:
-            drafter = ModelDrafter(backend, SamplingParams(temperature=t), vocab_ids=ids)
+            drafter = ModelDrafter(backend, vocab_ids=ids)
             r = run(target.backend, target.tokenizer, drafter, evals, SamplingParams(temperature=t), a.k, a.tokens)
             row[f"T={t}"] = {key: round(v, 3) for key, v in r.items()}
         rows.append(row)

@@ -11,12 +11,14 @@ kept and drafting ends (it is verified, so the policy still sees labels for low-
 threshold again). `observe(feats, n_accepted)` labels the verified prefix: tokens 1..n accepted, token n+1 rejected
 (when it was drafted); tokens after it carry no label.
 
-Spec strings (apps/engine.py, as a drafter suffix `+<stop>`): `conf` | `conf:<threshold>` (fixed threshold: no
+Spec strings (StopSpec; a drafter spec's suffix `+<stop>`, runtime/drafters/spec.py): `conf` | `conf:<threshold>` (fixed threshold: no
 re-fit) | `logistic` | `logistic:<h>`.
 """
 from __future__ import annotations
 
+import enum
 from collections import deque
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -145,15 +147,50 @@ def fit_logistic(x: np.ndarray, y: np.ndarray, w0: np.ndarray, l2: float, steps:
     return w
 
 
+def format_number(x: float) -> str:
+    """A spec's number as text that parses back to it: 2.0 -> '2', 0.4 -> '0.4'."""
+    x = float(x)
+    return str(int(x)) if x.is_integer() else repr(x)
+
+
+class StopKind(enum.Enum):
+    CONF = "conf"  # ConfidenceStop (a number: a fixed threshold, no re-fit)
+    LOGISTIC = "logistic"  # LogisticStop (a number: the rejection threshold h)
+
+
+@dataclass(frozen=True)
+class StopSpec:
+    """A draft-stop policy as written in a drafter spec's '+<stop>' suffix; `build` makes a fresh policy."""
+
+    kind: StopKind
+    value: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "StopSpec":
+        """'conf' | 'conf:<threshold>' | 'logistic' | 'logistic:<h>'; the policy's own checks run here too."""
+        head, _, arg = text.partition(":")
+        try:
+            value = float(arg) if arg else None
+        except ValueError:
+            raise ValueError(f"draft stop {text!r}: the argument must be a number, as conf:0.4 or logistic:0.5"
+                             ) from None
+        try:
+            spec = cls(StopKind(head), value)
+        except ValueError:
+            raise ValueError(f"unknown draft stop {text!r}; use conf, conf:<threshold>, logistic or logistic:<h>"
+                             ) from None
+        spec.build()  # a value out of range fails at start-up
+        return spec
+
+    def build(self) -> DraftStop:
+        if self.kind is StopKind.CONF:
+            return ConfidenceStop() if self.value is None else ConfidenceStop(self.value, refit=False)
+        return LogisticStop() if self.value is None else LogisticStop(self.value)
+
+    def __str__(self) -> str:
+        return self.kind.value + ("" if self.value is None else f":{format_number(self.value)}")
+
+
 def parse_stop(text: str) -> DraftStop:
     """'conf' | 'conf:<threshold>' | 'logistic' | 'logistic:<h>'."""
-    head, _, arg = text.partition(":")
-    try:
-        value = float(arg) if arg else None
-    except ValueError:
-        raise ValueError(f"draft stop {text!r}: the argument must be a number, as conf:0.4 or logistic:0.5") from None
-    if head == "conf":
-        return ConfidenceStop() if value is None else ConfidenceStop(value, refit=False)
-    if head == "logistic":
-        return LogisticStop() if value is None else LogisticStop(value)
-    raise ValueError(f"unknown draft stop {text!r}; use conf, conf:<threshold>, logistic or logistic:<h>")
+    return StopSpec.parse(text).build()

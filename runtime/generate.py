@@ -12,6 +12,8 @@ import numpy as np
 from .backends.base import Backend
 from .decode import decode
 from .drafters.base import Drafter
+from .lossy import LossyMode
+from .session import Session
 from .stats import DecodeStats
 from .tokenizer import StreamDecoder, Tokenizer
 from .types import FinishReason, GenerationResult, Response, SamplingParams, Tokens
@@ -37,11 +39,12 @@ def stream(target: Backend, tokenizer: Tokenizer, prompt: Tokens, params: Sampli
            drafter: Drafter | None = None, k: int = 4, max_tokens: int = 128, stop: Sequence[str] = (),
            rng: np.random.Generator | None = None, stats: DecodeStats | None = None,
            eos_ids: Sequence[int] | None = None, ctx: int | None = None, adaptive_k: bool = False,
-           verifier_kind: VerifierKind = VerifierKind.CHAIN, decoder=decode, session=None) -> Iterator[Response]:
+           verifier_kind: VerifierKind = VerifierKind.CHAIN, lossy: LossyMode | None = None,
+           session: Session | None = None) -> Iterator[Response]:
     """Yield Responses as tokens are committed; the last one carries the finish reason.
 
-    decoder: `decode`, or a callable with its signature that yields TokenEvents (runtime/lossy.py's labelled
-    lossy modes). session: a runtime/session.py Session whose cached prefix is reused (the `decode` decoder only).
+    lossy: a labelled lossy mode (runtime/lossy.py) instead of speculation. session: a runtime/session.py Session
+    whose cached prefix is reused.
 
     Text that might begin a stop string is held back until it cannot; a stop string and the EOS token
     are never part of the output.
@@ -50,9 +53,9 @@ def stream(target: Backend, tokenizer: Tokenizer, prompt: Tokens, params: Sampli
     eos = tuple(tokenizer.eos_ids if eos_ids is None else eos_ids)
     detok = StreamDecoder(tokenizer)
     pending, produced, t0 = "", 0, time.perf_counter()
-    extra = {} if session is None else {"session": session}
-    events = decoder(target, prompt, params, drafter=drafter, k=k, max_tokens=max_tokens, eos_ids=eos, rng=rng,
-                     stats=stats, ctx=ctx, adaptive_k=adaptive_k, verifier_kind=verifier_kind, **extra)
+    events = decode(target, prompt, params, drafter=drafter, k=k, max_tokens=max_tokens, eos_ids=eos, rng=rng,
+                    stats=stats, ctx=ctx, adaptive_k=adaptive_k, verifier_kind=verifier_kind, session=session,
+                    lossy=lossy)
     for ev in events:
         produced += 1
         rate = produced / max(time.perf_counter() - t0, 1e-9)

@@ -11,6 +11,7 @@ from specedge.models.tiny import write_tiny_gguf
 from specedge.runtime.backends.fake import MarkovBackend, random_markov_table
 from specedge.runtime.backends.numpy_ref import NumpyBackend
 from specedge.runtime.decode import decode
+from specedge.runtime.drafters.base import Drafter
 from specedge.runtime.drafters.model import ModelDrafter
 from specedge.runtime.drafters.ngram import NgramDrafter
 from specedge.runtime.generate import generate, held_back
@@ -22,21 +23,15 @@ from specedge.runtime.types import Draft, FinishReason, SamplingParams
 GREEDY = SamplingParams()
 
 
-class RandomDrafter:
+class RandomDrafter(Drafter):
     """Proposes uniformly random tokens: almost always rejected, must never change the output."""
-    name, weight_bytes_per_token = "random", 0
+    name = "random"
 
     def __init__(self, vocab):
         self.vocab = vocab
 
-    def begin(self, prompt):
-        pass
-
-    def propose(self, context, k, rng):
+    def propose(self, context, k, params, rng):
         return Draft(tokens=rng.integers(0, self.vocab, k).astype(np.int32))
-
-    def accept(self, n, tok):
-        pass
 
 
 @pytest.fixture(scope="module")
@@ -63,14 +58,14 @@ def test_greedy_speculative_equals_plain(tiny, which, k):
     for text in PROMPTS:
         prompt = tok.encode(text)
         drafter = {"ngram": NgramDrafter(), "random": RandomDrafter(target.config.vocab_size),
-                   "self": ModelDrafter(target, GREEDY), "other": ModelDrafter(other, GREEDY)}[which]
+                   "self": ModelDrafter(target), "other": ModelDrafter(other)}[which]
         assert tokens_of(target, prompt, drafter, k=k) == tokens_of(target, prompt), (which, k, text)
 
 
 def test_identical_drafter_reaches_full_acceptance(tiny):
     target, _, tok = tiny
     st = DecodeStats()
-    tokens_of(target, tok.encode("hello world"), ModelDrafter(target, GREEDY), k=4, n=41, stats=st)
+    tokens_of(target, tok.encode("hello world"), ModelDrafter(target), k=4, n=41, stats=st)
     assert st.acceptance_rate == 1.0
     assert st.mean_accepted_length == pytest.approx(5.0, abs=0.5)  # the last round is cut by max_tokens
     assert list(st.accepted_hist[:4]) == [0, 0, 0, 0]
@@ -124,7 +119,7 @@ def test_sampled_decode_loop_preserves_the_target_distribution(params, drafter_k
     rng = np.random.default_rng(123)
     counts = Counter()
     for _ in range(trials):
-        drafter = ModelDrafter(MarkovBackend(Q), params) if drafter_kind == "model" else NgramDrafter()
+        drafter = ModelDrafter(MarkovBackend(Q)) if drafter_kind == "model" else NgramDrafter()
         seq = tuple(e.token for e in decode(target, prompt, params, drafter=drafter, k=2, max_tokens=n, rng=rng))
         counts[seq] += 1
     exact = exact_joint(P, Q, int(prompt[-1]), params, n)
@@ -203,11 +198,11 @@ def test_draft_model_prefills_in_the_prefill_phase_and_keeps_a_shared_prefix(tin
     the next sequence that extends it (a chat's next turn) feeds only the new part, and output stays exact."""
     target, other, tok = tiny
     counting = CountingBackend(other)
-    drafter = ModelDrafter(counting, GREEDY, max_len=256)
+    drafter = ModelDrafter(counting, max_len=256)
     prompt = tok.encode("the cat sat on the mat and the cat")
     drafter.begin(prompt)
     assert counting.fed == [len(prompt) - 1]
-    drafter.propose(prompt, 3, np.random.default_rng(0))
+    drafter.propose(prompt, 3, GREEDY, np.random.default_rng(0))
     assert counting.fed[1] == 1  # only the last prompt token: its logits give the first draft
     out = tokens_of(target, prompt, drafter, k=3, n=12)
     assert out == tokens_of(target, prompt, k=3, n=12)

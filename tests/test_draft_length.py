@@ -5,6 +5,7 @@ import pytest
 
 from specedge.runtime.decode import decode
 from specedge.runtime.draft_length import AcceptanceModel, AdaptiveDraftLength, VerifyCost, best_prefix
+from specedge.runtime.drafters.base import DrafterCaps
 from specedge.runtime.drafters.model import ModelDrafter
 from specedge.runtime.drafters.ngram import NgramDrafter
 from specedge.runtime.stats import DecodeStats
@@ -94,7 +95,7 @@ def test_adaptive_length_never_changes_greedy_output(tiny, which):  # noqa: F811
     for text in PROMPTS:
         prompt = tok.encode(text)
         drafter = {"ngram": NgramDrafter(), "random": RandomDrafter(target.config.vocab_size),
-                   "self": ModelDrafter(target, GREEDY)}[which]
+                   "self": ModelDrafter(target)}[which]
         got = [e.token for e in decode(target, prompt, GREEDY, drafter=drafter, k=4, max_tokens=40,
                                        adaptive_k=True)]
         assert got == tokens_of(target, prompt), (which, text)
@@ -127,15 +128,16 @@ def test_policy_keeps_full_drafts_that_are_always_accepted():
 
 
 class AskedDrafter(RandomDrafter):
-    """RandomDrafter that records the k it is asked for; `weight_bytes_per_token` > 0 marks it as paying per token."""
+    """RandomDrafter that records the k it is asked for; caps.pays_per_token marks it as paying per token."""
 
     def __init__(self, vocab, paid):
         super().__init__(vocab)
+        self.caps = DrafterCaps(pays_per_token=paid)
         self.weight_bytes_per_token, self.asked = int(paid), []
 
-    def propose(self, context, k, rng):
+    def propose(self, context, k, params, rng):
         self.asked.append(k)
-        return super().propose(context, k, rng)
+        return super().propose(context, k, params, rng)
 
 
 def test_a_drafter_that_pays_per_token_drafts_only_what_would_be_verified(tiny, monkeypatch):  # noqa: F811

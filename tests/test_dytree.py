@@ -8,7 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from specedge.apps.cli import cli
-from specedge.assembly.load import DrafterKind, DrafterSpec
+from specedge.assembly.load import DrafterSpec
+from specedge.runtime.drafters.spec import ModelSpec
 from specedge.models.gguf_in import open_gguf
 from specedge.models.tiny import write_tiny_gguf
 from specedge.runtime.backends.fake import MarkovBackend, random_markov_table
@@ -41,7 +42,7 @@ def test_greedy_dynamic_trees_equal_plain_greedy(models, nodes):
     _, _, _, target, draft = models
     for prompt in ([1, 5, 9, 2], [7, 7, 7], [3]):
         st = DecodeStats()
-        drafter = DynamicTreeDrafter(ModelDrafter(draft, GREEDY), nodes, wave=2)
+        drafter = DynamicTreeDrafter(ModelDrafter(draft), nodes, wave=2)
         assert run(target, np.array(prompt, np.int32), drafter, stats=st) == run(target, np.array(prompt, np.int32))
         assert st.n_drafted > 0
 
@@ -50,10 +51,10 @@ def test_self_drafted_tree_holds_the_greedy_chain_and_respects_the_budget(models
     """The target as its own draft model: the best path is its argmax chain, so every round accepts the tree's
     deepest first-choice path; the tree never exceeds its budget and is breadth-first numbered."""
     _, _, _, target, _ = models
-    drafter = DynamicTreeDrafter(ModelDrafter(target, GREEDY), 12, wave=3, branch=2)
+    drafter = DynamicTreeDrafter(ModelDrafter(target), 12, wave=3, branch=2)
     prompt = np.array([1, 5, 9, 2], np.int32)
     drafter.begin(prompt)
-    tree = drafter.propose_tree(prompt, 12, np.random.default_rng(0))
+    tree = drafter.propose_tree(prompt, 12, GREEDY, np.random.default_rng(0))
     # waves of <= 3 nodes: the root's 2 continuations (branch=2), then 3, 3, 3 and the last 1, which needs no
     # forward of its own: the root's forward plus 4 tree forwards
     assert tree.n == 12 and drafter.waves == 5
@@ -66,7 +67,7 @@ def test_self_drafted_tree_holds_the_greedy_chain_and_respects_the_budget(models
     assert chain == plain[:len(chain)] and len(chain) >= 3
     assert drafter.model._cache.length == len(prompt)  # the draft cache holds the context again
     st = DecodeStats()
-    out = run(target, prompt, DynamicTreeDrafter(ModelDrafter(target, GREEDY), 12, wave=3, branch=2), stats=st)
+    out = run(target, prompt, DynamicTreeDrafter(ModelDrafter(target), 12, wave=3, branch=2), stats=st)
     assert out == run(target, prompt) and st.n_accepted / st.n_target_forwards >= 2  # rounds only (no prefill)
 
 
@@ -75,19 +76,19 @@ def test_sampled_dynamic_trees_preserve_the_target_distribution():
     P, Q = random_markov_table(5, seed=3, scale=1.0), random_markov_table(5, seed=4, scale=1.0)
     prompt = np.array([0, 1, 0], dtype=np.int32)
     counts = sampled_counts(TreeMarkovBackend(P), prompt, params, lambda: DynamicTreeDrafter(
-        ModelDrafter(TreeMarkovBackend(Q), params), 4, wave=2, branch=2), trials=6000, seed=9)
+        ModelDrafter(TreeMarkovBackend(Q)), 4, wave=2, branch=2), trials=6000, seed=9)
     assert_matches_target(counts, P, prompt, params, 3, 6000)
 
 
 def test_tree_suffix_parses_and_bad_combinations_fail_at_start_up(models):
-    assert DrafterSpec.parse("model:x+tree:8") == DrafterSpec(DrafterKind.MODEL, "x", tree=8)
+    assert DrafterSpec.parse("model:x+tree:8") == ModelSpec("x", tree=8)
     assert DrafterSpec.parse("model:a/b.gguf+tree").tree == 16
     for bad, msg in (("ngram+tree", "follows a model drafter"), ("model:x+conf+tree", "without a draft stop"),
                      ("model:x+tree:0", "1..256"), ("model:x+tree:many", "node count")):
         with pytest.raises(ValueError, match=msg):
             DrafterSpec.parse(bad)
     with pytest.raises(ValueError, match="cannot run tree masks"):
-        DynamicTreeDrafter(ModelDrafter(MarkovBackend(random_markov_table(5, seed=0)), GREEDY))
+        DynamicTreeDrafter(ModelDrafter(MarkovBackend(random_markov_table(5, seed=0))))
     d, target, draft, _, _ = models
     r = CliRunner().invoke(cli, ["generate", str(target), "hi", "--backend", "numpy", "--drafter",
                                  f"model:{draft}+tree:8", "--max-tokens", "16", "--json", "--baseline"])

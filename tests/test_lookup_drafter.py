@@ -7,7 +7,9 @@ import pytest
 from click.testing import CliRunner
 
 from specedge.apps.cli import cli
-from specedge.assembly.load import DrafterKind, DrafterSpec
+from specedge.assembly.load import DrafterSpec
+from specedge.runtime.draft_stop import StopKind, StopSpec
+from specedge.runtime.drafters.spec import ModelSpec
 from specedge.models.gguf_in import open_gguf
 from specedge.models.tiny import write_tiny_gguf
 from specedge.runtime.backends.fake import MarkovBackend, random_markov_table
@@ -41,7 +43,7 @@ def test_greedy_output_equals_plain_greedy_with_both_parts_drafting(models, min_
     both = {"lookup": 0, "model": 0}
     for prompt in ([1, 5, 9, 2, 1, 5, 9], [7, 7, 7, 3, 7, 7], [3, 4]):
         st = DecodeStats()
-        drafter = LookupModelDrafter(ModelDrafter(draft, GREEDY), min_n)
+        drafter = LookupModelDrafter(ModelDrafter(draft), min_n)
         assert run(target, prompt, drafter, stats=st) == run(target, prompt)
         assert st.n_drafted > 0
         for part in both:
@@ -55,7 +57,7 @@ def test_the_draft_models_cache_catches_up_after_lookup_rounds(models):
     would then stop proposing its own greedy continuation)."""
     _, _, target, _ = models
     st = DecodeStats()
-    drafter = LookupModelDrafter(ModelDrafter(target, GREEDY), 1, extend=False)
+    drafter = LookupModelDrafter(ModelDrafter(target), 1, extend=False)
     prompt = [2, 6, 2, 6, 2]
     out = run(target, prompt, drafter, n=40, stats=st)
     assert out == run(target, prompt, n=40) and drafter.rounds["lookup"] > 0 and drafter.rounds["model"] > 0
@@ -71,7 +73,7 @@ def test_sampled_hybrid_preserves_the_target_distribution():
     seen = {"lookup": 0, "model": 0}
 
     def new():
-        d = LookupModelDrafter(ModelDrafter(MarkovBackend(Q), params), 1)
+        d = LookupModelDrafter(ModelDrafter(MarkovBackend(Q)), 1)
         drafters.append(d)
         return d
 
@@ -85,8 +87,8 @@ def test_sampled_hybrid_preserves_the_target_distribution():
 
 
 def test_lookup_suffix_parses_and_bad_combinations_fail_at_start_up(models):
-    assert DrafterSpec.parse("model:x+lookup") == DrafterSpec(DrafterKind.MODEL, "x", lookup=2)
-    assert DrafterSpec.parse("model:x+conf+lookup:3") == DrafterSpec(DrafterKind.MODEL, "x", stop="conf", lookup=3)
+    assert DrafterSpec.parse("model:x+lookup") == ModelSpec("x", lookup=2)
+    assert DrafterSpec.parse("model:x+conf+lookup:3") == ModelSpec("x", stop=StopSpec(StopKind.CONF), lookup=3)
     for bad, msg in (("ngram+lookup", "chain model drafter"), ("model:x+tree:4+lookup", "chain model drafter"),
                      ("model:x+lookup:4", "1, 2 or 3"), ("model:x+lookup:two", "1, 2 or 3")):
         with pytest.raises(ValueError, match=msg):
@@ -107,7 +109,7 @@ def test_a_lookup_match_can_complete_a_model_draft_and_stays_lossless(models):
     extended = 0
     for prompt in ([1, 5, 9, 2, 1, 5, 9, 2, 1], [7, 3, 7, 3, 7, 3]):
         for model in (draft, target):  # the tiny models repeat tokens; the target drafting itself runs into matches
-            drafter = LookupModelDrafter(ModelDrafter(model, GREEDY), 3)
+            drafter = LookupModelDrafter(ModelDrafter(model), 3)
             assert run(target, prompt, drafter) == run(target, prompt)
             extended += drafter.extended
     assert extended > 0
@@ -117,7 +119,7 @@ def test_a_lookup_match_can_complete_a_model_draft_and_stays_lossless(models):
     drafters: list[LookupModelDrafter] = []
 
     def new():
-        drafters.append(LookupModelDrafter(ModelDrafter(MarkovBackend(Q), params), 3))
+        drafters.append(LookupModelDrafter(ModelDrafter(MarkovBackend(Q)), 3))
         return drafters[-1]
 
     counts = sampled_counts(MarkovBackend(P), prompt, params, new, trials=6000, seed=12, n=3, k=3)
@@ -142,14 +144,14 @@ def test_a_match_length_slower_than_the_model_is_passed_over_and_retried():
     drafts every round again."""
     table = random_markov_table(5, seed=0)
     clock = FakeClock()
-    d = LookupModelDrafter(ModelDrafter(MarkovBackend(table), GREEDY), 1, explore=4, clock=clock)
+    d = LookupModelDrafter(ModelDrafter(MarkovBackend(table)), 1, explore=4, clock=clock)
     context = np.array([1, 2, 1, 2, 1], np.int32)  # every round finds a match
     d.begin(context)
     rng = np.random.default_rng(0)
 
     def round_(lookup_tokens, model_tokens):
-        draft = d.propose(context, 4, rng)
-        lookup = d._source != 0
+        draft = d.propose(context, 4, GREEDY, rng)
+        lookup = d.source == 0
         clock.now += 0.02 if lookup else 0.05
         d.accept((lookup_tokens if lookup else model_tokens) - 1, 0)
         return lookup
@@ -167,7 +169,7 @@ def test_a_match_length_slower_than_the_model_is_passed_over_and_retried():
 
 def test_the_adaptive_budget_of_a_hybrid_is_the_model_kind_not_the_last_rounds():
     """After a lookup round whose 1-token matches are always rejected, the model must still be asked for the long
-    draft its own acceptance pays for (the decode loop passes `budget_kind`; the last kind seen would be the match's)."""
+    draft its own acceptance pays for (the decode loop passes `caps.budget_kind`; the last kind seen would be the match's)."""
     from specedge.runtime.draft_length import AdaptiveDraftLength
     policy = AdaptiveDraftLength(k_max=8)
     for _ in range(50):
@@ -175,4 +177,4 @@ def test_the_adaptive_budget_of_a_hybrid_is_the_model_kind_not_the_last_rounds()
         policy.observe(1, 4, 0, 5, 0.0175)  # 1-token matches: never accepted (the last kind seen)
     assert policy.budget(8) == 1 and policy.budget(8, 0) == 8
     table = random_markov_table(5, seed=0)
-    assert LookupModelDrafter(ModelDrafter(MarkovBackend(table), GREEDY), 1).budget_kind == 0
+    assert LookupModelDrafter(ModelDrafter(MarkovBackend(table)), 1).caps.budget_kind == 0

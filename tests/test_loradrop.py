@@ -132,7 +132,7 @@ def test_drafter_is_lossless(model, corrections, k, rank):
     prompt = np.array([1, 5, 9, 2], dtype=np.int32)
     plain = [e.token for e in decode(model, prompt, GREEDY, max_tokens=30)]
     stats = DecodeStats()
-    drafted = [e.token for e in decode(model, prompt, GREEDY, drafter=LoRADropDrafter(corr, GREEDY), k=k,
+    drafted = [e.token for e in decode(model, prompt, GREEDY, drafter=LoRADropDrafter(corr), k=k,
                                        max_tokens=30, stats=stats)]
     assert drafted == plain
     assert stats.n_drafted > 0 and stats.n_accepted > 0  # the first draft token is the full model's: accepted
@@ -140,13 +140,13 @@ def test_drafter_is_lossless(model, corrections, k, rank):
 
 def test_drafter_sampling_keeps_q_and_cache_length(model, corrections):
     params = SamplingParams(temperature=0.8)
-    d = LoRADropDrafter(corrections, params)
+    d = LoRADropDrafter(corrections)
     cache = model.new_cache(32)
     ctx = np.array([3, 4, 5], dtype=np.int32)
     model.forward(ctx[:-1], cache)
     d.bind(model, cache)
     d.begin(ctx)
-    draft = d.propose(ctx, 4, np.random.default_rng(0))
+    draft = d.propose(ctx, 4, params, np.random.default_rng(0))
     assert cache.length == 2 and draft.k == 4
     np.testing.assert_allclose(draft.q.sum(axis=1), 1.0)
 
@@ -155,12 +155,12 @@ def test_lossy_mode_is_labelled_and_differs_from_full_only_through_drops(model, 
     prompt = np.array([1, 5, 9, 2], dtype=np.int32)
     lossy = LoRADropLossy(corrections)
     assert "lossy" in lossy.label
-    out = [e.token for e in lossy(model, prompt, GREEDY, max_tokens=20)]
+    out = [e.token for e in decode(model, prompt, GREEDY, lossy=lossy, max_tokens=20)]
     assert len(out) == 20
     # cycle 1 would be all refresh steps: a cycle longer than the output with no droppable layers is the full model
     full = [e.token for e in decode(model, prompt, GREEDY, max_tokens=20)]
     same = LoRADropLossy(Corrections(3, (), (), ()))
-    assert [e.token for e in same(model, prompt, GREEDY, max_tokens=20)] == full
+    assert [e.token for e in decode(model, prompt, GREEDY, lossy=same, max_tokens=20)] == full
     assert out[0] == full[0]  # step 0 is a refresh: the full model
 
 
@@ -169,7 +169,7 @@ def test_entropy_switch_threshold_zero_is_plain_large(model):
     prompt = np.array([1, 5, 9, 2], dtype=np.int32)
     plain = [e.token for e in decode(model, prompt, GREEDY, max_tokens=25)]
     sw = EntropySwitch(small, threshold=0.0)
-    assert [e.token for e in sw(model, prompt, GREEDY, max_tokens=25)] == plain
+    assert [e.token for e in decode(model, prompt, GREEDY, lossy=sw, max_tokens=25)] == plain
     assert sw.switches == 0 and sw.large_tokens == 25
 
 
@@ -177,7 +177,7 @@ def test_entropy_switch_switches_and_catches_up(model):
     small = NumpyBackend(random_weights(7, n_layers=1), dtype=np.float64)
     prompt = np.array([1, 5, 9, 2], dtype=np.int32)
     high = EntropySwitch(small, threshold=1e9, min_dwell=1)  # never uncertain enough: the small model after 1 token
-    out = [e.token for e in high(model, prompt, GREEDY, max_tokens=25)]
+    out = [e.token for e in decode(model, prompt, GREEDY, lossy=high, max_tokens=25)]
     assert high.trace == ["L"] + ["S"] * 24 and high.switches == 1
     assert out[0] == [e.token for e in decode(model, prompt, GREEDY, max_tokens=1)][0]
     # the small model prefilled the prompt and the large model's token it missed: its continuation is its own
@@ -185,7 +185,7 @@ def test_entropy_switch_switches_and_catches_up(model):
     assert out[1:] == cont
     other = NumpyBackend(random_weights(1, n_layers=2), dtype=np.float64)
     sw = EntropySwitch(other, threshold=0.5, min_dwell=2)
-    list(sw(model, prompt, GREEDY, max_tokens=30))
+    list(decode(model, prompt, GREEDY, lossy=sw, max_tokens=30))
     runs = "".join(sw.trace).replace("LS", "L S").replace("SL", "S L").split()
     assert sw.switches >= 2 and len(runs) == sw.switches + 1, sw.trace  # back and forth
     assert all(len(r) >= 2 for r in runs[1:-1])  # the minimum dwell holds between switches

@@ -4,6 +4,7 @@ import pytest
 
 from specedge.runtime.drafters.base import Drafter
 from specedge.runtime.drafters.ngram import NgramDrafter
+from specedge.runtime.types import SamplingParams
 
 RNG = np.random.default_rng(0)
 
@@ -23,7 +24,7 @@ def propose(context, k=3, **kw):
     d = NgramDrafter(**kw)
     ctx = np.array(context, dtype=np.int32)
     d.begin(ctx)
-    draft = d.propose(ctx, k, RNG)
+    draft = d.propose(ctx, k, SamplingParams(), RNG)
     assert draft.q is None and draft.tokens.dtype == np.int32
     return draft.tokens.tolist()
 
@@ -82,7 +83,7 @@ def test_incremental_index_matches_brute_force(max_n, min_n, vocab):
         d.begin(seq[:n])
         while n < len(seq):
             k = int(rng.integers(0, 6))
-            got = d.propose(seq[:n], k, rng).tokens.tolist()
+            got = d.propose(seq[:n], k, SamplingParams(), rng).tokens.tolist()
             assert got == brute_force(seq[:n], k, max_n, min_n), (trial, n, k)
             d.accept(len(got), int(seq[n]))
             n += int(rng.integers(1, 6))  # the context only grows, by 1..k+1 tokens
@@ -91,11 +92,11 @@ def test_incremental_index_matches_brute_force(max_n, min_n, vocab):
 def test_new_sequence_resets_index():
     d = NgramDrafter()
     d.begin(np.array([1, 2, 3, 1], np.int32))
-    assert d.propose(np.array([1, 2, 3, 1], np.int32), 2, RNG).tokens.tolist() == [2, 3]
+    assert d.propose(np.array([1, 2, 3, 1], np.int32), 2, SamplingParams(), RNG).tokens.tolist() == [2, 3]
     d.begin(np.array([9, 8, 1], np.int32))  # nothing of the old sequence may leak
-    assert d.propose(np.array([9, 8, 1], np.int32), 2, RNG).tokens.tolist() == []
+    assert d.propose(np.array([9, 8, 1], np.int32), 2, SamplingParams(), RNG).tokens.tolist() == []
     # a context that is not an extension (no begin) is re-indexed rather than trusted
-    assert d.propose(np.array([4, 1, 7, 4], np.int32), 2, RNG).tokens.tolist() == [1, 7]
+    assert d.propose(np.array([4, 1, 7, 4], np.int32), 2, SamplingParams(), RNG).tokens.tolist() == [1, 7]
 
 
 def test_long_context_is_fast():
@@ -106,6 +107,6 @@ def test_long_context_is_fast():
     d.begin(seq[:8000])
     n = 8000
     while n < len(seq):
-        d.propose(seq[:n], 4, RNG)
+        d.propose(seq[:n], 4, SamplingParams(), RNG)
         n += 3
     assert time.perf_counter() - t0 < 2.0  # ~30 ms begin + ~65 steps at well under 1 ms each

@@ -142,7 +142,7 @@ def test_loradrop_drafter_is_lossless_on_onnx_runtime(pair, corrections, k):
     prompt = np.array([1, 5, 9, 2], dtype=np.int32)
     plain = [e.token for e in decode(lay, prompt, GREEDY, max_tokens=30)]
     stats = DecodeStats()
-    drafted = [e.token for e in decode(lay, prompt, GREEDY, drafter=LoRADropDrafter(corrections, GREEDY), k=k,
+    drafted = [e.token for e in decode(lay, prompt, GREEDY, drafter=LoRADropDrafter(corrections), k=k,
                                        max_tokens=30, stats=stats)]
     assert drafted == plain and stats.n_accepted > 0
 

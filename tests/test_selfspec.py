@@ -4,6 +4,8 @@ import pytest
 from test_numpy_backend import random_weights
 
 from specedge.assembly.load import DrafterKind, DrafterSpec
+from specedge.runtime.draft_stop import StopKind, StopSpec
+from specedge.runtime.drafters.spec import ExitSpec, ModelSpec, SkipSpec
 from specedge.runtime.backends.fake import MarkovBackend, random_markov_table
 from specedge.runtime.backends.numpy_ref import NumpyBackend
 from specedge.runtime.decode import decode
@@ -36,14 +38,14 @@ def run(target, prompt, drafter=None, k=4, n=36, stats=None, params=GREEDY):
 
 
 DRAFTERS = {
-    "skip:1.5": lambda: LayerSkipDrafter(1.5, GREEDY),
-    "skip:2": lambda: LayerSkipDrafter(2.0, GREEDY),
-    "swift": lambda: SwiftDrafter(GREEDY, window=8, surrogate_every=3),
-    "exit:2": lambda: EarlyExitDrafter(2, GREEDY),
-    "exit:2+conf": lambda: EarlyExitDrafter(2, GREEDY, ConfidenceStop(min_samples=4)),
-    "del": lambda: DelDrafter(GREEDY),
-    "del+logistic": lambda: DelDrafter(GREEDY, LogisticStop(min_samples=4)),
-    "skip:2+logistic": lambda: LayerSkipDrafter(2.0, GREEDY, LogisticStop(0.3, min_samples=4)),
+    "skip:1.5": lambda: LayerSkipDrafter(1.5),
+    "skip:2": lambda: LayerSkipDrafter(2.0),
+    "swift": lambda: SwiftDrafter(window=8, surrogate_every=3),
+    "exit:2": lambda: EarlyExitDrafter(2),
+    "exit:2+conf": lambda: EarlyExitDrafter(2, ConfidenceStop(min_samples=4)),
+    "del": lambda: DelDrafter(),
+    "del+logistic": lambda: DelDrafter(LogisticStop(min_samples=4)),
+    "skip:2+logistic": lambda: LayerSkipDrafter(2.0, LogisticStop(0.3, min_samples=4)),
 }
 
 
@@ -57,7 +59,7 @@ def test_model_drafter_with_stop_policies_is_lossless(target):
     small = NumpyBackend(random_weights(seed=4, n_layers=1), dtype=np.float64)
     for stop in (ConfidenceStop(min_samples=4), LogisticStop(min_samples=4)):
         for prompt in prompts()[1:3]:
-            d = ModelDrafter(small, GREEDY, stop=stop)
+            d = ModelDrafter(small, stop=stop)
             assert run(target, prompt, d, k=5) == run(target, prompt)
 
 
@@ -69,7 +71,7 @@ def test_sampled_decoding_runs_with_selfspec_q(target):
 
 
 def test_full_depth_drafters_are_always_accepted(target):
-    for d in (EarlyExitDrafter(L, GREEDY), LayerSkipDrafter(1.0, GREEDY)):
+    for d in (EarlyExitDrafter(L), LayerSkipDrafter(1.0)):
         stats = DecodeStats()
         run(target, prompts()[2], d, k=3, n=24, stats=stats)
         assert stats.n_accepted == stats.n_drafted > 0
@@ -77,16 +79,16 @@ def test_full_depth_drafters_are_always_accepted(target):
 
 @pytest.mark.parametrize("name", ["skip:2", "swift", "exit:3", "del"])
 def test_propose_leaves_the_cache_length_and_committed_rows_alone(target, name):
-    drafter = SwiftDrafter(GREEDY, window=8) if name == "swift" else {
-        "skip:2": lambda: LayerSkipDrafter(2.0, GREEDY), "exit:3": lambda: EarlyExitDrafter(3, GREEDY),
-        "del": lambda: DelDrafter(GREEDY)}[name]()
+    drafter = SwiftDrafter(window=8) if name == "swift" else {
+        "skip:2": lambda: LayerSkipDrafter(2.0), "exit:3": lambda: EarlyExitDrafter(3),
+        "del": lambda: DelDrafter()}[name]()
     ctx = prompts()[2]
     cache = target.new_cache(40)
     target.forward(ctx[:-1], cache)
     k_before, v_before = cache.k[:, :, :cache.length].copy(), cache.v[:, :, :cache.length].copy()
     drafter.bind(target, cache)
     drafter.begin(ctx)
-    draft = drafter.propose(ctx, 4, np.random.default_rng(0))
+    draft = drafter.propose(ctx, 4, params, np.random.default_rng(0))
     assert cache.length == len(ctx) - 1 and 1 <= draft.k <= 4
     if name == "swift":  # a search step rewrites the window's rows with the full model: they must come back equal
         target.forward(ctx[-1:], cache)  # the verify forward committed the last token (nothing accepted)
@@ -114,13 +116,13 @@ def test_skip_sets_keep_first_and_last_layers(target):
             assert kept[0] == 0 and kept[-1] == n - 1 and list(kept) == sorted(set(kept))
             assert len(kept) == int(np.clip(round(n / r), 2, n))
     assert balanced_layers(30, 2.0) == (0, 2, 4, 6, 8, 10, 12, 15, 17, 19, 21, 23, 25, 27, 29)
-    d = SwiftDrafter(GREEDY, window=8, surrogate_every=3)
+    d = SwiftDrafter(window=8, surrogate_every=3)
     run(target, prompts()[2], d, n=40)
     assert d.iters > 0
     for skip, _ in d.history + [(d.best_skip, 0)]:
         assert 0 not in skip and L - 1 not in skip and len(skip) == len(d.best_skip)
     with pytest.raises(ValueError, match="R must be >= 1"):
-        LayerSkipDrafter(0.5, GREEDY)
+        LayerSkipDrafter(0.5)
 
 
 def test_del_choice_maximises_tokens_per_layer():
@@ -136,7 +138,7 @@ def test_del_choice_maximises_tokens_per_layer():
 
 
 def test_del_learns_from_shadow_tokens(target):
-    d = DelDrafter(GREEDY, n_candidates=3)
+    d = DelDrafter(n_candidates=3)
     run(target, prompts()[2], d, n=30)
     acc = d.acceptance()
     assert set(acc) == set(d.verify_taps) and all(sum(d._seen[l]) > 0 for l in d.verify_taps)
@@ -178,10 +180,10 @@ def test_confidence_threshold_refit():
 
 
 def test_specs_and_capability_errors():
-    assert DrafterSpec.parse("skip:1.5") == DrafterSpec(DrafterKind.SKIP, value=1.5)
-    assert DrafterSpec.parse("exit:10+logistic:0.6") == DrafterSpec(DrafterKind.EXIT, value=10, stop="logistic:0.6")
-    assert DrafterSpec.parse("model:a+b.gguf") == DrafterSpec(DrafterKind.MODEL, "a+b.gguf")
-    assert DrafterSpec.parse("swift").kind is DrafterKind.SWIFT and DrafterSpec.parse("del+conf").stop == "conf"
+    assert DrafterSpec.parse("skip:1.5") == SkipSpec(1.5)
+    assert DrafterSpec.parse("exit:10+logistic:0.6") == ExitSpec(10, StopSpec(StopKind.LOGISTIC, 0.6))
+    assert DrafterSpec.parse("model:a+b.gguf") == ModelSpec("a+b.gguf")
+    assert DrafterSpec.parse("swift").kind is DrafterKind.SWIFT and str(DrafterSpec.parse("del+conf").stop) == "conf"
     for bad in ("skip", "swift:3", "exit:x", "ngram+conf", "del+conf:abc"):
         with pytest.raises(ValueError):
             DrafterSpec.parse(bad)
@@ -191,4 +193,4 @@ def test_specs_and_capability_errors():
     with pytest.raises(ValueError, match="caps.layer_plan"):
         require_layered(markov, "skip:2")
     with pytest.raises(ValueError, match="caps.layer_plan"):
-        LayerSkipDrafter(2.0, GREEDY).bind(markov, markov.new_cache(8))
+        LayerSkipDrafter(2.0).bind(markov, markov.new_cache(8))

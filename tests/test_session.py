@@ -43,9 +43,9 @@ def test_common_prefix():
 def make_drafter(name, backends):
     target, other = backends
     return {"none": lambda: None, "ngram": NgramDrafter,
-            "model": lambda: ModelDrafter(other, GREEDY, max_len=256),
+            "model": lambda: ModelDrafter(other, max_len=256),
             "recycle": lambda: RecycleDrafter(target.config.vocab_size, 6),
-            "exit": lambda: EarlyExitDrafter(1, GREEDY)}[name]()
+            "exit": lambda: EarlyExitDrafter(1)}[name]()
 
 
 @pytest.mark.parametrize("drafter", ["none", "ngram", "model", "recycle", "exit"])

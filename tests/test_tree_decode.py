@@ -5,7 +5,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from specedge.assembly.load import DrafterKind, DrafterSpec
+from specedge.assembly.load import DrafterSpec
+from specedge.runtime.drafters.spec import RecycleSpec
 from specedge.models.gguf_in import open_gguf
 from specedge.models.tiny import write_tiny_gguf
 from specedge.runtime.backends.base import BackendCaps
@@ -106,7 +107,7 @@ def test_sampled_decode_with_block_verification_preserves_the_target_distributio
     params = SamplingParams(temperature=1.0)
     P, Q = random_markov_table(5, seed=3, scale=1.0), random_markov_table(5, seed=4, scale=1.0)
     prompt = np.array([0, 1, 0], dtype=np.int32)
-    counts = sampled_counts(MarkovBackend(P), prompt, params, lambda: ModelDrafter(MarkovBackend(Q), params),
+    counts = sampled_counts(MarkovBackend(P), prompt, params, lambda: ModelDrafter(MarkovBackend(Q)),
                             trials=8000, seed=8, k=2, verifier_kind=VerifierKind.BLOCK)
     assert_matches_target(counts, P, prompt, params, 3, 8000)
 
@@ -133,12 +134,12 @@ def test_tree_drafter_on_a_chain_backend_fails_at_start_up():
 def test_recycle_fills_the_template_from_adj_and_learns_from_every_node():
     d = RecycleDrafter(vocab_size=10, nodes=8)
     parents, ranks = tree_template(8)
-    assert d.propose_tree(np.array([3]), 8, None).n == 0  # nothing seen yet: an empty tree
+    assert d.propose_tree(np.array([3]), 8, GREEDY, None).n == 0  # nothing seen yet: an empty tree
     logits = np.tile(np.arange(10, dtype=np.float32), (2, 1))  # both rows rank 9, 8, 7, ...
     logits[1] = logits[1][::-1]  # the second row ranks 0, 1, 2, ...
     d.observe(np.array([3, 9]), logits)
     assert d.adj[3].tolist() == [9, 8, 7, 6, 5, 4, 3, 2] and d.adj[9].tolist() == [0, 1, 2, 3, 4, 5, 6, 7]
-    tree = d.propose_tree(np.array([1, 3]), 8, None)
+    tree = d.propose_tree(np.array([1, 3]), 8, GREEDY, None)
     # root 3's children are adj[3][rank]; only token 9 (rank 0) and 3 (rank 6) have successors of their own
     kids = tree.tokens[tree.children(0) - 1].tolist()
     assert kids == [9, 8, 7, 6][:len(kids)] and len(kids) == int((parents == 0).sum())
@@ -146,11 +147,11 @@ def test_recycle_fills_the_template_from_adj_and_learns_from_every_node():
         parent = int(tree.parents[node - 1])
         parent_tok = 3 if parent == 0 else int(tree.tokens[parent - 1])
         assert tree.tokens[node - 1] in d.adj[parent_tok]
-    assert d.propose_tree(np.array([3]), 2, None).n == 2  # the room bound truncates the BFS order
+    assert d.propose_tree(np.array([3]), 2, GREEDY, None).n == 2  # the room bound truncates the BFS order
 
 
 def test_recycle_drafter_spec_and_block_verifier_kind():
-    assert DrafterSpec.parse("recycle") == DrafterSpec(DrafterKind.RECYCLE, None, 16)
+    assert DrafterSpec.parse("recycle") == RecycleSpec(16)
     assert DrafterSpec.parse("recycle:32").nodes == 32
     with pytest.raises(ValueError, match="node count"):
         DrafterSpec.parse("recycle:big")

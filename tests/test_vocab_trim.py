@@ -128,8 +128,8 @@ def test_sampling_with_a_trimmed_q_reproduces_the_target_distribution(params):
     prompt = np.array([0, 1, 0], np.int32)
     drafted = set()
     for _ in range(trials):
-        drafter = ModelDrafter(TrimmedMarkov(Q, ids), params, vocab_ids=ids)
-        d = drafter.propose(prompt, 2, rng)
+        drafter = ModelDrafter(TrimmedMarkov(Q, ids), vocab_ids=ids)
+        d = drafter.propose(prompt, 2, params, rng)
         drafted.update(d.tokens.tolist())
         assert np.all(d.q[:, [1, 4]] == 0) and np.allclose(d.q.sum(1), 1)
         counts[tuple(e.token for e in decode(target, prompt, params, drafter=drafter, k=2, max_tokens=n,

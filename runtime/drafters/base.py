@@ -1,53 +1,121 @@
-"""The Drafter seam (llama.cpp common/speculative.h lifecycle): begin / propose / accept.
+"""The Drafter seam (llama.cpp common/speculative.h lifecycle): begin / propose / accept, plus optional capabilities
+declared up front in `caps` (a frozen DrafterCaps), which the decode loop reads once when a decode starts.
 
-begin(prompt):                 a new sequence starts with these tokens.
-propose(context, k, rng):      requires: context = every committed token (prompt + output);
-                               returns: a Draft of at most k tokens continuing it (k may be 0).
-accept(n_accepted, next_token): the target kept the first n_accepted draft tokens and then emitted
-                               next_token; the drafter updates whatever state it keeps.
-bind(target, cache)            optional; called once per sequence before begin: self-speculative drafters run the
-                               target's own weights (a LayerPlan) and write draft K/V into the target's cache past
-                               its length. They must leave cache.length as they found it (the verify forward then
-                               overwrites those rows).
-Tree drafters (TreeDrafter) have `propose_tree(context, max_nodes, rng) -> TreeDraft` and `max_nodes` instead of
-`propose`; the decode loop runs them with tree rounds (runtime/decode.py tree_step) on backends with tree masks.
-observe(tokens, logits)        optional; called after every target forward with the fed tokens [T] and their
-                               logits [T, V] (token recycling learns from them).
-verify_taps, observe_verify    optional (a drafter with a non-empty `verify_taps` on a LayeredBackend target): the
-                               decode step runs its verify forward as hidden(..., taps=verify_taps) and calls
-                               observe_verify({n: h [T, D] after n layers}, emitted tokens) before accept; DEL's
-                               shadow tokens. Plain decoding and other drafters keep the plain forward.
+Contracts (every method but `propose` / `propose_tree` has a no-op default here):
+  begin(prompt)                          a new sequence starts with these tokens.
+  propose(context, k, params, rng)       requires: context = every committed token (prompt + output); returns a Draft
+                                         of at most k tokens continuing it (k may be 0), any q rows computed with
+                                         `params` (the call's SamplingParams: a drafter holds none of its own).
+  accept(n_accepted, next_token)         the target kept the first n_accepted draft tokens, then emitted next_token.
+Optional, declared by caps:
+  caps.binds_target    bind(target, cache): once per sequence before begin; self-speculative drafters run the
+                       target's own weights (a LayerPlan) and write draft K/V into its cache past its length, leaving
+                       cache.length as they found it (the verify forward overwrites those rows). After bind,
+                       `verify_taps` (DEL) may be non-empty: the decode step then runs its verify forward as
+                       hidden(..., taps=verify_taps) and calls observe_verify({n: h [T, D]}, emitted) before accept.
+  caps.observes_logits observe(tokens [T], logits [T, V]) after every target forward (token recycling).
+  caps.tree            a TreeDrafter: propose_tree(context, max_nodes, params, rng) -> TreeDraft and `max_nodes`
+                       instead of propose; the decode loop runs tree rounds (runtime/steppers.py TreeStepper).
+  caps.pays_per_token  drafting a token reads weights: the adaptive draft length budgets the request (budget_kind:
+                       the draft kind whose acceptance sets the budget; None = the last kind seen).
+  caps.needs           what the target backend must support; checked at construction (`check`), not mid-decode.
+`weight_bytes_per_token` is what one drafted token reads (0 for free drafters; MBSU); it may change after bind or
+with the plan of a round (self-speculative drafters).
 """
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
-
+import abc
+import enum
+from dataclasses import dataclass
 import numpy as np
 
+from ..backends.base import Backend, KVCache, LayeredBackend, require_tree
+from ..loradrop import require_reuse
 from ..tree import TreeDraft
-from ..types import Draft, Tokens
+from ..types import Draft, Logits, SamplingParams, Tokens
 
 
-@runtime_checkable
-class Drafter(Protocol):
-    name: str
-    weight_bytes_per_token: int  # bytes of weights one drafted token reads (0 for n-gram); for MBSU
-
-    def begin(self, prompt: Tokens) -> None: ...
-
-    def propose(self, context: Tokens, k: int, rng: np.random.Generator) -> Draft: ...
-
-    def accept(self, n_accepted: int, next_token: int) -> None: ...
+class BackendNeed(enum.Enum):
+    TREE_MASK = "tree_mask"  # the target verifies token trees (caps.tree_mask)
+    LAYER_PLAN = "layer_plan"  # the target is a LayeredBackend running layer plans (self-speculative drafters)
+    LAYER_REUSE = "layer_reuse"  # ... including LoRA-Drop drop steps (caps.layer_reuse)
 
 
-@runtime_checkable
-class TreeDrafter(Protocol):
-    name: str
-    weight_bytes_per_token: int
-    max_nodes: int  # the largest tree it proposes (the decode loop reserves that much cache room)
+@dataclass(frozen=True)
+class DrafterCaps:
+    """What a drafter kind does beyond begin / propose / accept, and what it needs from the target backend."""
 
-    def begin(self, prompt: Tokens) -> None: ...
+    observes_logits: bool = False
+    binds_target: bool = False
+    tree: bool = False
+    pays_per_token: bool = False
+    budget_kind: int | None = None
+    needs: frozenset[BackendNeed] = frozenset()
 
-    def propose_tree(self, context: Tokens, max_nodes: int, rng: np.random.Generator) -> TreeDraft: ...
 
-    def accept(self, n_accepted: int, next_token: int) -> None: ...
+def require_layered(target: Backend, drafter: str) -> LayeredBackend:
+    """The target as a LayeredBackend, or a ValueError naming the fix (raised at start-up)."""
+    if not target.caps.layer_plan or not isinstance(target, LayeredBackend):
+        raise ValueError(f"the {drafter} drafter runs the target's own layers with a layer plan, which the "
+                         f"{target.name} backend does not support (caps.layer_plan); use --backend numpy, an ONNX "
+                         "artifact exported with --profile layered, or a drafter that needs no layer plans (ngram, "
+                         "model:<name>)")
+    return target
+
+
+def check_backend(target: Backend, needs: frozenset[BackendNeed], drafter: str) -> None:
+    """Raise a ValueError naming the fix when `target` lacks one of `needs` (STYLE principle 10)."""
+    if BackendNeed.TREE_MASK in needs:
+        require_tree(target)
+    if BackendNeed.LAYER_PLAN in needs:
+        require_layered(target, drafter)
+    if BackendNeed.LAYER_REUSE in needs:
+        require_reuse(target)
+
+
+class Drafter(abc.ABC):
+    """A chain drafter; subclasses declare `caps` and override what they use (see the module docstring)."""
+
+    caps: DrafterCaps = DrafterCaps()  # per class; a composite (chain.py) derives its own per instance
+    name: str = "drafter"
+    weight_bytes_per_token: int = 0
+    verify_taps: tuple[int, ...] = ()
+
+    def check(self, target: Backend) -> None:
+        """Start-up check: the target supports what this drafter needs (caps.needs)."""
+        check_backend(target, self.caps.needs, self.name)
+
+    def begin(self, prompt: Tokens) -> None:
+        """A new sequence starts with `prompt` [T]."""
+
+    @abc.abstractmethod
+    def propose(self, context: Tokens, k: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+        """requires: context [T] = every committed token; returns a Draft of <= k tokens (q from `params`)."""
+
+    def accept(self, n_accepted: int, next_token: int) -> None:
+        """The target kept n_accepted draft tokens, then emitted next_token."""
+
+    def bind(self, target: Backend, cache: KVCache) -> None:
+        """caps.binds_target: share the target's weights and KV cache for the next sequence."""
+
+    def observe(self, tokens: Tokens, logits: Logits) -> None:
+        """caps.observes_logits: tokens [T] fed to a target forward and their logits [T, V]."""
+
+    def observe_verify(self, taps: dict[int, np.ndarray], emitted: Tokens) -> None:
+        """verify_taps non-empty: hidden states {n: [T, D]} of the verify forward and the emitted tokens [m]."""
+
+
+class TreeDrafter(Drafter):
+    """A drafter of token trees (caps.tree): `propose_tree` and `max_nodes` (the largest tree it proposes; the decode
+    loop reserves that much cache room) instead of `propose`."""
+
+    caps: DrafterCaps = DrafterCaps(tree=True, needs=frozenset({BackendNeed.TREE_MASK}))
+    max_nodes: int = 0
+
+    def propose(self, context: Tokens, k: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+        raise TypeError(f"the {self.name} drafter drafts trees: the decode loop calls propose_tree")
+
+    @abc.abstractmethod
+    def propose_tree(self, context: Tokens, max_nodes: int, params: SamplingParams, rng: np.random.Generator
+                     ) -> TreeDraft:
+        """requires: context [T] = every committed token; returns a tree of <= max_nodes nodes."""

@@ -19,12 +19,15 @@ import heapq
 import numpy as np
 
 from ..tree import TreeDraft
-from ..types import Logits, Tokens
+from ..types import Logits, SamplingParams, Tokens
+from .base import BackendNeed, DrafterCaps, TreeDrafter
 from .model import ModelDrafter
 
 
-class DynamicTreeDrafter:
+class DynamicTreeDrafter(TreeDrafter):
     """`propose_tree` / `accept` (the tree-drafter side of the Drafter seam) over a ModelDrafter's backend."""
+
+    caps = DrafterCaps(tree=True, pays_per_token=True, needs=frozenset({BackendNeed.TREE_MASK}))
 
     def __init__(self, model: ModelDrafter, nodes: int = 16, *, wave: int = 4, branch: int = 4,
                  max_depth: int = 8) -> None:
@@ -44,11 +47,10 @@ class DynamicTreeDrafter:
     def begin(self, prompt: Tokens) -> None:
         self.model.begin(prompt)
 
-    def propose(self, context: Tokens, k: int, rng: np.random.Generator):
-        raise TypeError("a dynamic-tree drafter drafts trees: the decode loop calls propose_tree")
-
-    def propose_tree(self, context: Tokens, max_nodes: int, rng: np.random.Generator) -> TreeDraft:
-        """requires: context = every committed token; returns a tree of <= min(nodes, max_nodes) nodes."""
+    def propose_tree(self, context: Tokens, max_nodes: int, params: SamplingParams, rng: np.random.Generator
+                     ) -> TreeDraft:
+        """requires: context = every committed token; returns a tree of <= min(nodes, max_nodes) nodes (top choices
+        of the raw draft distribution, no draws: params unused)."""
         m = self.model
         root = m.root_logits(context)[0]
         budget = max(0, min(self.max_nodes, max_nodes, m.capacity - len(context)))

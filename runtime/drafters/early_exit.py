@@ -19,7 +19,7 @@ import numpy as np
 
 from ..backends.base import LayerPlan
 from ..draft_stop import DraftStop
-from ..types import SamplingParams, Tokens
+from ..types import Tokens
 from .selfspec import SelfSpecDrafter
 
 
@@ -45,8 +45,8 @@ def best_exit(acceptance: dict[int, float], n_layers: int, d_max: int) -> tuple[
 class EarlyExitDrafter(SelfSpecDrafter):
     """Draft with the first `exit_layer` layers (spec `exit:<l>`)."""
 
-    def __init__(self, exit_layer: int, params: SamplingParams, stop: DraftStop | None = None) -> None:
-        super().__init__(params, stop)
+    def __init__(self, exit_layer: int, stop: DraftStop | None = None) -> None:
+        super().__init__(stop)
         if exit_layer < 1:
             raise ValueError(f"the exit layer must be >= 1, got {exit_layer}")
         self.exit_layer = exit_layer
@@ -64,9 +64,8 @@ class EarlyExitDrafter(SelfSpecDrafter):
 class DelDrafter(SelfSpecDrafter):
     """DEL: the exit layer and draft length chosen each round from shadow-token acceptance (spec `del`)."""
 
-    def __init__(self, params: SamplingParams, stop: DraftStop | None = None, *, n_candidates: int = 6,
-                 window: int = 32) -> None:
-        super().__init__(params, stop)
+    def __init__(self, stop: DraftStop | None = None, *, n_candidates: int = 6, window: int = 32) -> None:
+        super().__init__(stop)
         self.name = "del"
         self.n_candidates = n_candidates
         self.window = window

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..backends.base import LayerPlan
 from ..draft_stop import ConfidenceStop, DraftStop
-from ..types import SamplingParams, Tokens
+from ..types import Tokens
 from .selfspec import SelfSpecDrafter
 
 
@@ -41,8 +41,8 @@ def balanced_layers(n_layers: int, ratio: float) -> tuple[int, ...]:
 class LayerSkipDrafter(SelfSpecDrafter):
     """Balanced layer skip at speed ratio R (spec `skip:<R>`)."""
 
-    def __init__(self, ratio: float, params: SamplingParams, stop: DraftStop | None = None) -> None:
-        super().__init__(params, stop)
+    def __init__(self, ratio: float, stop: DraftStop | None = None) -> None:
+        super().__init__(stop)
         balanced_layers(2, ratio)  # validates R at construction
         self.ratio = ratio
         self.name = f"skip:{ratio:g}"
@@ -58,20 +58,21 @@ class LayerSkipDrafter(SelfSpecDrafter):
 class SwiftDrafter(SelfSpecDrafter):
     """SWIFT: on-the-fly skip-set search (spec `swift`)."""
 
-    def __init__(self, params: SamplingParams, stop: DraftStop | None = None, *, skip_ratio: float = 0.45,
-                 window: int = 32, target_score: float = 0.93, max_iters: int = 1000, patience: int = 300,
-                 surrogate_every: int = 25, seed: int = 0) -> None:
-        super().__init__(params, stop if stop is not None else ConfidenceStop(0.8, refit=False))
+    def __init__(self, stop: DraftStop | None = None, *, skip_ratio: float = 0.45, window: int = 32,
+                 target_score: float = 0.93, max_iters: int = 1000, patience: int = 300, surrogate_every: int = 25,
+                 seed: int = 0) -> None:
+        super().__init__(stop if stop is not None else ConfidenceStop(0.8, refit=False))
         if not 0.0 <= skip_ratio < 1.0:
             raise ValueError(f"SWIFT's skip ratio must be in [0, 1), got {skip_ratio}")
         self.name = "swift"
         self.skip_ratio, self.window, self.target_score = skip_ratio, window, target_score
         self.max_iters, self.patience, self.surrogate_every = max_iters, patience, surrogate_every
         self._seed = seed
+        self._searched = None  # the target the search state belongs to
 
     def on_bind(self) -> None:
         """A new sequence on the same target continues the search (the skip set is a property of the model)."""
-        if getattr(self, "_searched", None) is self.target:
+        if self._searched is self.target:
             return
         self._searched = self.target
         n = self.target.config.n_layers

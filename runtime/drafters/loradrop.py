@@ -13,11 +13,16 @@ from ..backends.base import LayeredBackend
 from ..loradrop import Corrections, Schedule
 from ..sampling import logits_to_probs, sample
 from ..types import Draft, SamplingParams, Tokens
+from .base import BackendNeed, Drafter, DrafterCaps
 
 
-class LoRADropDrafter:
-    def __init__(self, corrections: Corrections, params: SamplingParams, name: str = "loradrop") -> None:
-        self.corr, self.params, self.name = corrections, params, name
+class LoRADropDrafter(Drafter):
+    """The LoRA-Drop cycle over the target's own weights and cache (bind), verified by the full model."""
+
+    caps = DrafterCaps(binds_target=True, pays_per_token=True, needs=frozenset({BackendNeed.LAYER_REUSE}))
+
+    def __init__(self, corrections: Corrections, name: str = "loradrop") -> None:
+        self.corr, self.name = corrections, name
         self.weight_bytes_per_token = 0  # set by bind (depends on the target)
         self._schedule: Schedule | None = None
         self._cache = None
@@ -34,8 +39,9 @@ class LoRADropDrafter:
         if self._schedule is None:
             raise ValueError("the loradrop drafter shares the target's cache: decode() binds it (call bind first)")
 
-    def propose(self, context: Tokens, k: int, rng: np.random.Generator) -> Draft:
-        """requires: the cache holds context[:-1]; returns <= k tokens (fewer near the cache's end) with q."""
+    def propose(self, context: Tokens, k: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+        """requires: the cache holds context[:-1]; returns <= k tokens (fewer near the cache's end) with q from
+        `params`."""
         cache = self._cache
         start = cache.length
         k = max(0, min(k, cache.capacity - start - 1))  # keep room for the verify forward's k + 1 rows
@@ -44,8 +50,8 @@ class LoRADropDrafter:
         feed = np.asarray(context[-1:], dtype=np.int32)
         for i in range(k):
             logits = self._schedule.step(feed, cache, i)
-            q[i] = logits_to_probs(logits, self.params, history=np.concatenate([context, tokens[:i]]))[0]
-            tokens[i] = int(np.argmax(q[i])) if self.params.greedy else sample(q[i], rng)
+            q[i] = logits_to_probs(logits, params, history=np.concatenate([context, tokens[:i]]))[0]
+            tokens[i] = int(np.argmax(q[i])) if params.greedy else sample(q[i], rng)
             feed = tokens[i:i + 1]
         cache.rollback(start)
         return Draft(tokens=tokens, q=q)

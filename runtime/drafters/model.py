@@ -22,15 +22,18 @@ from ..sampling import logits_to_probs, sample
 from ..tree import TreeDraft
 from ..types import Draft, Logits, SamplingParams, Tokens
 from ..vocab_trim import expand_logits
+from .base import Drafter, DrafterCaps
 
 
-class ModelDrafter:
-    def __init__(self, backend: Backend, params: SamplingParams, *, max_len: int | None = None,
-                 name: str | None = None, stop: DraftStop | None = None, vocab_ids: np.ndarray | None = None
-                 ) -> None:
+class ModelDrafter(Drafter):
+    """A chain drafter over a separate draft model's backend (its own KV cache); drafts from the call's params."""
+
+    caps = DrafterCaps(pays_per_token=True)
+
+    def __init__(self, backend: Backend, *, max_len: int | None = None, name: str | None = None,
+                 stop: DraftStop | None = None, vocab_ids: np.ndarray | None = None) -> None:
         self.backend = backend
         self.vocab_ids = None if vocab_ids is None else np.asarray(vocab_ids, dtype=np.int64)
-        self.params = params
         self.stop = stop  # optional draft-length policy (runtime/draft_stop.py): drafting ends early
         self._feats = np.zeros((0, 2))
         self.name = name or f"model:{backend.config.name or backend.name}"
@@ -97,12 +100,12 @@ class ModelDrafter:
         return logits if self.vocab_ids is None else expand_logits(logits, self.vocab_ids,
                                                                    self.backend.config.vocab_size)
 
-    def propose(self, context: Tokens, k: int, rng: np.random.Generator,
+    def propose(self, context: Tokens, k: int, params: SamplingParams, rng: np.random.Generator,
                 extend: Callable[[np.ndarray, int], np.ndarray] | None = None) -> Draft:
-        """Draft up to k tokens. `extend(drafted, room)` (without a stop policy) is asked after each drafted token for
-        up to `room` tokens that continue it without the model (prompt lookup, runtime/drafters/lookup.py); if it
-        returns any, the draft ends with them, each with a point-mass q row (a deterministic proposal, which
-        speculative sampling verifies exactly as the 1.2 rule does)."""
+        """Draft up to k tokens, q rows from `params`. `extend(drafted, room)` (without a stop policy) is asked after
+        each drafted token for up to `room` tokens that continue it without the model (prompt lookup,
+        runtime/drafters/lookup.py); if it returns any, the draft ends with them, each with a point-mass q row (a
+        deterministic proposal, which speculative sampling verifies exactly as the 1.2 rule does)."""
         if self._cache is None:
             self.begin(context)
         k = max(0, min(k, self._cache.capacity - len(context)))
@@ -114,8 +117,8 @@ class ModelDrafter:
         fed = k - 1  # drafted tokens fed to the draft cache (all but the last, unless a continuation takes over)
         logits = self._sync(context)
         for i in range(k):
-            q[i] = logits_to_probs(logits, self.params, history=np.concatenate([context, tokens[:i]]))[0]
-            tokens[i] = int(np.argmax(q[i])) if self.params.greedy else sample(q[i], rng)
+            q[i] = logits_to_probs(logits, params, history=np.concatenate([context, tokens[:i]]))[0]
+            tokens[i] = int(np.argmax(q[i])) if params.greedy else sample(q[i], rng)
             if self.stop is not None:  # a softmax over the vocabulary per token: only when a policy reads it
                 feats[i] = stop_features(logits[0], int(tokens[i]))
                 if self.stop.stop(feats[:i + 1]):

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..types import Draft, Tokens
+from ..types import Draft, SamplingParams, Tokens
+from .base import Drafter
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     """Propose the tokens that followed the latest earlier occurrence of the context's suffix.
 
     For n = max_n .. min_n: take the last n tokens of the context; find their latest occurrence that
@@ -42,8 +43,8 @@ class NgramDrafter:
         self._n, self._index = 0, {}
         self._extend(np.asarray(prompt).reshape(-1))
 
-    def propose(self, context: Tokens, k: int, rng: np.random.Generator) -> Draft:
-        """requires: context = every committed token; returns a Draft of 0..k tokens, q = None."""
+    def propose(self, context: Tokens, k: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+        """requires: context = every committed token; returns a Draft of 0..k tokens, q = None (params unused)."""
         context = np.asarray(context).reshape(-1)
         m = self._n
         if len(context) < m or not np.array_equal(context[:m], self._buf[:m]):

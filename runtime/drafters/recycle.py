@@ -18,7 +18,8 @@ import heapq
 import numpy as np
 
 from ..tree import TreeDraft
-from ..types import Logits, Tokens
+from ..types import Logits, SamplingParams, Tokens
+from .base import BackendNeed, DrafterCaps, TreeDrafter
 
 TOP = 8  # successors kept per token
 TEMPLATE_SIZES = (8, 16, 32, 80)
@@ -52,10 +53,10 @@ def tree_template(n_nodes: int, max_depth: int = 6) -> tuple[np.ndarray, np.ndar
     return parents, ranks
 
 
-class RecycleDrafter:
+class RecycleDrafter(TreeDrafter):
     """Token Recycling drafter: `propose_tree` / `observe` / `accept` (the tree-drafter side of the Drafter seam)."""
 
-    weight_bytes_per_token = 0
+    caps = DrafterCaps(tree=True, observes_logits=True, needs=frozenset({BackendNeed.TREE_MASK}))
 
     def __init__(self, vocab_size: int, nodes: int = 16) -> None:
         if nodes not in TEMPLATE_SIZES and not 1 <= nodes <= 256:
@@ -69,11 +70,10 @@ class RecycleDrafter:
     def begin(self, prompt: Tokens) -> None:
         """Nothing to reset: adj carries over between sequences (the paper's 'never reset')."""
 
-    def propose(self, context: Tokens, k: int, rng: np.random.Generator):
-        raise TypeError("the recycle drafter drafts trees: the decode loop calls propose_tree")
-
-    def propose_tree(self, context: Tokens, max_nodes: int, rng: np.random.Generator) -> TreeDraft:
-        """requires: context = every committed token; returns a tree of <= min(template, max_nodes) nodes."""
+    def propose_tree(self, context: Tokens, max_nodes: int, params: SamplingParams, rng: np.random.Generator
+                     ) -> TreeDraft:
+        """requires: context = every committed token; returns a tree of <= min(template, max_nodes) nodes (no q:
+        params unused)."""
         n = min(self.max_nodes, max_nodes)
         tok = np.full(n + 1, -1, dtype=np.int64)
         tok[0] = int(context[-1])

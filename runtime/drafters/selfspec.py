@@ -15,16 +15,7 @@ from ..backends.base import Backend, KVCache, LayeredBackend, LayerPlan
 from ..draft_stop import DraftStop, stop_features
 from ..sampling import logits_to_probs, sample
 from ..types import Draft, SamplingParams, Tokens
-
-
-def require_layered(target: Backend, drafter: str) -> LayeredBackend:
-    """The target as a LayeredBackend, or a ValueError naming the fix (raised at start-up, from bind/make_drafter)."""
-    if not getattr(target.caps, "layer_plan", False) or not isinstance(target, LayeredBackend):
-        raise ValueError(f"the {drafter} drafter runs the target's own layers with a layer plan, which the "
-                         f"{target.name} backend does not support (caps.layer_plan); use --backend numpy, an ONNX "
-                         "artifact exported with --profile layered, or a drafter that needs no layer plans (ngram, "
-                         "model:<name>)")
-    return target
+from .base import BackendNeed, Drafter, DrafterCaps, require_layered  # noqa: F401 (require_layered re-exported)
 
 
 def draft_chain(target: LayeredBackend, cache: KVCache, plan: LayerPlan, context: Tokens, k: int,
@@ -59,14 +50,14 @@ def draft_chain(target: LayeredBackend, cache: KVCache, plan: LayerPlan, context
     return Draft(tokens=tokens[:n], q=q[:n]), feats[:n]
 
 
-class SelfSpecDrafter:
+class SelfSpecDrafter(Drafter):
     """A chain drafter over the target's weights and cache; subclasses choose the plan per round (`plan_for`) and
     may learn from each verdict (`learn`). Holds no weights: only references to the target and its cache."""
 
+    caps = DrafterCaps(binds_target=True, pays_per_token=True, needs=frozenset({BackendNeed.LAYER_PLAN}))
     name = "selfspec"
 
-    def __init__(self, params: SamplingParams, stop: DraftStop | None = None) -> None:
-        self.params = params
+    def __init__(self, stop: DraftStop | None = None) -> None:
         self.stop = stop
         self.target: LayeredBackend | None = None
         self.cache: KVCache | None = None
@@ -90,10 +81,11 @@ class SelfSpecDrafter:
     def plan_for(self, context: Tokens, k: int) -> tuple[LayerPlan, int]:
         raise NotImplementedError
 
-    def propose(self, context: Tokens, k: int, rng: np.random.Generator) -> Draft:
+    def propose(self, context: Tokens, k: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
+        """Draft with this round's plan (`plan_for`); q from `params`."""
         plan, k = self.plan_for(context, k)
         self.weight_bytes_per_token = self.target.weight_bytes(plan)
-        draft, self._feats = draft_chain(self.target, self.cache, plan, context, k, self.params, rng, self.stop)
+        draft, self._feats = draft_chain(self.target, self.cache, plan, context, k, params, rng, self.stop)
         self._draft, self._context = draft.tokens, context
         return draft
 

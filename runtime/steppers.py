@@ -1,0 +1,199 @@
+"""Steppers: what one round of decoding does. The decode loop (runtime/decode.py) owns everything else (prompt and
+length checks, the cache, prefill timing, stopping, statistics, sessions) and drives one Stepper per call:
+
+    stepper.start(seq, start)            once: prefill / bind / begin; returns the prompt tokens it prefilled
+    stepper.step(seq, room, rng)         each round: commits >= 1 token into seq and returns (emitted, StepStats)
+
+  ChainStepper   draft a chain (or nothing: plain decoding), verify it in one target forward (ALGORITHMS.md 1.1-1.3)
+  TreeStepper    draft a token tree, verify it under the tree mask (1.4)
+  lossy steppers (runtime/lossy.py): one token per round by a policy whose output is NOT the model's own.
+
+Invariant (the only KV cursor): the target cache holds every committed token except the last one, which is fed as
+the first input of the next round: forward([last, *draft]) verifies k draft tokens and yields k+1 rows of p.
+"""
+from __future__ import annotations
+
+import abc
+import time
+from typing import Sequence
+
+import numpy as np
+
+from .backends.base import Backend, KVCache
+from .draft_length import AdaptiveDraftLength
+from .drafters.base import Drafter, TreeDrafter
+from .sampling import logits_to_probs
+from .tree import TreeDraft
+from .types import EMPTY_DRAFT, SamplingParams, StepStats, Tokens
+from .verify import verify_tree
+from .verify.base import Verifier
+
+
+class SeqState:
+    """Committed tokens of one sequence in a preallocated buffer, plus its target KV cache."""
+
+    def __init__(self, prompt: Tokens, cache: KVCache) -> None:
+        self.buf = np.zeros(cache.capacity + 1, dtype=np.int32)
+        self.n = len(prompt)
+        self.buf[:self.n] = prompt
+        self.cache = cache
+
+    @property
+    def tokens(self) -> Tokens:
+        return self.buf[:self.n]
+
+    def extend(self, toks: Sequence[int]) -> None:
+        self.buf[self.n:self.n + len(toks)] = toks
+        self.n += len(toks)
+
+
+class Stepper(abc.ABC):
+    """One decoding policy. `reserve`: cache positions a round may write past the committed tokens (k + 1 for a
+    chain of k); `context_limit`: a bound on the context besides the target's (None: none); `label`: set, and
+    containing "lossy", for a policy whose output is not the target's own."""
+
+    reserve: int = 1
+    context_limit: int | None = None
+    label: str | None = None
+
+    def __init__(self, target: Backend) -> None:
+        self.target = target
+
+    def start(self, seq: SeqState, start: int) -> int:
+        """Prefill seq.tokens[start:-1] (those before `start` are cached already: a Session); returns how many."""
+        return prefill(self.target, seq, start)
+
+    @abc.abstractmethod
+    def step(self, seq: SeqState, room: int, rng: np.random.Generator) -> tuple[list[int], StepStats]:
+        """requires: seq.cache.length == seq.n - 1, `room` free positions past it (>= 1). Commits the emitted tokens
+        (>= 1) into seq and returns them with the round's stats."""
+
+
+def prefill(target: Backend, seq: SeqState, start: int = 0, drafter: Drafter | None = None) -> int:
+    """Feed the prompt tokens from `start` up to all but the last (the first round feeds it); a drafter that
+    observes logits sees them. Returns the number of tokens fed."""
+    n = seq.n - 1 - start
+    if n > 0:
+        logits = target.forward(seq.tokens[start:-1], seq.cache)
+        if drafter is not None:  # token recycling learns the prompt's successors before the first round
+            drafter.observe(seq.tokens[start:-1], logits)
+    return max(n, 0)
+
+
+class _Speculative(Stepper):
+    """What chain and tree rounds share: prefill with the drafter watching, then bind and begin."""
+
+    def __init__(self, target: Backend, drafter: Drafter | None, params: SamplingParams) -> None:
+        super().__init__(target)
+        self.drafter, self.params = drafter, params
+        caps = drafter.caps if drafter is not None else None  # read once per decode, never in the step
+        self.observer = drafter if (caps is not None and caps.observes_logits) else None
+        self.binds = caps is not None and caps.binds_target
+
+    def start(self, seq: SeqState, start: int) -> int:
+        n = prefill(self.target, seq, start, self.observer)
+        if self.drafter is not None:
+            if self.binds:  # self-speculative drafters share the target's weights and KV cache
+                self.drafter.bind(self.target, seq.cache)
+            self.drafter.begin(seq.tokens.copy())
+        return n
+
+
+class ChainStepper(_Speculative):
+    """Draft <= k tokens, keep the prefix worth verifying (policy; all without one), one target forward over
+    [last, *draft], verify, commit. With no drafter: plain decoding (one token per forward)."""
+
+    def __init__(self, target: Backend, drafter: Drafter | None, params: SamplingParams, verifier: Verifier, k: int,
+                 policy: AdaptiveDraftLength | None = None) -> None:
+        super().__init__(target, drafter, params)
+        self.verifier, self.k, self.policy = verifier, k, policy
+        self.reserve = k + 1
+        pays = drafter is not None and drafter.caps.pays_per_token
+        self.budget = policy is not None and pays  # a drafter that pays per token drafts only what would be verified
+        self.budget_kind = drafter.caps.budget_kind if drafter is not None else None
+        self.taps: tuple[int, ...] = ()
+
+    def start(self, seq: SeqState, start: int) -> int:
+        n = super().start(seq, start)
+        # known after bind (DEL's candidate layers depend on the target): the verify forward then taps them
+        self.taps = tuple(self.drafter.verify_taps) if self.drafter is not None else ()
+        return n
+
+    def step(self, seq: SeqState, room: int, rng: np.random.Generator) -> tuple[list[int], StepStats]:
+        t0 = time.perf_counter()
+        drafter, policy, params, k = self.drafter, self.policy, self.params, min(self.k, room)
+        context = seq.tokens
+        if self.budget and k > 0:  # only what the policy would verify of the paid kind of draft
+            k = min(k, policy.budget(k, self.budget_kind))
+        draft = drafter.propose(context, k, params, rng) if (drafter is not None and k > 0) else EMPTY_DRAFT
+        if policy is not None and draft.k:
+            draft = draft.prefix(policy.choose(draft.kind, draft.k))
+        t1 = time.perf_counter()
+        base = seq.cache.length
+        step_tokens = np.concatenate([context[-1:], draft.tokens]).astype(np.int32)
+        tf = time.perf_counter()
+        if self.taps:
+            h, tapped = self.target.hidden(step_tokens, seq.cache, taps=self.taps)
+            logits = self.target.logits_from_hidden(h)
+        else:
+            logits = self.target.forward(step_tokens, seq.cache)
+        forward_s = time.perf_counter() - tf
+        if self.observer is not None:  # drafters that learn from the target's logits (token recycling)
+            self.observer.observe(step_tokens, logits)
+        p = logits_to_probs(logits, params, history=np.concatenate([context, draft.tokens]))
+        verdict = self.verifier.verify(draft, p, rng)
+        if policy is not None:
+            policy.observe(draft.kind, draft.k, verdict.n_accepted, len(step_tokens), forward_s)
+        seq.cache.rollback(base + 1 + verdict.n_accepted)  # [last, accepted...] are now committed in the cache
+        emitted = [int(x) for x in draft.tokens[:verdict.n_accepted]] + [int(verdict.next_token)]
+        seq.extend(emitted)
+        if drafter is not None:
+            if self.taps:
+                drafter.observe_verify(tapped, np.asarray(emitted, dtype=np.int32))
+            drafter.accept(verdict.n_accepted, verdict.next_token)
+        t2 = time.perf_counter()
+        return emitted, StepStats(k=draft.k, n_accepted=verdict.n_accepted, draft_s=t1 - t0, verify_s=t2 - t1,
+                                  forward_s=forward_s)
+
+
+class TreeStepper(_Speculative):
+    """One tree round (ALGORITHMS.md 1.4): propose a tree of <= max_nodes nodes, one target forward over
+    [last, *nodes] with the tree mask, verify (1.2 / 1.4 / greedy), move the accepted path's K/V into place
+    (`cache.compact`), commit. requires: a target with caps.tree_mask and a cache with `compact`."""
+
+    def __init__(self, target: Backend, drafter: TreeDrafter, params: SamplingParams) -> None:
+        super().__init__(target, drafter, params)
+        self.max_nodes = int(drafter.max_nodes)
+        self.reserve = self.max_nodes + 1
+
+    def step(self, seq: SeqState, room: int, rng: np.random.Generator) -> tuple[list[int], StepStats]:
+        t0 = time.perf_counter()
+        context = seq.tokens
+        tree: TreeDraft = self.drafter.propose_tree(context, min(self.max_nodes, room), self.params, rng)
+        t1 = time.perf_counter()
+        base = seq.cache.length
+        fed = np.concatenate([context[-1:], tree.tokens]).astype(np.int32)
+        tf = time.perf_counter()
+        logits = self.target.forward(fed, seq.cache, tree_mask=tree.mask())  # [n+1, V]
+        forward_s = time.perf_counter() - tf
+        if self.observer is not None:
+            self.observer.observe(fed, logits)
+        p = tree_probs(tree, logits, self.params, context)
+        verdict = verify_tree(tree, p, rng, greedy=self.params.greedy)
+        # slots base + node: the root (in place already) and the accepted path, ascending because BFS orders them
+        seq.cache.compact(base + np.array((0, *verdict.path), dtype=np.int64), base)
+        emitted = [int(tree.tokens[j - 1]) for j in verdict.path] + [int(verdict.next_token)]
+        seq.extend(emitted)
+        self.drafter.accept(verdict.n_accepted, verdict.next_token)
+        t2 = time.perf_counter()
+        return emitted, StepStats(k=tree.n, n_accepted=verdict.n_accepted, draft_s=t1 - t0, verify_s=t2 - t1,
+                                  forward_s=forward_s)
+
+
+def tree_probs(tree: TreeDraft, logits: np.ndarray, params: SamplingParams, context: Tokens) -> np.ndarray:
+    """p [n+1, V]; with a repetition penalty each node's row is penalised by its own root path's history."""
+    if params.repetition_penalty == 1.0:
+        return logits_to_probs(logits, params)
+    rows = [logits_to_probs(logits[j], params, history=np.concatenate(
+        [context, tree.tokens[np.array(tree.path_to(j), dtype=np.int64) - 1]])) for j in range(tree.n + 1)]
+    return np.concatenate(rows, axis=0)
