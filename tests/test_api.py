@@ -115,3 +115,32 @@ def test_set_drafter_switches_live_and_a_bad_spec_keeps_the_old_one(tmp_path):
     other = write_tiny_gguf(tmp_path / "o.gguf", seed=1, n_layers=1)
     eng.set_drafter(f"model:{other}")  # same tiny vocabulary: accepted; the target's output is unchanged
     assert eng.generate(ids, max_tokens=16).tokens == want
+
+
+def test_engine_lookup_hybrid_drafts_from_the_calls_sampled_q(tmp_path):
+    """Issue 17: `model:<int4>+lookup` through the Engine at temperature 0.8 drafts from the tempered q of the call,
+    not greedily (the Engine used to hand sampling params only to drafters that had a `params` attribute, and the
+    lookup hybrid had none, so its model part drafted one-hot greedy rows)."""
+    pytest.importorskip("onnxruntime")
+    from specedge.export.onnx_export import export_gguf_to_onnx
+    from specedge.export.onnx_linear import WeightFormat
+    from specedge.models.gguf_in import open_gguf
+
+    art = tmp_path / "t-int4"
+    export_gguf_to_onnx(open_gguf(write_tiny_gguf(tmp_path / "t.gguf", seed=4, dtype="q4_1")), art,
+                        WeightFormat.INT4, gate=False)
+    eng = specedge.Engine(str(art), backend="onnx", drafter=f"model:{art}+lookup", ctx=128, threads=1)
+    model, seen = eng.drafter.model, []
+    propose = model.propose
+
+    def spy(context, k, params, rng, **kw):
+        draft = propose(context, k, params, rng, **kw)
+        seen.append((params.temperature, draft.q))
+        return draft
+
+    model.propose = spy
+    eng.generate("the cat sat on", max_tokens=24, temperature=0.8, seed=2)
+    assert seen, "the model part never drafted"
+    assert all(t == 0.8 for t, _ in seen)
+    rows = np.concatenate([q for _, q in seen if q is not None and len(q)])
+    assert (rows.max(axis=1) < 0.999).any(), "every draft row is one-hot: the model part drafted greedily"
