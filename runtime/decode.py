@@ -14,11 +14,11 @@ import numpy as np
 
 from .backends.base import Backend
 from .draft_length import AdaptiveDraftLength
-from .drafters.base import Drafter, TreeDrafter
+from .drafters.base import Drafter
 from .lossy import LossyMode
 from .stats import DecodeStats
 from .session import Session
-from .steppers import ChainStepper, SeqState, Stepper, TreeStepper, prefill, tree_probs  # noqa: F401 (re-exported)
+from .steppers import ChainStepper, SeqState, Stepper, TreeStepper
 from .types import FinishReason, SamplingParams, Tokens, as_tokens
 from .verify import VerifierKind, make_verifier
 

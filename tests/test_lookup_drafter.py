@@ -178,3 +178,53 @@ def test_the_adaptive_budget_of_a_hybrid_is_the_model_kind_not_the_last_rounds()
     assert policy.budget(8) == 1 and policy.budget(8, 0) == 8
     table = random_markov_table(5, seed=0)
     assert LookupModelDrafter(ModelDrafter(MarkovBackend(table)), 1).caps.budget_kind == 0
+
+
+def _spy_model_drafts(model_drafter, calls):
+    """Record (context, Draft) of every draft the model part makes (the lookup hybrid's fallback)."""
+    propose = model_drafter.propose
+
+    def spy(context, *args, **kw):
+        draft = propose(context, *args, **kw)
+        calls.append((np.array(context, dtype=np.int32), draft))
+        return draft
+
+    model_drafter.propose = spy
+
+
+def _assert_tempered_first_rows(backend, calls, params):
+    """Each model draft's first q row is logits_to_probs(draft logits after the context, params): not greedy
+    one-hot rows (the row of a model that drafts greedily at T > 0)."""
+    from specedge.runtime.sampling import logits_to_probs
+    assert calls, "the model part never drafted"
+    for context, draft in calls:
+        logits = backend.forward(context, backend.new_cache(len(context) + 1))[-1:]
+        want = logits_to_probs(logits, params, history=context)[0]
+        assert draft.q is not None and draft.q[0].max() < 1.0
+        np.testing.assert_allclose(draft.q[0], want, atol=1e-6)
+
+
+def test_the_hybrid_drafts_from_the_calls_tempered_q(models):
+    """Runtime level: the decode call's SamplingParams reach the model part of `model:X+lookup` (a drafter holds no
+    params of its own), so at temperature 0.8 its q rows are the tempered draft distribution."""
+    _, _, target, draft = models
+    params = SamplingParams(temperature=0.8)
+    drafter = LookupModelDrafter(ModelDrafter(draft), 2)
+    calls: list = []
+    _spy_model_drafts(drafter.model, calls)
+    list(decode(target, np.array([1, 5, 9, 2], np.int32), params, drafter=drafter, max_tokens=24,
+                rng=np.random.default_rng(0)))
+    _assert_tempered_first_rows(draft, calls, params)
+
+
+def test_engine_passes_each_calls_params_to_a_lookup_hybrid(models):
+    """Through the Engine (chat, serve, the Python API), which builds its drafter once with default params and
+    passes sampling settings per call: `model:X+lookup` drafted greedily at temperature 0.8 before drafters took
+    params in `propose` (issue 17)."""
+    from specedge.apps.api import Engine
+    target_path, draft_path, _, _ = models
+    engine = Engine(str(target_path), backend="numpy", drafter=f"model:{draft_path}+lookup:2", ctx=256)
+    calls: list = []
+    _spy_model_drafts(engine.drafter.model, calls)
+    engine.generate([1, 5, 9, 2], temperature=0.8, max_tokens=24, seed=0)
+    _assert_tempered_first_rows(engine.drafter.model.backend, calls, SamplingParams(temperature=0.8))

@@ -88,7 +88,7 @@ def test_propose_leaves_the_cache_length_and_committed_rows_alone(target, name):
     k_before, v_before = cache.k[:, :, :cache.length].copy(), cache.v[:, :, :cache.length].copy()
     drafter.bind(target, cache)
     drafter.begin(ctx)
-    draft = drafter.propose(ctx, 4, params, np.random.default_rng(0))
+    draft = drafter.propose(ctx, 4, GREEDY, np.random.default_rng(0))
     assert cache.length == len(ctx) - 1 and 1 <= draft.k <= 4
     if name == "swift":  # a search step rewrites the window's rows with the full model: they must come back equal
         target.forward(ctx[-1:], cache)  # the verify forward committed the last token (nothing accepted)

@@ -15,7 +15,7 @@ from ..backends.base import Backend, KVCache, LayeredBackend, LayerPlan
 from ..draft_stop import DraftStop, stop_features
 from ..sampling import logits_to_probs, sample
 from ..types import Draft, SamplingParams, Tokens
-from .base import BackendNeed, Drafter, DrafterCaps, require_layered  # noqa: F401 (require_layered re-exported)
+from .base import BackendNeed, Drafter, DrafterCaps, require_layered
 
 
 def draft_chain(target: LayeredBackend, cache: KVCache, plan: LayerPlan, context: Tokens, k: int,
