@@ -16,6 +16,7 @@ from ..perf import bench
 from ..perf.bench_llama import llama_available, llama_configs
 from ..perf.bench_report import SCHEMA_VERSION, environment, verify_cost_plot, write_reports
 from ..assembly.auto import choice_table, profile_rows, tune_targets
+from ..assembly.profile import PLAIN
 
 
 def _write_profiles(tuned, out: Path) -> None:
@@ -36,8 +37,8 @@ def predicted_vs_measured(tuned, rows: list[dict]) -> list[dict]:
     for t in tuned:
         c = t.choice
         mine = [r for r in rows if r["target"] == t.label and r["family"] == "specedge"]
-        plain = next((r for r in mine if r["drafter"] == "none"), None)
-        chosen = plain if c.drafter == "none" else next((r for r in mine if r["drafter"] == c.drafter), None)
+        plain = next((r for r in mine if r["drafter"] == PLAIN), None)
+        chosen = plain if c.drafter == PLAIN else next((r for r in mine if r["drafter"] == c.drafter), None)
         if plain is not None:
             plain["predicted_tokens_per_s"] = c.plain_tok_s
         if chosen is not None:

@@ -12,6 +12,7 @@ from ..assembly.load import parse_drafter
 from ..models import catalog
 from ..runtime.backends import BackendKind
 from ..runtime.backends.onnx_providers import Device
+from ..runtime.drafters import NoneSpec
 from ..runtime.stats import DecodeStats
 from ..runtime.verify import VerifierKind
 from .bench_cmd import bench_cmd
@@ -156,7 +157,7 @@ def generate(**o) -> None:
                    "perf/loradrop_ppl.py)", err=True)
     base = None
     if o["baseline"]:
-        plain = decoder.with_decode(DecodeSettings(parse_drafter("none"), decoder.settings.k))
+        plain = decoder.with_decode(DecodeSettings(NoneSpec(), decoder.settings.k))
         base = plain.run(prompt_ids, call, stats=(base_stats := DecodeStats()))
     stats = DecodeStats()
     echo = None if o["as_json"] else (lambda s: click.echo(s, nl=False))
@@ -171,7 +172,7 @@ def generate(**o) -> None:
     report = {"drafter": drafter, "backend": o["backend"], "k": s.k, "adaptive_k": s.adaptive_k,
               "verifier": o["verifier"], **stats.to_dict()}
     if decoder.lossy is not None:
-        report.update(drafter="none", lossy=decoder.label)
+        report.update(drafter=str(NoneSpec()), lossy=decoder.label)
     if base is not None:
         report["baseline_tokens_per_s"] = base_stats.tokens_per_s
         report["speedup"] = stats.tokens_per_s / max(base_stats.tokens_per_s, 1e-9)

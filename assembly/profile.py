@@ -40,10 +40,11 @@ import numpy as np
 
 from ..runtime.draft_length import expected_tokens
 from .schema import check_schema
+from ..runtime.drafters.spec import DrafterKind
 
 PROFILE_SCHEMA_VERSION = 3  # 2: a draft model's cost measured at one k is per token (profile_measure.draft_cost);
 # 3: each drafter also measured with the adaptive draft length
-PLAIN = "none"
+PLAIN = DrafterKind.NONE.value
 
 _NUMS = {"type": "array", "items": {"type": "number"}}
 _DRAFTER = {"type": "object",

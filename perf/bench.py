@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..runtime.stats import DecodeStats, mbsu
-from ..assembly.profile import k_label
+from ..assembly.profile import PLAIN, k_label
 from ..assembly.spec import parse_target
 from ..assembly.devset import Prompt, load_prompts
 
@@ -44,7 +44,7 @@ class Config:
 
     @property
     def label(self) -> str:
-        if self.drafter == "none":
+        if self.drafter == PLAIN:
             return f"{self.target} plain"
         return f"{self.target} {self.drafter} {k_label(self.k, self.adaptive)}"
 
@@ -180,8 +180,8 @@ def _ratio(a: float, b: float | None) -> float | None:
 def summarize(measured: list[Measured]) -> list[dict]:
     """One JSON-ready row per configuration (schema: perf/bench_report.py RESULTS_SCHEMA)."""
     rows = []
-    plain = {m.config.target: m for m in measured if m.config.drafter == "none" and m.config.family == "specedge"}
-    llama = next((m for m in measured if m.config.family == "llama.cpp" and m.config.drafter == "none"), None)
+    plain = {m.config.target: m for m in measured if m.config.drafter == PLAIN and m.config.family == "specedge"}
+    llama = next((m for m in measured if m.config.family == "llama.cpp" and m.config.drafter == PLAIN), None)
     cats = list(measured[0].stats[0]) if measured else []
     for m in measured:
         c, base = m.config, plain.get(m.config.target)
@@ -271,7 +271,7 @@ def specedge_configs(targets: Sequence[str], drafters: Sequence[str], ks: Sequen
     from ..assembly.load import parse_drafter
 
     call = CallSettings(max_tokens=max_tokens)  # greedy, seed 0
-    drafters = ["none"] + [d for d in drafters if d != "none"]
+    drafters = [PLAIN] + [d for d in drafters if d != PLAIN]
     for d in drafters:
         drafter_for(d, None)  # a bad qualifier fails before any model loads
     configs = []
@@ -288,7 +288,7 @@ def specedge_configs(targets: Sequence[str], drafters: Sequence[str], ks: Sequen
             return ids_of[p.text]
 
         for d in (x for x in (drafter_for(d, kind, t) for d in drafters) if x is not None):
-            for k, adapt in ([(0, False)] if d == "none" else [(k, a) for k in ks for a in adaptive]):
+            for k, adapt in ([(0, False)] if d == PLAIN else [(k, a) for k in ks for a in adaptive]):
                 before = rss_mb()
                 decoder = Decoder(target, settings, DecodeSettings(parse_drafter(d), max(k, 1), adapt))
 
