@@ -11,7 +11,7 @@ from ..assembly.decoder import CallSettings, DecodeSettings, Decoder, ModelSetti
 from ..assembly.load import parse_drafter
 from ..models import catalog
 from ..runtime.backends import BackendKind
-from ..runtime.backends.onnx_providers import Device
+from ..runtime.backends.onnx_providers import DEVICE_CHOICES
 from ..runtime.drafters import NoneSpec
 from ..runtime.stats import DecodeStats
 from ..runtime.verify import VerifierKind
@@ -53,8 +53,9 @@ def decoding_options(f):
         click.option("--ctx", type=click.IntRange(16, None), default=None, help="Context size (default: model's)."),
         click.option("--threads", type=click.IntRange(1, None), default=None,
                      help="CPU threads (llama.cpp, ONNX Runtime intra-op)."),
-        click.option("--device", type=click.Choice([d.value for d in Device]), default="auto", show_default=True,
-                     help="ONNX Runtime execution provider (--backend onnx); auto says what it picked."),
+        click.option("--device", type=click.Choice(DEVICE_CHOICES), default="auto", show_default=True,
+                     help="ONNX Runtime execution provider (--backend onnx); auto says what it picked; openvino takes "
+                          "a target (openvino:CPU|GPU|NPU, CPU when none)."),
         click.option("--auto", is_flag=True,
                      help="Pick the drafter and k with the most expected tokens/s from this machine's device profile "
                           "for the model/backend/threads (measured and cached on first use, 1-5 min); the choice "

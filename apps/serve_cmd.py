@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from ..runtime.backends import BackendKind
-from ..runtime.backends.onnx_providers import Device
+from ..runtime.backends.onnx_providers import DEVICE_CHOICES
 from ..runtime.verify import VerifierKind
 
 LOOPBACK_NAMES = ("localhost",)
@@ -76,7 +76,7 @@ class ServerThread:
 @click.option("--ctx", type=click.IntRange(16, None), default=None,
               help="KV positions (prompt + answer) per request; default min(model context, 4096).")
 @click.option("--threads", type=click.IntRange(1, None), default=None, help="CPU threads for the backend.")
-@click.option("--device", type=click.Choice([d.value for d in Device]), default="auto", show_default=True)
+@click.option("--device", type=click.Choice(DEVICE_CHOICES), default="auto", show_default=True)
 @click.option("--cache-dir", type=click.Path(path_type=Path), default=None, help="Model cache.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)

@@ -48,19 +48,23 @@ class StaticCache(LengthCursor):
         self.new_v = [np.zeros(new, np.float32) for _ in range(c.n_layers)]
         self.binding = backend.session.io_binding()
         self._values = []  # OrtValues over the numpy buffers (CPU: shared memory), alive as long as the binding
+        # A plugin EP (OpenVINO's) keeps inputs in its own memory: onnxruntime copies a bound input when it is bound,
+        # so later writes to the numpy buffers would go unseen; for such a session the inputs are bound per run.
+        self.rebind = bool(backend.choice.ep_devices)
 
         def bind(name: str, array: np.ndarray, output: bool = False) -> None:
             value = ort.OrtValue.ortvalue_from_numpy(array)
             (self.binding.bind_ortvalue_output if output else self.binding.bind_ortvalue_input)(name, value)
             self._values.append(value)
 
-        bind(io["input_ids"], self.ids)
-        bind(io["position_ids"], self.pos)
-        bind(io["attention_bias"], self.bias)
+        self._inputs = [(io["input_ids"], self.ids), (io["position_ids"], self.pos), (io["attention_bias"], self.bias)]
+        self._inputs += [(io[n].format(i=i), a[i]) for i in range(c.n_layers)
+                         for n, a in (("past_key", self.k), ("past_value", self.v))]
+        self.bind_inputs = lambda: [self.binding.bind_cpu_input(n, a) for n, a in self._inputs]
+        for name, array in self._inputs:
+            bind(name, array)
         bind(io["logits"], self.logits, output=True)
         for i in range(c.n_layers):
-            bind(io["past_key"].format(i=i), self.k[i])
-            bind(io["past_value"].format(i=i), self.v[i])
             bind(io["new_key"].format(i=i), self.new_k[i], output=True)
             bind(io["new_value"].format(i=i), self.new_v[i], output=True)
 
@@ -129,6 +133,8 @@ class StaticOnnxBackend:
         cache.pos[0] = base + np.minimum(np.arange(w), n - 1)
         np.copyto(cache.bias[0, 0], np.where(self._slots[None, :] <= cache.pos[0][:, None], np.float32(0),
                                              self.mask_value))
+        if cache.rebind:
+            cache.bind_inputs()
         self.session.run_with_iobinding(cache.binding)
         for i in range(self.config.n_layers):
             cache.k[i][0, :, base:base + n] = cache.new_k[i][0, :, :n]

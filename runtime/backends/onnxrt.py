@@ -1,6 +1,8 @@
 """ONNX Runtime backend: runs an exported decoder artifact (models/manifest.py) behind the Backend protocol.
 
-KV design: each cache owns preallocated [1, n_kv, capacity, head_dim] float32 OrtValues per layer and one IOBinding
+KV design: each cache owns preallocated [1, n_kv, capacity, head_dim] OrtValues per layer (the manifest's kv_dtype:
+float32, or float16 for the GPU graphs; in CUDA memory on --device cuda, so the cache never crosses to the host and
+only the logits rows come back) and one IOBinding
 that binds each of them as both past_key.i and present_key.i. GroupQueryAttention sees the shared buffer and
 writes the T new rows in place at positions [length, length + T); nothing else of the cache moves. The length
 cursor is the only state: forward passes seqlens_k = length + T - 1 and total_sequence_length = length + T, and
@@ -9,7 +11,8 @@ rollback just lowers the cursor (the rejected rows are overwritten next time).
 Trees (format 4 artifacts, ALGORITHMS.md 1.4 "Tree attention"): the nodes still go to slots [length, length + T);
 position_ids carry length + depth and tree_bias masks the non-ancestors among them. A chain binds
 position_ids = length + arange(T) and a zero bias: one graph, no tree-only session. After verification
-`OnnxCache.compact` copies the accepted path's rows into place with NumPy on the arrays that back the bound OrtValues.
+`OnnxCache.compact` copies the accepted path's rows into place with NumPy on the arrays that back the bound OrtValues
+(CUDA buffers: copied to the host, compacted and copied back, once per tree step).
 
 Artifacts of the static-shape profile run on StaticOnnxBackend (onnx_static.py); `runtime.backends.open_onnx` picks the class
 from the manifest.
@@ -27,7 +30,7 @@ from ...models.manifest import CHAIN_FORMAT_VERSION, Manifest, Profile, manifest
 from ..kv import LengthCursor
 from ..types import Logits, Mask, Tokens
 from .base import BackendCaps, LayerPlan, check_capacity, check_room, tree_depths
-from .onnx_providers import Device, ProviderChoice, select_providers
+from .onnx_providers import Device, ProviderChoice, openvino_choice, parse_device, select_providers
 from .ort_threads import session_options, threads_note
 
 
@@ -64,18 +67,33 @@ def open_session(manifest: Manifest, device: Device | str, threads: int | None, 
     """(onnxruntime module, InferenceSession, provider choice, threads) for an artifact on `device`."""
     ort = _import_ort()
     threads = threads or min(os.cpu_count() or 1, 8)
-    choice = select_providers(device, ort.get_available_providers(), threads=threads,
-                              static_shapes=manifest.profile is Profile.STATIC)
-    if log is not None and Device(device) is Device.AUTO:
+    choice = choose_providers(ort, device, threads, manifest.profile is Profile.STATIC)
+    if log is not None and parse_device(device)[0] is Device.AUTO:
         log(choice.note)
     opts, actual = session_options(ort, threads)
     if log is not None and (note := threads_note(threads, actual)):
         log(note)
     threads = actual
-    session = ort.InferenceSession(str(manifest.model_path), sess_options=opts,
-                                   providers=[p for p, _ in choice.providers],
-                                   provider_options=[o for _, o in choice.providers])
+    if choice.ep_devices:  # a plugin EP: the session takes its devices; onnxruntime appends the CPU fallback itself
+        opts.add_provider_for_devices(list(choice.ep_devices), choice.providers[0][1])
+        session = ort.InferenceSession(str(manifest.model_path), sess_options=opts)
+    else:
+        session = ort.InferenceSession(str(manifest.model_path), sess_options=opts,
+                                       providers=[p for p, _ in choice.providers],
+                                       provider_options=[o for _, o in choice.providers])
     return ort, session, choice, threads
+
+
+def choose_providers(ort, device: Device | str, threads: int, static_shapes: bool) -> ProviderChoice:
+    """select_providers over this onnxruntime's providers; --device openvino takes the plugin EP's device where the
+    plugin is installed (onnx_providers.openvino_choice), else the onnxruntime-openvino build's own provider. (Once
+    registered, a plugin's name is listed among the available providers too, but naming it there runs nothing on it.)"""
+    kind, target = parse_device(device)
+    if kind is Device.OPENVINO:
+        plugin = openvino_choice(ort, target, static_shapes=static_shapes)
+        if plugin is not None:
+            return plugin
+    return select_providers(device, ort.get_available_providers(), threads=threads, static_shapes=static_shapes)
 
 
 class OnnxCache(LengthCursor):
@@ -88,18 +106,22 @@ class OnnxCache(LengthCursor):
         self._length = 0
         # kv_pad_rows: the graph writes scratch K/V rows just past the last real one (export/onnx_graph.attention)
         shape = (1, c.n_kv_heads, capacity + int(io.get("kv_pad_rows", 0)), c.head_dim)
+        self._dtype = np.dtype(io.get("kv_dtype", "float32"))
+        self._device = backend.kv_device  # "cpu" or "cuda": where the buffers live
         self.binding = backend.session.io_binding()
         self.binding.bind_output(io["logits"], "cpu")  # first output: get_outputs()[0] is the logits
         self._buffers = []  # keeps the OrtValues alive for the binding's lifetime
         self._arrays: list[np.ndarray] = []  # the memory those CPU OrtValues wrap (no copy): compact writes here
         for i in range(c.n_layers):
             for past, present in (("past_key", "present_key"), ("past_value", "present_value")):
-                arr = np.zeros(shape, np.float32)
-                buf = ort.OrtValue.ortvalue_from_numpy(arr)
+                arr = np.zeros(shape, self._dtype)
+                # CUDA: a device buffer initialised from the zeros (the host array is then dropped)
+                buf = ort.OrtValue.ortvalue_from_numpy(arr, *((self._device, 0) if self._device != "cpu" else ()))
                 self.binding.bind_ortvalue_input(io[past].format(i=i), buf)
                 self.binding.bind_ortvalue_output(io[present].format(i=i), buf)
                 self._buffers.append(buf)
-                self._arrays.append(arr)
+                if self._device == "cpu":
+                    self._arrays.append(arr)
 
     @property
     def capacity(self) -> int:
@@ -107,13 +129,19 @@ class OnnxCache(LengthCursor):
 
     @property
     def nbytes(self) -> int:
-        return sum(int(np.prod(b.shape())) * 4 for b in self._buffers)
+        return sum(int(np.prod(b.shape())) * self._dtype.itemsize for b in self._buffers)
 
     def compact(self, src: np.ndarray, dst_start: int) -> None:
         """Copy the K/V rows at slots `src` (ascending, each >= its destination) to dst_start, dst_start + 1, ... in
         every layer and set the length after them (the accepted path of a tree, ALGORITHMS.md 1.4).
         requires: src within [0, length); returns nothing; rows past the new length are stale."""
-        self._length = compact_rows(self._arrays, 2, self._length, src, dst_start)
+        if self._device == "cpu":
+            self._length = compact_rows(self._arrays, 2, self._length, src, dst_start)
+            return
+        arrays = [b.numpy() for b in self._buffers]  # device buffers: a host copy, compacted, copied back
+        self._length = compact_rows(arrays, 2, self._length, src, dst_start)
+        for buf, arr in zip(self._buffers, arrays):
+            buf.update_inplace(arr)
 
 
 def compact_rows(arrays, axis: int, length: int, src: np.ndarray, dst_start: int) -> int:
@@ -150,6 +178,9 @@ class OnnxBackend:
         self.caps = BackendCaps(tree_mask=self.tree_hint is None, layer_plan=False, partial_rollback=True,
                                 max_batch_tokens=self.config.context_length)
         self.ort, self.session, self.choice, self.threads = open_session(self.manifest, device, threads, log)
+        # the cache lives in CUDA memory when CUDA runs the attention: float16 graphs (a float32 graph's
+        # GroupQueryAttention falls back to the CPU provider, which must see host buffers to update them in place)
+        self.kv_device = "cuda" if self.choice.on_gpu and self.io.get("kv_dtype") == "float16" else "cpu"
         self._weight_bytes = read_bytes_per_token(self.manifest.model_path)
 
     def new_cache(self, max_len: int) -> OnnxCache:
