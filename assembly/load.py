@@ -24,7 +24,6 @@ from ..runtime.drafters import (Drafter, DrafterInputs, DrafterKind, DrafterSpec
                                 build_drafter, check_target, parse_drafter)  # re-exported for the apps
 from ..runtime.tokenizer import Tokenizer
 from ..runtime.vocab_trim import drafter_manifest, read_drafter_vocab
-from ..runtime.types import SamplingParams
 
 
 @dataclass
@@ -113,12 +112,11 @@ def load_model(name_or_path: str, kind: BackendKind, *, ctx: int | None = None, 
     return LoadedModel(path, gguf, tokenizer, backend, kind)
 
 
-def make_drafter(spec: DrafterSpec, target: LoadedModel, params: SamplingParams | None = None, *,
-                 ctx: int | None = None, threads: int | None = None, cache_dir: Path | None = None,
-                 device: str = "auto") -> Drafter | None:
+def make_drafter(spec: DrafterSpec, target: LoadedModel, *, ctx: int | None = None, threads: int | None = None,
+                 cache_dir: Path | None = None, device: str = "auto") -> Drafter | None:
     """Load what the spec needs (a draft model on the target's backend kind, sharing its tokenizer; LoRA-Drop
     corrections) and build the drafter through the registry (runtime/drafters/registry.py); checked here, at
-    start-up. `params` is unused (drafters draft from each call's SamplingParams); kept while callers pass it."""
+    start-up. Drafters take each call's SamplingParams in `propose`."""
     check_target(spec, target.backend)  # before loading anything (tree masks, drop steps)
     draft = _draft_model(spec, target, ctx=ctx, threads=threads, cache_dir=cache_dir, device=device) \
         if spec.needs_draft else None

@@ -161,7 +161,7 @@ def measure(target, drafters: dict[str, object], settings: MeasureSettings = Mea
     out = {}
     for spec, lg in logs.items():
         alpha, dist = acceptance(lg.rounds, settings.k_max)
-        fixed, per_token = draft_cost(lg.rounds, getattr(drafters[spec], "weight_bytes_per_token", 0) > 0)
+        fixed, per_token = draft_cost(lg.rounds, drafters[spec] is not None and drafters[spec].caps.pays_per_token)
         ad = adaptive.get(spec)
         out[spec] = DrafterProfile(spec, settings.k_max, alpha, dist, fixed, per_token, len(lg.rounds),
                                    float(lg.tokens_per_s), float(ad.tokens_per_s) if ad else 0.0,

@@ -57,7 +57,7 @@ def plain_path_margin(model, prompt, plain, at):
 @pytest.mark.parametrize("drafter", ["ngram", "model:smollm2-135m"])
 def test_numpy_speculative_equals_plain(drafter):
     model = load_model("smollm2-135m", BackendKind.NUMPY, ctx=CTX)
-    spec = make_drafter(DrafterSpec.parse(drafter), model, GREEDY, ctx=CTX)
+    spec = make_drafter(DrafterSpec.parse(drafter), model, ctx=CTX)
     stats = DecodeStats()
     for prompt in prompts_for(model):
         assert greedy(model, prompt, spec, stats) == greedy(model, prompt)
@@ -70,7 +70,7 @@ def test_numpy_trees_and_self_speculative_drafters_equal_plain(drafter):
     """Issue 4's drafters on the real model: token-recycling trees (tree mask, compaction) and drafters that run the
     target's own layers in its own KV cache; 3 of the prompts, the plain outputs shared with the test above."""
     model = load_model("smollm2-135m", BackendKind.NUMPY, ctx=CTX)
-    spec = make_drafter(DrafterSpec.parse(drafter), model, GREEDY, ctx=CTX)
+    spec = make_drafter(DrafterSpec.parse(drafter), model, ctx=CTX)
     stats = DecodeStats()
     for prompt in prompts_for(model)[:3]:
         assert greedy(model, prompt, spec, stats) == greedy(model, prompt)
@@ -94,7 +94,7 @@ MODEL_DRAFTER_DIVERGES = pytest.mark.xfail(strict=False, reason="llama.cpp batch
 def test_llamacpp_speculative_equals_plain_up_to_near_ties(drafter):
     pytest.importorskip("llama_cpp")
     model = load_model("smollm2-135m", BackendKind.LLAMACPP, ctx=CTX, threads=2)
-    spec = make_drafter(DrafterSpec.parse(drafter), model, GREEDY, ctx=CTX, threads=2)
+    spec = make_drafter(DrafterSpec.parse(drafter), model, ctx=CTX, threads=2)
     divergences, stats = [], DecodeStats()
     for i, prompt in enumerate(prompts_for(model)):
         plain, fast = greedy(model, prompt), greedy(model, prompt, spec, stats)

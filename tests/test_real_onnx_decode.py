@@ -61,7 +61,7 @@ def test_onnx_speculative_equals_plain(artifact, drafter):
     for i, prompt in enumerate(prompts_for(model)):
         prompt = prompt[:CTX - N_TOKENS - 8]
         plain = greedy(model, prompt)
-        fast = greedy(model, prompt, make_drafter(spec, model, GREEDY, ctx=CTX, threads=2, device="cpu"), stats)
+        fast = greedy(model, prompt, make_drafter(spec, model, ctx=CTX, threads=2, device="cpu"), stats)
         if fast != plain:
             at = next(j for j, (a, b) in enumerate(zip(fast, plain)) if a != b)
             diverged.append((i, at, plain_path_margin(model, np.asarray(prompt), plain, at)))

@@ -96,7 +96,7 @@ def test_trimmed_logits_equal_the_full_logits_at_those_rows(trimmed):
 def test_greedy_with_a_trimmed_drafter_equals_plain(trimmed):
     gguf, art, ids, plain, V = trimmed
     target = load_onnx(str(art), device="cpu", threads=1)
-    drafter = make_drafter(DrafterSpec.parse(f"model:{art}"), target, SamplingParams(), device="cpu", threads=1)
+    drafter = make_drafter(DrafterSpec.parse(f"model:{art}"), target, device="cpu", threads=1)
     assert np.array_equal(drafter.vocab_ids, ids) and "vocab 48" in drafter.name
     stats = DecodeStats()
     spec = [e.token for e in decode(target.backend, PROMPT, SamplingParams(), drafter=drafter, k=3, max_tokens=24,
