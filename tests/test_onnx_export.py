@@ -137,6 +137,7 @@ def test_dynamic_int8_matmul_is_exact_integer_arithmetic():
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
     from specedge.export.onnx_linear import dynamic_int8_weights
+    from specedge.runtime.backends.ort_threads import session_options
     rng = np.random.default_rng(0)
     k, n = 576, 256
     q, scale = quantize_per_channel_int8(rng.standard_normal((n, k)).astype(np.float32))
@@ -148,7 +149,8 @@ def test_dynamic_int8_matmul_is_exact_integer_arithmetic():
                               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", n])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                   helper.make_opsetid("com.microsoft", 1)])
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(model.SerializeToString(), session_options(ort, 1)[0],
+                                providers=["CPUExecutionProvider"])
     a = (3 * rng.standard_normal((4, k))).astype(np.float32)
     lo, hi = min(0.0, float(a.min())), max(0.0, float(a.max()))  # DynamicQuantizeLinear: uint8 per tensor
     sa = (hi - lo) / 255
