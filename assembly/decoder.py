@@ -11,6 +11,7 @@ collect-and-strip-EOS step exist once.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -24,7 +25,8 @@ from ..runtime.session import Session
 from ..runtime.stats import DecodeStats
 from ..runtime.types import GenerationResult, Response, SamplingParams, Tokens
 from ..runtime.verify import VerifierKind
-from .load import DrafterSpec, LoadedModel, load_model, make_drafter, parse_drafter
+from .environment import cpu_info
+from .load import DrafterSpec, LoadedModel, batch_invariance_warning, load_model, make_drafter, parse_drafter
 
 Log = Callable[[str], None]
 
@@ -93,6 +95,9 @@ class Decoder:
         else:
             self.drafter = make_drafter(decode.drafter, model, ctx=settings.ctx, threads=settings.threads,
                                         cache_dir=settings.cache_dir, device=settings.device)
+            note = None if self.drafter is None else batch_invariance_warning(model, cpu_info()[1])
+            if note is not None:
+                warnings.warn(note, RuntimeWarning, stacklevel=2)
 
     @property
     def tokenizer(self):

@@ -11,14 +11,8 @@ SIMD = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512
         "amx_tile", "amx_int8", "amx_bf16", "neon", "asimd", "asimddp", "sve", "i8mm")
 
 
-def environment(threads: int | None, root: Path | None = None) -> dict:
-    """Package versions, threads, CPU model and SIMD flags (/proc/cpuinfo), git commit of the project checkout."""
-    packages = {}
-    for name in ("specedge", "numpy", "onnxruntime", "onnx", "llama_cpp_python", "tokenizers", "gguf"):
-        try:
-            packages[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            packages[name] = None
+def cpu_info() -> tuple[str, list[str]]:
+    """(CPU model name, its feature flags) from /proc/cpuinfo; (platform name, []) where there is none."""
     model, flags = platform.processor() or platform.machine(), []
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -29,6 +23,18 @@ def environment(threads: int | None, root: Path | None = None) -> dict:
                 flags = val.split()
     except OSError:
         pass
+    return model, flags
+
+
+def environment(threads: int | None, root: Path | None = None) -> dict:
+    """Package versions, threads, CPU model and SIMD flags (/proc/cpuinfo), git commit of the project checkout."""
+    packages = {}
+    for name in ("specedge", "numpy", "onnxruntime", "onnx", "llama_cpp_python", "tokenizers", "gguf"):
+        try:
+            packages[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            packages[name] = None
+    model, flags = cpu_info()
     commit = None
     try:
         root = root or Path(__file__).resolve().parent.parent

@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import numpy as np
 
 from ..models.catalog import model_cache_dir, resolve_model
 from ..models.errors import ModelFileError
-from ..models.manifest import MANIFEST, Profile, read_manifest
+from ..models.manifest import MANIFEST, PAD_ROW_ATTENTION, Profile, read_manifest
 from ..models.gguf_in import GGUFModel, open_gguf
 from ..runtime.backends import Backend, BackendKind, open_backend, open_onnx
 from ..runtime.drafters import (Drafter, DrafterInputs, DrafterKind, DrafterSpec, DraftModel, ModelSpec,  # noqa: F401
@@ -110,6 +111,24 @@ def load_model(name_or_path: str, kind: BackendKind, *, ctx: int | None = None, 
     tokenizer = Tokenizer(gguf.tokenizer_spec())
     backend = open_backend(kind, gguf, n_ctx=ctx, n_threads=threads)
     return LoadedModel(path, gguf, tokenizer, backend, kind)
+
+
+def batch_invariance_warning(model: LoadedModel, cpu_flags: Sequence[str]) -> str | None:
+    """Why greedy speculative output may differ from plain greedy on this artifact and CPU (None: it may not).
+
+    An int4 artifact whose pad row runs through attention only (exported before io.pad_row) gives one-token calls a
+    4-bit MatMulNBits with one row, which on CPUs without AVX-512 takes onnxruntime's M == 1 kernel and rounds
+    differently from a verify call's rows (docs/onnx.md "Batch invariance")."""
+    if model.kind is not BackendKind.ONNX or "avx512f" in cpu_flags or not (model.path / MANIFEST).is_file():
+        return None
+    manifest = read_manifest(model.path)
+    if manifest.pad_row != PAD_ROW_ATTENTION:
+        return None
+    if not any(str(t.get("storage", "")).startswith("nbits4") for t in manifest.tensors.values()):
+        return None
+    return (f"{model.path.name} was exported before the pad row ran through the whole network: on this CPU (no "
+            "AVX-512) its 4-bit matmuls round one-token calls differently from verify calls, so greedy speculative "
+            "output may differ from plain greedy; re-export it with `specedge export`")
 
 
 def make_drafter(spec: DrafterSpec, target: LoadedModel, *, ctx: int | None = None, threads: int | None = None,

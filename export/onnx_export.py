@@ -31,7 +31,7 @@ from ..models.manifest import FORMAT, FORMAT_VERSION, LAYERED_FORMAT_VERSION, MA
 from ..models.tokenizer_spec import TokenizerSpec
 from ..models.gguf_in import GGUFModel
 from ..models.hf_in import HFModel
-from .onnx_graph import PAD_ROWS, GraphIO, build_decoder
+from .onnx_graph import PAD_ROW, PAD_ROWS, GraphIO, build_decoder
 from .onnx_layered import LAYERED_DATA, build_layered, layered_fields, save_layered
 from .onnx_ir import IR_VERSION, MS_OPSET, OPSET
 from .onnx_linear import ExportOptions, TensorRecord, WeightFormat
@@ -143,7 +143,8 @@ def _dynamic_fields(cfg, opts: ExportOptions) -> dict:
             "accuracy_level": opts.accuracy_level, "exact_mins": opts.exact_mins,
             "io": {**dataclasses.asdict(GraphIO()), "kv_layout": "BNSH [1, n_kv_heads, max_ctx, head_dim]",
                    "kv_dtype": "float32", "max_positions": cfg.context_length,
-                   "attention": "com.microsoft.GroupQueryAttention shared buffers", "kv_pad_rows": PAD_ROWS}}
+                   "attention": "com.microsoft.GroupQueryAttention shared buffers", "kv_pad_rows": PAD_ROWS,
+                   "pad_row": PAD_ROW}}
 
 
 def _static_fields(cfg, shape: StaticShape) -> dict:

@@ -5,6 +5,7 @@ new tokens are written at cache slots `L + arange(T)` with `L = seqlens_k + 1 - 
 RoPE positions come from the `position_ids` input (L + arange(T) for a chain, L + depth for a tree) and the
 `tree_bias` input (zeros for a chain) masks the non-ancestors among the new tokens on top of the causal mask
 (ALGORITHMS.md 1.4 "Tree attention").
+One zero pad row runs through the whole network, so every node sees T + 1 >= 2 rows (batch invariance: pad_rows()).
 Attention is com.microsoft GroupQueryAttention with shared past/present buffers: the runtime binds the same
 preallocated [1, n_kv, max_ctx, head_dim] OrtValue as past_key.i and present_key.i, so the op writes only the T
 new rows in place (no full-cache copy per step). Rollback is just a smaller seqlens_k on the next call.
@@ -31,7 +32,8 @@ from .onnx_ir import MS_DOMAIN, GraphBuilder
 from .onnx_linear import ExportOptions, TensorRecord, WeightFormat, WeightSource, linear
 
 
-PAD_ROWS = 1  # zero rows appended to every GroupQueryAttention call (see attention())
+PAD_ROWS = 1  # zero rows appended after the embedding, carried through every layer, cut after the head (pad_rows())
+PAD_ROW = "network"  # the manifest's io.pad_row: where the pad row runs (artifacts without it: inside attention only)
 
 
 def qkv_width(cfg: ModelConfig) -> int:
@@ -56,7 +58,7 @@ class GraphIO:
 
 @dataclass(frozen=True)
 class AttnFeeds:
-    """Per-call tensors GroupQueryAttention takes, built once per graph (padded: see attention())."""
+    """Per-call tensors GroupQueryAttention takes, built once per graph (padded: see pad_rows())."""
 
     seqlens: str  # int32 [1]
     total: str  # int32 scalar
@@ -73,7 +75,8 @@ def check_dynamic(cfg: ModelConfig, profile: str = "the dynamic ONNX profile") -
 
 def build_decoder(cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: GraphIO = GraphIO()
                   ) -> tuple[onnx.ModelProto, dict[str, TensorRecord]]:
-    """The whole decoder: embed -> n_layers blocks -> final norm -> LM head; returns (model, tensor records)."""
+    """The whole decoder: embed -> pad row -> n_layers blocks -> final norm -> LM head -> cut the pad row; returns
+    (model, tensor records). Every node between the two pad-row nodes sees T + 1 rows (pad_rows())."""
     check_dynamic(cfg)
     g = GraphBuilder(cfg.name or cfg.arch)
     records: dict[str, TensorRecord] = {}
@@ -85,7 +88,7 @@ def build_decoder(cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: 
     seqlens, total = padded_lengths(g, seqlens, total)
     feeds = AttnFeeds(seqlens, total, pos, bias, tables, window_biases(g, cfg, range(cfg.n_layers), pos, bias))
     em = DynamicBlocks(g, cfg, src, opts, records, io=io, feeds=feeds)
-    h = embed(g, cfg, src, opts, ids, records)
+    h = pad_rows(g, cfg, embed(g, cfg, src, opts, ids, records))
     with g.scope("layers.0"):
         x = rms_norm(g, cfg, src, h, "layers.0.attn_norm", "attn_norm")
     for i in range(cfg.n_layers):
@@ -163,6 +166,32 @@ def window_bias(g: GraphBuilder, pos: str, bias: str, window: int) -> str:
         return g.op1("Add", [bias, mask], "bias")
 
 
+def pad_rows(g: GraphBuilder, cfg: ModelConfig, h: str, name: str = "pad_row", axis: int = 1) -> str:
+    """Hidden states [1, T, D] (axis 1; [T, D]: axis 0) with PAD_ROWS zero rows appended: [1, T + 1, D].
+
+        h [1, T, D] ─► Concat(zeros [1, 1, D]) ─► [1, T + 1, D] ─► every block ... LM head ─► unpad_rows ─► [T, V]
+
+    Batch invariance (docs/onnx.md "Batch invariance"): onnxruntime's CPU kernels take a special path for one row
+    that rounds differently from their path for two or more, where each row's result does not depend on the row
+    count, its position or the other rows: MLAS's probs x V GEMV inside GroupQueryAttention (any CPU), and 4-bit
+    MatMulNBits' M == 1 GEMV on AVX2 without AVX-512 (max 1e-6 per node; int8 activation rounding downstream turns
+    that into different greedy tokens). With the pad row every node sees >= 2 rows, so a verify call over T tokens
+    and T one-token calls give bit-identical logits. In attention the pad row sits at position L + T: no real row
+    attends to it (causal), its K/V land in the cache's spare row (kv_pad_rows) and the next call overwrites them.
+    The pad row's own values are never read by a real row.
+    """
+    shape = (1,) * axis + (PAD_ROWS, cfg.d_model)
+    zeros = g.const_once(f"pad_row.zeros.{'x'.join(map(str, shape))}", np.zeros(shape, np.float32))
+    return g.op1("Concat", [h, zeros], name, axis=axis)
+
+
+def unpad_rows(g: GraphBuilder, x: str, axis: int, name: str = "unpad_row", outputs: tuple[str, ...] = ()) -> str:
+    """x without its last PAD_ROWS entries along `axis` (the real T rows)."""
+    return g.op("Slice", [x, g.const_once("pad_row.start", np.array([0], np.int64)),
+                          g.const_once("pad_row.end", np.array([-PAD_ROWS], np.int64)),
+                          g.const_once(f"pad_row.axis.{axis}", np.array([axis], np.int64))], name, outputs=outputs)[0]
+
+
 def padded_lengths(g: GraphBuilder, seqlens: str, total: str) -> tuple[str, str]:
     """seqlens_k and total_sequence_length as GroupQueryAttention sees them: one pad row past the T real ones."""
     with g.scope("attn_pad"):
@@ -173,7 +202,7 @@ def padded_lengths(g: GraphBuilder, seqlens: str, total: str) -> tuple[str, str]
 
 def tree_inputs(g: GraphBuilder, io: GraphIO, ids: str, total: str) -> tuple[str, str]:
     """position_ids [1, T + 1] and attention_bias [1, 1, T + 1, L + T + 1] as GroupQueryAttention sees them, from the
-    graph inputs over the T real tokens: the pad row (see attention()) gets position L + T and zero bias; the
+    graph inputs over the T real tokens: the pad row (see pad_rows()) gets position L + T and zero bias; the
     committed columns [0, L) get zero bias (every node sees the whole cache).
 
         position_ids [1, T] ──────────────────────► Concat(L + T) ──► [1, T + 1]
@@ -212,17 +241,15 @@ def skip_rms_norm(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, delta: s
 
 def attention(em: DynamicBlocks, i: int, x: str) -> str:
     """Fused q|k|v projection, GroupQueryAttention on the packed QKV (RoPE inside, in-place KV), output projection.
+    x carries the pad row (pad_rows()): T + 1 rows, the last at position L + T.
 
-        x ─► qkv_proj ─(+ q|k|v bias)─(q/k norm)─► Concat(zero row) ─► GroupQueryAttention ─► Slice(drop row) ─► o_proj
-          past_key.i, past_value.i ───────────────────────────┘        └─► present_key.i, present_value.i (same buffers)
+        x ─► qkv_proj ─(+ q|k|v bias)─(q/k norm)─► GroupQueryAttention ─► o_proj
+          past_key.i, past_value.i ────────────────────┘      └─► present_key.i, present_value.i (same buffers)
 
     Batch invariance: onnxruntime's CPU GroupQueryAttention multiplies probs x V with MLAS, which takes a GEMV path
-    when the op sees one row and a GEMM path for two or more; the two round differently (~1e-7 relative), and int8
-    activation rounding downstream amplifies that into logit differences up to ~1 between a verify batch and
-    one-token decoding. A zero row appended at position L+T keeps every call on the GEMM path, where rows are computed
-    identically for any row count and any zero-padded total length, so T=1 and T=k+1 give bit-identical logits.
-    The pad row's K/V land at position L+T (beyond the cursor; the next call overwrites them) and no real row attends
-    to it (causal). The runtime allocates PAD_ROWS extra cache rows for it.
+    when the op sees one row and a GEMM path for two or more; with the pad row it always sees >= 2 (pad_rows()).
+    Its K/V land at position L + T (beyond the cursor; the next call overwrites them); the runtime allocates
+    PAD_ROWS extra cache rows for it, and seqlens/total/positions/bias count it (padded_lengths, tree_inputs).
     Trees: position_ids (RoPE) and attention_bias (added to the scores before the causal softmax) come from
     tree_inputs(); onnxruntime 1.31's CPU kernel honours both with the pad row. A zero bias adds exactly nothing, so
     chains stay bit-identical across T; a tree node off the first root path gets the same terms at other slots of
@@ -238,21 +265,14 @@ def attention(em: DynamicBlocks, i: int, x: str) -> str:
     past_v = g.input(io.past_value.format(i=i), np.float32, kv_shape)
     present_k = g.output(io.present_key.format(i=i), np.float32, kv_shape)
     present_v = g.output(io.present_value.format(i=i), np.float32, kv_shape)
-    d = qkv_width(cfg)
-    if not g.has_const("attn_pad.zeros"):
-        g.const("attn_pad.zeros", np.zeros((1, PAD_ROWS, d), np.float32))
-    padded = g.op1("Concat", [qkv, "attn_pad.zeros"], "pad_rows", axis=1)
     rope = rope_tables.layer_rope(cfg, i)
     cos, sin = ("", "") if rope is None else feeds.tables[rope]
     window = cfg.block.layer(i).window
     bias = feeds.bias if window is None else feeds.windowed[window]
-    gqa_in = [padded, "", "", past_k, past_v, feeds.seqlens, feeds.total, cos, sin, feeds.positions, bias]
+    gqa_in = [qkv, "", "", past_k, past_v, feeds.seqlens, feeds.total, cos, sin, feeds.positions, bias]
     attn = g.op("GroupQueryAttention", gqa_in, "gqa", outputs=[g.path("gqa") + "/out0", present_k, present_v],
                 domain=MS_DOMAIN, num_heads=cfg.n_heads, kv_num_heads=cfg.n_kv_heads, do_rotary=int(rope is not None),
                 rotary_interleaved=0, scale=float(1.0 / np.sqrt(cfg.head_dim)))[0]
-    attn = g.op1("Slice", [attn, g.const_once("attn_pad.start", np.array([0], np.int64)),
-                           g.const_once("attn_pad.end", np.array([-PAD_ROWS], np.int64)),
-                           g.const_once("attn_pad.axis", np.array([1], np.int64))], "unpad_rows")
     return out_projection(em, i, attn)
 
 
@@ -276,10 +296,10 @@ def _qk_norm(em: DynamicBlocks, i: int, qkv: str) -> str:
 
 def head(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: GraphIO, h: str,
          records: dict[str, TensorRecord]) -> str:
-    """LM head on the final-normed hidden states (the last block applied `norm`); logits [T, V].
+    """LM head on the final-normed hidden states with the pad row (the last block applied `norm`); logits [T, V].
     A float tied head reuses the embedding table through Gemm(transB).
 
-        x [1, T, D] ─► Squeeze ─► lm_head ─► logits [T, V]
+        x [1, T + 1, D] ─► Squeeze ─► lm_head ─► [T + 1, V] ─► unpad_rows ─► logits [T, V]
     """
     axes = g.const("head.squeeze_axes", np.array([0], np.int64))
     x = g.op1("Squeeze", [h, axes], "squeeze")
@@ -287,10 +307,10 @@ def head(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: ExportOptio
     if opts.fmt in (WeightFormat.FP32, WeightFormat.FP16) and cfg.tied_embeddings:
         table = "embed.weight" if opts.fmt is WeightFormat.FP32 else g.op1("Cast", ["embed.weight"], "lm_head/cast",
                                                                             to=1)
-        g.op("Gemm", [x, table], "lm_head", outputs=[io.logits], transB=1)
+        y = g.op1("Gemm", [x, table], "lm_head", transB=1)
     else:
         y, recs = linear(g, x, [name], src, opts, "lm_head", "lm_head")
         records["lm_head"] = recs[name]  # tied: the embedding table, stored a second time in the head's format
-        g.op("Identity", [y], "logits", outputs=[io.logits])
+    unpad_rows(g, y, 0, "logits", outputs=(io.logits,))
     g.output(io.logits, np.float32, ["T", cfg.vocab_size])
     return io.logits

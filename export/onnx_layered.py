@@ -15,6 +15,10 @@ give the monolithic graph's logits bit for bit (the next layer a plan runs is no
 
     (r, d) ─► SkipRMSNorm(attn_norm) ─► attention ─► SkipRMSNorm(+h, ffn_norm) ─► mlp ─► (r', d')
                └─ h = r + d ──────────────────────────┘ └─ r' = h + attn ──────────────┘
+The pad row (onnx_graph.pad_rows: batch invariance) is appended inside each layer and head graph and cut before its
+outputs, so hidden states cross segment boundaries as [1, T, D] and the runtime never sees it:
+
+    (r, d) [1, T, D] ─► pad_rows ─► block (T + 1 rows) ─► unpad_rows ─► (r', d') [1, T, D]
 All segments share one external-data file; a tensor that several graphs name (the RoPE tables every layer uses,
 the embedding a tied float head reads) is stored once at one offset, and the runtime loads it once and hands the
 same OrtValue to every session (SessionOptions.add_initializer; runtime/backends/onnx_layered.py).
@@ -31,8 +35,8 @@ from onnx.external_data_helper import set_external_data
 
 from ..models.config import ModelConfig
 from .onnx_block import block, embed
-from .onnx_graph import (PAD_ROWS, AttnFeeds, DynamicBlocks, GraphIO, check_dynamic, head, padded_lengths, rms_norm,
-                         rope_tables_for, skip_rms_norm, window_biases)
+from .onnx_graph import (PAD_ROW, PAD_ROWS, AttnFeeds, DynamicBlocks, GraphIO, check_dynamic, head, pad_rows,
+                         padded_lengths, rms_norm, rope_tables_for, skip_rms_norm, unpad_rows, window_biases)
 from .onnx_ir import GraphBuilder
 from .onnx_linear import ExportOptions, TensorRecord, WeightFormat, WeightSource
 
@@ -86,6 +90,7 @@ def build_layered(cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: 
         g.const("embed.weight", table if opts.fmt is WeightFormat.FP32 else table.astype(np.float16))
     with g.scope("norm"):
         x, _ = skip_rms_norm(g, cfg, src, d, h, "norm", "final_norm")
+        x = pad_rows(g, cfg, x)
     with g.scope("head"):
         head(g, cfg, src, opts, io, x, records)
     graphs["head.onnx"] = g.model(producer="specedge", doc=doc.format("final norm + LM head"))
@@ -107,14 +112,15 @@ def _layer_graph(cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: G
     em = DynamicBlocks(g, cfg, src, opts, records, io=io, feeds=feeds)
     p = f"layers.{i}"
     with g.scope(p):
+        h, d = pad_rows(g, cfg, h, "pad_row_hidden"), pad_rows(g, cfg, d, "pad_row_delta")
         if i == 0:  # d is zero after the embedding: the plain norm the monolithic graph's layer 0 has
             h = g.op1("Add", [h, d], "embed_delta")
             x = rms_norm(g, cfg, src, h, f"{p}.attn_norm", "attn_norm")
         else:
             x, h = skip_rms_norm(g, cfg, src, d, h, f"{p}.attn_norm", "attn_norm")
         h, m = block(em, i, x, h)
-        g.op("Identity", [h], "residual", outputs=[lio.hidden_out])
-        g.op("Identity", [m], "delta", outputs=[lio.delta_out])
+        unpad_rows(g, h, 1, "residual", outputs=(lio.hidden_out,))
+        unpad_rows(g, m, 1, "delta", outputs=(lio.delta_out,))
     g.output(lio.hidden_out, np.float32, [1, "T", cfg.d_model])
     g.output(lio.delta_out, np.float32, [1, "T", cfg.d_model])
     return g
@@ -122,7 +128,7 @@ def _layer_graph(cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: G
 
 def _attention_feeds(g: GraphBuilder, io: GraphIO, lio: LayeredIO, total: str) -> tuple[str, str]:
     """position_ids [1, T + 1] and attention_bias [1, 1, T + 1, L + T + 1] as GroupQueryAttention sees them (the pad
-    row of onnx_graph.attention gets position L + T and zero bias). Unlike the monolithic graph's [T, T] tree_bias,
+    row (onnx_graph.pad_rows) gets position L + T and zero bias). Unlike the monolithic graph's [T, T] tree_bias,
     the bias spans the cached columns too, so the runtime can hide slots a LoRA-Drop drop step left unwritten.
 
         position_ids [1, T] ───► Concat(L + T) ──────────────────────────► [1, T + 1]
@@ -178,4 +184,5 @@ def layered_fields(cfg: ModelConfig, opts: ExportOptions, graphs: dict[str, onnx
             "accuracy_level": opts.accuracy_level, "exact_mins": opts.exact_mins,
             "io": {**asdict(GraphIO()), **asdict(LayeredIO()), "kv_layout": "BNSH [1, n_kv_heads, max_ctx, head_dim]",
                    "kv_dtype": "float32", "max_positions": cfg.context_length,
-                   "attention": "com.microsoft.GroupQueryAttention shared buffers", "kv_pad_rows": kv_pad_rows}}
+                   "attention": "com.microsoft.GroupQueryAttention shared buffers", "kv_pad_rows": kv_pad_rows,
+                   "pad_row": PAD_ROW}}

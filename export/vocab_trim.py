@@ -26,7 +26,7 @@ import onnx
 
 from ..models.config import ModelConfig
 from ..models.manifest import MANIFEST, sha256_file
-from .onnx_graph import GraphIO, build_decoder, rms_norm
+from .onnx_graph import GraphIO, build_decoder, pad_rows, rms_norm, unpad_rows
 from .onnx_ir import GraphBuilder
 from .onnx_linear import ExportOptions, WeightSource, linear
 
@@ -117,15 +117,16 @@ def trimmed_config(cfg: ModelConfig, n: int) -> ModelConfig:
 
 
 def build_head(cfg: ModelConfig, src: TrimmedSource, opts: ExportOptions) -> onnx.ModelProto:
-    """Final norm + trimmed LM head on hidden states.
+    """Final norm + trimmed LM head on hidden states, with the pad row (onnx_graph.pad_rows) so the head's
+    MatMulNBits sees >= 2 rows.
 
-        hidden [T, D] ─► RMSNorm(norm) ─► lm_head (rows ids) ─► logits [T, N]
+        hidden [T, D] ─► pad_rows ─► RMSNorm(norm) ─► lm_head (rows ids) ─► unpad_rows ─► logits [T, N]
     """
     g = GraphBuilder("vocab_trim_head")
-    h = g.input(HEAD_IO["hidden"], np.float32, ["T", cfg.d_model])
+    h = pad_rows(g, cfg, g.input(HEAD_IO["hidden"], np.float32, ["T", cfg.d_model]), axis=0)
     x = rms_norm(g, cfg, src, h, "norm", "norm")
     y, _ = linear(g, x, ["lm_head"], src, opts, "lm_head", "lm_head")
-    g.op("Identity", [y], "logits", outputs=[HEAD_IO["logits"]])
+    unpad_rows(g, y, 0, "logits", outputs=(HEAD_IO["logits"],))
     g.output(HEAD_IO["logits"], np.float32, ["T", len(src.ids)])
     return g.model(producer="specedge", doc=f"final norm + LM head over {len(src.ids)} vocabulary rows")
 

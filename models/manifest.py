@@ -29,8 +29,11 @@ formats, each with its own versions; the runtime picks its backend by `format` a
     config                        ModelConfig fields (rope_scaling and block nested; manifests written before the
                                   block existed carry qkv_bias instead and read as the llama block with it)
     io                            graph input/output names ("{i}" = layer index), the KV layout, and
-                                  dynamic: kv_pad_rows (cache rows past the capacity that the graph writes scratch
-                                  K/V into); static: verify_width, max_context, mask_value
+                                  dynamic and layered: kv_pad_rows (cache rows past the capacity that the graph
+                                  writes scratch K/V into) and pad_row: "network" when the pad row runs through every
+                                  node (export/onnx_graph.pad_rows); artifacts without it ran it through attention
+                                  only, so int4 ones are not batch-invariant on CPUs without AVX-512 (docs/onnx.md);
+                                  static: verify_width, max_context, mask_value
     tensors                       canonical tensor -> {linear, storage, source_type, exact, max_abs_err}
                                   (specedge-onnx only)
     files                         file name -> {sha256, bytes} for every file of the artifact but the manifest
@@ -69,6 +72,8 @@ READ_VERSIONS = {FORMAT: (CHAIN_FORMAT_VERSION, STATIC_FORMAT_VERSION, FORMAT_VE
                           LAYERED_FORMAT_VERSION),
                  OPTIMUM_FORMAT: (OPTIMUM_FORMAT_VERSION,)}
 MANIFEST = "manifest.json"
+PAD_ROW_NETWORK = "network"  # io.pad_row of artifacts whose pad row runs through every node
+PAD_ROW_ATTENTION = "attention"  # what dynamic and layered artifacts without io.pad_row have: attention only
 
 
 class Profile(enum.Enum):
@@ -199,6 +204,14 @@ class Manifest:
     @property
     def tensors(self) -> Mapping[str, Any]:
         return self.raw.get("tensors", {})
+
+    @property
+    def pad_row(self) -> str | None:
+        """Where the graph's batch-invariance pad row runs: PAD_ROW_NETWORK (every node), PAD_ROW_ATTENTION (dynamic
+        and layered artifacts written before it ran through the network), None (static and optimum graphs)."""
+        if self.format != FORMAT or self.profile is Profile.STATIC:
+            return None
+        return str(self.io.get("pad_row", PAD_ROW_ATTENTION))
 
     def tokenizer_spec(self) -> TokenizerSpec:
         """The artifact's tokenizer.json + chat template; ModelFileError when missing, unreadable or not UTF-8."""

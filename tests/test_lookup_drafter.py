@@ -201,7 +201,7 @@ def _assert_tempered_first_rows(backend, calls, params):
         logits = backend.forward(context, backend.new_cache(len(context) + 1))[-1:]
         want = logits_to_probs(logits, params, history=context)[0]
         assert draft.q is not None and draft.q[0].max() < 1.0
-        np.testing.assert_allclose(draft.q[0], want, atol=1e-6)
+        np.testing.assert_allclose(draft.q[0], want, rtol=1e-4, atol=1e-6)  # catch-up vs one call: float order
 
 
 def test_the_hybrid_drafts_from_the_calls_tempered_q(models):

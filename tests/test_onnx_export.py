@@ -131,6 +131,35 @@ def test_quantized_formats_at_default_accuracy_are_close(tiny_dir, fmt, rel):
     assert err < rel and top1 >= 0.9, (err, top1)
 
 
+def test_dynamic_int8_matmul_is_exact_integer_arithmetic():
+    """DynamicQuantizeMatMul on the exported weights equals exact integer arithmetic on its quantized activations.
+    Fails with int8 weights on x86 CPUs without VNNI (U8S8 kernel: int16 saturation, max |error| ~31 here)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+    from specedge.export.onnx_linear import dynamic_int8_weights
+    from specedge.runtime.backends.ort_threads import session_options
+    rng = np.random.default_rng(0)
+    k, n = 576, 256
+    q, scale = quantize_per_channel_int8(rng.standard_normal((n, k)).astype(np.float32))
+    qu, zp = dynamic_int8_weights(q)
+    assert np.array_equal(qu.astype(np.int16) - zp.astype(np.int16), q)
+    inits = [numpy_helper.from_array(a, name) for a, name in ((qu, "B"), (scale, "s"), (zp, "zp"))]
+    node = helper.make_node("DynamicQuantizeMatMul", ["A", "B", "s", "zp"], ["Y"], domain="com.microsoft")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", k])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", n])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                  helper.make_opsetid("com.microsoft", 1)])
+    sess = ort.InferenceSession(model.SerializeToString(), session_options(ort, 1)[0],
+                                providers=["CPUExecutionProvider"])
+    a = (3 * rng.standard_normal((4, k))).astype(np.float32)
+    lo, hi = min(0.0, float(a.min())), max(0.0, float(a.max()))  # DynamicQuantizeLinear: uint8 per tensor
+    sa = (hi - lo) / 255
+    za = np.clip(np.round(-lo / sa), 0, 255)
+    aq = np.clip(np.round(a / sa) + za, 0, 255)
+    want = ((aq - za) @ q.astype(np.float64)) * sa * scale
+    np.testing.assert_allclose(sess.run(None, {"A": a})[0], want, rtol=0, atol=1e-3 * np.abs(want).max())
+
+
 def test_int4_speculative_equals_plain(tiny_dir):
     gguf = open_gguf(write_tiny_gguf(tiny_dir / "q4_1-spec.gguf", dtype="q4_1", seed=7))
     export_gguf_to_onnx(gguf, tiny_dir / "spec-int4", WeightFormat.INT4, gate=False)

@@ -104,7 +104,7 @@ class OnnxCache(LengthCursor):
         c, io = backend.config, backend.io
         self._capacity = capacity
         self._length = 0
-        # kv_pad_rows: the graph writes scratch K/V rows just past the last real one (export/onnx_graph.attention)
+        # kv_pad_rows: the graph writes scratch K/V rows just past the last real one (export/onnx_graph.pad_rows)
         shape = (1, c.n_kv_heads, capacity + int(io.get("kv_pad_rows", 0)), c.head_dim)
         self._dtype = np.dtype(io.get("kv_dtype", "float32"))
         self._device = backend.kv_device  # "cpu" or "cuda": where the buffers live
