@@ -11,7 +11,7 @@ A profile holds, for one backend + model artifact + threads + device (its `key`)
   draft lengths at k = k_max, and the drafting cost fitted as fixed + per_token * (tokens drafted);
 - per drafter: tokens/s and tokens per round of a second run with the adaptive draft length (k <= k_max).
 
-`choose` maximises expected tokens/s (ALGORITHMS.md 1.1, 3 "adaptive K by measured throughput", 5):
+`choose` maximises expected tokens/s (docs/algorithms.md 1.1, 3 "adaptive K by measured throughput", 5):
 
     rate(d, k) = E[tokens | k, alpha] / E[time of a round]
     E[tokens]  = 1 + sum_{i<=k} prod_{l<=i} alpha_l            (runtime/draft_length.expected_tokens)

@@ -4,7 +4,7 @@ One graph serves prefill, plain decoding, verification of k+1 chain positions an
 new tokens are written at cache slots `L + arange(T)` with `L = seqlens_k + 1 - T`, for any cache length L; their
 RoPE positions come from the `position_ids` input (L + arange(T) for a chain, L + depth for a tree) and the
 `tree_bias` input (zeros for a chain) masks the non-ancestors among the new tokens on top of the causal mask
-(ALGORITHMS.md 1.4 "Tree attention").
+(docs/algorithms.md 1.4 "Tree attention").
 One zero pad row runs through the whole network, so every node sees T + 1 >= 2 rows (batch invariance: pad_rows()).
 Attention is com.microsoft GroupQueryAttention with shared past/present buffers: the runtime binds the same
 preallocated [1, n_kv, max_ctx, head_dim] OrtValue as past_key.i and present_key.i, so the op writes only the T

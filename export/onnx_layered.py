@@ -1,6 +1,6 @@
 """The layered profile: one graph per segment (embedding, each layer, final norm + LM head) over one weights file.
 
-Self-speculative drafters (ALGORITHMS.md 2.3 layer skip, 2.4 early exit, 2.5 LoRA-Drop) run the target's own layers
+Self-speculative drafters (docs/algorithms.md 2.3 layer skip, 2.4 early exit, 2.5 LoRA-Drop) run the target's own layers
 with a LayerPlan and need hidden states between layers; a runtime that owns one session per segment runs any
 subset of layers, reads any layer's hidden state, and applies the head anywhere, with no second copy of a weight:
 

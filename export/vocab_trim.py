@@ -1,4 +1,5 @@
-"""VocabTrim at export (ALGORITHMS.md 2.2): calibrate on target-generated text, keep the top-N ids, write trimmed heads.
+"""VocabTrim at export (docs/algorithms.md 2.2): calibrate on target-generated text, keep the top-N ids, write
+trimmed heads.
 
     calibrate(target, tokenizer, prompts)  greedy completions of the target for chat-formatted calibration prompts
                                            -> token counts [V]

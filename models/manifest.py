@@ -39,7 +39,7 @@ formats, each with its own versions; the runtime picks its backend by `format` a
     files                         file name -> {sha256, bytes} for every file of the artifact but the manifest
     provenance                    source path and sha256, exporter and library versions
     tokenizer                     tokenizer.json, chat template file, special ids
-    drafter_vocab                 optional (export --drafter-vocab N; ALGORITHMS.md 2.2 VocabTrim): file (the id list,
+    drafter_vocab                 optional (--drafter-vocab N; docs/algorithms.md 2.2 VocabTrim): file (the id list,
                                   JSON {"ids": [...]}, ascending), n, vocab_size, model (the decoder with the LM head
                                   cut to those rows: logits [T, n]), head (final norm + trimmed head on hidden states),
                                   head_io, calibration (target, engine, prompts, max_tokens, generated, source);

@@ -3,7 +3,7 @@
 Every configuration (target backend x drafter x k x adaptive, plus the llama.cpp baselines in perf/bench_llama.py)
 runs in one process; each prompt goes through every configuration in turn, so slow drift of the machine hits them
 alike. Warm-up prompts run first and are discarded; trials repeat the whole prompt set. Metrics follow
-ALGORITHMS.md section 5 (tau, speedup vs plain decoding on the same backend, MBSU).
+docs/algorithms.md section 5 (tau, speedup vs plain decoding on the same backend, MBSU).
 """
 from __future__ import annotations
 
@@ -135,7 +135,7 @@ def bytes_per_token(s: DecodeStats, target_bytes: int, draft_bytes_per_token: in
 
 
 def mbsu_of(s: DecodeStats, target_bytes: int, draft_bytes_per_token: int) -> float:
-    """MBSU (ALGORITHMS.md 5) from measured counts: B_draft per round = drafted tokens / rounds x bytes per token."""
+    """MBSU (docs/algorithms.md 5) from measured counts: B_draft per round = drafted tokens / rounds x bytes/token."""
     if not s.n_target_forwards:
         return 0.0
     per_round = draft_bytes_per_token * s.n_drafted / s.n_target_forwards

@@ -1,4 +1,4 @@
-"""Held-out perplexity of the full model vs LoRA-Drop lossy (ALGORITHMS.md 2.5) over ranks and cycle lengths.
+"""Held-out perplexity of the full model vs LoRA-Drop lossy (docs/algorithms.md 2.5) over ranks and cycle lengths.
 
     python -m specedge.perf.loradrop_ppl --model smollm2-135m --fit 16 --eval 3 --max-eval-tokens 240
 

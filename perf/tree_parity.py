@@ -1,4 +1,4 @@
-"""How often a tree forward's argmax differs from chain decoding's, on real prompts (ALGORITHMS.md 1.4).
+"""How often a tree forward's argmax differs from chain decoding's, on real prompts (docs/algorithms.md 1.4).
 
     python -m specedge.perf.tree_parity --target onnx:/path/to/smollm2-135m-onnx-int4 --limit 6
 

@@ -1,4 +1,4 @@
-"""VocabTrim sweep (ALGORITHMS.md 2.2): drafter cost per token and acceptance against the kept vocabulary size N.
+"""VocabTrim sweep (docs/algorithms.md 2.2): drafter cost per token and acceptance against the kept vocabulary size N.
 
     python -m specedge.perf.vocab_trim --target smollm2-135m-onnx-int4 --drafter smollm2-135m-onnx-int4 \
         --drafter-gguf smollm2-135m --calib-target smollm2-135m --sizes 4096 8192 16384 --out /tmp/vt

@@ -1,4 +1,4 @@
-"""When a chain drafter stops drafting (ALGORITHMS.md section 3): confidence stop and the on-line logistic
+"""When a chain drafter stops drafting (docs/algorithms.md section 3): confidence stop and the on-line logistic
 acceptance predictor. Used inside a drafter's loop (model drafter, layer skip, early exit), so drafting stops early
 instead of drafting k tokens and throwing some away.
 

@@ -1,4 +1,4 @@
-"""LoRA-Drop (ALGORITHMS.md 2.5): training-free low-rank corrections for temporal layer reuse, their storage, and
+"""LoRA-Drop (docs/algorithms.md 2.5): training-free low-rank corrections for temporal layer reuse, their storage, and
 the cycle schedule that the drafter, the lossy mode and the perplexity script share.
 
 Definitions (what the fit and the runtime agree on):

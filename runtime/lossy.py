@@ -1,4 +1,4 @@
-"""Lossy decoding modes (ALGORITHMS.md section 4): opt-in, and labelled "lossy" wherever they report.
+"""Lossy decoding modes (docs/algorithms.md section 4): opt-in, and labelled "lossy" wherever they report.
 
 A mode is a typed setting, `decode(..., lossy=mode)`, that makes the decode loop (runtime/decode.py) drive the
 mode's Stepper instead of a speculative one: the same prefill, stopping, statistics and sessions; one token and one

@@ -3,7 +3,7 @@
 Order (llama.cpp-like penalties first, then HF/vLLM-style warpers):
     repetition penalty -> greedy one-hot (temperature == 0)
                        or temperature -> top-k -> top-p -> min-p -> renormalise
-Everything after the input cast is float64 (ALGORITHMS.md: verify in float64).
+Everything after the input cast is float64 (docs/algorithms.md: verify in float64).
 
 Ties are broken toward the lowest token id everywhere (greedy argmax, the top-k and top-p boundaries),
 so the result is a pure function of (logits, params, history).

@@ -1,4 +1,4 @@
-"""Decoding statistics (ALGORITHMS.md 5): one accumulator every tool prints the same way, plus the
+"""Decoding statistics (docs/algorithms.md 5): one accumulator every tool prints the same way, plus the
 closed-form expectations used to sanity-check measurements.
 
 Glossary: a round = one target forward over [last, *draft]; it emits the accepted draft tokens plus
@@ -119,7 +119,7 @@ class DecodeStats:
 
 
 def mbsu(tau: float, draft_bytes: float, target_bytes: float) -> float:
-    """Memory-bound speedup (ALGORITHMS.md 5): tau / (1 + B_draft / B_target).
+    """Memory-bound speedup (docs/algorithms.md 5): tau / (1 + B_draft / B_target).
 
     draft_bytes: weight bytes the drafter reads per round (sum over its forwards; 0 for n-gram);
     target_bytes: weight bytes one target verify forward reads.
@@ -133,7 +133,7 @@ def mbsu(tau: float, draft_bytes: float, target_bytes: float) -> float:
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:
-    """Expected tokens per target call with i.i.d. acceptance alpha and draft length k (ALGORITHMS.md 1.1).
+    """Expected tokens per target call with i.i.d. acceptance alpha and draft length k (docs/algorithms.md 1.1).
 
     (1 - alpha^(k+1)) / (1 - alpha), and k + 1 at alpha = 1. Example: alpha 0.8, k 4 -> 3.36.
     """
@@ -145,5 +145,5 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
 
 
 def expected_speedup(alpha: float, k: int, c: float) -> float:
-    """Wall-time speedup (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)), c = T_draft / T_target (ALGORITHMS.md 1.1)."""
+    """Wall-time speedup (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)), c = T_draft / T_target (docs/algorithms.md 1.1)."""
     return expected_tokens_per_step(alpha, k) / (k * c + 1.0)

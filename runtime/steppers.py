@@ -4,7 +4,7 @@ length checks, the cache, prefill timing, stopping, statistics, sessions) and dr
     stepper.start(seq, start)            once: prefill / bind / begin; returns the prompt tokens it prefilled
     stepper.step(seq, room, rng)         each round: commits >= 1 token into seq and returns (emitted, StepStats)
 
-  ChainStepper   draft a chain (or nothing: plain decoding), verify it in one target forward (ALGORITHMS.md 1.1-1.3)
+  ChainStepper   draft a chain (or nothing: plain decoding), verify it in one forward (docs/algorithms.md 1.1-1.3)
   TreeStepper    draft a token tree, verify it under the tree mask (1.4)
   lossy steppers (runtime/lossy.py): one token per round by a policy whose output is NOT the model's own.
 
@@ -157,7 +157,7 @@ class ChainStepper(_Speculative):
 
 
 class TreeStepper(_Speculative):
-    """One tree round (ALGORITHMS.md 1.4): propose a tree of <= max_nodes nodes, one target forward over
+    """One tree round (docs/algorithms.md 1.4): propose a tree of <= max_nodes nodes, one target forward over
     [last, *nodes] with the tree mask, verify (1.2 / 1.4 / greedy), move the accepted path's K/V into place
     (`cache.compact`), commit. requires: a target with caps.tree_mask and a cache with `compact`."""
 

@@ -1,4 +1,4 @@
-"""Tree drafts (ALGORITHMS.md 1.4, tree attention): nodes in BFS order under a root = the last committed token.
+"""Tree drafts (docs/algorithms.md 1.4, tree attention): nodes in BFS order under a root = the last committed token.
 
 Indexing: node 0 is the root (already committed, fed as the first input of the step); nodes 1..n are the draft
 tokens. `parents[i - 1]` is the parent of node i (0..i-1, so BFS order makes every parent precede its children).

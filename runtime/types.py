@@ -1,6 +1,6 @@
 """Array aliases and the small frozen dataclasses that cross the runtime's seams.
 
-Glossary (ALGORITHMS.md): p = target distribution, q = draft distribution, k = draft length.
+Glossary (docs/algorithms.md): p = target distribution, q = draft distribution, k = draft length.
 accepted = draft tokens kept; recovered = token sampled from the residual after a rejection;
 bonus = token sampled from the target after the last accepted draft token.
 """
@@ -61,7 +61,7 @@ class Draft:
     """A chain draft: k proposed tokens and, for model drafters, the q rows they were sampled from.
 
     q is None for deterministic drafters (n-gram, prompt lookup): verification then uses the
-    deterministic-drafter rule (ALGORITHMS.md 1.2).
+    deterministic-drafter rule (docs/algorithms.md 1.2).
     """
 
     tokens: Tokens  # [k]

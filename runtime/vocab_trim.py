@@ -1,4 +1,4 @@
-"""VocabTrim at run time (ALGORITHMS.md 2.2): a drafter whose LM head keeps N of the V vocabulary rows.
+"""VocabTrim at run time (docs/algorithms.md 2.2): a drafter whose LM head keeps N of the V vocabulary rows.
 
 A trimmed drafter computes logits [T, N]; `expand_logits` scatters them into [T, V] rows that are -inf off the list,
 so the one `logits_to_probs` gives q with exact zeros there: a drafted index j is token ids[j], chain speculative

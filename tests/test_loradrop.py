@@ -1,4 +1,4 @@
-"""LoRA-Drop (ALGORITHMS.md 2.5) on a tiny seeded model: the closed-form fit, the drop-step plan, storage, the
+"""LoRA-Drop (docs/algorithms.md 2.5) on a tiny seeded model: the closed-form fit, the drop-step plan, storage, the
 lossless drafter and the labelled lossy mode; entropy-adaptive switching (section 4)."""
 import copy
 

@@ -70,7 +70,7 @@ def test_layer_plans_and_taps_equal_the_numpy_reference(trio, plan):
 
 
 def test_drafting_on_the_shared_cache_then_verify_equals_never_drafting(trio):
-    """Self-speculative KV sharing (ALGORITHMS.md 2.3, 2.4): plan forwards write rows of the planned layers only;
+    """Self-speculative KV sharing (docs/algorithms.md 2.3, 2.4): plan forwards write rows of the planned layers only;
     after a rollback the verify forward (all layers) overwrites them, so its logits equal those without a draft."""
     lay, _, _ = trio
     toks = np.random.default_rng(3).integers(0, lay.config.vocab_size, 20).astype(np.int32)

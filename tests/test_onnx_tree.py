@@ -1,4 +1,4 @@
-"""Tree verification on the ONNX Runtime backend (format 4 artifacts, ALGORITHMS.md 1.4 "Tree attention"): each
+"""Tree verification on the ONNX Runtime backend (format 4 artifacts, docs/algorithms.md 1.4 "Tree attention"): each
 node's logits equal the chain forward of its root path, the NumPy reference agrees on the whole tree, and after
 `OnnxCache.compact` the next forward equals a fresh chain; version 2 artifacts report no tree support."""
 import json

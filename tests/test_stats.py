@@ -1,4 +1,4 @@
-"""DecodeStats bookkeeping and the closed-form metrics of ALGORITHMS.md 1.1 and 5."""
+"""DecodeStats bookkeeping and the closed-form metrics of docs/algorithms.md 1.1 and 5."""
 import json
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""VocabTrim (ALGORITHMS.md 2.2): calibration -> top-N ids, trimmed drafter / head graphs, lossless drafting."""
+"""VocabTrim (docs/algorithms.md 2.2): calibration -> top-N ids, trimmed drafter / head graphs, lossless drafting."""
 from collections import Counter
 
 import numpy as np

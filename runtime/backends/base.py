@@ -39,7 +39,7 @@ class BackendCaps:
 
 @dataclass(frozen=True, eq=False)
 class LowRankReuse:
-    """A drop-step replacement for one layer (LoRA-Drop, ALGORITHMS.md 2.5).
+    """A drop-step replacement for one layer (LoRA-Drop, docs/algorithms.md 2.5).
 
     The layer's "output" is the residual delta it adds (block(h) - h). On a drop step the layer adds
     `anchor + scale * (h @ a.T) @ b.T` instead: no attention, no MLP, no KV write (the layer's cache rows at

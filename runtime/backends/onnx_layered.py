@@ -6,12 +6,12 @@
 Trees and LoRA-Drop drop steps (format 6 artifacts): every layer takes position_ids (cache length + depth) and an
 attn_bias over the cached and new columns; the new columns carry the tree's ancestor mask (onnxrt.tree_feeds) and
 a cached column is -inf where that layer wrote no K/V (`LayeredCache.absent`: a drop step replaced the layer there,
-ALGORITHMS.md 2.5), as the NumPy reference skips such slots. Format 5 artifacts still run chains and plans.
+docs/algorithms.md 2.5), as the NumPy reference skips such slots. Format 5 artifacts still run chains and plans.
 Hidden states stay OrtValues between sessions, as the pair (residual r, delta d) with h = r + d that the next
 segment adds inside its fused norm (export/onnx_layered.py: all layers equal the monolithic graph bit for bit); the
 seqlens/total inputs are two small OrtValues every layer binding holds, rewritten in place once per forward. KV as
 in onnxrt.py: per layer one preallocated buffer bound as both past and present, so a drafter running a plan writes
-the planned layers' rows and the verify forward (all layers) overwrites them (ALGORITHMS.md 2.3, 2.4: shared KV).
+the planned layers' rows and the verify forward (all layers) overwrites them (docs/algorithms.md 2.3, 2.4: shared KV).
 Weights: each layer's tensors live only in that layer's session; initializers several graphs name (RoPE tables,
 a tied float head's embedding) are read once into OrtValues and given to every session (add_initializer), so the
 whole artifact is in memory once. Threads: all sessions run on the process's one onnxruntime pool (ort_threads.py);

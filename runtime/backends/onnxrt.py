@@ -8,7 +8,7 @@ writes the T new rows in place at positions [length, length + T); nothing else o
 cursor is the only state: forward passes seqlens_k = length + T - 1 and total_sequence_length = length + T, and
 rollback just lowers the cursor (the rejected rows are overwritten next time).
 
-Trees (format 4 artifacts, ALGORITHMS.md 1.4 "Tree attention"): the nodes still go to slots [length, length + T);
+Trees (format 4 artifacts, docs/algorithms.md 1.4 "Tree attention"): the nodes still go to slots [length, length + T);
 position_ids carry length + depth and tree_bias masks the non-ancestors among them. A chain binds
 position_ids = length + arange(T) and a zero bias: one graph, no tree-only session. After verification
 `OnnxCache.compact` copies the accepted path's rows into place with NumPy on the arrays that back the bound OrtValues
@@ -133,7 +133,7 @@ class OnnxCache(LengthCursor):
 
     def compact(self, src: np.ndarray, dst_start: int) -> None:
         """Copy the K/V rows at slots `src` (ascending, each >= its destination) to dst_start, dst_start + 1, ... in
-        every layer and set the length after them (the accepted path of a tree, ALGORITHMS.md 1.4).
+        every layer and set the length after them (the accepted path of a tree, docs/algorithms.md 1.4).
         requires: src within [0, length); returns nothing; rows past the new length are stale."""
         if self._device == "cpu":
             self._length = compact_rows(self._arrays, 2, self._length, src, dst_start)

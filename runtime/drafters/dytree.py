@@ -1,4 +1,4 @@
-"""Dynamic draft trees from a draft model (ALGORITHMS.md 3, DySpec-style best-first expansion).
+"""Dynamic draft trees from a draft model (docs/algorithms.md 3, DySpec-style best-first expansion).
 
 A node's value is the product of the draft model's probabilities along its path from the root (the last committed
 token). Candidates live in a heap keyed by that value; each wave makes the `wave` best candidates nodes, then one

@@ -1,4 +1,4 @@
-"""Early-exit drafters (ALGORITHMS.md 2.4): the first l layers + final norm + LM head. The first l layers' K/V of
+"""Early-exit drafters (docs/algorithms.md 2.4): the first l layers + final norm + LM head. The first l layers' K/V of
 committed tokens is the target's own, so the whole cache is shared (selfspec.py).
 
 - `EarlyExitDrafter` (spec `exit:<l>`): a fixed exit layer.

@@ -1,4 +1,4 @@
-"""Layer-skip drafters (ALGORITHMS.md 2.3): the target with some middle layers skipped; first and last always run.
+"""Layer-skip drafters (docs/algorithms.md 2.3): the target with some middle layers skipped; first and last always run.
 
 - `LayerSkipDrafter` (balanced / Unified Layer Skipping): keep round(L / R) layers spread evenly (linspace) for a
   requested speed ratio R.
@@ -28,7 +28,7 @@ from .selfspec import SelfSpecDrafter
 
 
 def balanced_layers(n_layers: int, ratio: float) -> tuple[int, ...]:
-    """round(L / R) layer indices including 0 and L-1, evenly spaced (ALGORITHMS.md 2.3, Unified Layer Skipping).
+    """round(L / R) layer indices including 0 and L-1, evenly spaced (docs/algorithms.md 2.3, Unified Layer Skipping).
 
     Example: L = 30, R = 2 -> 15 layers: 0, 2, 4, ..., 12, 15, 17, ..., 29 (linspace(0, 29, 15) rounded).
     """

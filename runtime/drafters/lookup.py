@@ -1,10 +1,10 @@
 """Prompt lookup first, a draft model otherwise: `--drafter model:<name>+lookup[:<n>]`.
 
-Each round, the n-gram drafter (ALGORITHMS.md 2.6) looks for an earlier occurrence of the context's last m tokens,
+Each round, the n-gram drafter (docs/algorithms.md 2.6) looks for an earlier occurrence of the context's last m tokens,
 m = 3 .. n. If one exists its continuation is the draft: it costs nothing to make, and on text that repeats the
 prompt (summaries, retrieval answers, translations that keep names and numbers) it is as long and as likely to be
 accepted as the draft model's. Only when no such match exists does the draft model run. Each draft is verified by its
-own rule (ALGORITHMS.md 1.2 for the lookup draft, which has no q; 1.1 for the model's), so the hybrid is lossless
+own rule (docs/algorithms.md 1.2 for the lookup draft, which has no q; 1.1 for the model's), so the hybrid is lossless
 exactly when both parts are. The draft's `kind` is the matched length for lookup drafts and 0 for model drafts, so
 the adaptive draft length (runtime/draft_length.py) keeps a separate acceptance model for each.
 

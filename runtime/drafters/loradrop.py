@@ -1,4 +1,4 @@
-"""LoRA-Drop as a self-speculative drafter (ALGORITHMS.md 2.5): lossless, because the full model verifies.
+"""LoRA-Drop as a self-speculative drafter (docs/algorithms.md 2.5): lossless, because the full model verifies.
 
 Each round runs the cycle from a refresh step: the full model on the last committed token (its deltas become the
 anchors, its logits q_1), then drop steps (runtime/loradrop.py Schedule), refreshing again every `cycle` tokens.

@@ -1,4 +1,4 @@
-"""A separate draft model (ALGORITHMS.md 2.1): any Backend, same tokenizer as the target.
+"""A separate draft model (docs/algorithms.md 2.1): any Backend, same tokenizer as the target.
 
 VocabTrim (2.2): with `vocab_ids` the backend's logits are [T, N] over those ids; they are scattered to [T, V] with
 -inf elsewhere (runtime/vocab_trim.expand_logits), so the draft emits ids[j] and q is zero off the list (lossless).

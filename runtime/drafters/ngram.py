@@ -1,4 +1,4 @@
-"""Prompt lookup / n-gram drafter (ALGORITHMS.md 2.6): copy what followed the latest earlier occurrence
+"""Prompt lookup / n-gram drafter (docs/algorithms.md 2.6): copy what followed the latest earlier occurrence
 of the context's last n tokens. No model, no q: verified by the deterministic-drafter rule (1.2).
 """
 from __future__ import annotations

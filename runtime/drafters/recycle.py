@@ -1,4 +1,4 @@
-"""Token Recycling (ALGORITHMS.md 2.7; Luo et al. 2024): draft trees from the target's own recent top-k lists.
+"""Token Recycling (docs/algorithms.md 2.7; Luo et al. 2024): draft trees from the target's own recent top-k lists.
 
 State: adj [V, 8] int32, adj[t] = the top-8 next tokens the target gave the last time it saw t as an input
 (-1: never seen). It is never reset: it carries over between sequences of one drafter object.

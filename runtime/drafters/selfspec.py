@@ -1,4 +1,4 @@
-"""What every self-speculative drafter shares (ALGORITHMS.md 2.3, 2.4): the target's own weights run with a
+"""What every self-speculative drafter shares (docs/algorithms.md 2.3, 2.4): the target's own weights run with a
 LayerPlan, over the target's own KV cache, through the LayeredBackend seam only (hidden + logits_from_hidden), so
 the same drafter runs on any backend with caps.layer_plan.
 

@@ -27,7 +27,7 @@ class DrafterKind(enum.Enum):
     NGRAM = "ngram"
     MODEL = "model"
     RECYCLE = "recycle"  # token recycling trees (needs a backend with tree masks)
-    SKIP = "skip"  # balanced layer skip at speed ratio R (ALGORITHMS.md 2.3)
+    SKIP = "skip"  # balanced layer skip at speed ratio R (docs/algorithms.md 2.3)
     SWIFT = "swift"  # on-the-fly skip-set search (2.3)
     EXIT = "exit"  # early exit at layer l (2.4)
     DEL = "del"  # exit layer and draft length from shadow tokens (2.4)
@@ -75,7 +75,7 @@ class NoneSpec(DrafterSpec):
 
 @dataclass(frozen=True)
 class NgramSpec(DrafterSpec):
-    """Prompt lookup / n-gram drafter (ALGORITHMS.md 2.6)."""
+    """Prompt lookup / n-gram drafter (docs/algorithms.md 2.6)."""
     kind: ClassVar[DrafterKind] = DrafterKind.NGRAM
 
 

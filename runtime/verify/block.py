@@ -1,4 +1,4 @@
-"""Block verification (ALGORITHMS.md 1.3; Sun et al., ICLR 2025): accept the longest prefix the block as a whole
+"""Block verification (docs/algorithms.md 1.3; Sun et al., ICLR 2025): accept the longest prefix the block as a whole
 allows, not token by token. Exact, and never accepts fewer tokens in expectation than chain sampling (1.1).
 
 Glossary as in runtime/verify/chain.py. With p_0 = 1, for i = 1..k:

@@ -1,4 +1,4 @@
-"""Chain speculative sampling (ALGORITHMS.md 1.1, Leviathan et al. 2023 / Chen et al. 2023) and the
+"""Chain speculative sampling (docs/algorithms.md 1.1, Leviathan et al. 2023 / Chen et al. 2023) and the
 deterministic-drafter rule (1.2). Both leave the emitted tokens distributed exactly as the target p.
 
 Glossary (the names used across the runtime):
@@ -18,7 +18,7 @@ import numpy as np
 from ..sampling import sample
 from ..types import Draft, NextKind, Probs, Verdict
 
-# A residual with less mass than this is float64 noise: p and q agree, so fall back to p (ALGORITHMS.md 1.1).
+# A residual with less mass than this is float64 noise: p and q agree, so fall back to p (docs/algorithms.md 1.1).
 _RESIDUAL_EPS = 1e-12
 
 
@@ -62,7 +62,7 @@ class ChainSpeculativeVerifier:
 
 
 def _verify_deterministic(draft: Draft, p: Probs, rng: np.random.Generator) -> Verdict:
-    """ALGORITHMS.md 1.2: rejection sampling with a one-hot q; y ~ p_i is emitted whether or not it matches."""
+    """docs/algorithms.md 1.2: rejection sampling with a one-hot q; y ~ p_i is emitted whether or not it matches."""
     for i, x in enumerate(draft.tokens):
         y = sample(p[i], rng)
         if y != x:

@@ -1,4 +1,4 @@
-"""Greedy verification: the target's argmax decides (ALGORITHMS.md 1.1, greedy mode).
+"""Greedy verification: the target's argmax decides (docs/algorithms.md 1.1, greedy mode).
 
 Glossary: accepted = draft tokens kept; recovered = the target's argmax at the first mismatch;
 bonus = the target's argmax after the last draft token when all k are accepted.

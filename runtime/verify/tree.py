@@ -1,4 +1,4 @@
-"""Tree verification (ALGORITHMS.md 1.2 tree rule, 1.4): walk down the draft tree from the root, keep one path.
+"""Tree verification (docs/algorithms.md 1.2 tree rule, 1.4): walk down the draft tree from the root, keep one path.
 
 Glossary (as for chains, runtime/verify/chain.py): p = target distributions, one row per node ([n+1, V], row j
 conditioned on the root path to node j); q[j] = the draft distribution node j's children were drawn from;
