@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..models.catalog import model_cache_dir
+from ..models.manifest import MANIFEST, read_manifest
 from .environment import environment
 from .profile import (PLAIN, Choice, DeviceProfile, choose, k_label, load_profile, model_fingerprint,
                             profile_key, profile_path, save_profile)
@@ -58,7 +59,7 @@ def candidate_specs(target: LoadedModel, requested: Sequence[str]) -> list[str]:
         spec = parse_drafter(text)
         if spec.kind not in (DrafterKind.NONE, DrafterKind.RECYCLE) and not spec.is_tree and text not in specs:
             specs.append(text)
-    if getattr(target.backend.caps, "layer_plan", False) and SELFSPEC_DEFAULT not in specs:
+    if target.backend.caps.layer_plan and SELFSPEC_DEFAULT not in specs:
         specs.append(SELFSPEC_DEFAULT)
     for s in quantized_self_drafters(target):  # alone and behind prompt lookup (the best measured on fp32 SmolLM2)
         specs += [x for x in (s, f"{s}+lookup") if x not in specs]
@@ -69,8 +70,10 @@ def quantized_self_drafters(target: LoadedModel) -> list[str]:
     """`model:<dir>` for every int4/int8 dynamic ONNX artifact beside a float ONNX target that was exported from the
     same source file (provenance source_sha256): the same weights with 8-bit activations, the most accepted drafter
     measured for float targets (README, "Drafters": 1.42x on SmolLM2 fp32, 1.58x behind prompt lookup)."""
-    manifest = getattr(target.backend, "manifest", None)
-    if target.kind is not BackendKind.ONNX or manifest is None or manifest.weight_format not in ("fp32", "fp16"):
+    if target.kind is not BackendKind.ONNX or not (target.path / MANIFEST).is_file():
+        return []
+    manifest = read_manifest(target.path)
+    if manifest.weight_format not in ("fp32", "fp16"):
         return []
     source = manifest.raw.get("provenance", {}).get("source_sha256")
     found = []

@@ -105,8 +105,7 @@ def acceptance(rounds: Sequence[StepStats], k_max: int) -> tuple[list[float], li
 
 def context_of(backend) -> int:
     """Positions a cache of this backend may hold (llama.cpp: its n_ctx)."""
-    caps_max = getattr(backend.caps, "max_context", None)
-    return getattr(backend, "n_ctx", None) or caps_max or backend.config.context_length
+    return backend.caps.max_context or backend.config.context_length
 
 
 def dev_prompts(n: int) -> list[Prompt]:

@@ -131,7 +131,7 @@ def require_reuse(backend) -> None:
     """Start-up check: LoRA-Drop needs drop steps (caps.layer_reuse): the NumPy reference, or a layered ONNX artifact
     of format 6 (export --profile layered)."""
     if not backend.caps.layer_reuse:
-        hint = getattr(backend, "reuse_hint", None) or ("use --backend numpy, or an ONNX artifact exported with "
+        hint = backend.caps.reuse_hint or ("use --backend numpy, or an ONNX artifact exported with "
                                                         "`--profile layered`")
         raise ValueError(f"LoRA-Drop needs a backend that runs drop steps; {backend.name} does not: {hint}")
 

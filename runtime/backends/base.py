@@ -35,6 +35,15 @@ class BackendCaps:
     partial_rollback: bool = True  # rollback to any length <= current
     max_batch_tokens: int = 512  # most tokens one forward may take
     max_context: int | None = None  # most positions a cache may hold (None: config.context_length)
+    tree_inputs: bool | None = None  # forward takes a tree mask at all, for draft forwards (None: same as tree_mask);
+    #                                  an int8-activation ONNX graph takes one but may not verify trees losslessly
+    tree_hint: str | None = None  # why tree_mask is False and what to do (shown by require_tree)
+    reuse_hint: str | None = None  # why layer_reuse is False and what to do (shown by require_reuse)
+
+    @property
+    def draft_trees(self) -> bool:
+        """Whether draft forwards may pass a tree mask (a dynamic draft tree's waves)."""
+        return self.tree_mask if self.tree_inputs is None else self.tree_inputs
 
 
 @dataclass(frozen=True, eq=False)
@@ -136,9 +145,9 @@ def tree_depths(tree_mask: Mask) -> np.ndarray:
 
 def require_tree(backend: Backend) -> None:
     """Start-up check for tree drafters and tree verification (STYLE principle 10): the target must take tree masks.
-    A backend may explain its own refusal in an optional `tree_hint` attribute (onnxrt: re-export old artifacts)."""
+    A backend may explain its own refusal in caps.tree_hint (onnxrt: re-export old artifacts)."""
     if not backend.caps.tree_mask:
-        hint = getattr(backend, "tree_hint", None) or "use a chain drafter, or a backend with tree masks (numpy)"
+        hint = backend.caps.tree_hint or "use a chain drafter, or a backend with tree masks (numpy)"
         raise ValueError(f"the {backend.name} backend cannot verify token trees: {hint}")
 
 

@@ -8,6 +8,7 @@ One llama.cpp context holds one sequence: `new_cache` clears it, so a backend se
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +62,7 @@ class LlamaCppBackend:
         kv_type = llama_cpp.GGML_TYPE_F32 if f32_kv else llama_cpp.GGML_TYPE_F16
         self.config = config
         self.n_ctx = int(n_ctx or config.context_length)
+        self.caps = replace(type(self).caps, max_context=self.n_ctx)
         self._llm = llama_cpp.Llama(
             model_path=str(gguf_path), n_ctx=self.n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=threads,
             n_threads_batch=threads, logits_all=False, type_k=kv_type, type_v=kv_type, flash_attn=flash_attn,

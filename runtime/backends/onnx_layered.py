@@ -122,7 +122,8 @@ class OnnxLayeredBackend:
             f"(format version {LAYERED_CHAIN_FORMAT_VERSION}): re-export it with `specedge export --profile layered`")
         self.tree_hint = self.reuse_hint or tree_refusal(self.manifest, True)
         self.caps = BackendCaps(tree_mask=self.tree_hint is None, layer_plan=True, layer_reuse=self.attn_io,
-                                partial_rollback=True, max_batch_tokens=self.config.context_length)
+                                partial_rollback=True, max_batch_tokens=self.config.context_length,
+                                tree_inputs=self.attn_io, tree_hint=self.tree_hint, reuse_hint=self.reuse_hint)
 
     def _holder(self, name: str) -> Path:
         """A segment graph that holds initializer `name` (the first layer for RoPE tables, else the head; a RoPE

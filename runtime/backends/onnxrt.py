@@ -176,7 +176,8 @@ class OnnxBackend:
         self.tree_io = self.manifest.raw["format_version"] != CHAIN_FORMAT_VERSION
         self.tree_hint = tree_refusal(self.manifest, self.tree_io)
         self.caps = BackendCaps(tree_mask=self.tree_hint is None, layer_plan=False, partial_rollback=True,
-                                max_batch_tokens=self.config.context_length)
+                                max_batch_tokens=self.config.context_length, tree_inputs=self.tree_io,
+                                tree_hint=self.tree_hint)
         self.ort, self.session, self.choice, self.threads = open_session(self.manifest, device, threads, log)
         # the cache lives in CUDA memory when CUDA runs the attention: float16 graphs (a float32 graph's
         # GroupQueryAttention falls back to the CPU provider, which must see host buffers to update them in place)

@@ -34,7 +34,7 @@ class DynamicTreeDrafter(TreeDrafter):
         if not 1 <= nodes <= 256 or wave < 1 or branch < 1 or max_depth < 1:
             raise ValueError(f"dynamic tree: need 1 <= nodes <= 256 (got {nodes}) and wave, branch, max_depth >= 1")
         backend = model.backend
-        if not getattr(backend, "tree_io", backend.caps.tree_mask):
+        if not backend.caps.draft_trees:
             raise ValueError(f"{model.name}: its backend ({backend.name}) cannot run tree masks, which a dynamic "
                              "tree needs for its draft forwards; use the chain drafter (drop +tree) or an ONNX "
                              "artifact exported by this version")
