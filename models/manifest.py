@@ -7,7 +7,8 @@ formats, each with its own versions; the runtime picks its backend by `format` a
                            (version 1 artifacts predate the pad row that makes verify batches bit-identical to
                            one-token decoding; they must be re-exported)
   "specedge-onnx" 4        version 2 plus the position_ids and tree_bias inputs: the same graph verifies token trees
-                           (version 2 artifacts still load, chains only: caps.tree_mask is False)
+                           (version 2 artifacts still load, chains only: caps.tree_mask is False; the GPU graph,
+                           `specedge export --gpu`, is written as version 2 with io.pad_row "none")
   "specedge-onnx" 3        our graph builder, static-shape profile (every dimension fixed; for NPU providers), so a
                            reader that only knows version 2 refuses it instead of failing on missing IO names
   "specedge-onnx" 5        our graph builder, layered profile: one graph per segment (embed.onnx, layer.{i}.onnx,
