@@ -121,6 +121,19 @@ def test_batch_invariance_warning_names_the_gpu_graph(gpu_pair):
         assert batch_invariance_warning(cpu, flags) is None
 
 
+def test_batch_invariance_warning_for_attention_only_pad_rows_is_unchanged(gpu_pair, tmp_path):
+    """An int4 artifact written before io.pad_row: warned on CPUs without AVX-512 only."""
+    be, _, d = gpu_pair
+    export_gguf_to_onnx(open_gguf(d / "m.gguf"), tmp_path / "old", WeightFormat.INT4, gate=False)
+    path = tmp_path / "old" / "manifest.json"
+    m = json.loads(path.read_text())
+    del m["io"]["pad_row"]
+    path.write_text(json.dumps(m))
+    old = LoadedModel(tmp_path / "old", None, None, be, BackendKind.ONNX)
+    assert "before the pad row" in batch_invariance_warning(old, AVX2)
+    assert batch_invariance_warning(old, ("avx2", "avx512f")) is None
+
+
 def test_fp32_and_int4_weights(gpu_pair, tmp_path):
     """fp32 weights with float16 attention pass the fp16 gate tolerance; int4 (MatMulNBits) runs too and agrees
     with the CPU int4 graph on most top-1s."""
