@@ -73,19 +73,19 @@ def test_speculative_greedy_equals_plain_greedy_on_cuda(gpu_pair):
 
 
 def test_int4_and_fp32_weights_run_on_cuda(gpu_pair, tmp_path):
-    """MatMulNBits (int4) and fp32 weights with the float16 attention, against the NumPy reference."""
+    """MatMulNBits (int4) and fp32 weights with the float16 attention on CUDA. fp32 against the NumPy reference; int4
+    (exported with float activations, accuracy_level 0, as CUDA's MatMulNBits computes) against the same graph on
+    the CPU provider, so the comparison is of the kernels, not of the quantization."""
     _, ref, d = gpu_pair
     gguf = open_gguf(d / "m.gguf")
-    for fmt, tol in ((WeightFormat.FP32, TOL), (WeightFormat.INT4, None)):
-        export_gguf_to_onnx(gguf, tmp_path / fmt.value, fmt, profile=GPU, gate=False)
+    for fmt in (WeightFormat.FP32, WeightFormat.INT4):
+        export_gguf_to_onnx(gguf, tmp_path / fmt.value, fmt, profile=GPU, gate=False, accuracy_level=0)
         be = open_onnx(tmp_path / fmt.value, device="cuda")
         assert be.kv_device == "cuda"
+        want_be = ref if fmt is WeightFormat.FP32 else open_onnx(tmp_path / fmt.value, device="cpu")
         toks = np.random.default_rng(1).integers(0, be.config.vocab_size, 24).astype(np.int32)
-        got, want = be.forward(toks, be.new_cache(32)), ref.forward(toks, ref.new_cache(32))
-        if tol is not None:
-            np.testing.assert_allclose(got, want, atol=tol)
-        else:  # int4 weights and int8 activations: the gate's int4 tolerance
-            assert np.mean(got.argmax(-1) == want.argmax(-1)) >= 0.9 and np.abs(got - want).max() < 6.0
+        got, want = be.forward(toks, be.new_cache(32)), want_be.forward(toks, want_be.new_cache(32))
+        np.testing.assert_allclose(got, want, atol=TOL, err_msg=fmt.value)
 
 
 def test_auto_picks_cuda():
