@@ -8,6 +8,8 @@ layer-subset GGUF drafter for llama.cpp.
                                                                          -> <cache>/smollm2-135m-onnx-static-int8/
     specedge export smollm2-135m --format onnx --weights int4 --profile layered
                                                                          -> <cache>/smollm2-135m-onnx-layered-int4/
+    specedge export smollm2-135m --gpu                                   -> <cache>/smollm2-135m-onnx-gpu-fp16/
+                                         (the dynamic profile's GPU graph for --device cuda; weights default fp16)
     specedge export smollm2-135m --format gguf --weights fp16 --layers 0-9 --out drafter.gguf
     specedge export smollm2-135m --format gguf --weights keep --layers 0-11   (early exit at 12, Q4_1 blocks kept)
     specedge export qwen2.5-coder-0.5b --weights int4 --drafter-vocab 16384 --calib-target qwen2.5-coder-1.5b
@@ -61,6 +63,10 @@ def parse_layers(text: str, n_layers: int) -> list[int]:
               help="onnx: dynamic (any length; CPU/CUDA/DirectML), static (every shape fixed, standard ops only: "
                    "for NPU providers such as qnn, coreml; weights fp32, fp16 or int8), or layered (dynamic, one "
                    "graph per layer: runs layer plans for self-speculative drafters).")
+@click.option("--gpu", is_flag=True,
+              help="onnx, dynamic profile: the GPU graph for --device cuda (float16 attention and KV cache, chain "
+                   "drafters only, no batch-invariance pad row; docs/accelerators.md); weights fp16 (default), fp32, "
+                   "int4 or int8. Named <model>-onnx-gpu-<weights>.")
 @click.option("--verify-width", type=click.IntRange(1, None), default=None,
               help="static: positions per call, W = k + 1 (default 5); longer inputs run in W-sized pieces.")
 @click.option("--max-context", type=click.IntRange(1, None), default=None,
@@ -86,7 +92,7 @@ def parse_layers(text: str, n_layers: int) -> list[int]:
               help="Fit LoRA-Drop corrections instead (e.g. rank=8,cycle=4; NumPy reference, dev-set prompts) into "
                    "--out or <cache>/<model>-loradrop-r<rank>-c<cycle>/.")
 @click.option("--cache-dir", type=click.Path(path_type=Path), default=None, help="Model cache.")
-def export_cmd(model, fmt, weights, out, layers, profile, verify_width, max_context, threads, min_top1, max_dlogit,
+def export_cmd(model, fmt, weights, out, layers, profile, gpu, verify_width, max_context, threads, min_top1, max_dlogit,
                via, lora_drop, drafter_vocab, calib_limit, calib_tokens, calib_target, cache_dir) -> None:
     """Export MODEL (catalogue name, .gguf path, or a Hugging Face checkpoint directory with config.json and
     *.safetensors). ONNX exports must pass the parity gate against a reference (the NumPy reference; transformers
@@ -100,6 +106,8 @@ def export_cmd(model, fmt, weights, out, layers, profile, verify_width, max_cont
         source = None if hf else open_gguf(resolve_model(model, cache_dir))
     except (ValueError, FileNotFoundError) as e:
         raise click.ClickException(str(e)) from None
+    if gpu:
+        _check_gpu(fmt, profile, via, weights, drafter_vocab, lora_drop)
     if lora_drop is not None:
         return _export_lora_drop(model, lora_drop, out, cache_dir)
     if fmt == "gguf":
@@ -109,7 +117,7 @@ def export_cmd(model, fmt, weights, out, layers, profile, verify_width, max_cont
         return _export_gguf(source, model, weights or "fp32", out, layers, cache_dir)
     if layers is not None:
         raise click.BadParameter("--layers applies to --format gguf", param_hint="--layers")
-    weights = weights or ("fp32" if via == "optimum" else "int8")
+    weights = weights or ("fp32" if via == "optimum" else "fp16" if gpu else "int8")
     if weights == "keep":
         raise click.BadParameter("--weights keep copies GGUF blocks into a GGUF: use it with --format gguf",
                                  param_hint="--weights")
@@ -132,13 +140,14 @@ def export_cmd(model, fmt, weights, out, layers, profile, verify_width, max_cont
                                       export_gguf_to_onnx, export_hf_to_onnx)
     tolerance = None
     if min_top1 is not None or max_dlogit is not None:
-        base = Tolerance.for_format(weights)
+        base = Tolerance.for_format(weights, "float16" if gpu else "float32")
         tolerance = Tolerance(base.min_top1 if min_top1 is None else min_top1,
                               base.max_dlogit if max_dlogit is None else max_dlogit)
     kind = Profile.STATIC if static is not None else Profile(profile or "dynamic")
-    export_profile = ExportProfile(kind, static)
-    out = out or model_cache_dir(cache_dir) / artifact_name(model, weights, via=via, profile=kind)
-    shape = "" if static is None else f", static W={static.verify_width} C={static.max_context}"
+    export_profile = ExportProfile(kind, static, gpu=gpu)
+    out = out or model_cache_dir(cache_dir) / artifact_name(model, weights, via=via, profile=kind, gpu=gpu)
+    shape = (", GPU graph" if gpu else "" if static is None
+             else f", static W={static.verify_width} C={static.max_context}")
     click.echo(f"exporting {Path(model).name} -> {out} ({weights}{', via optimum' if via == 'optimum' else ''}"
                f"{shape})", err=True)
     stage = _stage_dir(out)
@@ -168,6 +177,20 @@ def export_cmd(model, fmt, weights, out, layers, profile, verify_width, max_cont
     finally:
         shutil.rmtree(stage, ignore_errors=True)  # gone already when published
     click.echo(str(out))
+
+
+def _check_gpu(fmt, profile, via, weights, drafter_vocab, lora_drop) -> None:
+    """--gpu builds the dynamic profile's GPU graph with our builder; refuse what it does not combine with."""
+    if fmt != "onnx" or profile != "dynamic" or via != "specedge" or lora_drop is not None:
+        raise click.BadParameter("--gpu builds the dynamic-profile ONNX graph with our builder: use it with --format "
+                                 "onnx, --profile dynamic, --via specedge (and without --lora-drop)",
+                                 param_hint="--gpu")
+    if weights == "int8-dynamic":
+        raise click.BadParameter("--gpu: int8-dynamic's DynamicQuantizeMatMul runs on the CPU provider only; use "
+                                 "fp16, fp32, int4 or int8", param_hint="--weights")
+    if drafter_vocab is not None:
+        raise click.BadParameter("--drafter-vocab heads are built for the CPU graph; drop --gpu or --drafter-vocab",
+                                 param_hint="--drafter-vocab")
 
 
 def _stage_dir(out: Path) -> Path:

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..models.catalog import model_cache_dir, resolve_model
 from ..models.errors import ModelFileError
-from ..models.manifest import MANIFEST, PAD_ROW_ATTENTION, Profile, read_manifest
+from ..models.manifest import MANIFEST, PAD_ROW_ATTENTION, PAD_ROW_NONE, Profile, read_manifest
 from ..models.gguf_in import GGUFModel, open_gguf
 from ..runtime.backends import Backend, BackendKind, open_backend, open_onnx
 from ..runtime.drafters import (Drafter, DrafterInputs, DrafterKind, DrafterSpec, DraftModel, ModelSpec,  # noqa: F401
@@ -37,13 +37,15 @@ class LoadedModel:
     vocab_ids: np.ndarray | None = None  # int32 [N] when the backend is a VocabTrim drafter graph (logits [T, N])
 
 
-def artifact_name(model: str, weights: str, via: str = "specedge", profile: Profile = Profile.DYNAMIC) -> str:
+def artifact_name(model: str, weights: str, via: str = "specedge", profile: Profile = Profile.DYNAMIC,
+                  gpu: bool = False) -> str:
     """The cache name `specedge export` gives an artifact: smollm2-135m + int8 -> smollm2-135m-onnx-int8 (static
-    profile: smollm2-135m-onnx-static-int8, layered: -onnx-layered-int8); a checkpoint directory by its name
-    (path/SmolLM2-135M + fp32 -> SmolLM2-135M-onnx-fp32; via optimum: -optimum-fp32)."""
+    profile: smollm2-135m-onnx-static-int8, layered: -onnx-layered-int8, the dynamic profile's GPU graph:
+    -onnx-gpu-fp16); a checkpoint directory by its name (path/SmolLM2-135M + fp32 -> SmolLM2-135M-onnx-fp32; via
+    optimum: -optimum-fp32)."""
     p = Path(model)
     base = p.stem if model.endswith(".gguf") else p.resolve().name if p.is_dir() else model
-    infix = "" if profile is Profile.DYNAMIC else f"{profile.value}-"
+    infix = "gpu-" if gpu else "" if profile is Profile.DYNAMIC else f"{profile.value}-"
     return f"{base}-{'optimum' if via == 'optimum' else 'onnx'}-{infix}{weights}"
 
 
@@ -118,11 +120,19 @@ def batch_invariance_warning(model: LoadedModel, cpu_flags: Sequence[str]) -> st
 
     An int4 artifact whose pad row runs through attention only (exported before io.pad_row) gives one-token calls a
     4-bit MatMulNBits with one row, which on CPUs without AVX-512 takes onnxruntime's M == 1 kernel and rounds
-    differently from a verify call's rows (docs/onnx.md "Batch invariance")."""
-    if model.kind is not BackendKind.ONNX or "avx512f" in cpu_flags or not (model.path / MANIFEST).is_file():
+    differently from a verify call's rows (docs/onnx.md "Batch invariance"). The GPU graph has no pad row at all: on
+    any device and CPU (CUDA picks other kernels for other row counts and attends in float16; the CPU provider takes
+    its one-row paths), in any weight format (docs/accelerators.md)."""
+    if model.kind is not BackendKind.ONNX or not (model.path / MANIFEST).is_file():
         return None
     manifest = read_manifest(model.path)
-    if manifest.pad_row != PAD_ROW_ATTENTION:
+    if manifest.pad_row == PAD_ROW_NONE:
+        return (f"{model.path.name} is a GPU graph (exported with --gpu: no batch-invariance pad row): a token's "
+                "logits depend on how many tokens its call verifies (CUDA kernels chosen by row count, float16 attention; "
+                "on the CPU provider its one-row paths), so greedy speculative output may differ from plain greedy "
+                "where the top two logits are close; for lossless decoding on the CPU use the CPU graph (export "
+                "without --gpu)")
+    if "avx512f" in cpu_flags or manifest.pad_row != PAD_ROW_ATTENTION:
         return None
     if not any(str(t.get("storage", "")).startswith("nbits4") for t in manifest.tensors.values()):
         return None

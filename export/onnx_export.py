@@ -10,8 +10,10 @@ canonical weights, the same graph builder, and the same parity gate against the 
       chat_template.jinja   the model's chat template (when it has one)
       manifest.json         models/manifest.py describes the fields
 
-Two graph profiles: dynamic (export/onnx_graph.py: any T, any cache length) and static (export/onnx_static.py:
-fixed verify width and max context, standard ops only, for NPU execution providers).
+Graph profiles: dynamic (export/onnx_graph.py: any T, any cache length), its GPU graph (ExportProfile(gpu=True):
+float16 attention and KV, chains only, no pad row; for the CUDA provider), layered (export/onnx_layered.py: one
+graph per segment) and static (export/onnx_static.py: fixed verify width and max context, standard ops only, for NPU
+execution providers).
 """
 from __future__ import annotations
 
@@ -26,15 +28,15 @@ import onnx
 
 from .._version import __version__
 from ..models.config import Weights
-from ..models.manifest import FORMAT, FORMAT_VERSION, LAYERED_FORMAT_VERSION, MANIFEST, STATIC_FORMAT_VERSION, \
-    Profile, config_to_dict, sha256_file
+from ..models.manifest import CHAIN_FORMAT_VERSION, FORMAT, FORMAT_VERSION, LAYERED_FORMAT_VERSION, MANIFEST, \
+    PAD_ROW_NONE, STATIC_FORMAT_VERSION, Profile, config_to_dict, sha256_file
 from ..models.tokenizer_spec import TokenizerSpec
 from ..models.gguf_in import GGUFModel
 from ..models.hf_in import HFModel
 from .onnx_graph import PAD_ROW, PAD_ROWS, GraphIO, build_decoder
 from .onnx_layered import LAYERED_DATA, build_layered, layered_fields, save_layered
 from .onnx_ir import IR_VERSION, MS_OPSET, OPSET
-from .onnx_linear import ExportOptions, TensorRecord, WeightFormat
+from .onnx_linear import ExportOptions, KVDtype, TensorRecord, WeightFormat
 from .onnx_static import MASK_VALUE, StaticIO, StaticShape, build_static_decoder
 from .parity_gate import GateReport, ParityError, Tolerance, check_artifact
 
@@ -44,21 +46,31 @@ DATA_FILE = "model.onnx.data"
 
 @dataclass(frozen=True)
 class ExportProfile:
-    """Which graph profile to build: dynamic (the default), layered, or static with its fixed shape."""
+    """Which graph profile to build: dynamic (the default), its GPU graph, layered, or static with its fixed shape."""
 
     kind: Profile = Profile.DYNAMIC
     shape: StaticShape | None = None  # Profile.STATIC: the [1, W] call width and C cache slots
+    gpu: bool = False  # Profile.DYNAMIC: the GPU graph (gpu_options; a dynamic-profile artifact, chains only)
 
     def __post_init__(self) -> None:
         if (self.kind is Profile.STATIC) != (self.shape is not None):
             raise ValueError("a static export profile needs its StaticShape (and only a static one has a shape)")
+        if self.gpu and self.kind is not Profile.DYNAMIC:
+            raise ValueError(f"the GPU graph is a dynamic-profile graph, not {self.kind.value}")
 
     @classmethod
     def static(cls, shape: StaticShape) -> "ExportProfile":
         return cls(Profile.STATIC, shape)
 
 
-DYNAMIC, LAYERED = ExportProfile(), ExportProfile(Profile.LAYERED)
+DYNAMIC, LAYERED, GPU = ExportProfile(), ExportProfile(Profile.LAYERED), ExportProfile(gpu=True)
+
+
+def gpu_options(opts: ExportOptions) -> ExportOptions:
+    """`opts` for the GPU graph (export/onnx_graph.py): float16 GroupQueryAttention and cache (CUDA's kernel takes
+    no float32), no tree inputs (its fused kernels take no attention bias), no pad row (CUDA's GroupQueryAttention
+    computes wrong outputs when its lengths come from the pad row's Add nodes; docs/accelerators.md)."""
+    return dataclasses.replace(opts, kv_dtype=KVDtype.FLOAT16, trees=False, pad_row=False)
 
 
 class FloatSource:
@@ -99,6 +111,7 @@ def export_onnx(src: FloatSource, out_dir: str | Path, opts: ExportOptions, *,
     out.mkdir(parents=True, exist_ok=True)
     cfg = src.weights.config
     static = profile.shape
+    opts = gpu_options(opts) if profile.gpu else opts
     if profile.kind is Profile.LAYERED:
         graphs, records = build_layered(cfg, src, opts, GraphIO())
         files, shared = save_layered(graphs, out)
@@ -139,12 +152,16 @@ def _write_manifest(out: Path, files: list[str], model: str, data: str, opts: Ex
 
 
 def _dynamic_fields(cfg, opts: ExportOptions) -> dict:
-    return {"format_version": FORMAT_VERSION, "profile": Profile.DYNAMIC.value,
+    io = dataclasses.asdict(GraphIO())
+    if not opts.trees:  # a chain-only graph has no position_ids / tree_bias inputs
+        io = {k: v for k, v in io.items() if k not in ("position_ids", "tree_bias")}
+    return {"format_version": FORMAT_VERSION if opts.trees else CHAIN_FORMAT_VERSION, "profile": Profile.DYNAMIC.value,
             "accuracy_level": opts.accuracy_level, "exact_mins": opts.exact_mins,
-            "io": {**dataclasses.asdict(GraphIO()), "kv_layout": "BNSH [1, n_kv_heads, max_ctx, head_dim]",
-                   "kv_dtype": "float32", "max_positions": cfg.context_length,
-                   "attention": "com.microsoft.GroupQueryAttention shared buffers", "kv_pad_rows": PAD_ROWS,
-                   "pad_row": PAD_ROW}}
+            "io": {**io, "kv_layout": "BNSH [1, n_kv_heads, max_ctx, head_dim]",
+                   "kv_dtype": opts.kv_dtype.value, "max_positions": cfg.context_length,
+                   "attention": "com.microsoft.GroupQueryAttention shared buffers",
+                   "kv_pad_rows": PAD_ROWS if opts.pad_row else 0,
+                   "pad_row": PAD_ROW if opts.pad_row else PAD_ROW_NONE}}
 
 
 def _static_fields(cfg, shape: StaticShape) -> dict:
@@ -210,7 +227,8 @@ def export_gguf_to_onnx(gguf: GGUFModel, out_dir: str | Path, fmt: WeightFormat,
                         threads: int | None = None, profile: ExportProfile = DYNAMIC) -> Path:
     """The GGUF path of `specedge export`: blocks transcoded where exact, tokenizer and template carried over,
     then the parity gate (gate=False skips it and records "parity": null; only tests and benchmarks do that).
-    `profile`: dynamic, static (export/onnx_static.py) or layered (export/onnx_layered.py)."""
+    `profile`: dynamic, its GPU graph (GPU: float16 attention and KV, chains only, no pad row; for --device cuda),
+    static (export/onnx_static.py) or layered (export/onnx_layered.py)."""
     src = GGUFSource(gguf)
     spec = gguf.tokenizer_spec()
     path = export_onnx(src, out_dir, ExportOptions(fmt, accuracy_level, exact_mins), tokenizer=spec,
@@ -235,6 +253,6 @@ def export_hf_to_onnx(hf: HFModel, out_dir: str | Path, fmt: WeightFormat, *, ac
     return path
 
 
-__all__ = ["ExportOptions", "FloatSource", "GGUFSource", "GateReport", "ParityError", "StaticShape", "TensorRecord",
-           "Tolerance", "WeightFormat", "export_gguf_to_onnx", "export_hf_to_onnx", "export_onnx", "gate_artifact",
-           "record_gate"]
+__all__ = ["DYNAMIC", "ExportOptions", "ExportProfile", "FloatSource", "GGUFSource", "GPU", "GateReport", "KVDtype",
+           "LAYERED", "ParityError", "StaticShape", "TensorRecord", "Tolerance", "WeightFormat", "export_gguf_to_onnx",
+           "export_hf_to_onnx", "export_onnx", "gate_artifact", "gpu_options", "record_gate"]

@@ -15,6 +15,14 @@ this module adds the dynamic profile's plumbing: fused residual-add + RMSNorm no
 RoPE tables (models/rope.py; one pair per distinct RoPE, do_rotary=0 on a layer without RoPE) and, for a layer with
 a sliding window, the tree bias plus a window mask computed from the positions (`window_bias`). q/k norms split the
 packed projection, norm each head and pack it again. Partial rotary is refused (UnsupportedVariant).
+
+The GPU graph (ExportOptions kv_dtype=FLOAT16, trees=False, pad_row=False; export/onnx_export.gpu_options) is the same
+network for CUDA's GroupQueryAttention: q|k|v Cast to float16 before the op and its output back to float32, cos/sin
+tables and the past/present KV in float16 (CUDA's kernel takes no float32); no position_ids / tree_bias inputs (CUDA's
+fused attention kernels take no attention bias): a chain-only graph, format 2, RoPE positions from seqlens_k; and no
+pad row: the row serves the CPU kernels' batch invariance only, and CUDA's GroupQueryAttention computes wrong outputs
+when its seqlens_k / total_sequence_length come from other nodes (the pad row's Adds) rather than from graph inputs
+(onnxruntime-gpu 1.31.1; docs/accelerators.md). Sliding-window layers are refused there (they need the bias).
 """
 from __future__ import annotations
 
@@ -25,11 +33,12 @@ import numpy as np
 import onnx
 
 from ..models import rope as rope_tables
+from ..models.block import UnsupportedVariant
 from ..models.config import ModelConfig
 from ..models.rope import Rope
 from .onnx_block import BlockEmitter, block, embed, norm_weight, out_projection, qkv_projection, qkv_sizes
 from .onnx_ir import MS_DOMAIN, GraphBuilder
-from .onnx_linear import ExportOptions, TensorRecord, WeightFormat, WeightSource, linear
+from .onnx_linear import ExportOptions, KVDtype, TensorRecord, WeightFormat, WeightSource, linear
 
 
 PAD_ROWS = 1  # zero rows appended after the embedding, carried through every layer, cut after the head (pad_rows())
@@ -78,17 +87,27 @@ def build_decoder(cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: 
     """The whole decoder: embed -> pad row -> n_layers blocks -> final norm -> LM head -> cut the pad row; returns
     (model, tensor records). Every node between the two pad-row nodes sees T + 1 rows (pad_rows())."""
     check_dynamic(cfg)
+    if not opts.trees and cfg.block.windows():
+        raise UnsupportedVariant(f"a chain-only (GPU) graph has no attention bias to carry the sliding window(s) "
+                                 f"{list(cfg.block.windows())} of {cfg.name or cfg.arch}; export the CPU graph")
     g = GraphBuilder(cfg.name or cfg.arch)
     records: dict[str, TensorRecord] = {}
     ids = g.input(io.input_ids, np.int64, [1, "T"])
     seqlens = g.input(io.seqlens_k, np.int32, [1])
     total = g.input(io.total_length, np.int32, [])
-    tables = rope_tables_for(g, cfg, range(cfg.n_layers))
-    pos, bias = tree_inputs(g, io, ids, total)
-    seqlens, total = padded_lengths(g, seqlens, total)
-    feeds = AttnFeeds(seqlens, total, pos, bias, tables, window_biases(g, cfg, range(cfg.n_layers), pos, bias))
+    pad = PAD_ROWS if opts.pad_row else 0
+    tables = rope_tables_for(g, cfg, range(cfg.n_layers), attn_dtype(opts), pad)
+    pos, bias = tree_inputs(g, io, ids, total, pad) if opts.trees else ("", "")
+    if opts.pad_row:
+        seqlens, total = padded_lengths(g, seqlens, total)
+    windowed = window_biases(g, cfg, range(cfg.n_layers), pos, bias) if opts.trees else {}
+    if opts.trees and opts.kv_dtype is not KVDtype.FLOAT32:  # GroupQueryAttention's bias has the attention's dtype
+        bias = cast(g, bias, opts, "tree/bias_cast")
+        windowed = {w: cast(g, b, opts, f"window_{w}/bias_cast") for w, b in windowed.items()}
+    feeds = AttnFeeds(seqlens, total, pos, bias, tables, windowed)
     em = DynamicBlocks(g, cfg, src, opts, records, io=io, feeds=feeds)
-    h = pad_rows(g, cfg, embed(g, cfg, src, opts, ids, records))
+    h = embed(g, cfg, src, opts, ids, records)
+    h = pad_rows(g, cfg, h) if opts.pad_row else h
     with g.scope("layers.0"):
         x = rms_norm(g, cfg, src, h, "layers.0.attn_norm", "attn_norm")
     for i in range(cfg.n_layers):
@@ -122,18 +141,30 @@ class DynamicBlocks(BlockEmitter):
         return attention(self, i, x)
 
 
-def rope_tables_for(g: GraphBuilder, cfg: ModelConfig, layers) -> dict[Rope, tuple[str, str]]:
+def attn_dtype(opts: ExportOptions) -> np.dtype:
+    """The dtype GroupQueryAttention computes in: its q|k|v, cos/sin tables, bias and KV cache."""
+    return np.dtype(opts.kv_dtype.value)
+
+
+def cast(g: GraphBuilder, x: str, opts: ExportOptions, name: str) -> str:
+    """x (float32) in the attention's dtype."""
+    return g.op1("Cast", [x], name, to=onnx.helper.np_dtype_to_tensor_dtype(attn_dtype(opts)))
+
+
+def rope_tables_for(g: GraphBuilder, cfg: ModelConfig, layers, dtype: np.dtype = np.dtype(np.float32),
+                    pad: int = PAD_ROWS) -> dict[Rope, tuple[str, str]]:
     """cos/sin tables of the RoPEs `layers` run."""
     used = {rope_tables.layer_rope(cfg, i) for i in layers} - {None}
-    return {r: rope_table_pair(g, cfg, r) for r in rope_tables.distinct_ropes(cfg) if r in used}
+    return {r: rope_table_pair(g, cfg, r, dtype, pad) for r in rope_tables.distinct_ropes(cfg) if r in used}
 
 
-def rope_table_pair(g: GraphBuilder, cfg: ModelConfig, rope: Rope) -> tuple[str, str]:
-    """cos/sin [context_length + PAD_ROWS, rot/2] (the pad row's position too), angles in float64 as the NumPy
-    reference computes them; named by models/rope.table_name ("rope.cos" for the config's own RoPE)."""
-    angles = rope_tables.angles(rope, np.arange(cfg.context_length + PAD_ROWS))
-    return (g.const(rope_tables.table_name(cfg, rope, "cos"), np.cos(angles).astype(np.float32)),
-            g.const(rope_tables.table_name(cfg, rope, "sin"), np.sin(angles).astype(np.float32)))
+def rope_table_pair(g: GraphBuilder, cfg: ModelConfig, rope: Rope, dtype: np.dtype = np.dtype(np.float32),
+                    pad: int = PAD_ROWS) -> tuple[str, str]:
+    """cos/sin [context_length + pad, rot/2] (the pad row's position too), angles in float64 as the NumPy reference
+    computes them, stored in `dtype`; named by models/rope.table_name ("rope.cos" for the config's own RoPE)."""
+    angles = rope_tables.angles(rope, np.arange(cfg.context_length + pad))
+    return (g.const(rope_tables.table_name(cfg, rope, "cos"), np.cos(angles).astype(dtype)),
+            g.const(rope_tables.table_name(cfg, rope, "sin"), np.sin(angles).astype(dtype)))
 
 
 def window_biases(g: GraphBuilder, cfg: ModelConfig, layers, pos: str, bias: str) -> dict[int, str]:
@@ -200,10 +231,11 @@ def padded_lengths(g: GraphBuilder, seqlens: str, total: str) -> tuple[str, str]
                 g.op1("Add", [total, g.const("attn_pad.rows_scalar", np.array(pad))], "total_length"))
 
 
-def tree_inputs(g: GraphBuilder, io: GraphIO, ids: str, total: str) -> tuple[str, str]:
+def tree_inputs(g: GraphBuilder, io: GraphIO, ids: str, total: str, pad: int = PAD_ROWS) -> tuple[str, str]:
     """position_ids [1, T + 1] and attention_bias [1, 1, T + 1, L + T + 1] as GroupQueryAttention sees them, from the
     graph inputs over the T real tokens: the pad row (see pad_rows()) gets position L + T and zero bias; the
-    committed columns [0, L) get zero bias (every node sees the whole cache).
+    committed columns [0, L) get zero bias (every node sees the whole cache). pad=0 (a graph without the pad row):
+    [1, T] and [1, 1, T, L + T].
 
         position_ids [1, T] ──────────────────────► Concat(L + T) ──► [1, T + 1]
         tree_bias [1, 1, T, T] ─► Pad(left L columns, 1 row and 1 column at the end, zeros) ──► [1, 1, T + 1, L + T + 1]
@@ -213,12 +245,13 @@ def tree_inputs(g: GraphBuilder, io: GraphIO, ids: str, total: str) -> tuple[str
     with g.scope("tree"):
         tot = g.op1("Reshape", [g.op1("Cast", [total], "total", to=onnx.TensorProto.INT64),
                                 g.const("tree.one_by_one", np.array([1, 1], np.int64))], "total_2d")  # [1, 1]: L + T
-        pos = g.op1("Concat", [pos, tot], "pad_position", axis=1)
+        if pad:
+            pos = g.op1("Concat", [pos, tot], "pad_position", axis=1)
         t = g.op1("Shape", [ids], "t", start=1, end=2)
         cached = g.op1("Sub", [g.op1("Reshape", [tot, g.const("tree.flat", np.array([1], np.int64))], "total_1d"), t],
                        "cached")  # [1]: L
         pads = g.op1("Concat", [g.const("tree.pads_begin", np.zeros(3, np.int64)), cached,
-                                g.const("tree.pads_end", np.array([0, 0, PAD_ROWS, PAD_ROWS], np.int64))],
+                                g.const("tree.pads_end", np.array([0, 0, pad, pad], np.int64))],
                      "pads", axis=0)
         bias = g.op1("Pad", [bias, pads], "bias")  # constant 0
     return pos, bias
@@ -255,24 +288,33 @@ def attention(em: DynamicBlocks, i: int, x: str) -> str:
     chains stay bit-identical across T; a tree node off the first root path gets the same terms at other slots of
     the probs x V reduction, equal to its chain up to float rounding (~1e-6 relative in fp32).
     The layer's RoPE picks its cos/sin tables (none: do_rotary=0); a sliding window swaps in its windowed bias.
+    The GPU graph (module docstring): Cast to float16 around the op, float16 KV, no positions or bias (chains: RoPE
+    positions from seqlens_k), no pad row.
     """
-    g, cfg, io, feeds = em.g, em.cfg, em.io, em.feeds
+    g, cfg, io, feeds, opts = em.g, em.cfg, em.io, em.feeds, em.opts
     qkv = qkv_projection(em, i, x)
     if cfg.block.qk_norm:
         qkv = _qk_norm(em, i, qkv)
-    kv_shape = [1, cfg.n_kv_heads, "max_ctx", cfg.head_dim]
-    past_k = g.input(io.past_key.format(i=i), np.float32, kv_shape)
-    past_v = g.input(io.past_value.format(i=i), np.float32, kv_shape)
-    present_k = g.output(io.present_key.format(i=i), np.float32, kv_shape)
-    present_v = g.output(io.present_value.format(i=i), np.float32, kv_shape)
+    half = opts.kv_dtype is not KVDtype.FLOAT32
+    if half:
+        qkv = cast(g, qkv, opts, "qkv_cast")
+    kv_shape, dt = [1, cfg.n_kv_heads, "max_ctx", cfg.head_dim], attn_dtype(opts)
+    past_k = g.input(io.past_key.format(i=i), dt, kv_shape)
+    past_v = g.input(io.past_value.format(i=i), dt, kv_shape)
+    present_k = g.output(io.present_key.format(i=i), dt, kv_shape)
+    present_v = g.output(io.present_value.format(i=i), dt, kv_shape)
     rope = rope_tables.layer_rope(cfg, i)
     cos, sin = ("", "") if rope is None else feeds.tables[rope]
     window = cfg.block.layer(i).window
     bias = feeds.bias if window is None else feeds.windowed[window]
     gqa_in = [qkv, "", "", past_k, past_v, feeds.seqlens, feeds.total, cos, sin, feeds.positions, bias]
+    while gqa_in[-1] == "":  # omitted trailing optional inputs (a chain-only graph: no positions, no bias)
+        gqa_in.pop()
     attn = g.op("GroupQueryAttention", gqa_in, "gqa", outputs=[g.path("gqa") + "/out0", present_k, present_v],
                 domain=MS_DOMAIN, num_heads=cfg.n_heads, kv_num_heads=cfg.n_kv_heads, do_rotary=int(rope is not None),
                 rotary_interleaved=0, scale=float(1.0 / np.sqrt(cfg.head_dim)))[0]
+    if half:
+        attn = g.op1("Cast", [attn], "out_cast", to=onnx.TensorProto.FLOAT)
     return out_projection(em, i, attn)
 
 
@@ -311,6 +353,9 @@ def head(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: ExportOptio
     else:
         y, recs = linear(g, x, [name], src, opts, "lm_head", "lm_head")
         records["lm_head"] = recs[name]  # tied: the embedding table, stored a second time in the head's format
-    unpad_rows(g, y, 0, "logits", outputs=(io.logits,))
+    if opts.pad_row:
+        unpad_rows(g, y, 0, "logits", outputs=(io.logits,))
+    else:  # the graph output keeps its name
+        g.op("Identity", [y], "logits", outputs=(io.logits,))
     g.output(io.logits, np.float32, ["T", cfg.vocab_size])
     return io.logits

@@ -39,11 +39,22 @@ class WeightFormat(enum.Enum):
         return {WeightFormat.INT4: 4, WeightFormat.INT8: 8}.get(self)
 
 
+class KVDtype(enum.Enum):
+    """The dynamic graph's attention and KV cache precision. CUDA's GroupQueryAttention takes float16 (or bfloat16)
+    only: a float32 graph runs its attention on the CPU provider, the cache crossing to the host every call."""
+
+    FLOAT32 = "float32"
+    FLOAT16 = "float16"
+
+
 @dataclass(frozen=True)
 class ExportOptions:
     fmt: WeightFormat = WeightFormat.FP32
     accuracy_level: int = 4  # MatMulNBits: 4 = int8 activations (fast), 0 = float activations (slow)
     exact_mins: bool = True  # keep GGUF block minimums exactly (extra min-term nodes) or re-quantize to zero points
+    kv_dtype: KVDtype = KVDtype.FLOAT32  # dynamic profile: GroupQueryAttention's q/k/v, cos/sin, bias and cache
+    trees: bool = True  # dynamic profile: position_ids/tree_bias inputs (False: a chain-only graph, format 2)
+    pad_row: bool = True  # dynamic profile: the batch-invariance pad row through the network (onnx_graph.pad_rows)
 
 
 class WeightSource(Protocol):

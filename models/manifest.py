@@ -7,7 +7,8 @@ formats, each with its own versions; the runtime picks its backend by `format` a
                            (version 1 artifacts predate the pad row that makes verify batches bit-identical to
                            one-token decoding; they must be re-exported)
   "specedge-onnx" 4        version 2 plus the position_ids and tree_bias inputs: the same graph verifies token trees
-                           (version 2 artifacts still load, chains only: caps.tree_mask is False)
+                           (version 2 artifacts still load, chains only: caps.tree_mask is False; the GPU graph,
+                           `specedge export --gpu`, is written as version 2 with io.pad_row "none")
   "specedge-onnx" 3        our graph builder, static-shape profile (every dimension fixed; for NPU providers), so a
                            reader that only knows version 2 refuses it instead of failing on missing IO names
   "specedge-onnx" 5        our graph builder, layered profile: one graph per segment (embed.onnx, layer.{i}.onnx,
@@ -31,8 +32,10 @@ formats, each with its own versions; the runtime picks its backend by `format` a
     io                            graph input/output names ("{i}" = layer index), the KV layout, and
                                   dynamic and layered: kv_pad_rows (cache rows past the capacity that the graph
                                   writes scratch K/V into) and pad_row: "network" when the pad row runs through every
-                                  node (export/onnx_graph.pad_rows); artifacts without it ran it through attention
-                                  only, so int4 ones are not batch-invariant on CPUs without AVX-512 (docs/onnx.md);
+                                  node (export/onnx_graph.pad_rows), "none" for the GPU graph (no pad row: float16
+                                  attention and KV, kv_dtype float16, chains only; docs/accelerators.md); artifacts
+                                  without it ran it through attention only, so int4 ones are not batch-invariant on
+                                  CPUs without AVX-512 (docs/onnx.md);
                                   static: verify_width, max_context, mask_value
     tensors                       canonical tensor -> {linear, storage, source_type, exact, max_abs_err}
                                   (specedge-onnx only)
@@ -74,6 +77,7 @@ READ_VERSIONS = {FORMAT: (CHAIN_FORMAT_VERSION, STATIC_FORMAT_VERSION, FORMAT_VE
 MANIFEST = "manifest.json"
 PAD_ROW_NETWORK = "network"  # io.pad_row of artifacts whose pad row runs through every node
 PAD_ROW_ATTENTION = "attention"  # what dynamic and layered artifacts without io.pad_row have: attention only
+PAD_ROW_NONE = "none"  # io.pad_row of the GPU graph (export/onnx_graph.py): no pad row, not batch-invariant
 
 
 class Profile(enum.Enum):
@@ -208,7 +212,8 @@ class Manifest:
     @property
     def pad_row(self) -> str | None:
         """Where the graph's batch-invariance pad row runs: PAD_ROW_NETWORK (every node), PAD_ROW_ATTENTION (dynamic
-        and layered artifacts written before it ran through the network), None (static and optimum graphs)."""
+        and layered artifacts written before it ran through the network), PAD_ROW_NONE (the GPU graph: none at
+        all), None (static and optimum graphs)."""
         if self.format != FORMAT or self.profile is Profile.STATIC:
             return None
         return str(self.io.get("pad_row", PAD_ROW_ATTENTION))

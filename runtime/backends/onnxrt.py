@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ...models.config import ModelConfig
-from ...models.manifest import CHAIN_FORMAT_VERSION, Manifest, Profile, manifest_with_profile
+from ...models.manifest import CHAIN_FORMAT_VERSION, PAD_ROW_NONE, Manifest, Profile, manifest_with_profile
 from ..kv import LengthCursor
 from ..types import Logits, Mask, Tokens
 from .base import BackendCaps, LayerPlan, check_capacity, check_room, tree_depths
@@ -161,8 +161,8 @@ def compact_rows(arrays, axis: int, length: int, src: np.ndarray, dst_start: int
 
 
 class OnnxBackend:
-    """caps: chains, and tree masks on format 4 artifacts (older ones have no position_ids/tree_bias inputs: their
-    caps say tree_mask=False and a tree forward asks for a re-export); layer plans run on the layered profile
+    """caps: chains, and tree masks on format 4 artifacts (older ones and the GPU graph have no position_ids/tree_bias
+    inputs: their caps say tree_mask=False and a tree forward says why); layer plans run on the layered profile
     (onnx_layered.py)."""
 
     name = "onnx"
@@ -232,6 +232,10 @@ def tree_refusal(manifest: Manifest, tree_io: bool) -> str | None:
     recycling identical to plain greedy on 18/18 dev prompts x 128 tokens), but 8-bit activation rounding amplifies
     it into different greedy tokens (int4: 12 of 18 prompts diverged). Forward still accepts tree masks on any
     format 4 artifact, for measurement (perf/tree_parity.py)."""
+    if not tree_io and manifest.pad_row == PAD_ROW_NONE:
+        return (f"{manifest.root.name} is a GPU graph (exported with --gpu), which verifies chains only: CUDA's fused "
+                "GroupQueryAttention kernels take no attention bias, so it has no tree inputs; use a chain drafter "
+                "such as ngram, or the CPU graph (export without --gpu) for token trees")
     if not tree_io:
         return (f"{manifest.root} was exported before tree attention (format version {CHAIN_FORMAT_VERSION}): "
                 "re-export it with `specedge export` to verify token trees on the ONNX backend")

@@ -25,12 +25,11 @@ if [ $step = export ] || [ $step = all ]; then
   timeout 400 python3 - <<'PY' 2>&1 | tee $OUT/export.log | tail -8
 import time
 from specedge.models.gguf_in import open_gguf
-from specedge.export.onnx_export import export_gguf_to_onnx
+from specedge.export.onnx_export import DYNAMIC, GPU, ExportProfile, StaticShape, export_gguf_to_onnx
 from specedge.export.onnx_linear import WeightFormat
 g = open_gguf("/tmp/a/SmolLM2-135M-Instruct.Q4_1.gguf")
-from specedge.export.onnx_export import StaticShape
-for out, gpu, st in (("/tmp/a/smol-gpu", True, None), ("/tmp/a/smol-fp16", False, None), ("/tmp/a/smol-static", False, StaticShape(5, 512))):
-    t = time.time(); export_gguf_to_onnx(g, out, WeightFormat.FP16, gpu=gpu, threads=16, static=st)
+for out, prof in (("/tmp/a/smol-gpu", GPU), ("/tmp/a/smol-fp16", DYNAMIC), ("/tmp/a/smol-static", ExportProfile.static(StaticShape(5, 512)))):
+    t = time.time(); export_gguf_to_onnx(g, out, WeightFormat.FP16, threads=16, profile=prof)
     print(out, "exported + gated in", round(time.time() - t, 1), "s")
 PY
 fi

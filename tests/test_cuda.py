@@ -1,0 +1,106 @@
+"""The CUDA execution provider on tiny seeded models (skipped where onnxruntime has no CUDAExecutionProvider, as in
+CI): the GPU graph (float16 attention and KV cache, chains only) against the NumPy reference through verify steps and
+rollbacks, the cache resident in GPU memory, lossless speculative decoding, the CLI. Run on a GPU machine with
+onnxruntime-gpu: `python -m pytest -q -m cuda tests/test_cuda.py`."""
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+ort = pytest.importorskip("onnxruntime")
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(),
+                                 reason="onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu on a GPU)")]
+
+from specedge.apps.cli import cli  # noqa: E402
+from specedge.export.onnx_export import GPU, export_gguf_to_onnx  # noqa: E402
+from specedge.export.onnx_linear import WeightFormat  # noqa: E402
+from specedge.models.gguf_in import open_gguf  # noqa: E402
+from specedge.models.manifest import CHAIN_FORMAT_VERSION, PAD_ROW_NONE, read_manifest  # noqa: E402
+from specedge.models.tiny import write_tiny_gguf  # noqa: E402
+from specedge.runtime.backends import open_onnx  # noqa: E402
+from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
+from specedge.runtime.backends.onnx_providers import Device, select_providers  # noqa: E402
+from specedge.runtime.decode import decode  # noqa: E402
+from specedge.runtime.drafters.ngram import NgramDrafter  # noqa: E402
+from specedge.runtime.types import SamplingParams  # noqa: E402
+from verify_walk import walk_verify_steps  # noqa: E402  (tests/ is on the path)
+
+TOL = 5e-2  # float16 attention and cache against the float32 reference (logits of the tiny models are O(1))
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def gpu_pair(request, tmp_path_factory):
+    """(the GPU graph on CUDA, NumPy float32 reference) over one tiny GGUF (qwen2: q/k/v biases, untied head)."""
+    d = tmp_path_factory.mktemp(f"cuda-{request.param}")
+    gguf = open_gguf(write_tiny_gguf(d / "m.gguf", arch=request.param, n_layers=3, tied=request.param == "llama",
+                                     seed=3))
+    export_gguf_to_onnx(gguf, d / "gpu", WeightFormat.FP16, profile=GPU, threads=1)
+    return open_onnx(d / "gpu", device="cuda"), NumpyBackend(gguf.load_weights()), d
+
+
+def test_gpu_graph_runs_on_cuda_and_matches_numpy(gpu_pair):
+    be, ref, d = gpu_pair
+    m = read_manifest(d / "gpu")
+    assert m.io["kv_dtype"] == "float16" and m.raw["format_version"] == CHAIN_FORMAT_VERSION
+    assert m.pad_row == PAD_ROW_NONE and m.io["kv_pad_rows"] == 0
+    assert be.session.get_providers()[0] == "CUDAExecutionProvider" and be.choice.device is Device.CUDA
+    walk_verify_steps(be, ref, capacity=96, prefill=13, steps=24, max_width=9, tol=TOL)
+
+
+def test_kv_cache_stays_in_gpu_memory(gpu_pair):
+    be, _, _ = gpu_pair
+    cache = be.new_cache(32)
+    assert be.kv_device == "cuda"
+    assert all(b.device_name().lower() == "cuda" for b in cache._buffers)
+    c = be.config  # float16 rows, none for a pad row (the GPU graph has none)
+    assert cache.nbytes == 2 * c.n_layers * c.n_kv_heads * 32 * c.head_dim * 2
+    logits = be.forward(np.arange(5, dtype=np.int32), cache)  # only the logits come back
+    assert isinstance(logits, np.ndarray) and logits.shape == (5, be.config.vocab_size)
+
+
+def test_speculative_greedy_equals_plain_greedy_on_cuda(gpu_pair):
+    """On the tiny models (wide top-1 margins); not guaranteed in general: no pad row, kernels chosen by row count
+    (docs/accelerators.md "Lossless on CUDA is not guaranteed")."""
+    be, _, _ = gpu_pair
+    params = SamplingParams()
+    prompt = np.array([5, 9, 14, 5, 9, 14, 5, 9, 30, 31, 5, 9], dtype=np.int32)
+    plain = [e.token for e in decode(be, prompt, params, max_tokens=60)]
+    for k in (1, 4, 8, 16):
+        spec = [e.token for e in decode(be, prompt, params, drafter=NgramDrafter(), k=k, max_tokens=60)]
+        assert spec == plain, f"k={k}"
+
+
+def test_int4_and_fp32_weights_run_on_cuda(gpu_pair, tmp_path):
+    """MatMulNBits (int4) and fp32 weights with the float16 attention on CUDA. fp32 against the NumPy reference; int4
+    (exported with float activations, accuracy_level 0, as CUDA's MatMulNBits computes) against the same graph on
+    the CPU provider, so the comparison is of the kernels, not of the quantization."""
+    _, ref, d = gpu_pair
+    gguf = open_gguf(d / "m.gguf")
+    for fmt in (WeightFormat.FP32, WeightFormat.INT4):
+        export_gguf_to_onnx(gguf, tmp_path / fmt.value, fmt, profile=GPU, gate=False, accuracy_level=0)
+        be = open_onnx(tmp_path / fmt.value, device="cuda")
+        assert be.kv_device == "cuda"
+        want_be = ref if fmt is WeightFormat.FP32 else open_onnx(tmp_path / fmt.value, device="cpu")
+        toks = np.random.default_rng(1).integers(0, be.config.vocab_size, 24).astype(np.int32)
+        got, want = be.forward(toks, be.new_cache(32)), want_be.forward(toks, want_be.new_cache(32))
+        np.testing.assert_allclose(got, want, atol=TOL, err_msg=fmt.value)
+
+
+def test_auto_picks_cuda():
+    assert select_providers("auto", ort.get_available_providers()).device is Device.CUDA
+
+
+def test_cli_generate_on_cuda(gpu_pair, tmp_path):
+    _, _, d = gpu_pair
+    gated = tmp_path / "gated"  # the CLI loads only artifacts whose parity gate passed
+    r = CliRunner().invoke(cli, ["export", str(d / "m.gguf"), "--gpu", "--out", str(gated), "--threads", "1"],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    for device in ("cuda", "auto"):
+        r = CliRunner().invoke(cli, ["generate", str(gated), "hello world", "--backend", "onnx", "--device", device,
+                                     "--max-tokens", "24", "--json", "--baseline"], catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        stats = json.loads(r.stdout.strip().splitlines()[-1])["stats"]
+        assert stats["identical_to_baseline"] is True
