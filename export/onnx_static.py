@@ -212,7 +212,7 @@ def attention(em: StaticBlocks, i: int, x: str) -> str:
         Softmax(q keysᵀ × scale + bias (of the layer's window)) ─► MatMul(values) ─► [1, W, H*hd] ─► o_proj ─► out
     """
     g, cfg, io, shape, prep = em.g, em.cfg, em.io, em.shape, em.prep
-    p, w = f"layers.{i}", shape.verify_width
+    w = shape.verify_width
     n_kv, n_h, hd = cfg.n_kv_heads, cfg.n_heads, cfg.head_dim
     qkv = qkv_projection(em, i, x)
     q, k, v = g.op("Split", [qkv, qkv_sizes(em)], "split_qkv", n_out=3, axis=-1)
