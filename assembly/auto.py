@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..models.catalog import model_cache_dir
-from ..models.manifest import MANIFEST, read_manifest
 from .environment import environment
 from .profile import (PLAIN, Choice, DeviceProfile, choose, k_label, load_profile, model_fingerprint,
                             profile_key, profile_path, save_profile)
@@ -70,10 +69,8 @@ def quantized_self_drafters(target: LoadedModel) -> list[str]:
     """`model:<dir>` for every int4/int8 dynamic ONNX artifact beside a float ONNX target that was exported from the
     same source file (provenance source_sha256): the same weights with 8-bit activations, the most accepted drafter
     measured for float targets (README, "Drafters": 1.42x on SmolLM2 fp32, 1.58x behind prompt lookup)."""
-    if target.kind is not BackendKind.ONNX or not (target.path / MANIFEST).is_file():
-        return []
-    manifest = read_manifest(target.path)
-    if manifest.weight_format not in ("fp32", "fp16"):
+    manifest = target.manifest
+    if manifest is None or manifest.weight_format not in ("fp32", "fp16"):
         return []
     source = manifest.raw.get("provenance", {}).get("source_sha256")
     found = []

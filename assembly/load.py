@@ -18,7 +18,7 @@ import numpy as np
 
 from ..models.catalog import model_cache_dir, resolve_model
 from ..models.errors import ModelFileError
-from ..models.manifest import MANIFEST, PAD_ROW_ATTENTION, PAD_ROW_NONE, Profile, read_manifest
+from ..models.manifest import MANIFEST, Manifest, PAD_ROW_ATTENTION, PAD_ROW_NONE, Profile, read_manifest
 from ..models.gguf_in import GGUFModel, open_gguf
 from ..runtime.backends import Backend, BackendKind, open_backend, open_onnx
 from ..runtime.drafters import (Drafter, DrafterInputs, DrafterKind, DrafterSpec, DraftModel, ModelSpec,  # noqa: F401
@@ -35,6 +35,7 @@ class LoadedModel:
     backend: Backend
     kind: BackendKind
     vocab_ids: np.ndarray | None = None  # int32 [N] when the backend is a VocabTrim drafter graph (logits [T, N])
+    manifest: Manifest | None = None  # onnx: the artifact's manifest, read and verified once by load_onnx
 
 
 def artifact_name(model: str, weights: str, via: str = "specedge", profile: Profile = Profile.DYNAMIC,
@@ -85,7 +86,8 @@ def load_onnx(name_or_path: str, *, device: str = "auto", threads: int | None = 
         manifest = drafter_manifest(manifest, vocab)
     tokenizer = _artifact_tokenizer(root, manifest)
     backend = open_onnx(manifest, device=device, threads=threads, log=log)  # by the manifest's format and profile
-    return LoadedModel(root, None, tokenizer, backend, BackendKind.ONNX, None if vocab is None else vocab.ids)
+    return LoadedModel(root, None, tokenizer, backend, BackendKind.ONNX, None if vocab is None else vocab.ids,
+                       manifest)
 
 
 def _artifact_tokenizer(root: Path, manifest) -> Tokenizer:
@@ -123,9 +125,9 @@ def batch_invariance_warning(model: LoadedModel, cpu_flags: Sequence[str]) -> st
     differently from a verify call's rows (docs/onnx.md "Batch invariance"). The GPU graph has no pad row at all: on
     any device and CPU (CUDA picks other kernels for other row counts and attends in float16; the CPU provider takes
     its one-row paths), in any weight format (docs/accelerators.md)."""
-    if model.kind is not BackendKind.ONNX or not (model.path / MANIFEST).is_file():
+    manifest = model.manifest
+    if manifest is None:
         return None
-    manifest = read_manifest(model.path)
     if manifest.pad_row == PAD_ROW_NONE:
         return (f"{model.path.name} is a GPU graph (exported with --gpu: no batch-invariance pad row): a token's "
                 "logits depend on how many tokens its call verifies (CUDA kernels chosen by row count, float16 attention; "

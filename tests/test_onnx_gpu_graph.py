@@ -113,11 +113,11 @@ def test_tree_drafters_are_refused_with_the_reason(gpu_pair):
 
 def test_batch_invariance_warning_names_the_gpu_graph(gpu_pair):
     be, _, d = gpu_pair
-    gpu = LoadedModel(d / "gpu", None, None, be, BackendKind.ONNX)
+    gpu = LoadedModel(d / "gpu", None, None, be, BackendKind.ONNX, manifest=read_manifest(d / "gpu"))
     for flags in (AVX2, ("avx2", "avx512f")):
         note = batch_invariance_warning(gpu, flags)
         assert note is not None and "GPU graph" in note and "without --gpu" in note
-        cpu = LoadedModel(d / "cpu", None, None, be, BackendKind.ONNX)
+        cpu = LoadedModel(d / "cpu", None, None, be, BackendKind.ONNX, manifest=read_manifest(d / "cpu"))
         assert batch_invariance_warning(cpu, flags) is None
 
 
@@ -129,7 +129,8 @@ def test_batch_invariance_warning_for_attention_only_pad_rows_is_unchanged(gpu_p
     m = json.loads(path.read_text())
     del m["io"]["pad_row"]
     path.write_text(json.dumps(m))
-    old = LoadedModel(tmp_path / "old", None, None, be, BackendKind.ONNX)
+    old = LoadedModel(tmp_path / "old", None, None, be, BackendKind.ONNX, manifest=read_manifest(tmp_path / "old",
+                                                                                               verify=False))
     assert "before the pad row" in batch_invariance_warning(old, AVX2)
     assert batch_invariance_warning(old, ("avx2", "avx512f")) is None
 

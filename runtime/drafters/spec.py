@@ -123,58 +123,51 @@ class ModelSpec(DrafterSpec):
 
 
 @dataclass(frozen=True)
-class SkipSpec(DrafterSpec):
-    """Balanced layer skip at speed ratio R (2.3)."""
-    kind: ClassVar[DrafterKind] = DrafterKind.SKIP
-    ratio: float = 2.0
-    stop: StopSpec | None = None
+class _LayeredSpec(DrafterSpec):
+    """The self-speculative drafters that run the target's own layers: they need a backend with layer plans."""
 
     @property
     def backend_needs(self) -> frozenset[BackendNeed]:
         return _LAYERED
+
+
+@dataclass(frozen=True)
+class SkipSpec(_LayeredSpec):
+    """Balanced layer skip at speed ratio R (2.3)."""
+    kind: ClassVar[DrafterKind] = DrafterKind.SKIP
+    ratio: float = 2.0
+    stop: StopSpec | None = None
 
     def __str__(self) -> str:
         return f"skip:{format_number(self.ratio)}{_suffix(self.stop)}"
 
 
 @dataclass(frozen=True)
-class SwiftSpec(DrafterSpec):
+class SwiftSpec(_LayeredSpec):
     """SWIFT's on-the-fly skip-set search (2.3)."""
     kind: ClassVar[DrafterKind] = DrafterKind.SWIFT
     stop: StopSpec | None = None
-
-    @property
-    def backend_needs(self) -> frozenset[BackendNeed]:
-        return _LAYERED
 
     def __str__(self) -> str:
         return f"swift{_suffix(self.stop)}"
 
 
 @dataclass(frozen=True)
-class ExitSpec(DrafterSpec):
+class ExitSpec(_LayeredSpec):
     """Early exit after `layer` layers (2.4)."""
     kind: ClassVar[DrafterKind] = DrafterKind.EXIT
     layer: int = 1
     stop: StopSpec | None = None
-
-    @property
-    def backend_needs(self) -> frozenset[BackendNeed]:
-        return _LAYERED
 
     def __str__(self) -> str:
         return f"exit:{self.layer}{_suffix(self.stop)}"
 
 
 @dataclass(frozen=True)
-class DelSpec(DrafterSpec):
+class DelSpec(_LayeredSpec):
     """DEL: exit layer and draft length from shadow tokens (2.4)."""
     kind: ClassVar[DrafterKind] = DrafterKind.DEL
     stop: StopSpec | None = None
-
-    @property
-    def backend_needs(self) -> frozenset[BackendNeed]:
-        return _LAYERED
 
     def __str__(self) -> str:
         return f"del{_suffix(self.stop)}"
