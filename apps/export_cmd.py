@@ -18,7 +18,6 @@ layer-subset GGUF drafter for llama.cpp.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -26,9 +25,9 @@ import click
 
 from ..models.gguf_in import open_gguf
 from ..models.hf_in import is_hf_dir, open_hf
-from ..models.catalog import model_cache_dir, pid_alive, resolve_model
-from ..models.manifest import MANIFEST
+from ..models.catalog import model_cache_dir, resolve_model
 from ..assembly.load import artifact_name
+from ..export.publish import publish, stage_dir
 
 ONNX_WEIGHTS = ("fp32", "fp16", "int8", "int4", "int8-dynamic")
 GGUF_DTYPES = {"fp32": "f32", "fp16": "f16", "keep": "keep"}
@@ -163,7 +162,7 @@ def export_cmd(model, fmt, weights, out, layers, profile, gpu, verify_width, max
                 manifest = export_gguf_to_onnx(source, stage, WeightFormat(weights), tolerance=tolerance,
                                                threads=threads, profile=export_profile)
         except ParityError as e:
-            _publish(stage, out)
+            publish(stage, out)
             raise click.ClickException(f"{e}\nthe artifact in {out} is kept for inspection and marked failed") from None
         except (ValueError, ImportError) as e:
             raise click.ClickException(str(e)) from None
@@ -173,7 +172,7 @@ def export_cmd(model, fmt, weights, out, layers, profile, gpu, verify_width, max
         if drafter_vocab is not None:
             _export_drafter_vocab(stage, source, hf_model, weights, drafter_vocab, calib_target or model, calib_limit,
                                   calib_tokens, cache_dir, threads)
-        _publish(stage, out)
+        publish(stage, out)
     finally:
         shutil.rmtree(stage, ignore_errors=True)  # gone already when published
     click.echo(str(out))
@@ -194,28 +193,10 @@ def _check_gpu(fmt, profile, via, weights, drafter_vocab, lora_drop) -> None:
 
 
 def _stage_dir(out: Path) -> Path:
-    """A fresh sibling `.<name>.partial-<pid>` to export into; `out` only ever receives a finished artifact, so an
-    export killed midway leaves no directory a later run would trust. Stale stages of dead exports are removed."""
-    if out.exists() and not (out / MANIFEST).is_file() and (not out.is_dir() or any(out.iterdir())):
-        raise click.ClickException(f"--out {out} exists and is not an exported artifact (no {MANIFEST}); pass a new "
-                                   "or empty directory")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    for stale in out.parent.glob(f".{out.name}.partial-*"):
-        pid = stale.name.rpartition("-")[2]
-        if pid.isdigit() and not pid_alive(int(pid)):
-            shutil.rmtree(stale, ignore_errors=True)
-    stage = out.with_name(f".{out.name}.partial-{os.getpid()}")
-    shutil.rmtree(stage, ignore_errors=True)
-    return stage
-
-
-def _publish(stage: Path, out: Path) -> None:
-    """Move a finished export into `out`; a previous artifact there is set aside first and removed after."""
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    if out.exists():
-        os.replace(out, old)
-    os.replace(stage, out)
-    shutil.rmtree(old, ignore_errors=True)
+    try:
+        return stage_dir(out)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
 
 
 def _export_drafter_vocab(out, source, hf_model, weights, n, target, limit, tokens, cache_dir, threads) -> None:
