@@ -87,10 +87,11 @@ def quantized_self_drafters(target: LoadedModel) -> list[str]:
 
 def load_or_measure(target: LoadedModel, label: str, specs: Sequence[str], *, threads: int | None, device: str,
                     cache_dir: Path | None, ctx: int | None = None, force: bool = False,
-                    settings: MeasureSettings = MeasureSettings(), log: Log = lambda m: None
-                    ) -> tuple[DeviceProfile, Path]:
+                    settings: MeasureSettings = MeasureSettings(), log: Log = lambda m: None,
+                    step: Log = lambda m: None) -> tuple[DeviceProfile, Path]:
     """The cached profile when it is valid for this target and covers `specs`; else measure (all of `specs` plus
-    what the old profile had), cache and return it. force=True always re-measures."""
+    what the old profile had), cache and return it. force=True always re-measures. `step` is called after each
+    part of a measurement (profile_measure.measure_steps(len(specs), settings) calls; none when cached)."""
     device = device if target.kind is BackendKind.ONNX else "cpu"
     threads = threads or min(os.cpu_count() or 1, 8)  # the backends' default: `generate` without --threads shares
     # the profile `bench --threads N` measured when N is that default
@@ -108,7 +109,7 @@ def load_or_measure(target: LoadedModel, label: str, specs: Sequence[str], *, th
         "prompts twice)")
     drafters = {s: make_drafter(parse_drafter(s), target, ctx=ctx, threads=threads, cache_dir=cache_dir,
                                 device=device) for s in specs}
-    fields = measure(target, drafters, settings, log=log)
+    fields = measure(target, drafters, settings, log=log, step=step)
     profile = DeviceProfile(key=key, target=label, backend=target.kind.value, model=str(target.path),
                             fingerprint=fingerprint, threads=threads, device=device, machine=environment(threads),
                             created=time.strftime("%Y-%m-%d %H:%M:%S"), **fields)

@@ -128,10 +128,16 @@ def run_rounds(target, drafter, prompts: Sequence[Prompt], k: int, max_tokens: i
     return log
 
 
+def measure_steps(n_drafters: int, settings: MeasureSettings) -> int:
+    """How many times `measure` calls `step`: the curve, plain decoding, and each drafter once or twice."""
+    return 2 + n_drafters * (2 if settings.adaptive else 1)
+
+
 def measure(target, drafters: dict[str, object], settings: MeasureSettings = MeasureSettings(),
-            log: Callable[[str], None] = lambda m: None) -> dict:
+            log: Callable[[str], None] = lambda m: None, step: Callable[[str], None] = lambda m: None) -> dict:
     """The measured fields of a DeviceProfile: verify_s, overhead_s, plain_tok_s_measured, drafters, ctx.
-    target: an apps.engine.LoadedModel; drafters: spec string -> built drafter (tree drafters are not tuned here)."""
+    target: an assembly.load.LoadedModel; drafters: spec string -> built drafter (tree drafters are not tuned here).
+    `step` is called after each of the measure_steps(...) parts (a progress bar)."""
     backend = target.backend
     ctx = max(8, min(settings.ctx, context_of(backend) // 2))
     rng = np.random.default_rng(0)
@@ -139,8 +145,10 @@ def measure(target, drafters: dict[str, object], settings: MeasureSettings = Mea
     verify_s = verify_curve(backend, settings.k_max + 1, ctx, settings.reps, rng)
     log(f"T(n) for n = 1..{settings.k_max + 1} at cache length {ctx}: "
         + " ".join(f"{1e3 * t:.1f}" for t in verify_s) + f" ms ({time.perf_counter() - t0:.1f} s)")
+    step("T(n)")
     prompts = dev_prompts(settings.prompts)
     plain = run_rounds(target, None, prompts, 0, settings.max_tokens, settings.prompt_tokens)
+    step("plain")
     over_x, over_y = [], []
     logs, adaptive = {}, {}
     for spec, drafter in drafters.items():
@@ -148,12 +156,14 @@ def measure(target, drafters: dict[str, object], settings: MeasureSettings = Mea
         logs[spec] = run_rounds(target, drafter, prompts, settings.k_max, settings.max_tokens,
                                  settings.prompt_tokens)
         log(f"drafter {spec}: {logs[spec].summary()} ({time.perf_counter() - t0:.1f} s)")
+        step(spec)
         if settings.adaptive:
             t0 = time.perf_counter()
             adaptive[spec] = run_rounds(target, drafter, prompts, settings.k_max, settings.max_tokens,
                                         settings.prompt_tokens, adaptive=True)
             log(f"drafter {spec}, adaptive k<={settings.k_max}: {adaptive[spec].summary()} "
                 f"({time.perf_counter() - t0:.1f} s)")
+            step(f"{spec} adaptive")
     for r in plain.rounds + [r for lg in logs.values() for r in lg.rounds]:
         over_x.append(r.k + 1)
         over_y.append(max(r.verify_s - r.forward_s, 0.0))

@@ -115,6 +115,26 @@ def is_verified(path: Path, entry: CatalogEntry) -> bool:
     return True
 
 
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 of a file, read from its sidecar when the sidecar matches the file's size and mtime (else hashed and
+    the sidecar written): the planner matches exported artifacts to their source by it without re-hashing."""
+    path = Path(path)
+    side = _sidecar(path)
+    try:
+        cached = json.loads(side.read_text())
+        if isinstance(cached, dict) and cached.get("sha256") and {k: cached.get(k) for k in ("size", "mtime_ns")} \
+                == _stamp(path):
+            return str(cached["sha256"])
+    except (OSError, ValueError):
+        pass
+    digest = _sha256_file(path)
+    try:
+        side.write_text(json.dumps({"sha256": digest, **_stamp(path)}))
+    except OSError:
+        pass
+    return digest
+
+
 def cached_path(entry: str | CatalogEntry, cache_dir: str | Path | None = None) -> Path | None:
     """The verified cached file of a catalogue model, or None."""
     entry = get_entry(entry)

@@ -1,0 +1,230 @@
+"""The plan: which engine, weight format, drafter and draft length decode a model fastest on this machine.
+
+The planner (assembly/plan_run.py) measures one device profile (assembly/profile.py) per candidate *target* (an
+engine running one artifact of the model: llama.cpp on the GGUF, ONNX Runtime on each int4/int8/fp32 artifact, a
+layered artifact for self-speculation) and this module turns the profiles into a Plan:
+
+    per target: choose(profile) predicts tokens/s of plain decoding and of every drafter at every k (fixed or
+                adaptive) from its verify-cost curve T(n) and acceptance (docs/algorithms.md 5)
+    calibrate:  each target's predictions are scaled by measured / predicted plain tokens/s of the same target, so
+                engines compare on what was measured, not on how well the cost model fits each engine
+    choose:     the fastest calibrated candidate over all targets; a speculative one must beat the fastest PLAIN
+                candidate (any engine) by `margin` (3%), else that plain engine is chosen: the plan is never slower
+                than the fastest plain engine beyond noise.
+
+Example: llama.cpp plain measured 105 tok/s; ONNX int4 plain measured 86, predicted 90 (scale 0.956); its ngram
+adaptive predicted 130 -> calibrated 124.3 -> chosen (1.18x over llama.cpp plain). Had ngram calibrated to 107
+(< 105 x 1.03), llama.cpp plain would be chosen.
+
+Plans are cached at <model cache>/plans/<key>.json; the key covers the source model's fingerprint, the threads,
+the CPU (model name and SIMD flags) and the versions of specedge and the engines, so a new machine, package or
+model file re-plans. A plan whose measured artifacts are gone (`specedge rm`) is re-made.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from ..runtime.backends import BackendKind
+from .environment import SIMD, cpu_info
+from .profile import PLAIN, DeviceProfile, choose, k_label
+
+PLAN_VERSION = 1
+PLAN_MARGIN = 0.03  # a speculative configuration must be predicted this much faster than the fastest plain engine
+_PACKAGES = ("specedge", "numpy", "onnxruntime", "llama_cpp_python", "tokenizers")
+ENGINE_NAMES = {BackendKind.LLAMACPP.value: "llama.cpp", BackendKind.ONNX.value: "onnx",
+                BackendKind.NUMPY.value: "numpy"}
+
+
+@dataclass(frozen=True)
+class PlanTarget:
+    """One engine running one artifact of the model."""
+    engine: str  # BackendKind value
+    path: str  # the GGUF file or the artifact directory
+    label: str  # what the table shows: "llama.cpp q4_1", "onnx int4", "onnx layered-int4"
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One candidate configuration on one target: predicted (calibrated) tokens/s and what was measured."""
+    target: str  # PlanTarget.label
+    engine: str
+    path: str
+    drafter: str  # PLAIN or a DrafterSpec string
+    k: int
+    adaptive: bool
+    predicted_tok_s: float  # calibrated to the target's measured plain speed
+    measured_tok_s: float | None  # plain: measured plain; a drafter: its measured run at this k policy, if any
+
+    @property
+    def plain(self) -> bool:
+        return self.drafter == PLAIN
+
+    def describe(self) -> str:
+        """'onnx int4 + ngram k<=8' | 'llama.cpp q4_1 plain'"""
+        return f"{self.target} plain" if self.plain else f"{self.target} + {self.drafter} {k_label(self.k, self.adaptive)}"
+
+
+@dataclass
+class Plan:
+    """The rows of every target, which one is chosen, and the reference it is compared with."""
+    key: str
+    model: str  # the name the user gave
+    sources: list[str]  # every GGUF / artifact measured (`specedge rm` deletes plans that name a removed one)
+    rows: list[PlanRow]
+    chosen: int  # index into rows
+    reference: int  # the row the speedup is stated against: llama.cpp plain where measured, else the fastest plain
+    threads: int
+    machine: dict = field(default_factory=dict)
+    created: str = ""
+    seconds: float = 0.0  # wall time the planning took (exports + measurements)
+    version: int = PLAN_VERSION
+
+    @property
+    def choice(self) -> PlanRow:
+        return self.rows[self.chosen]
+
+    @property
+    def speedup(self) -> float:
+        return self.choice.predicted_tok_s / max(self.rows[self.reference].predicted_tok_s, 1e-9)
+
+    def summary(self) -> str:
+        """One line: 'onnx int4 + ngram k<=8, predicted 1.31x over llama.cpp q4_1 plain (118.2 vs 90.1 tok/s)'."""
+        ref = self.rows[self.reference]
+        if self.chosen == self.reference:
+            others = max((r.predicted_tok_s for r in self.rows if r is not ref), default=0.0)
+            return (f"{ref.describe()}, predicted {ref.predicted_tok_s:.1f} tok/s (fastest of {len(self.rows)} "
+                    f"candidates; next best {others:.1f} tok/s)")
+        return (f"{self.choice.describe()}, predicted {self.speedup:.2f}x over {ref.describe()} "
+                f"({self.choice.predicted_tok_s:.1f} vs {ref.predicted_tok_s:.1f} tok/s)")
+
+    def table(self) -> str:
+        """Markdown: every candidate with predicted and measured tokens/s, the chosen one marked."""
+        lines = ["| | target | drafter | k | predicted tok/s | measured tok/s | vs reference |",
+                 "|---|---|---|---|---|---|---|"]
+        ref = self.rows[self.reference].predicted_tok_s
+        for i, r in enumerate(sorted(self.rows, key=lambda r: -r.predicted_tok_s)):
+            mark = "**chosen**" if r is self.choice else "reference" if r is self.rows[self.reference] else ""
+            k = "-" if r.plain else k_label(r.k, r.adaptive)
+            measured = "-" if r.measured_tok_s is None else f"{r.measured_tok_s:.1f}"
+            lines.append(f"| {mark} | {r.target} | {r.drafter} | {k} | {r.predicted_tok_s:.1f} | {measured} | "
+                         f"{r.predicted_tok_s / max(ref, 1e-9):.2f}x |")
+        return "\n".join(lines) + "\n"
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["choice"] = {**asdict(self.choice), "summary": self.summary()}  # what `specedge models` shows
+        return out
+
+    @classmethod
+    def from_dict(cls, obj: dict) -> "Plan":
+        """Raises ValueError/TypeError/KeyError on a plan of another version or shape (the caller re-plans)."""
+        if obj.get("version") != PLAN_VERSION:
+            raise ValueError(f"plan version {obj.get('version')}, expected {PLAN_VERSION}")
+        fields = {k: v for k, v in obj.items() if k != "choice"}
+        fields["rows"] = [PlanRow(**r) for r in obj["rows"]]
+        plan = cls(**fields)
+        if not (0 <= plan.chosen < len(plan.rows) and 0 <= plan.reference < len(plan.rows)):
+            raise ValueError("plan indices out of range")
+        return plan
+
+
+def target_rows(target: PlanTarget, profile: DeviceProfile, drafters: Sequence[str]) -> list[PlanRow]:
+    """Plain decoding and, per drafter, its best k (fixed or adaptive) on one target, calibrated to the target's
+    measured plain tokens/s (module docstring)."""
+    choice = choose(profile, list(drafters))
+    scale = (profile.plain_tok_s_measured / choice.plain_tok_s
+             if profile.plain_tok_s_measured and choice.plain_tok_s > 0 else 1.0)
+    best: dict[str, object] = {}
+    for c in choice.candidates:
+        if c.drafter not in best or c.tok_s > best[c.drafter].tok_s * (1 + 1e-9):
+            best[c.drafter] = c
+    rows = []
+    for name, c in best.items():
+        measured = profile.plain_tok_s_measured if name == PLAIN else None
+        if name != PLAIN:
+            d = profile.drafters[name]
+            measured = (d.tok_s_adaptive if c.adaptive else d.tok_s_measured if c.k == d.k_max else None) or None
+        rows.append(PlanRow(target.label, target.engine, target.path, name, c.k, c.adaptive, c.tok_s * scale,
+                            measured))
+    return rows
+
+
+def select(rows: Sequence[PlanRow], margin: float = PLAN_MARGIN) -> tuple[int, int]:
+    """(chosen, reference) indices: the fastest row, unless it is speculative and not `margin` faster than the
+    fastest plain row (then that one); the reference is llama.cpp plain where present, else the fastest plain row.
+    Ties go to the earlier row. requires: at least one plain row."""
+    plains = [i for i, r in enumerate(rows) if r.plain]
+    if not plains:
+        raise ValueError("a plan needs plain decoding on at least one engine")
+    best_plain = max(plains, key=lambda i: (rows[i].predicted_tok_s, -i))
+    best = max(range(len(rows)), key=lambda i: (rows[i].predicted_tok_s, -i))
+    if not rows[best].plain and rows[best].predicted_tok_s < rows[best_plain].predicted_tok_s * (1 + margin):
+        best = best_plain
+    llama = [i for i in plains if rows[i].engine == BackendKind.LLAMACPP.value]
+    reference = max(llama, key=lambda i: rows[i].predicted_tok_s) if llama else best_plain
+    return best, reference
+
+
+# -- key and cache ------------------------------------------------------------------------------------------------
+
+def device_fingerprint() -> dict:
+    """What the plan depends on besides the model: the CPU and the versions of specedge and the engines."""
+    model, flags = cpu_info()
+    versions = {}
+    for name in _PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return {"cpu_model": model, "simd": sorted(f for f in flags if f in SIMD), "packages": versions}
+
+
+def plan_key(model_fingerprint: str, threads: int, weights: Sequence[str], device: dict | None = None) -> str:
+    """16 hex digits over the source model's fingerprint, threads, the weight formats planned, the device."""
+    device = device if device is not None else device_fingerprint()
+    text = json.dumps([PLAN_VERSION, model_fingerprint, threads, sorted(weights), device], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def plan_path(cache_root: Path, key: str) -> Path:
+    """<model cache>/plans/<key>.json"""
+    return Path(cache_root) / "plans" / f"{key}.json"
+
+
+def save_plan(plan: Plan, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(plan.to_dict(), indent=2))
+    tmp.replace(path)  # atomic
+    return path
+
+
+def load_plan(path: Path, key: str) -> tuple[Plan | None, str]:
+    """(plan, "") when `path` holds a valid plan with this key whose artifacts all still exist; else (None, why)."""
+    path = Path(path)
+    if not path.is_file():
+        return None, "no plan for this model, machine, threads and package versions yet"
+    try:
+        plan = Plan.from_dict(json.loads(path.read_text()))
+    except (ValueError, TypeError, KeyError) as e:
+        return None, f"the cached plan {path} is unreadable or from another version ({e})"
+    if plan.key != key:
+        return None, f"the cached plan {path} was made for another model, machine or package versions"
+    gone = [s for s in plan.sources if not Path(s).exists()]
+    if gone:
+        return None, f"the cached plan measured {gone[0]}, which is gone"
+    return plan, ""
+
+
+def new_plan(key: str, model: str, targets: Sequence[PlanTarget], rows: Sequence[PlanRow], threads: int,
+             machine: dict, seconds: float, margin: float = PLAN_MARGIN) -> Plan:
+    chosen, reference = select(rows, margin)
+    return Plan(key, model, [t.path for t in targets], list(rows), chosen, reference, threads, machine,
+                time.strftime("%Y-%m-%d %H:%M:%S"), seconds)

@@ -1,0 +1,280 @@
+"""Making a plan (assembly/plan.py) for a model on this machine: find the candidate targets, export the ONNX ones on
+demand, measure each target's device profile with a bounded budget, choose, cache.
+
+    GGUF model (catalogue name or path)
+        llama.cpp on the GGUF                                   drafters: ngram, catalogue draft models (pulled,
+                                                                same tokenizer, smaller file)
+        ONNX Runtime on <model>-onnx-<w>, w in PlanSettings.weights (default int4, int8): exported into the cache
+                                                                on first use (parity-gated) where memory allows;
+                                                                drafters: ngram
+        every other CPU artifact in the cache exported from the same GGUF (SHA-256 of the source): fp32 with the
+                                                                quantized self-drafter + lookup hybrid, a layered
+                                                                artifact with layer skip
+    exported artifact (directory or cache name): that artifact only (its manifest names the engine)
+
+Measurement (PLAN_MEASURE): T(n) for n = 1..9, then each drafter decodes 6 dev prompts (one per Spec-Bench task) x
+64 tokens at fixed k = 8 and with the adaptive length. For SmolLM2-135M on 2 cores: about 15 s per target with
+n-gram only, 40 s with the self-drafter hybrid; an int4/int8 export about 15 s each. Profiles are cached per
+target (assembly/auto.py), so a plan re-made after a package upgrade re-measures, but adding a target does not
+re-measure the others.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from ..models.catalog import CATALOG, cached_path, file_sha256, model_cache_dir, resolve_model
+from ..models.gguf_in import open_gguf
+from ..models.manifest import MANIFEST, PAD_ROW_NONE
+from ..runtime.backends import BackendKind
+from .auto import candidate_specs, load_or_measure
+from .environment import environment
+from .load import artifact_name, load_model
+from .plan import Plan, PlanTarget, load_plan, new_plan, plan_key, plan_path, save_plan, target_rows
+from .profile import model_fingerprint
+from .profile_measure import MeasureSettings, measure_steps
+
+if TYPE_CHECKING:
+    from .decoder import DecodeSettings, ModelSettings
+
+Log = Callable[[str], None]
+PLAN_MEASURE = MeasureSettings(k_max=8, reps=5, prompts=6, max_tokens=64, prompt_tokens=256)
+PLAN_WEIGHTS = ("int4", "int8")  # ONNX weight formats exported on demand for a GGUF model
+_BYTES_PER_WEIGHT = {"int4": 0.6, "int8": 1.1, "fp16": 2.0, "fp32": 4.0}  # artifact bytes per parameter, about
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    threads: int | None = None  # None: the backends' default, min(cpu count, 8)
+    weights: tuple[str, ...] = field(default_factory=lambda: PLAN_WEIGHTS)  # ONNX formats exported on demand
+    export: bool = True  # export missing artifacts (False: plan over what is cached)
+    measure: MeasureSettings = field(default_factory=lambda: PLAN_MEASURE)
+    progress: bool = True  # a progress bar on stderr
+
+
+def resolved_threads(threads: int | None) -> int:
+    return threads or min(os.cpu_count() or 1, 8)
+
+
+def is_artifact(model: str, cache_dir: Path | None = None) -> bool:
+    """An exported artifact directory, or the cache name of one."""
+    p = Path(model)
+    return (p / MANIFEST).is_file() or (model_cache_dir(cache_dir) / model / MANIFEST).is_file()
+
+
+def plan_for(model: str, settings: PlanSettings = PlanSettings(), *, cache_dir: Path | None = None,
+             refresh: bool = False, log: Log = lambda m: None) -> tuple[Plan, bool]:
+    """The cached plan for `model` on this machine, or a new one (measured now; `refresh` always re-measures).
+    Returns (plan, made_now). Raises ValueError/ModelFileError naming the problem (no engine can run the model)."""
+    threads = resolved_threads(settings.threads)
+    source = _source_path(model, cache_dir)
+    key = plan_key(model_fingerprint(source), threads, settings.weights if not is_artifact(model, cache_dir) else ())
+    path = plan_path(model_cache_dir(cache_dir), key)
+    if not refresh:
+        plan, why = load_plan(path, key)
+        if plan is not None:
+            return plan, False
+        log(f"plan: {why}; measuring this machine (first use; Ctrl-C skips, `--no-plan` never plans)")
+    t0 = time.perf_counter()
+    targets = discover_targets(model, settings, cache_dir=cache_dir, log=log)
+    rows = measure_targets(targets, settings, threads, cache_dir=cache_dir, force=refresh, log=log)
+    plan = new_plan(key, model, targets, rows, threads, environment(threads), time.perf_counter() - t0)
+    save_plan(plan, path)
+    log(f"plan saved to {path} ({plan.seconds:.0f} s)")
+    return plan, True
+
+
+def _source_path(model: str, cache_dir: Path | None) -> Path:
+    if is_artifact(model, cache_dir):
+        p = Path(model)
+        return p if (p / MANIFEST).is_file() else model_cache_dir(cache_dir) / model
+    return resolve_model(model, cache_dir)
+
+
+def discover_targets(model: str, settings: PlanSettings, *, cache_dir: Path | None = None,
+                     log: Log = lambda m: None) -> list[PlanTarget]:
+    """The targets worth measuring for `model` (module docstring); each engine only where its package is
+    installed. Raises ValueError when none is."""
+    if is_artifact(model, cache_dir):
+        root = _source_path(model, cache_dir)
+        raw = json.loads((root / MANIFEST).read_text())
+        return [PlanTarget(BackendKind.ONNX.value, str(root), _artifact_label(raw))]
+    gguf = resolve_model(model, cache_dir)
+    targets = []
+    if importlib.util.find_spec("llama_cpp") is not None:
+        targets.append(PlanTarget(BackendKind.LLAMACPP.value, str(gguf), f"llama.cpp {_gguf_type(gguf)}"))
+    else:
+        log("plan: llama-cpp-python is not installed (pip install 'specedge[llama]'): llama.cpp not planned")
+    if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnx") is None:
+        log("plan: onnxruntime is not installed (pip install 'specedge[onnx]'): ONNX Runtime not planned")
+    else:
+        targets += _onnx_targets(model, gguf, settings, cache_dir, log)
+    if not targets:
+        raise ValueError("no engine to plan: install llama-cpp-python or onnxruntime (pip install "
+                         "'specedge[llama,onnx]')")
+    return targets
+
+
+def _onnx_targets(model: str, gguf: Path, settings: PlanSettings, cache_dir: Path | None, log: Log
+                  ) -> list[PlanTarget]:
+    sha = file_sha256(gguf)
+    found: dict[str, PlanTarget] = {}
+    for w in settings.weights:
+        out = model_cache_dir(cache_dir) / artifact_name(model, w)
+        if not _artifact_matches(out, sha) and settings.export:
+            why = _cannot_export(gguf, w)
+            if why:
+                log(f"plan: not exporting {out.name}: {why}")
+                continue
+            try:
+                export_onnx(gguf, out, w, settings.threads, log)
+            except (ValueError, ImportError, RuntimeError) as e:
+                log(f"plan: the {w} export failed, ONNX {w} not planned: {e}")
+                continue
+        if _artifact_matches(out, sha):
+            found[str(out.resolve())] = PlanTarget(BackendKind.ONNX.value, str(out), f"onnx {w}")
+    for manifest in sorted(model_cache_dir(cache_dir).glob(f"*/{MANIFEST}")):  # other exports of the same GGUF
+        root = manifest.parent
+        if str(root.resolve()) not in found and _artifact_matches(root, sha, any_format=True):
+            found[str(root.resolve())] = PlanTarget(BackendKind.ONNX.value, str(root),
+                                                    _artifact_label(json.loads(manifest.read_text())))
+    return list(found.values())
+
+
+def _artifact_label(raw: dict) -> str:
+    profile = raw.get("profile", "dynamic")
+    return f"onnx {'' if profile == 'dynamic' else profile + '-'}{raw.get('weight_format', '?')}"
+
+
+def _gguf_type(path: Path) -> str:
+    stem = Path(path).stem
+    return stem.rpartition(".")[2].lower() if "." in stem else "gguf"
+
+
+def _artifact_matches(root: Path, sha: str, any_format: bool = False) -> bool:
+    """A finished, parity-passed CPU artifact (dynamic, or layered with any_format) exported from this GGUF."""
+    try:
+        raw = json.loads((Path(root) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    parity = raw.get("parity")
+    profiles = ("dynamic", "layered") if any_format else ("dynamic",)
+    return (raw.get("provenance", {}).get("source_sha256") == sha and raw.get("profile", "dynamic") in profiles
+            and raw.get("io", {}).get("pad_row") != PAD_ROW_NONE and isinstance(parity, dict)
+            and bool(parity.get("passed")) and raw.get("format") == "specedge-onnx")
+
+
+def _cannot_export(gguf: Path, weights: str) -> str | None:
+    """Why `weights` should not be exported here (None: go): an architecture our builder does not emit, or an
+    artifact that would take more than half the memory available now."""
+    from ..models.families import SUPPORTED_ARCHS
+    model = open_gguf(gguf)
+    if model.config.arch not in SUPPORTED_ARCHS:
+        return f"our ONNX builder does not emit the {model.config.arch} architecture"
+    n_params = sum(int(np.prod(shape)) for shape in model.config.tensor_names().values())
+    need = n_params * _BYTES_PER_WEIGHT.get(weights, 4.0)
+    avail = _available_memory()
+    if avail is not None and need > avail / 2:
+        return f"it needs about {need / 1e9:.1f} GB, half the available memory is {avail / 2e9:.1f} GB"
+    return None
+
+
+def _available_memory() -> int | None:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def export_onnx(gguf: Path, out: Path, weights: str, threads: int | None, log: Log) -> Path:
+    """Export the GGUF to a parity-gated ONNX artifact at `out` (staged, then published atomically)."""
+    from ..export.onnx_export import WeightFormat, export_gguf_to_onnx
+    from ..export.publish import publish, stage_dir
+    log(f"plan: exporting {out.name} (ONNX {weights}, parity-gated; once)")
+    t0 = time.perf_counter()
+    stage = stage_dir(out)
+    try:
+        export_gguf_to_onnx(open_gguf(gguf), stage, WeightFormat(weights), threads=threads)
+        publish(stage, out)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    log(f"plan: exported {out.name} ({time.perf_counter() - t0:.0f} s)")
+    return out
+
+
+def draft_models(target_gguf: Path, cache_dir: Path | None) -> list[str]:
+    """`model:<name>` for every pulled catalogue model smaller than the target whose tokenizer is the target's."""
+    from ..runtime.tokenizer import Tokenizer
+    size = Path(target_gguf).stat().st_size
+    mine = None
+    out = []
+    for entry in CATALOG.values():
+        path = cached_path(entry, cache_dir)
+        if path is None or path.stat().st_size >= size:
+            continue
+        try:
+            mine = mine or Tokenizer(open_gguf(target_gguf).tokenizer_spec()).fingerprint()
+            if Tokenizer(open_gguf(path).tokenizer_spec()).fingerprint() == mine:
+                out.append(f"model:{entry.name}")
+        except (ValueError, OSError):
+            continue
+    return out
+
+
+def measure_targets(targets: list[PlanTarget], settings: PlanSettings, threads: int, *,
+                    cache_dir: Path | None = None, force: bool = False, log: Log = lambda m: None) -> list:
+    """Every target's plan rows (plain and the best k of each drafter), its profile measured or read from cache."""
+    bar = _bar(settings.progress)
+    say = bar.write if settings.progress else log
+    rows = []
+    try:
+        for t in targets:
+            loaded = load_model(t.path, BackendKind(t.engine), threads=threads, cache_dir=cache_dir, device="cpu")
+            specs = candidate_specs(loaded, [])
+            if t.engine == BackendKind.LLAMACPP.value:
+                specs += draft_models(Path(t.path), cache_dir)
+            bar.total = (bar.total or 0) + measure_steps(len(specs), settings.measure)
+            bar.set_description(t.label)
+            bar.refresh()
+            profile, _ = load_or_measure(loaded, t.label, specs, threads=threads, device="cpu", cache_dir=cache_dir,
+                                         force=force, settings=settings.measure, log=lambda m: None,
+                                         step=lambda _: bar.update(1))
+            del loaded
+            target_rows_ = target_rows(t, profile, specs)
+            best = max(target_rows_, key=lambda r: r.predicted_tok_s)
+            say(f"plan: {t.label}: plain {target_rows_[0].predicted_tok_s:.1f} tok/s, best {best.describe()} "
+                f"{best.predicted_tok_s:.1f} tok/s")
+            rows += target_rows_
+            bar.n = bar.total
+            bar.refresh()
+    finally:
+        bar.close()
+    return rows
+
+
+def _bar(enabled: bool):
+    from tqdm import tqdm
+    return tqdm(total=0, file=sys.stderr, disable=not enabled, unit="step", dynamic_ncols=True,
+                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}]")
+
+
+def apply_plan(plan: Plan, model: "ModelSettings", decode: "DecodeSettings"
+               ) -> tuple["ModelSettings", "DecodeSettings"]:
+    """The settings that run the plan's choice: its engine and artifact (ONNX on the CPU: the plan measured the
+    CPU), its drafter, k and length policy; the caller's ctx, threads, cache and verifier are kept."""
+    from dataclasses import replace
+    from ..runtime.drafters import parse_drafter
+    row = plan.choice
+    model = replace(model, model=row.path, backend=BackendKind(row.engine),
+                    device="cpu" if row.engine == BackendKind.ONNX.value else model.device)
+    decode = replace(decode, drafter=parse_drafter(row.drafter), k=max(row.k, 1), adaptive_k=row.adaptive)
+    return model, decode
