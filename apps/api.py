@@ -2,7 +2,7 @@
 and `chat` calls from any thread.
 
     from specedge import Engine
-    engine = Engine("smollm2-135m")  # llama.cpp; or Engine("smollm2-135m-onnx-int4", backend="onnx")
+    engine = Engine("smollm2-135m")  # the plan for this machine; Engine("smollm2-135m", plan=False): llama.cpp
     print(engine.chat([{"role": "user", "content": "Hi!"}], max_tokens=64).text)
     for chunk in engine.stream("Once upon a time", max_tokens=32, temperature=0.8, seed=1):
         print(chunk.text, end="", flush=True)
@@ -34,33 +34,43 @@ from ..runtime.verify import VerifierKind
 class Engine:
     """One loaded target (+ drafter); thread-safe calls, one at a time.
 
-    model: a catalogue name or GGUF path (numpy, llamacpp backends), or an exported ONNX artifact directory or
-    cache name (onnx). drafter: as `specedge generate --drafter` (none, ngram, model:<...>, recycle[:n], skip:<R>,
-    swift, exit:<l>, del, loradrop). ctx: positions the engine's KV cache holds (prompt + answer); default
-    min(model context, 4096).
+    model: a catalogue name or GGUF path, or an exported ONNX artifact directory or cache name. With none of
+    backend, drafter, k and device given and plan=True (the default), the engine runs the plan for this model and
+    machine (assembly/plan.py: engine, weight format, drafter and k measured fastest; measured on first use, then
+    cached; `self.plan` holds it); otherwise backend (default: the engine the model names), drafter (as `specedge
+    generate --drafter`; default ngram) and k (default 4) are honoured exactly. ctx: positions the engine's KV
+    cache holds (prompt + answer); default min(model context, 4096).
     `stream` yields runtime Responses (text, token, from_draft, tokens_per_s, finish_reason); `generate` and
     `chat` return a GenerationResult (text, tokens, finish_reason, prompt_tokens, stats).
     """
 
-    def __init__(self, model: str = "smollm2-135m", *, backend: str = "llamacpp", drafter: str = "ngram", k: int = 4,
-                 adaptive_k: bool = True, verifier: str = "chain", ctx: int | None = None,
+    def __init__(self, model: str = "smollm2-135m", *, backend: str | None = None, drafter: str | None = None,
+                 k: int | None = None, adaptive_k: bool = True, verifier: str = "chain", ctx: int | None = None,
                  threads: int | None = None, device: str = "auto", cache_dir: str | Path | None = None,
-                 log=None) -> None:
-        decode = DecodeSettings(parse_drafter(drafter), k, adaptive_k, VerifierKind(verifier))
-        settings = ModelSettings(model, BackendKind(backend), ctx=ctx, threads=threads, device=device,
-                                 cache_dir=Path(cache_dir) if cache_dir is not None else None)
-        self._init(Decoder(load(settings, log), settings, decode), model, drafter)
-
+                 log=None, plan: bool = True) -> None:
+        decode = DecodeSettings(parse_drafter(drafter or "ngram"), 4 if k is None else k, adaptive_k,
+                                VerifierKind(verifier))
+        settings = ModelSettings(model, BackendKind(backend) if backend else None, ctx=ctx, threads=threads,
+                                 device=device, cache_dir=Path(cache_dir) if cache_dir is not None else None)
+        self.plan = None
+        if plan and backend is None and drafter is None and k is None and device == "auto":
+            from ..assembly.plan_run import PlanSettings, apply_plan, plan_for
+            self.plan, _ = plan_for(model, PlanSettings(threads=threads, progress=False), cache_dir=settings.cache_dir,
+                                    log=log or (lambda m: None))
+            settings, decode = apply_plan(self.plan, settings, decode)
+        decoder = Decoder(load(settings, log), settings, decode)
+        self._init(decoder, model, str(decoder.settings.drafter))
     @classmethod
     def from_decoder(cls, decoder: Decoder, name: str) -> "Engine":
         """An Engine over an already built decoder (the CLI builds one from its options)."""
         engine = cls.__new__(cls)
+        engine.plan = None
         engine._init(decoder, name, str(decoder.settings.drafter))
         return engine
 
     def _init(self, decoder: Decoder, name: str, drafter_name: str) -> None:
         self.decoder, self.name, self.drafter_name = decoder, name, drafter_name
-        self.backend_kind = decoder.model_settings.backend.value
+        self.backend_kind = decoder.model.kind.value
         self.session = Session(decoder.model.backend, decoder.model_settings.ctx)
         self._lock = threading.Lock()
 

@@ -55,6 +55,32 @@ def predicted_vs_measured(tuned, rows: list[dict]) -> list[dict]:
     return out
 
 
+def _plan(model, threads, cache_dir):
+    from ..assembly.plan_run import PlanSettings, plan_for
+    plan, _ = plan_for(model, PlanSettings(threads=threads), cache_dir=cache_dir,
+                       log=lambda m: click.echo(m, err=True))
+    click.echo(f"plan: {plan.summary()}", err=True)
+    return plan
+
+
+def _plan_configs(plan, model, max_tokens, threads, ctx, cache_dir) -> list:
+    """Plain decoding on every engine/artifact the plan measured, and the plan's choice (labelled `plan:<target>`)
+    on its own."""
+    configs, seen = [], set()
+    for r in plan.rows:
+        if r.plain and r.path not in seen:
+            seen.add(r.path)
+            configs += bench.specedge_configs([f"{r.engine}:{r.path}"], [], [1], [False], model=model,
+                                              max_tokens=max_tokens, threads=threads, ctx=ctx, cache_dir=cache_dir)
+    c = plan.choice
+    if not c.plain:
+        chosen = bench.specedge_configs([f"{c.engine}:{c.path}"], [c.drafter], [max(c.k, 1)], [c.adaptive],
+                                        model=model, max_tokens=max_tokens, threads=threads, ctx=ctx,
+                                        cache_dir=cache_dir)[1:]  # [0] is plain on the same target, run above
+        configs += chosen
+    return configs
+
+
 def _split(values) -> list[str]:
     return [v for text in values for v in text.replace(",", " ").split()]
 
@@ -112,6 +138,9 @@ def _command_line() -> str:
               help="JSONL in the dev-set format, or a text file with one prompt per line (default: the shipped "
                    "Spec-Bench dev subset).")
 @click.option("--limit", type=click.IntRange(1, None), default=20, show_default=True)
+@click.option("--skip", type=click.IntRange(0, None), default=0, show_default=True,
+              help="Skip the first N prompts (of the round-robin order) before --limit: held-out prompts, e.g. "
+                   "--skip 12 leaves out the 6 the plan and device profiles measure on, twice over.")
 @click.option("--categories", default=None, help="Comma-separated categories or Spec-Bench tasks to keep.")
 @click.option("--group", type=click.Choice(["task", "category"]), default="task", show_default=True,
               help="Report by Spec-Bench task or by raw category.")
@@ -133,8 +162,12 @@ def _command_line() -> str:
 @click.option("--auto", is_flag=True,
               help="Per target, run the drafter and k the device profile predicts fastest (measured first if not "
                    "cached) and plain decoding; report predicted vs measured tok/s.")
-def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, categories, group, max_tokens, warmup,
-              trials, threads, ctx, baselines, out, cache_dir, profile_device, auto) -> None:
+@click.option("--plan", "use_plan", is_flag=True,
+              help="Add the plan for MODEL on this machine (`specedge plan`; measured first if not cached): its "
+                   "chosen configuration and plain decoding on every engine it measured. Plan targets replace "
+                   "--targets unless --targets is given too.")
+def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, skip, categories, group, max_tokens,
+              warmup, trials, threads, ctx, baselines, out, cache_dir, profile_device, auto, use_plan) -> None:
     """Benchmark MODEL (catalogue name or GGUF path) greedily: plain and speculative decoding on each target, and
     llama.cpp's own decoding as baselines; writes report.md, results.json and PNG plots to --out."""
     try:
@@ -142,7 +175,7 @@ def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, categ
     except ValueError:
         raise click.BadParameter(f"--k takes integers, got {list(ks)}") from None
     modes = {"off": [False], "on": [True], "both": [False, True]}[adaptive]
-    tuned = []
+    tuned, plan = [], None
     try:
         if profile_device or auto:
             tuned = tune_targets(_split(targets), _split(drafters), model=model, threads=threads, ctx=ctx,
@@ -150,12 +183,23 @@ def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, categ
             if not auto:
                 _write_profiles(tuned, out)
                 return
-        prompts = bench.read_prompts(prompts_file, limit=limit, categories=_split([categories or ""]), by=group)
+        prompts = bench.read_prompts(prompts_file, limit=skip + limit, categories=_split([categories or ""]),
+                                     by=group)[skip:]
+        if not prompts:
+            raise ValueError(f"--skip {skip} leaves no prompt")
         if tuned:  # --auto: plain + the chosen configuration on each target, at its k (fixed or adaptive)
             configs = [c for t in tuned for c in bench.specedge_configs(
                 [t.label], [t.choice.drafter], [max(t.choice.k, 1)], [t.choice.adaptive], model=model,
                 max_tokens=max_tokens,
                 threads=threads, ctx=ctx, cache_dir=cache_dir)]
+        elif use_plan:
+            plan = _plan(model, threads, cache_dir)
+            configs = _plan_configs(plan, model, max_tokens, threads, ctx, cache_dir)
+            given = click.get_current_context().get_parameter_source("targets") is click.core.ParameterSource.COMMANDLINE
+            if given:
+                configs += bench.specedge_configs(_split(targets), _split(drafters), k_list, modes, model=model,
+                                                  max_tokens=max_tokens, threads=threads, ctx=ctx,
+                                                  cache_dir=cache_dir)
         else:
             configs = bench.specedge_configs(_split(targets), _split(drafters), k_list, modes, model=model,
                                              max_tokens=max_tokens, threads=threads, ctx=ctx, cache_dir=cache_dir)
@@ -184,13 +228,19 @@ def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, categ
         "command": _command_line(),
         "environment": env,
         "settings": {"model": model, "targets": _split(targets), "drafters": _split(drafters), "k": k_list,
-                     "adaptive": adaptive, "prompts": str(prompts_file or "dev set"), "limit": limit,
+                     "adaptive": adaptive, "prompts": str(prompts_file or "dev set"), "limit": limit, "skip": skip,
                      "categories": categories, "group": group, "max_tokens": max_tokens, "warmup": warmup,
                      "trials": trials, "threads": threads, "ctx": ctx, "baselines": baselines},
         "categories": sorted({bench.group_of(group)(p) for p in prompts}),
         "prompts": [{"qid": p.qid, "category": p.category, "task": p.task} for p in prompts],
         "configs": bench.summarize(measured),
     }
+    if plan is not None:
+        c = plan.choice
+        results["settings"]["plan"] = True
+        results["plan"] = {"summary": plan.summary(), "key": plan.key, "target": f"{c.engine}:{c.path}",
+                           "drafter": c.drafter, "k": c.k, "adaptive": c.adaptive,
+                           "predicted_tok_s": c.predicted_tok_s, "table": plan.table()}
     if tuned:
         results["settings"].update(auto=True, profile_device=profile_device)
         results["auto"] = predicted_vs_measured(tuned, results["configs"])

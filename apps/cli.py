@@ -1,4 +1,4 @@
-"""`specedge` command line: pull, models, export, generate, chat, bench."""
+"""`specedge` command line: pull, models, export, plan, generate, chat, serve, bench."""
 from __future__ import annotations
 
 import json
@@ -18,6 +18,7 @@ from ..runtime.verify import VerifierKind
 from .bench_cmd import bench_cmd
 from .export_cmd import export_cmd
 from .chat_cmd import chat_command
+from .plan_cmd import plan_cmd
 from .serve_cmd import serve_cmd
 
 CACHE_OPT = click.option("--cache-dir", type=click.Path(path_type=Path), default=None,
@@ -26,17 +27,19 @@ CACHE_OPT = click.option("--cache-dir", type=click.Path(path_type=Path), default
 
 def decoding_options(f):
     opts = [
-        click.option("--backend", type=click.Choice([k.value for k in BackendKind]), default="llamacpp",
-                     show_default=True, help="Inference backend for the target (and a model drafter)."),
-        click.option("--drafter", default="ngram", show_default=True,
-                     help="none | ngram | recycle[:nodes] (token-recycling trees; tree backends) | "
+        click.option("--backend", type=click.Choice([k.value for k in BackendKind]), default=None,
+                     help="Inference engine (default: the plan's; without a plan the engine the model names: "
+                          "llama.cpp for a GGUF, ONNX Runtime for an exported artifact)."),
+        click.option("--drafter", default=None,
+                     help="Default: the plan's (else ngram). "
+                          "none | ngram | recycle[:nodes] (token-recycling trees; tree backends) | "
                           "model:<catalogue-name-or-gguf-path> (with --backend onnx: model:<exported-dir-or-name>), "
                           "optionally +tree[:<nodes>] (dynamic draft trees) or +lookup[:<n>] (prompt lookup first, the "
                           "model when no n-token match) | "
                           "skip:<R> | swift | exit:<layer> | del (self-speculative: the target's own layers; numpy or "
                           "a layered ONNX artifact), optionally +conf[:<t>] or +logistic[:<h>] to stop drafting early"),
-        click.option("--k", "k", type=click.IntRange(0, 64), default=4, show_default=True,
-                     help="Draft length (the maximum with --adaptive-k)."),
+        click.option("--k", "k", type=click.IntRange(0, 64), default=None,
+                     help="Draft length, the maximum with --adaptive-k (default: the plan's, else 4)."),
         click.option("--adaptive-k/--fixed-k", default=True, show_default=True,
                      help="Verify only the part of each draft that pays for its verification, learned online from "
                           "the target's call times and the drafter's acceptance (lossless either way)."),
@@ -57,9 +60,12 @@ def decoding_options(f):
                      help="ONNX Runtime execution provider (--backend onnx); auto says what it picked; openvino takes "
                           "a target (openvino:CPU|GPU|NPU, CPU when none)."),
         click.option("--auto", is_flag=True,
-                     help="Pick the drafter and k with the most expected tokens/s from this machine's device profile "
-                          "for the model/backend/threads (measured and cached on first use, 1-5 min); the choice "
-                          "goes to stderr. --drafter, if not ngram, is a candidate too."),
+                     help="Pick the drafter and k with the most expected tokens/s within one engine (--backend) from "
+                          "its device profile (measured and cached on first use); the choice goes to stderr."),
+        click.option("--no-plan", "no_plan", is_flag=True,
+                     help="Do not plan: run --backend/--drafter/--k as given, else the model's engine + ngram k<=4. "
+                          "(Without this, and without --backend/--drafter/--k/--auto/--device, the command runs the "
+                          "plan for this model and machine: `specedge plan MODEL`, measured on first use.)"),
         CACHE_OPT,
     ]
     for o in reversed(opts):
@@ -77,15 +83,43 @@ def call_from(o) -> CallSettings:
         raise click.BadParameter(str(e)) from None
 
 
+PLAN_OVERRIDES = ("backend", "drafter", "k", "lossy")  # given (not None): honoured exactly, no plan
+
+
+def wants_plan(o) -> bool:
+    """Plan unless --no-plan or any of --backend/--drafter/--k/--lossy/--auto/--device says what to run."""
+    return (not o.get("no_plan") and not o.get("auto") and o.get("device", "auto") == "auto"
+            and all(o.get(name) is None for name in PLAN_OVERRIDES))
+
+
 def settings_from(o) -> tuple[ModelSettings, DecodeSettings]:
-    """Typed load and decode settings from the parsed options (a bad --drafter fails here, before any load)."""
+    """Typed load and decode settings from the parsed options (a bad --drafter fails here, before any load); what
+    is not given takes the defaults (the engine the model names, ngram, k = 4)."""
     try:
-        drafter = parse_drafter(o["drafter"])
+        drafter = parse_drafter(o["drafter"] or "ngram")
     except ValueError as e:
         raise click.ClickException(str(e)) from None
-    model = ModelSettings(o["model"], BackendKind(o["backend"]), ctx=o["ctx"], threads=o["threads"],
-                          device=o["device"], cache_dir=o["cache_dir"])
-    return model, DecodeSettings(drafter, o["k"], o["adaptive_k"], VerifierKind(o["verifier"]), o.get("lossy"))
+    model = ModelSettings(o["model"], BackendKind(o["backend"]) if o["backend"] else None, ctx=o["ctx"],
+                          threads=o["threads"], device=o["device"], cache_dir=o["cache_dir"])
+    k = 4 if o["k"] is None else o["k"]
+    return model, DecodeSettings(drafter, k, o["adaptive_k"], VerifierKind(o["verifier"]), o.get("lossy"))
+
+
+def planned_settings(o) -> tuple[ModelSettings, DecodeSettings]:
+    """settings_from, with the plan's engine, artifact, drafter and k where wants_plan(o) (one line to stderr says
+    what was chosen); Ctrl-C while a plan is measured skips planning for this run."""
+    model_s, decode_s = settings_from(o)
+    if not wants_plan(o):
+        return model_s, decode_s
+    from ..assembly.plan_run import PlanSettings, apply_plan, plan_for
+    try:
+        plan, _ = plan_for(o["model"], PlanSettings(threads=o["threads"]), cache_dir=o["cache_dir"], log=_echo_err)
+    except KeyboardInterrupt:
+        _echo_err("plan: skipped (Ctrl-C); running the model's engine + ngram k<=4 (`specedge plan "
+                  f"{o['model']}` plans later, `--no-plan` never plans)")
+        return model_s, decode_s
+    _echo_err(f"plan: {plan.summary()}  [`specedge plan {o['model']}` shows the table; --no-plan opts out]")
+    return apply_plan(plan, model_s, decode_s)
 
 
 def _echo_err(m: str) -> None:
@@ -96,8 +130,8 @@ def setup(o) -> tuple[Decoder, CallSettings]:
     """The decoder and call settings from the parsed options (--auto: the device profile picks the drafter and k);
     load and start-up errors become clean CLI errors."""
     call = call_from(o)
-    model_s, decode_s = settings_from(o)
     try:
+        model_s, decode_s = planned_settings(o)
         target = load(model_s, log=_echo_err)
         if o.get("auto"):
             from ..assembly.auto import auto_settings
@@ -168,9 +202,10 @@ def generate(**o) -> None:
         raise click.ClickException(str(e)) from None
     if echo is not None:
         click.echo("")
-    s = decoder.settings  # --auto may have replaced the drafter, k and the length policy
-    drafter = str(s.drafter) if o.get("auto") else o["drafter"]
-    report = {"drafter": drafter, "backend": o["backend"], "k": s.k, "adaptive_k": s.adaptive_k,
+    s = decoder.settings  # the plan or --auto may have replaced the engine, drafter, k and the length policy
+    drafter, backend = str(s.drafter), decoder.model.kind.value
+    report = {"drafter": drafter, "backend": backend, "model": str(decoder.model.path), "k": s.k,
+              "adaptive_k": s.adaptive_k,
               "verifier": o["verifier"], **stats.to_dict()}
     if decoder.lossy is not None:
         report.update(drafter=str(NoneSpec()), lossy=decoder.label)
@@ -182,9 +217,9 @@ def generate(**o) -> None:
         click.echo(json.dumps({"text": result.text, "tokens": result.tokens,
                                "finish_reason": result.finish_reason.value, "stats": report}))
     if o["show_stats"] or o["baseline"]:
-        line = f"[{o['backend']} {report.get('lossy') or 'drafter=' + drafter} k={s.k}] {stats.summary()}"
+        line = f"[{backend} {report.get('lossy') or 'drafter=' + drafter} k={s.k}] {stats.summary()}"
         if base is not None:
-            line += (f"\n[{o['backend']} plain] {base_stats.tokens_per_s:.1f} tok/s -> speedup "
+            line += (f"\n[{backend} plain] {base_stats.tokens_per_s:.1f} tok/s -> speedup "
                      f"{report['speedup']:.2f}x, output identical to plain: {report['identical_to_baseline']}")
         click.echo(line, err=True)
 
@@ -193,8 +228,8 @@ def engine_from(o):
     """An Engine (apps/api.py) from the parsed decoding options; load errors become clean CLI errors."""
     from .api import Engine
     call_from(o)  # a bad sampling value fails before the model loads
-    model_s, decode_s = settings_from(o)
     try:
+        model_s, decode_s = planned_settings(o)
         target = load(model_s, log=_echo_err)
         if o.get("auto"):  # the profile's choice replaces --drafter / --k (assembly/auto.py)
             from ..assembly.auto import auto_settings
@@ -208,6 +243,7 @@ cli.add_command(export_cmd)
 cli.add_command(chat_command(decoding_options, engine_from))
 cli.add_command(bench_cmd)
 cli.add_command(serve_cmd)
+cli.add_command(plan_cmd)
 
 
 def main() -> None:

@@ -68,9 +68,14 @@ class ServerThread:
 
 @click.command("serve")
 @click.argument("model")
-@click.option("--backend", type=click.Choice([k.value for k in BackendKind]), default="llamacpp", show_default=True)
-@click.option("--drafter", default="ngram", show_default=True, help="As in `specedge generate --drafter`.")
-@click.option("--k", "k", type=click.IntRange(0, 64), default=4, show_default=True, help="Draft length (maximum).")
+@click.option("--backend", type=click.Choice([k.value for k in BackendKind]), default=None,
+              help="Default: the plan's (else the engine the model names).")
+@click.option("--drafter", default=None, help="As in `specedge generate --drafter` (default: the plan's, else ngram).")
+@click.option("--k", "k", type=click.IntRange(0, 64), default=None,
+              help="Draft length, the maximum with --adaptive-k (default: the plan's, else 4).")
+@click.option("--no-plan", "no_plan", is_flag=True,
+              help="Do not plan (without it, and without --backend/--drafter/--k/--device, the server runs the plan "
+                   "for this model and machine, measured on first use: `specedge plan MODEL`).")
 @click.option("--adaptive-k/--fixed-k", default=True, show_default=True)
 @click.option("--verifier", type=click.Choice([v.value for v in VerifierKind]), default="chain", show_default=True)
 @click.option("--ctx", type=click.IntRange(16, None), default=None,
@@ -103,12 +108,15 @@ def serve_cmd(**o) -> None:
     try:
         engine = Engine(o["model"], backend=o["backend"], drafter=o["drafter"], k=o["k"],
                         adaptive_k=o["adaptive_k"], verifier=o["verifier"], ctx=o["ctx"], threads=o["threads"],
-                        device=o["device"], cache_dir=o["cache_dir"], log=lambda m: click.echo(m, err=True))
+                        device=o["device"], cache_dir=o["cache_dir"], log=lambda m: click.echo(m, err=True),
+                        plan=not o["no_plan"])
     except (ValueError, FileNotFoundError, ImportError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
     config = ServerConfig(model_id=o["model_id"] or model_id_for(o["model"]), api_key=o["api_key"] or None,
                           max_queue=o["max_queue"], max_request_bytes=o["max_request_bytes"])
-    click.echo(f"specedge serve: {config.model_id} ({o['backend']}, drafter {o['drafter']}, ctx "
+    if engine.plan is not None:
+        click.echo(f"plan: {engine.plan.summary()}", err=True)
+    click.echo(f"specedge serve: {config.model_id} ({engine.backend_kind}, drafter {engine.drafter_name}, ctx "
                f"{engine.context_length}) on http://{o['host']}:{o['port']}/v1 - max queue {config.max_queue}, "
                f"API key {'required' if config.api_key else 'not required'}", err=True)
     uvicorn.run(create_app(engine, config), host=o["host"], port=o["port"], log_level=o["log_level"],

@@ -1,0 +1,204 @@
+"""The planner (assembly/plan.py, assembly/plan_run.py): the choice across engines on hand-made profiles (including
+ones where llama.cpp plain must win), calibration, the cache and what invalidates it, and the CLI defaults (plan
+when nothing is given, honour what is given) end to end on a tiny model."""
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from specedge.apps.cli import cli, wants_plan
+from specedge.assembly import plan as planmod
+from specedge.assembly import plan_run
+from specedge.assembly.plan import (PLAIN, Plan, PlanRow, PlanTarget, load_plan, new_plan, plan_key, save_plan,
+                                    select, target_rows)
+from specedge.assembly.profile import DeviceProfile, DrafterProfile
+from specedge.assembly.profile_measure import MeasureSettings
+from specedge.models.tiny import write_tiny_gguf
+from specedge.runtime.drafters import parse_drafter
+
+LLAMA = PlanTarget("llamacpp", "/m/model.gguf", "llama.cpp q4_1")
+INT4 = PlanTarget("onnx", "/m/model-onnx-int4", "onnx int4")
+
+
+def drafter(spec, accept, measured=0.0, adaptive=0.0, tau=0.0):
+    k = len(accept)
+    return DrafterProfile(spec, k, list(accept), [0.0] * k + [1.0], 0.0, 0.0, rounds=100, tok_s_measured=measured,
+                          tok_s_adaptive=adaptive, tau_adaptive=tau)
+
+
+def profile(verify_ms, drafters, plain_measured=None):
+    return DeviceProfile(key="k", target="t", backend="x", model="m", fingerprint="f", threads=2, device="cpu",
+                         ctx=128, verify_s=[t / 1e3 for t in verify_ms], overhead_s=[0.0, 0.0],
+                         drafters={d.spec: d for d in drafters}, plain_tok_s_measured=plain_measured)
+
+
+def row(target, drafter_, tok_s, engine=None, k=0, adaptive=False):
+    return PlanRow(target.label, engine or target.engine, target.path, drafter_, k, adaptive, tok_s, None)
+
+
+def test_target_rows_calibrate_to_the_measured_plain_speed():
+    # predicted plain 100 tok/s (T(1) = 10 ms), measured 80 -> every prediction of this target scaled by 0.8
+    p = profile([10, 11.5, 13, 15], [drafter("ngram", [0.8] * 3, measured=150)], plain_measured=80.0)
+    rows = target_rows(INT4, p, ["ngram"])
+    plain, ngram = rows
+    assert plain.drafter == PLAIN and plain.predicted_tok_s == pytest.approx(80.0)
+    assert plain.measured_tok_s == pytest.approx(80.0)
+    # the docstring example of assembly/profile.py: ngram k = 3 predicted 2.952 / 15 ms = 196.8 tok/s
+    assert (ngram.drafter, ngram.k, ngram.adaptive) == ("ngram", 3, False)
+    assert ngram.predicted_tok_s == pytest.approx(2.952 / 0.015 * 0.8)
+    assert ngram.measured_tok_s == pytest.approx(150)  # measured at k = k_max = 3: the row's own configuration
+
+
+def test_llamacpp_plain_wins_when_no_drafter_pays_anywhere():
+    # llama.cpp plain 105; ONNX int4 plain 86 with ngram predicted 104 (below llama.cpp plain): plain llama.cpp
+    rows = [row(LLAMA, PLAIN, 105.0), row(LLAMA, "ngram", 101.0, k=4), row(INT4, PLAIN, 86.0),
+            row(INT4, "ngram", 104.0, k=4, adaptive=True)]
+    chosen, reference = select(rows)
+    assert (chosen, reference) == (0, 0)
+    plan = new_plan("key", "m", [LLAMA, INT4], rows, 2, {}, 1.0)
+    assert plan.choice.describe() == "llama.cpp q4_1 plain" and "fastest of 4 candidates" in plan.summary()
+
+
+def test_a_speculative_config_within_the_margin_of_the_fastest_plain_is_not_taken():
+    # ngram on ONNX predicted 2% over llama.cpp plain: within noise (3%), plain wins; at 10% ngram wins
+    rows = [row(LLAMA, PLAIN, 100.0), row(INT4, PLAIN, 86.0), row(INT4, "ngram", 102.0, k=4)]
+    assert select(rows) == (0, 0)
+    rows[2] = row(INT4, "ngram", 110.0, k=4, adaptive=True)
+    assert select(rows) == (2, 0)
+    plan = new_plan("key", "m", [LLAMA, INT4], rows, 2, {}, 1.0)
+    assert plan.summary() == ("onnx int4 + ngram k<=4, predicted 1.10x over llama.cpp q4_1 plain "
+                              "(110.0 vs 100.0 tok/s)")
+    assert "**chosen**" in plan.table() and "reference" in plan.table()
+
+
+def test_the_fastest_plain_engine_wins_when_it_is_not_llamacpp():
+    # the Intel Xeon case: ONNX int4 plain beats llama.cpp plain and no drafter pays: ONNX plain, stated vs llama.cpp
+    rows = [row(LLAMA, PLAIN, 90.0), row(LLAMA, "ngram", 91.0, k=2), row(INT4, PLAIN, 106.0),
+            row(INT4, "ngram", 108.0, k=2)]
+    chosen, reference = select(rows)
+    assert rows[chosen].describe() == "onnx int4 plain" and reference == 0
+    with pytest.raises(ValueError, match="plain decoding"):
+        select([row(INT4, "ngram", 108.0, k=2)])
+
+
+def test_plan_round_trip_and_what_invalidates_the_cache(tmp_path):
+    src = tmp_path / "model.gguf"
+    src.write_bytes(b"x")
+    target = PlanTarget("llamacpp", str(src), "llama.cpp f32")
+    rows = [PlanRow(target.label, "llamacpp", str(src), PLAIN, 0, False, 50.0, 49.0),
+            PlanRow(target.label, "llamacpp", str(src), "ngram", 4, True, 60.0, 58.0)]
+    plan = new_plan("abc", "tiny", [target], rows, 2, {"cpu_model": "x"}, 3.0)
+    path = save_plan(plan, tmp_path / "plans" / "abc.json")
+    loaded, why = load_plan(path, "abc")
+    assert why == "" and loaded.rows == plan.rows and loaded.choice == plan.choice
+    assert json.loads(path.read_text())["choice"]["summary"] == plan.summary()  # what `specedge models` shows
+    assert load_plan(path, "other")[0] is None  # another model / machine / versions
+    src.unlink()
+    assert "gone" in load_plan(path, "abc")[1]  # a measured artifact was removed (`specedge rm`)
+    src.write_bytes(b"x")
+    path.write_text("{not json")
+    assert "unreadable" in load_plan(path, "abc")[1]
+    path.write_text(json.dumps({**plan.to_dict(), "version": 0}))
+    assert load_plan(path, "abc")[0] is None
+
+
+def test_the_plan_key_covers_model_threads_formats_cpu_and_packages():
+    dev = {"cpu_model": "AMD EPYC", "simd": ["avx2"], "packages": {"onnxruntime": "1.32.0"}}
+    base = plan_key("fp", 2, ("int4",), dev)
+    assert base == plan_key("fp", 2, ("int4",), dict(dev))
+    assert base != plan_key("fp2", 2, ("int4",), dev)
+    assert base != plan_key("fp", 1, ("int4",), dev)
+    assert base != plan_key("fp", 2, ("int4", "int8"), dev)
+    assert base != plan_key("fp", 2, ("int4",), {**dev, "simd": ["avx2", "avx512f"]})
+    assert base != plan_key("fp", 2, ("int4",), {**dev, "packages": {"onnxruntime": "1.33.0"}})
+
+
+def test_wants_plan_only_when_nothing_says_what_to_run():
+    o = {"backend": None, "drafter": None, "k": None, "lossy": None, "auto": False, "no_plan": False,
+         "device": "auto"}
+    assert wants_plan(o)
+    for override in ({"backend": "llamacpp"}, {"drafter": "none"}, {"k": 0}, {"auto": True}, {"no_plan": True},
+                     {"device": "cpu"}, {"lossy": "loradrop"}):
+        assert not wants_plan({**o, **override}), override
+
+
+# -- end to end on a tiny model (numbers meaningless; the flow, cache and losslessness are not) -------------------
+
+TINY_MEASURE = MeasureSettings(k_max=2, reps=1, prompts=1, max_tokens=8, prompt_tokens=32, adaptive=True)
+
+
+@pytest.fixture
+def tiny(tmp_path, monkeypatch):
+    monkeypatch.setattr(plan_run, "PLAN_MEASURE", TINY_MEASURE)
+    monkeypatch.setattr(plan_run, "PLAN_WEIGHTS", ("int4",))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    return write_tiny_gguf(cache / "tiny.gguf", seed=0, n_layers=2), cache
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def test_generate_plans_on_first_use_then_reuses_the_plan_and_decodes_like_plain(tiny):
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("onnxruntime")
+    path, cache = tiny
+    r = run("generate", path, "the cat sat", "--raw", "--temperature", 0, "--max-tokens", 12, "--threads", 1,
+            "--ctx", 256, "--cache-dir", cache, "--json")
+    assert r.exit_code == 0, r.output
+    assert "measuring this machine" in r.stderr and "plan: " in r.stderr
+    [plan_file] = list((cache / "plans").glob("*.json"))
+    plan = Plan.from_dict(json.loads(plan_file.read_text()))
+    engines = {x.engine for x in plan.rows}
+    assert engines == {"llamacpp", "onnx"}  # llama.cpp on the GGUF and the int4 export, made on demand
+    assert (cache / "tiny-onnx-int4" / "manifest.json").is_file()
+    assert plan.sources == [str(path), str(cache / "tiny-onnx-int4")]
+    out = json.loads(r.stdout)
+    assert out["stats"]["backend"] == plan.choice.engine and out["stats"]["model"] == plan.choice.path
+    assert out["stats"]["drafter"] == str(parse_drafter(plan.choice.drafter))
+    # plain greedy on the same engine and artifact gives the same tokens (lossless)
+    plain = run("generate", plan.choice.path, "the cat sat", "--raw", "--temperature", 0, "--max-tokens", 12,
+                "--threads", 1, "--ctx", 256, "--cache-dir", cache, "--json", "--backend", plan.choice.engine,
+                "--drafter", "none")
+    assert plain.exit_code == 0, plain.output
+    assert json.loads(plain.stdout)["tokens"] == out["tokens"]
+    # second run: the cached plan, nothing measured
+    again = run("generate", path, "the cat sat", "--raw", "--temperature", 0, "--max-tokens", 12, "--threads", 1,
+                "--ctx", 256, "--cache-dir", cache, "--json")
+    assert again.exit_code == 0 and "measuring" not in again.stderr and "plan: " in again.stderr
+    assert json.loads(again.stdout)["tokens"] == out["tokens"]
+    # `specedge plan` shows the table; --no-plan and explicit options never plan
+    shown = run("plan", path, "--threads", 1, "--cache-dir", cache, "--weights", "int4")
+    assert shown.exit_code == 0 and "**chosen**" in shown.stdout and "cached" in shown.stdout
+    for flags in (["--no-plan"], ["--drafter", "ngram"], ["--backend", "llamacpp"]):
+        r = run("generate", path, "hi", "--raw", "--max-tokens", 4, "--ctx", 256, "--cache-dir", cache, *flags)
+        assert r.exit_code == 0 and "plan:" not in r.stderr, flags
+
+
+def test_a_new_package_version_or_cpu_replans(tiny, monkeypatch):
+    pytest.importorskip("llama_cpp")
+    path, cache = tiny
+    settings = plan_run.PlanSettings(threads=1, weights=())
+    plan, made = plan_run.plan_for(str(path), settings, cache_dir=cache)
+    assert made and [r.engine for r in plan.rows if r.plain] == ["llamacpp"]  # weights=(): no ONNX export
+    assert plan_run.plan_for(str(path), settings, cache_dir=cache)[1] is False  # cached
+    real = planmod.device_fingerprint()
+    monkeypatch.setattr(planmod, "device_fingerprint",
+                        lambda: {**real, "packages": {**real["packages"], "llama_cpp_python": "99.0"}})
+    assert plan_run.plan_for(str(path), settings, cache_dir=cache)[1] is True  # re-planned
+    assert len(list((cache / "plans").glob("*.json"))) == 2
+    assert plan_run.plan_for(str(path), settings, cache_dir=cache, refresh=True)[1] is True
+
+
+def test_an_artifact_plans_over_itself_only(tiny):
+    pytest.importorskip("onnxruntime")
+    from specedge.export.onnx_export import WeightFormat, export_gguf_to_onnx
+    from specedge.models.gguf_in import open_gguf
+    path, cache = tiny
+    art = cache / "tiny-onnx-int8"
+    export_gguf_to_onnx(open_gguf(path), art, WeightFormat.INT8, threads=1)
+    plan, _ = plan_run.plan_for("tiny-onnx-int8", plan_run.PlanSettings(threads=1), cache_dir=cache)
+    assert {r.path for r in plan.rows} == {str(art)} and plan.sources == [str(art)]
+    assert Path(plan.choice.path) == art
