@@ -2,7 +2,7 @@
 and `chat` calls from any thread.
 
     from specedge import Engine
-    engine = Engine("smollm2-135m")  # llama.cpp; or Engine("smollm2-135m-onnx-int4", backend="onnx")
+    engine = Engine("smollm2-135m")  # llama.cpp (a GGUF); Engine("smollm2-135m-onnx-int4"): ONNX Runtime
     print(engine.chat([{"role": "user", "content": "Hi!"}], max_tokens=64).text)
     for chunk in engine.stream("Once upon a time", max_tokens=32, temperature=0.8, seed=1):
         print(chunk.text, end="", flush=True)
@@ -35,19 +35,20 @@ class Engine:
     """One loaded target (+ drafter); thread-safe calls, one at a time.
 
     model: a catalogue name or GGUF path (numpy, llamacpp backends), or an exported ONNX artifact directory or
-    cache name (onnx). drafter: as `specedge generate --drafter` (none, ngram, model:<...>, recycle[:n], skip:<R>,
+    cache name (onnx). backend: None runs the engine the model names (llama.cpp for GGUF, ONNX Runtime for an
+    artifact); a name forces it. drafter: as `specedge generate --drafter` (none, ngram, model:<...>, recycle[:n], skip:<R>,
     swift, exit:<l>, del, loradrop). ctx: positions the engine's KV cache holds (prompt + answer); default
     min(model context, 4096).
     `stream` yields runtime Responses (text, token, from_draft, tokens_per_s, finish_reason); `generate` and
     `chat` return a GenerationResult (text, tokens, finish_reason, prompt_tokens, stats).
     """
 
-    def __init__(self, model: str = "smollm2-135m", *, backend: str = "llamacpp", drafter: str = "ngram", k: int = 4,
+    def __init__(self, model: str = "smollm2-135m", *, backend: str | None = None, drafter: str = "ngram", k: int = 4,
                  adaptive_k: bool = True, verifier: str = "chain", ctx: int | None = None,
                  threads: int | None = None, device: str = "auto", cache_dir: str | Path | None = None,
                  log=None) -> None:
         decode = DecodeSettings(parse_drafter(drafter), k, adaptive_k, VerifierKind(verifier))
-        settings = ModelSettings(model, BackendKind(backend), ctx=ctx, threads=threads, device=device,
+        settings = ModelSettings(model, None if backend is None else BackendKind(backend), ctx=ctx, threads=threads, device=device,
                                  cache_dir=Path(cache_dir) if cache_dir is not None else None)
         self._init(Decoder(load(settings, log), settings, decode), model, drafter)
 

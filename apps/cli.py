@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ..assembly.decoder import CallSettings, DecodeSettings, Decoder, ModelSettings, load
+from ..assembly.decoder import CallSettings, DecodeSettings, Decoder, ModelSettings, load, resolved
 from ..assembly.load import parse_drafter
 from ..models import catalog
 from ..runtime.backends import BackendKind
@@ -26,8 +26,9 @@ CACHE_OPT = click.option("--cache-dir", type=click.Path(path_type=Path), default
 
 def decoding_options(f):
     opts = [
-        click.option("--backend", type=click.Choice([k.value for k in BackendKind]), default="llamacpp",
-                     show_default=True, help="Inference backend for the target (and a model drafter)."),
+        click.option("--backend", type=click.Choice([k.value for k in BackendKind]), default=None,
+                     help="Inference backend for the target (and a model drafter); default: the engine the model "
+                          "names: llama.cpp for GGUF, ONNX Runtime for an exported artifact."),
         click.option("--drafter", default="ngram", show_default=True,
                      help="none | ngram | recycle[:nodes] (token-recycling trees; tree backends) | "
                           "model:<catalogue-name-or-gguf-path> (with --backend onnx: model:<exported-dir-or-name>), "
@@ -83,7 +84,8 @@ def settings_from(o) -> tuple[ModelSettings, DecodeSettings]:
         drafter = parse_drafter(o["drafter"])
     except ValueError as e:
         raise click.ClickException(str(e)) from None
-    model = ModelSettings(o["model"], BackendKind(o["backend"]), ctx=o["ctx"], threads=o["threads"],
+    backend = None if o["backend"] is None else BackendKind(o["backend"])
+    model = ModelSettings(o["model"], backend, ctx=o["ctx"], threads=o["threads"],
                           device=o["device"], cache_dir=o["cache_dir"])
     return model, DecodeSettings(drafter, o["k"], o["adaptive_k"], VerifierKind(o["verifier"]), o.get("lossy"))
 
@@ -99,6 +101,7 @@ def setup(o) -> tuple[Decoder, CallSettings]:
     model_s, decode_s = settings_from(o)
     try:
         target = load(model_s, log=_echo_err)
+        model_s = resolved(model_s, target)  # --backend left out: the engine the model named
         if o.get("auto"):
             from ..assembly.auto import auto_settings
             decode_s = auto_settings(model_s, decode_s, target, log=_echo_err)
@@ -147,8 +150,8 @@ def models_cmd(cache_dir: Path | None) -> None:
               help="LOSSY opt-in (output is not the model's own): loradrop[:DIR] decodes with the LoRA-Drop cycle; "
                    "entropy-switch:<small-model>,<threshold>[,<dwell>] switches models by entropy. Ignores --drafter.")
 def generate(**o) -> None:
-    """Decode PROMPT with MODEL (catalogue name or GGUF path; with --backend onnx an exported directory or its
-    cache name, e.g. smollm2-135m-onnx-int8), speculatively."""
+    """Decode PROMPT with MODEL (catalogue name, GGUF path, or an exported ONNX directory or its cache name, e.g.
+    smollm2-135m-onnx-int8: it runs on ONNX Runtime without --backend), speculatively."""
     decoder, call = setup(o)
     tok = decoder.tokenizer
     text = o["prompt"] if o["raw"] else tok.apply_chat_template([{"role": "user", "content": o["prompt"]}])
@@ -170,7 +173,8 @@ def generate(**o) -> None:
         click.echo("")
     s = decoder.settings  # --auto may have replaced the drafter, k and the length policy
     drafter = str(s.drafter) if o.get("auto") else o["drafter"]
-    report = {"drafter": drafter, "backend": o["backend"], "k": s.k, "adaptive_k": s.adaptive_k,
+    engine = decoder.model_settings.backend.value  # --backend, or the engine the model named
+    report = {"drafter": drafter, "backend": engine, "k": s.k, "adaptive_k": s.adaptive_k,
               "verifier": o["verifier"], **stats.to_dict()}
     if decoder.lossy is not None:
         report.update(drafter=str(NoneSpec()), lossy=decoder.label)
@@ -182,9 +186,9 @@ def generate(**o) -> None:
         click.echo(json.dumps({"text": result.text, "tokens": result.tokens,
                                "finish_reason": result.finish_reason.value, "stats": report}))
     if o["show_stats"] or o["baseline"]:
-        line = f"[{o['backend']} {report.get('lossy') or 'drafter=' + drafter} k={s.k}] {stats.summary()}"
+        line = f"[{engine} {report.get('lossy') or 'drafter=' + drafter} k={s.k}] {stats.summary()}"
         if base is not None:
-            line += (f"\n[{o['backend']} plain] {base_stats.tokens_per_s:.1f} tok/s -> speedup "
+            line += (f"\n[{engine} plain] {base_stats.tokens_per_s:.1f} tok/s -> speedup "
                      f"{report['speedup']:.2f}x, output identical to plain: {report['identical_to_baseline']}")
         click.echo(line, err=True)
 
@@ -196,6 +200,7 @@ def engine_from(o):
     model_s, decode_s = settings_from(o)
     try:
         target = load(model_s, log=_echo_err)
+        model_s = resolved(model_s, target)  # --backend left out: the engine the model named
         if o.get("auto"):  # the profile's choice replaces --drafter / --k (assembly/auto.py)
             from ..assembly.auto import auto_settings
             decode_s = auto_settings(model_s, decode_s, target, log=_echo_err)

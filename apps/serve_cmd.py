@@ -68,7 +68,8 @@ class ServerThread:
 
 @click.command("serve")
 @click.argument("model")
-@click.option("--backend", type=click.Choice([k.value for k in BackendKind]), default="llamacpp", show_default=True)
+@click.option("--backend", type=click.Choice([k.value for k in BackendKind]), default=None,
+              help="default: the engine the model names: llama.cpp for GGUF, ONNX Runtime for an exported artifact")
 @click.option("--drafter", default="ngram", show_default=True, help="As in `specedge generate --drafter`.")
 @click.option("--k", "k", type=click.IntRange(0, 64), default=4, show_default=True, help="Draft length (maximum).")
 @click.option("--adaptive-k/--fixed-k", default=True, show_default=True)
@@ -108,7 +109,7 @@ def serve_cmd(**o) -> None:
         raise click.ClickException(str(e)) from None
     config = ServerConfig(model_id=o["model_id"] or model_id_for(o["model"]), api_key=o["api_key"] or None,
                           max_queue=o["max_queue"], max_request_bytes=o["max_request_bytes"])
-    click.echo(f"specedge serve: {config.model_id} ({o['backend']}, drafter {o['drafter']}, ctx "
+    click.echo(f"specedge serve: {config.model_id} ({engine.backend_kind}, drafter {o['drafter']}, ctx "
                f"{engine.context_length}) on http://{o['host']}:{o['port']}/v1 - max queue {config.max_queue}, "
                f"API key {'required' if config.api_key else 'not required'}", err=True)
     uvicorn.run(create_app(engine, config), host=o["host"], port=o["port"], log_level=o["log_level"],

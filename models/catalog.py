@@ -221,10 +221,13 @@ def _remove_dead_leftovers(root: Path, final: Path) -> None:
 
 def resolve_model(name_or_path: str | Path, cache_dir: str | Path | None = None, *,
                   pull_if_missing: bool = True) -> Path:
-    """An existing .gguf path as is, or a catalogue name's cached file (pulled if missing)."""
+    """An existing .gguf path as is, a .gguf file name in the cache, or a catalogue name's cached file (pulled if
+    missing)."""
     p = Path(name_or_path)
     if p.suffix == ".gguf" and p.is_file():
         return p
+    if p.suffix == ".gguf" and p.name == str(name_or_path) and (model_cache_dir(cache_dir) / p.name).is_file():
+        return model_cache_dir(cache_dir) / p.name  # a GGUF file name in the cache (`specedge models` lists them)
     if str(name_or_path) in CATALOG:
         found = cached_path(str(name_or_path), cache_dir)
         if found is not None:
