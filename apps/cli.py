@@ -1,4 +1,4 @@
-"""`specedge` command line: pull, models, export, generate, chat, bench."""
+"""`specedge` command line: pull, models, rm, export, generate, chat, bench, serve."""
 from __future__ import annotations
 
 import json
@@ -130,11 +130,32 @@ def pull(name: str, cache_dir: Path | None) -> None:
 
 @cli.command("models")
 @CACHE_OPT
-def models_cmd(cache_dir: Path | None) -> None:
-    """List the catalogue and what is cached."""
-    for entry, cached in catalog.list_models(cache_dir):
-        state = str(cached) if cached else "not pulled"
-        click.echo(f"{entry.name:24s} {entry.size / 1e6:8.1f} MB  {state}\n    {entry.description}")
+@click.option("--json", "as_json", is_flag=True, help="Print the listing as one JSON object.")
+def models_cmd(cache_dir: Path | None, as_json: bool) -> None:
+    """List the catalogue and what the cache holds: GGUF files, exported artifacts, plans and device profiles."""
+    from ..models.inventory import format_inventory, scan
+    inv = scan(cache_dir)
+    click.echo(json.dumps(inv.to_dict()) if as_json else format_inventory(inv))
+
+
+@cli.command("rm")
+@click.argument("name")
+@CACHE_OPT
+@click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
+def rm_cmd(name: str, cache_dir: Path | None, dry_run: bool) -> None:
+    """Delete a cached model (a catalogue name, a GGUF file name in the cache, or an exported artifact's name) and
+    the plans and device profiles that reference it."""
+    from ..models.inventory import delete, removal
+    try:
+        paths, notes = removal(name, cache_dir)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    for n in notes:
+        click.echo(f"note: {n}", err=True)
+    if not dry_run:
+        delete(paths)
+    for p in paths:
+        click.echo(f"{'would delete' if dry_run else 'deleted'} {p}")
 
 
 @cli.command()
