@@ -220,7 +220,7 @@ def _model_paths(name: str, cache: Path) -> tuple[list[Path], set[str]]:
     if (cache / name / MANIFEST).is_file():
         return [cache / name], {name}
     inv = scan(cache)
-    cached = ([r.name for r in inv.catalogue if r.pulled] + [r.name for r in inv.ggufs]
+    cached = ([r.name for r in inv.catalogue if Path(r.path).is_file()] + [r.name for r in inv.ggufs]
               + [r.name for r in inv.artifacts])
     raise ModelFileError(f"{name!r} is not a cached model in {cache}; cached: {', '.join(cached) or 'nothing'} "
                          "(see `specedge models`)")
