@@ -206,7 +206,8 @@ def _model_paths(name: str, cache: Path) -> tuple[list[Path], set[str]]:
     """The files/directory `name` names in the cache and the names plans may use for it; ModelFileError when it
     names nothing cached or a path outside the cache."""
     given = Path(name).expanduser()
-    if given.is_absolute() or len(given.parts) > 1 or (given.exists() and not (cache / name).exists()):
+    if given.is_absolute() or len(given.parts) > 1 or (given.exists() and not (cache / name).exists()
+                                                       and name not in CATALOG):
         if not given.exists() or given.resolve().parent != cache.resolve():
             raise ModelFileError(f"{name} is not in the model cache {cache}: `specedge rm` deletes only cached models "
                                  "(delete other files yourself)")
