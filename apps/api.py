@@ -3,6 +3,7 @@ and `chat` calls from any thread.
 
     from specedge import Engine
     engine = Engine("smollm2-135m")  # the plan for this machine; Engine("smollm2-135m", plan=False): llama.cpp
+    # (the engine the model names: llama.cpp for a GGUF; Engine("smollm2-135m-onnx-int4", plan=False): ONNX Runtime)
     print(engine.chat([{"role": "user", "content": "Hi!"}], max_tokens=64).text)
     for chunk in engine.stream("Once upon a time", max_tokens=32, temperature=0.8, seed=1):
         print(chunk.text, end="", flush=True)

@@ -1,4 +1,4 @@
-"""`specedge` command line: pull, models, export, plan, generate, chat, serve, bench."""
+"""`specedge` command line: pull, models, rm, export, plan, generate, chat, serve, bench."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ..assembly.decoder import CallSettings, DecodeSettings, Decoder, ModelSettings, load
+from ..assembly.decoder import CallSettings, DecodeSettings, Decoder, ModelSettings, load, resolved
 from ..assembly.load import parse_drafter
 from ..models import catalog
 from ..runtime.backends import BackendKind
@@ -133,6 +133,7 @@ def setup(o) -> tuple[Decoder, CallSettings]:
     try:
         model_s, decode_s = planned_settings(o)
         target = load(model_s, log=_echo_err)
+        model_s = resolved(model_s, target)  # --backend left out: the engine the model named
         if o.get("auto"):
             from ..assembly.auto import auto_settings
             decode_s = auto_settings(model_s, decode_s, target, log=_echo_err)
@@ -161,11 +162,32 @@ def pull(name: str, cache_dir: Path | None) -> None:
 
 @cli.command("models")
 @CACHE_OPT
-def models_cmd(cache_dir: Path | None) -> None:
-    """List the catalogue and what is cached."""
-    for entry, cached in catalog.list_models(cache_dir):
-        state = str(cached) if cached else "not pulled"
-        click.echo(f"{entry.name:24s} {entry.size / 1e6:8.1f} MB  {state}\n    {entry.description}")
+@click.option("--json", "as_json", is_flag=True, help="Print the listing as one JSON object.")
+def models_cmd(cache_dir: Path | None, as_json: bool) -> None:
+    """List the catalogue and what the cache holds: GGUF files, exported artifacts, plans and device profiles."""
+    from ..models.inventory import format_inventory, scan
+    inv = scan(cache_dir)
+    click.echo(json.dumps(inv.to_dict()) if as_json else format_inventory(inv))
+
+
+@cli.command("rm")
+@click.argument("name")
+@CACHE_OPT
+@click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
+def rm_cmd(name: str, cache_dir: Path | None, dry_run: bool) -> None:
+    """Delete a cached model (a catalogue name, a GGUF file name in the cache, or an exported artifact's name) and
+    the plans and device profiles that reference it."""
+    from ..models.inventory import delete, removal
+    try:
+        paths, notes = removal(name, cache_dir)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    for n in notes:
+        click.echo(f"note: {n}", err=True)
+    if not dry_run:
+        delete(paths)
+    for p in paths:
+        click.echo(f"{'would delete' if dry_run else 'deleted'} {p}")
 
 
 @cli.command()
@@ -181,8 +203,8 @@ def models_cmd(cache_dir: Path | None) -> None:
               help="LOSSY opt-in (output is not the model's own): loradrop[:DIR] decodes with the LoRA-Drop cycle; "
                    "entropy-switch:<small-model>,<threshold>[,<dwell>] switches models by entropy. Ignores --drafter.")
 def generate(**o) -> None:
-    """Decode PROMPT with MODEL (catalogue name or GGUF path; with --backend onnx an exported directory or its
-    cache name, e.g. smollm2-135m-onnx-int8), speculatively."""
+    """Decode PROMPT with MODEL (catalogue name, GGUF path, or an exported ONNX directory or its cache name, e.g.
+    smollm2-135m-onnx-int8: it runs on ONNX Runtime without --backend), speculatively."""
     decoder, call = setup(o)
     tok = decoder.tokenizer
     text = o["prompt"] if o["raw"] else tok.apply_chat_template([{"role": "user", "content": o["prompt"]}])
@@ -231,6 +253,7 @@ def engine_from(o):
     try:
         model_s, decode_s = planned_settings(o)
         target = load(model_s, log=_echo_err)
+        model_s = resolved(model_s, target)  # --backend left out: the engine the model named
         if o.get("auto"):  # the profile's choice replaces --drafter / --k (assembly/auto.py)
             from ..assembly.auto import auto_settings
             decode_s = auto_settings(model_s, decode_s, target, log=_echo_err)

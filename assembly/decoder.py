@@ -35,7 +35,7 @@ Log = Callable[[str], None]
 class ModelSettings:
     """What to load: a catalogue name, GGUF path or exported artifact, on which engine, with which resources."""
     model: str
-    backend: BackendKind = BackendKind.LLAMACPP
+    backend: BackendKind | None = None  # None: the engine the model names (assembly/load.py engine_for)
     ctx: int | None = None  # KV positions (prompt + answer); None: the model's context length
     threads: int | None = None
     device: str = "auto"  # ONNX Runtime execution provider (runtime/backends/onnx_providers.py)
@@ -81,11 +81,17 @@ def load(settings: ModelSettings, log: Log | None = None) -> LoadedModel:
                       cache_dir=settings.cache_dir, device=settings.device, log=log)
 
 
+def resolved(settings: ModelSettings, model: LoadedModel) -> ModelSettings:
+    """The settings with the engine the loaded model runs on (backend=None resolved by load)."""
+    return settings if settings.backend is model.kind else replace(settings, backend=model.kind)
+
+
 class Decoder:
     """A loaded target with its drafter (or lossy mode) and decode settings; stateless between calls except what a
     caller passes in (a Session for KV reuse, a DecodeStats to accumulate)."""
 
     def __init__(self, model: LoadedModel, settings: ModelSettings, decode: DecodeSettings) -> None:
+        settings = resolved(settings, model)  # model_settings.backend is always the engine that runs
         self.model, self.model_settings, self.settings = model, settings, decode
         self.lossy = None
         self.drafter: Drafter | None = None

