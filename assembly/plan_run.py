@@ -234,7 +234,7 @@ def measure_targets(targets: list[PlanTarget], settings: PlanSettings, threads: 
                     cache_dir: Path | None = None, force: bool = False, log: Log = lambda m: None) -> list:
     """Every target's plan rows (plain and the best k of each drafter), its profile measured or read from cache."""
     bar = _bar(settings.progress)
-    say = bar.write if settings.progress else log
+    say = (lambda m: bar.write(m, file=sys.stderr)) if settings.progress else log
     rows = []
     try:
         for t in targets:
@@ -243,7 +243,7 @@ def measure_targets(targets: list[PlanTarget], settings: PlanSettings, threads: 
             if t.engine == BackendKind.LLAMACPP.value:
                 specs += draft_models(Path(t.path), cache_dir)
             bar.total = (bar.total or 0) + measure_steps(len(specs), settings.measure)
-            bar.set_description(t.label)
+            bar.set_description(f"plan: measuring {t.label}")
             bar.refresh()
             profile, _ = load_or_measure(loaded, t.label, specs, threads=threads, device="cpu", cache_dir=cache_dir,
                                          force=force, settings=settings.measure, log=lambda m: None,
@@ -263,8 +263,8 @@ def measure_targets(targets: list[PlanTarget], settings: PlanSettings, threads: 
 
 def _bar(enabled: bool):
     from tqdm import tqdm
-    return tqdm(total=0, file=sys.stderr, disable=not enabled, unit="step", dynamic_ncols=True,
-                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}]")
+    return tqdm(total=0, file=sys.stderr, disable=not enabled, unit="step", dynamic_ncols=True, desc="plan",
+                bar_format="{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}]")
 
 
 def apply_plan(plan: Plan, model: "ModelSettings", decode: "DecodeSettings"

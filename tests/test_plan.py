@@ -134,7 +134,7 @@ def tiny(tmp_path, monkeypatch):
     monkeypatch.setattr(plan_run, "PLAN_WEIGHTS", ("int4",))
     cache = tmp_path / "cache"
     cache.mkdir()
-    return write_tiny_gguf(cache / "tiny.gguf", seed=0, n_layers=2), cache
+    return write_tiny_gguf(cache / "tiny.gguf", seed=0, n_layers=2, dtype="q4_1"), cache  # int4 transcodes exactly
 
 
 def run(*args):
