@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# The main job on the default model: install, pull SmolLM2-135M-Instruct, export it to ONNX (int4 blocks transcoded
-# exactly from the GGUF, parity-gated), decode speculatively on ONNX Runtime and on llama.cpp, report the speed.
+# The main job on the default model: install, pull SmolLM2-135M-Instruct, then one command decodes with the fastest
+# lossless configuration on this machine. On first use `specedge generate` plans: it exports the model to ONNX int4
+# and int8 (parity-gated), measures llama.cpp and ONNX Runtime with each drafter (about 1-2 minutes, cached), and
+# says what it chose; `--temperature 0 --baseline` also decodes plainly on the same engine and reports whether the
+# output is identical. Then the plan's full table, and llama.cpp plain on the same prompt for comparison.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh .venv llama,onnx,dev
 . .venv/bin/activate
 specedge pull smollm2-135m
-specedge export smollm2-135m --format onnx --weights int4     # -> <cache>/smollm2-135m-onnx-int4
 PROMPT=${1:-"Summarize the following in two sentences: Speculative decoding lets a cheap drafter propose several tokens that the target model verifies in one forward pass. Every accepted token saves a full forward pass, and the output is exactly what the target alone would have produced."}
-specedge generate smollm2-135m-onnx-int4 "$PROMPT" --backend onnx --device cpu --threads 2 --drafter ngram --k 4 \
-    --max-tokens 128 --baseline
-specedge generate smollm2-135m "$PROMPT" --backend llamacpp --threads 2 --drafter ngram --k 4 --max-tokens 128 \
-    --baseline
+specedge generate smollm2-135m "$PROMPT" --temperature 0 --baseline
+specedge plan smollm2-135m
+specedge generate smollm2-135m "$PROMPT" --temperature 0 --backend llamacpp --drafter none --stats
