@@ -191,6 +191,8 @@ def generate(**o) -> None:
         if base is not None:
             line += (f"\n[{o['backend']} plain] {base_stats.tokens_per_s:.1f} tok/s -> speedup "
                      f"{report['speedup']:.2f}x, output identical to plain: {report['identical_to_baseline']}")
+            if used["temperature"] != 0:  # sampled: the same distribution, not the same draws from the seed
+                line += " (sampled: lossless in distribution, not token for token; --temperature 0 compares tokens)"
         click.echo(line, err=True)
 
 

@@ -143,8 +143,8 @@ class Decoder:
             extra["session"] = session
         s = self.settings
         return stream(self.model.backend, self.model.tokenizer, np.asarray(prompt_ids, dtype=np.int32),
-                      call.sampling(self.sampling_defaults), drafter=self.drafter, k=s.k, max_tokens=call.max_tokens, stop=call.stop,
-                      rng=np.random.default_rng(call.seed), stats=stats, ctx=self.model_settings.ctx,
+                      call.sampling(self.sampling_defaults), drafter=self.drafter, k=s.k, max_tokens=call.max_tokens,
+                      stop=call.stop, rng=np.random.default_rng(call.seed), stats=stats, ctx=self.model_settings.ctx,
                       adaptive_k=s.adaptive_k, verifier_kind=s.verifier, **extra)
 
     def run(self, prompt_ids: Tokens | Sequence[int], call: CallSettings, *, stats: DecodeStats | None = None,
