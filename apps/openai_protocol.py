@@ -199,7 +199,7 @@ def extension(stats: dict) -> dict:
     """The `specedge` field: the call's speculative-decoding statistics (docs/server.md)."""
     keys = ("drafter", "n_generated", "n_drafted", "n_accepted", "acceptance_rate", "n_target_forwards",
             "tokens_per_s", "ttft_s", "prompt_tokens", "reused_prompt_tokens", "n_prefilled", "prefill_s",
-            "decode_s", "wall_s", "finish_reason")
+            "decode_s", "wall_s", "finish_reason", "sampling")
     out = {k: stats.get(k) for k in keys}
     out["tau"] = stats.get("mean_accepted_length")
     return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -19,7 +20,7 @@ GGUF_KEYS = {"temperature": "general.sampling.temp", "top_p": "general.sampling.
 
 
 def _valid(name: str, value: Any) -> bool:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):  # numpy too
         return False
     if name == "temperature":
         return value >= 0

@@ -141,7 +141,8 @@ def test_ctrl_c_stops_the_answer_keeps_the_conversation(endless, tmp_path):
 def test_a_full_context_says_what_to_do_and_the_session_lives(endless):
     child = spawn(endless, "--backend", "numpy", "--ctx", 48, "--max-tokens", 8)
     child.sendline("word " * 60)
-    child.expect(r"error: the prompt has \d+ tokens but the context holds 48.*\s+\(type /reset")
+    child.expect(r"\(context full: the message is \d+ tokens and the answer needs room \(8 tokens\); that does not "
+                 r"fit 48 tokens: shorten it.*the conversation is unchanged\)")
     child.expect("> ")
     assert turn(child, "hi")["finish"] == "length"
     child.sendline("/exit")
