@@ -171,3 +171,20 @@ def test_an_exported_artifact_records_and_uses_the_sources_sampling(models, tmp_
     assert engine.sampling_defaults == SamplingDefaults(0.6, 0.95, 20, 0.0, "manifest generation")
     plain = export_gguf_to_onnx(open_gguf(models["plain"]), tmp_path / "plain-onnx", WeightFormat.FP32, gate=False)
     assert "generation" not in json.loads(plain.read_text())  # optional: written only when the source states it
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_real_model_greeting_ends_at_the_end_of_its_turn():
+    from specedge.models.catalog import model_cache_dir
+    if not (model_cache_dir(None) / "SmolLM2-135M-Instruct.Q4_1.gguf").is_file():
+        pytest.skip("the default model is not pulled: run `specedge pull smollm2-135m`")
+    pytest.importorskip("llama_cpp")
+    engine = specedge.Engine("smollm2-135m", backend="llamacpp", drafter="ngram", ctx=512, threads=1)
+    assert engine.sampling_defaults is CHAT_DEFAULTS  # the catalogue GGUF states no general.sampling keys
+    hi = [{"role": "user", "content": "Hi! How are you?"}]
+    c = engine.chat(hi)  # the defaults: sampled at 0.7 / 0.9, seed 0, to the end of the turn
+    assert c.finish_reason == "eos" and 0 < len(c.tokens) < 512 - c.prompt_tokens - 1 and c.text.strip()
+    # greedy, this 135M model repeats itself until the context is full: finish length there, and nothing raises
+    c = engine.chat(hi, temperature=0)
+    assert c.finish_reason == "length" and c.prompt_tokens + len(c.tokens) == 512
