@@ -156,8 +156,8 @@ def test_real_model_chat_in_a_terminal(tmp_path):
     if not (model_cache_dir(None) / "SmolLM2-135M-Instruct.Q4_1.gguf").is_file():
         pytest.skip("the default model is not pulled: run `specedge pull smollm2-135m`")
     pytest.importorskip("llama_cpp")
-    child = spawn("smollm2-135m", "--backend", "llamacpp", "--drafter", "ngram", "--max-tokens", 24, "--ctx", 2048,
-                  timeout=120)
+    child = spawn("smollm2-135m", "--backend", "llamacpp", "--drafter", "ngram", "--temperature", 0, "--max-tokens", 24,
+                  "--ctx", 2048, timeout=120)
     first = turn(child, "What is the capital of France?")
     answer = first["text"].split("\r\n", 1)[1].strip()  # after the echoed question
     assert answer and "\ufffd" not in answer
