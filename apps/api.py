@@ -43,6 +43,10 @@ class Engine:
     cache holds (prompt + answer); default min(model context, 4096).
     `stream` yields runtime Responses (text, token, from_draft, tokens_per_s, finish_reason); `generate` and
     `chat` return a GenerationResult (text, tokens, finish_reason, prompt_tokens, stats).
+
+    Call defaults: max_tokens None = to the end of the turn (EOS, a stop string) or the context limit; temperature,
+    top_p, top_k, min_p None = the model's own defaults (`sampling_defaults`: GGUF general.sampling.*, an artifact's
+    recorded generation config, else temperature 0.7, top_p 0.9); temperature=0 is greedy; seed 0.
     """
 
     def __init__(self, model: str = "smollm2-135m", *, backend: str | None = None, drafter: str | None = None,
@@ -61,6 +65,7 @@ class Engine:
             settings, decode = apply_plan(self.plan, settings, decode)
         decoder = Decoder(load(settings, log), settings, decode)
         self._init(decoder, model, str(decoder.settings.drafter))
+
     @classmethod
     def from_decoder(cls, decoder: Decoder, name: str) -> "Engine":
         """An Engine over an already built decoder (the CLI builds one from its options)."""
@@ -83,6 +88,11 @@ class Engine:
     def drafter(self):
         """The running drafter (None for plain decoding)."""
         return self.decoder.drafter
+
+    @property
+    def sampling_defaults(self):
+        """The model's SamplingDefaults (assembly/sampling_defaults.py): what unset sampling options resolve to."""
+        return self.decoder.sampling_defaults
 
     @property
     def k(self) -> int:
@@ -109,9 +119,11 @@ class Engine:
 
     def stream(self, prompt: str | Sequence[int], *, cancel: threading.Event | None = None, stats: dict | None = None,
                **options) -> Iterator[Response]:
-        """Decode a raw prompt (text, no chat template; or token ids) and yield Responses. Options: max_tokens,
-        temperature, top_p, top_k, min_p, repeat_penalty, seed, stop. Invalid values raise ValueError here, before
-        anything runs. `stats`, if given, is filled with the call's statistics when it ends."""
+        """Decode a raw prompt (text, no chat template; or token ids) and yield Responses. Options: max_tokens
+        (default: to the end of the turn or the context limit), temperature, top_p, top_k, min_p (default: the
+        model's, see `sampling_defaults`; temperature 0 = greedy), repeat_penalty, seed (0), stop. Invalid values
+        raise ValueError here, before anything runs. `stats`, if given, is filled with the call's statistics when it
+        ends, `sampling` (the values used) included."""
         call = CallSettings(**options)
         ids = np.asarray(self.encode(prompt) if isinstance(prompt, str) else list(prompt), dtype=np.int32)
         self._check_length(len(ids))
@@ -171,4 +183,4 @@ class Engine:
             finally:
                 out.update(dstats.to_dict(), prompt_tokens=len(ids), reused_prompt_tokens=self.session.reused,
                            ttft_s=ttft, wall_s=time.perf_counter() - t0, drafter=self.drafter_name,
-                           finish_reason=reason.value)
+                           finish_reason=reason.value, sampling=self.decoder.sampling_used(call))

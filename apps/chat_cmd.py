@@ -12,6 +12,13 @@ prefix (the new user message and the template's glue), not the whole conversatio
 An interrupted answer stays in the conversation (marked "interrupted" in /save files): the user saw it, the next
 message usually refers to it ("go on", "shorter"), and its tokens are already in the KV cache, so keeping it costs
 nothing while dropping it would make the next turn re-prefill from the cut.
+
+Answers run to the end of the turn by default (max_tokens unset) and sample with the model's defaults
+(assembly/sampling_defaults.py). When the rendered conversation plus room for the answer (answer_reserve: min(512,
+ctx // 4) tokens, or max_tokens when smaller) would not fit the context (--ctx), the oldest user/assistant turns
+are dropped, in pairs, until it fits; the system prompt is always kept, and one line on stderr says so. The model
+sees the trimmed conversation (the next turn re-prefills it: the cached prefix changed); /save keeps every message,
+the dropped ones marked "dropped". A last message too long to fit even alone is refused and the conversation stays.
 """
 from __future__ import annotations
 
@@ -34,12 +41,16 @@ COMMANDS = {
     "/stats": "the last answer's full statistics and the session totals",
     "/drafter SPEC": "switch the drafter live (ngram, none, model:<...>, exit:<l>, recycle, ...); alone: show it",
     "/set KEY VALUE": "change a sampling option (max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, "
-                      "seed); alone: show them",
+                      "seed; `none` = the default: to the end / the model's); alone: show them",
     "/save PATH": "write the conversation and settings as JSON (resume with `specedge chat MODEL --load PATH`)",
     "/help": "this list",
     "/exit": "quit (also /quit, Ctrl-D, Ctrl-C twice at the prompt)",
 }
 OPTION_NAMES = tuple(f.name for f in fields(CallSettings) if f.name != "stop")
+OPTION_TYPES = {"max_tokens": int, "temperature": float, "top_p": float, "top_k": int, "min_p": float,
+                "repeat_penalty": float, "seed": int}
+OPTIONAL = ("max_tokens", "temperature", "top_p", "top_k", "min_p")  # /set KEY none: back to the default
+RESERVE_CAP = 512  # answer room the chat keeps free when trimming: min(RESERVE_CAP, ctx // 4), or max_tokens
 
 
 @dataclass
@@ -67,16 +78,22 @@ class Conversation:
     system: str | None = None
     messages: list[dict] = field(default_factory=list)  # {"role", "content"[, "interrupted": True]}
     options: dict = field(default_factory=dict)  # CallSettings fields (max_tokens, temperature, ...)
+    start: int = 0  # messages[:start] were dropped to fit the context: kept for /save, not shown to the model
 
     def render(self) -> list[dict]:
-        """The messages for the chat template (system first; only role and content)."""
+        """The messages for the chat template (system first; only role and content; the dropped ones left out)."""
         head = [{"role": "system", "content": self.system}] if self.system else []
-        return head + [{"role": m["role"], "content": m["content"]} for m in self.messages]
+        return head + [{"role": m["role"], "content": m["content"]} for m in self.messages[self.start:]]
+
+    def clear(self) -> None:
+        self.messages.clear()
+        self.start = 0
 
     def save(self, path: Path, engine: Engine, totals: Totals) -> None:
+        messages = [{**m, "dropped": True} if i < self.start else m for i, m in enumerate(self.messages)]
         doc = {"format": SAVE_FORMAT, "model": engine.name, "backend": engine.backend_kind,
                "drafter": engine.drafter_name, "k": engine.k, "ctx": engine.context_length, "system": self.system,
-               "options": self.options, "messages": self.messages, "totals": asdict(totals)}
+               "options": self.options, "messages": messages, "totals": asdict(totals)}
         path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
     @classmethod
@@ -93,7 +110,8 @@ class Conversation:
                    for m in msgs):
             raise ValueError(f"{path}: messages must be {{'role': 'user'|'assistant', 'content': str}}")
         opts = {k: v for k, v in doc.get("options", {}).items() if k in OPTION_NAMES}
-        return cls(doc.get("system"), list(msgs), opts)
+        # messages dropped to fit the saved chat's context come back whole: the first turn trims again to this --ctx
+        return cls(doc.get("system"), [{k: v for k, v in m.items() if k != "dropped"} for m in msgs], opts)
 
 
 def stats_line(s: dict) -> str:
@@ -107,18 +125,27 @@ def stats_line(s: dict) -> str:
 
 
 def parse_option(key: str, value: str, current: dict) -> dict:
-    """The options with KEY set to VALUE (typed as CallSettings declares it), validated. Raises ValueError."""
-    types = {f.name: type(getattr(CallSettings(), f.name)) for f in fields(CallSettings) if f.name in OPTION_NAMES}
-    if key not in types:
+    """The options with KEY set to VALUE (typed as CallSettings declares it; `none` for the default of max_tokens
+    and the sampling values), validated. Raises ValueError."""
+    if key not in OPTION_TYPES:
         raise ValueError(f"unknown option {key!r}; use one of {', '.join(OPTION_NAMES)}")
+    kind = OPTION_TYPES[key]
+    if value.lower() in ("none", "default") and key in OPTIONAL:
+        return {**current, key: None}
     try:
-        new = {**current, key: types[key](value)}
+        new = {**current, key: kind(value)}
     except ValueError:
-        raise ValueError(f"{key} takes a {types[key].__name__}, got {value!r}") from None
+        also = " or none" if key in OPTIONAL else ""
+        raise ValueError(f"{key} takes a {kind.__name__}{also}, got {value!r}") from None
     CallSettings(**new)  # raises ValueError naming a bad value
-    if new.get("max_tokens", 1) < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {new['max_tokens']}")
     return new
+
+
+def answer_reserve(ctx: int, max_tokens: int | None) -> int:
+    """Tokens kept free for the answer when trimming the conversation: min(512, ctx // 4), or max_tokens if
+    smaller (an answer that long stops there anyway)."""
+    reserve = max(1, min(RESERVE_CAP, ctx // 4))
+    return reserve if max_tokens is None else max(1, min(reserve, max_tokens))
 
 
 class ChatLoop:
@@ -169,6 +196,11 @@ class ChatLoop:
         """Stream one answer; Ctrl-C sets the cancel Event (the Engine stops between tokens) from the moment the
         message is taken until the answer ends."""
         self.conv.messages.append({"role": "user", "content": line})
+        before = self.conv.start
+        if not self.fit():  # the conversation stays as it was
+            self.conv.messages.pop()
+            self.conv.start = before
+            return
         cancel, stats = threading.Event(), {}
         previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())
         try:
@@ -190,8 +222,39 @@ class ChatLoop:
         self.totals.add(stats)
         say(stats_line(stats))
         if stats.get("prompt_tokens", 0) + stats.get("n_generated", 0) + 1 >= self.engine.context_length:
-            say(f"(the context of {self.engine.context_length} tokens is full: /reset to continue, or restart "
-                "with a larger --ctx)")
+            say(f"(the answer reached the context limit of {self.engine.context_length} tokens; the next message "
+                "drops the oldest turns to make room, or restart with a larger --ctx)")
+
+    def fit(self) -> bool:
+        """Drop the oldest user/assistant turns (in pairs; the system prompt stays) until the rendered conversation
+        plus answer_reserve fits the context, saying so in one line. False, after saying why, when the last message
+        does not fit even alone (the caller restores the conversation)."""
+        conv, ctx = self.conv, self.engine.context_length
+        reserve = answer_reserve(ctx, conv.options.get("max_tokens"))
+        before, last = conv.start, len(conv.messages) - 1
+        try:
+            n = self.prompt_tokens()
+            while n + reserve > ctx and conv.start < last:
+                conv.start += 1  # a user message, and its answer with it
+                if conv.start < last and conv.messages[conv.start]["role"] == "assistant":
+                    conv.start += 1
+                n = self.prompt_tokens()
+        except ValueError as e:  # the chat template refused the messages
+            say(f"error: {e}")
+            return False
+        if n + reserve > ctx:
+            what = "the message" + (" with the system prompt" if conv.system else "")
+            say(f"(context full: {what} is {n} tokens and the answer needs room ({reserve} tokens); that does not "
+                f"fit {ctx} tokens: shorten it, /set max_tokens to fewer, or restart with a larger --ctx; the "
+                "conversation is unchanged)")
+            return False
+        if conv.start > before:
+            say(f"(context full: dropped the {conv.start - before} oldest messages to fit {ctx} tokens)")
+        return True
+
+    def prompt_tokens(self) -> int:
+        """Tokens of the conversation as the model will see it (chat template and generation prompt included)."""
+        return len(self.engine.encode(self.engine.render_chat(self.conv.render())))
 
     def stream(self, cancel: threading.Event, stats: dict) -> str | None:
         """Print the answer as it streams; returns its text, or None after printing what went wrong."""
@@ -215,14 +278,14 @@ class ChatLoop:
         if name in ("/exit", "/quit"):
             return "exit"
         if name == "/reset":
-            self.conv.messages.clear()  # the Session keeps the system prompt's KV: the next turn reuses it
+            self.conv.clear()  # the Session keeps the system prompt's KV: the next turn reuses it
             say("(conversation cleared)")
         elif name == "/system":
             if not arg:
                 click.echo(self.conv.system or "(no system prompt)")
             else:
                 self.conv.system = None if arg == "-" else arg
-                self.conv.messages.clear()
+                self.conv.clear()
                 say("(system prompt " + ("removed" if arg == "-" else "set") + "; conversation cleared)")
         elif name == "/stats":
             self.show_stats()
@@ -270,8 +333,16 @@ class ChatLoop:
     def set_option(self, arg: str) -> None:
         key, _, value = arg.partition(" ")
         if not value.strip():
+            call = CallSettings(**{k: self.conv.options.get(k) for k in OPTION_NAMES
+                                   if self.conv.options.get(k) is not None})
+            used, source = call.resolved(self.engine.sampling_defaults), self.engine.sampling_defaults.source
             for k in OPTION_NAMES:
-                click.echo(f"  {k} = {self.conv.options.get(k, getattr(CallSettings(), k))}")
+                value = getattr(call, k)
+                if k == "max_tokens" and value is None:
+                    value = "none (to the end of the turn or the context limit)"
+                elif k in used and value is None:
+                    value = f"{used[k]} (the model's default: {source})"
+                click.echo(f"  {k} = {value}")
             return
         try:
             self.conv.options = parse_option(key, value.strip(), self.conv.options)

@@ -46,13 +46,16 @@ def decoding_options(f):
         click.option("--verifier", type=click.Choice([v.value for v in VerifierKind]), default="chain",
                      show_default=True, help="Sampled chain drafts: token-by-token (chain) or block verification "
                      "(block; accepts at least as much, exactly as lossless). Greedy is prefix match either way."),
-        click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy."),
-        click.option("--top-p", type=float, default=1.0, show_default=True),
-        click.option("--top-k", type=int, default=0, show_default=True, help="0 = off."),
-        click.option("--min-p", type=float, default=0.0, show_default=True),
+        click.option("--temperature", type=float, default=None,
+                     help="0 = greedy. Default: the model's (GGUF general.sampling.temp, an exported artifact's "
+                          "generation config), else 0.7."),
+        click.option("--top-p", type=float, default=None, help="1 = off. Default: the model's, else 0.9."),
+        click.option("--top-k", type=int, default=None, help="0 = off. Default: the model's, else off."),
+        click.option("--min-p", type=float, default=None, help="0 = off. Default: the model's, else off."),
         click.option("--repeat-penalty", type=float, default=1.0, show_default=True),
         click.option("--seed", type=int, default=0, show_default=True),
-        click.option("--max-tokens", type=click.IntRange(1, None), default=128, show_default=True),
+        click.option("--max-tokens", type=click.IntRange(1, None), default=None,
+                     help="Most tokens to generate (default: until end of turn or the context limit)."),
         click.option("--ctx", type=click.IntRange(16, None), default=None, help="Context size (default: model's)."),
         click.option("--threads", type=click.IntRange(1, None), default=None,
                      help="CPU threads (llama.cpp, ONNX Runtime intra-op)."),
@@ -227,8 +230,8 @@ def generate(**o) -> None:
     s = decoder.settings  # the plan or --auto may have replaced the engine, drafter, k and the length policy
     drafter, backend = str(s.drafter), decoder.model.kind.value
     report = {"drafter": drafter, "backend": backend, "model": str(decoder.model.path), "k": s.k,
-              "adaptive_k": s.adaptive_k,
-              "verifier": o["verifier"], **stats.to_dict()}
+              "adaptive_k": s.adaptive_k, "verifier": o["verifier"], "sampling": decoder.sampling_used(call),
+              **stats.to_dict()}
     if decoder.lossy is not None:
         report.update(drafter=str(NoneSpec()), lossy=decoder.label)
     if base is not None:
@@ -239,10 +242,14 @@ def generate(**o) -> None:
         click.echo(json.dumps({"text": result.text, "tokens": result.tokens,
                                "finish_reason": result.finish_reason.value, "stats": report}))
     if o["show_stats"] or o["baseline"]:
-        line = f"[{backend} {report.get('lossy') or 'drafter=' + drafter} k={s.k}] {stats.summary()}"
+        used = report["sampling"]
+        temp = "greedy" if used["temperature"] == 0 else f"temperature={used['temperature']:g} top_p={used['top_p']:g}"
+        line = f"[{backend} {report.get('lossy') or 'drafter=' + drafter} k={s.k} {temp}] {stats.summary()}"
         if base is not None:
             line += (f"\n[{backend} plain] {base_stats.tokens_per_s:.1f} tok/s -> speedup "
                      f"{report['speedup']:.2f}x, output identical to plain: {report['identical_to_baseline']}")
+            if used["temperature"] != 0:  # sampled: the same distribution, not the same draws from the seed
+                line += " (sampled: lossless in distribution, not token for token; --temperature 0 compares tokens)"
         click.echo(line, err=True)
 
 

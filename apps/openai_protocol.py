@@ -8,6 +8,12 @@ sees unchanged.
 
 Extension fields (llama.cpp's server uses the same names): request `top_k`, `min_p`, `repeat_penalty`; response
 `specedge` with the speculative-decoding statistics of the call (see docs/server.md for its schema).
+
+Omitted fields take specedge's defaults, the same as the CLI and the Engine: no max_tokens / max_completion_tokens
+decodes to the end of the turn (EOS, a stop string) or the context limit, for both routes (finish_reason "length"
+only at the limit); no temperature / top_p / top_k / min_p samples with the model's own defaults
+(assembly/sampling_defaults.py; temperature 0.7, top_p 0.9 when the model states none), not OpenAI's temperature 1;
+temperature 0 is greedy; seed 0.
 """
 from __future__ import annotations
 
@@ -18,7 +24,6 @@ from dataclasses import dataclass
 
 from ..assembly.decoder import CallSettings
 
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the rest of the context
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -60,7 +65,7 @@ class GenRequest:
     options: CallSettings
     stream: bool
     include_usage: bool
-    max_tokens_given: bool
+    max_tokens_given: bool  # the client set max_tokens / max_completion_tokens (else: to the end, options None)
 
 
 # field -> the values we accept for it (OpenAI features we do not implement)
@@ -74,7 +79,7 @@ _HINTS = {"presence_penalty": "; use repeat_penalty (an extension field) instead
           "frequency_penalty": "; use repeat_penalty (an extension field) instead"}
 
 
-def _number(body: dict, name: str, default: float) -> float:
+def _number(body: dict, name: str, default: float | None) -> float | None:
     v = body.get(name)
     if v is None:
         return default
@@ -83,7 +88,7 @@ def _number(body: dict, name: str, default: float) -> float:
     return float(v)
 
 
-def _integer(body: dict, name: str, default: int | None) -> int | None:
+def _integer(body: dict, name: str, default: int | None = None) -> int | None:
     v = body.get(name)
     if v is None:
         return default
@@ -103,7 +108,7 @@ def _stop(body: dict) -> tuple[str, ...]:
     raise invalid(f"stop must be a string or a list of strings, got {v!r}", "stop")
 
 
-def _common(body: dict, *, chat: bool, capacity: int) -> tuple[CallSettings, bool, bool, bool]:
+def _common(body: dict) -> tuple[CallSettings, bool, bool, bool]:
     for name, ok in _UNSUPPORTED.items():
         if name in body and body[name] not in ok:
             raise invalid(f"{name} is not supported by specedge serve (allowed: {ok[1:] or 'leave it out'})"
@@ -111,17 +116,16 @@ def _common(body: dict, *, chat: bool, capacity: int) -> tuple[CallSettings, boo
     n = _integer(body, "n", 1)
     if n != 1:
         raise invalid(f"n must be 1 (one choice per request), got {n}: send n separate requests instead", "n")
-    given = body.get("max_completion_tokens") is not None or body.get("max_tokens") is not None
+    # max_completion_tokens (the chat API's current name) wins over max_tokens (the older one) when both are set
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    default = capacity if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
-    max_tokens = _integer(body, name, default)
-    if max_tokens < 1:
+    max_tokens = _integer(body, name)  # None: to the end of the turn or the context limit
+    if max_tokens is not None and max_tokens < 1:
         raise invalid(f"{name} must be >= 1, got {max_tokens}", name)
     seed = _integer(body, "seed", 0)
     try:  # a value out of range is a 400 naming the field (CallSettings validates at construction)
-        opts = CallSettings(max_tokens=max_tokens, temperature=_number(body, "temperature", 1.0),
-                            top_p=_number(body, "top_p", 1.0), top_k=_integer(body, "top_k", 0),
-                            min_p=_number(body, "min_p", 0.0), repeat_penalty=_number(body, "repeat_penalty", 1.0),
+        opts = CallSettings(max_tokens=max_tokens, temperature=_number(body, "temperature", None),
+                            top_p=_number(body, "top_p", None), top_k=_integer(body, "top_k"),
+                            min_p=_number(body, "min_p", None), repeat_penalty=_number(body, "repeat_penalty", 1.0),
                             seed=seed, stop=_stop(body))
     except ValueError as e:
         raise engine_error(e) from None
@@ -131,10 +135,10 @@ def _common(body: dict, *, chat: bool, capacity: int) -> tuple[CallSettings, boo
     so = body.get("stream_options") or {}
     if not isinstance(so, dict):
         raise invalid(f"stream_options must be an object, got {so!r}", "stream_options")
-    return opts, bool(stream), bool(so.get("include_usage", False)), given
+    return opts, bool(stream), bool(so.get("include_usage", False)), max_tokens is not None
 
 
-def parse_completion(body: dict, *, vocab_size: int, capacity: int) -> GenRequest:
+def parse_completion(body: dict, *, vocab_size: int) -> GenRequest:
     """POST /v1/completions: `prompt` is a string, a list of token ids, or a one-element list of either."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -149,7 +153,7 @@ def parse_completion(body: dict, *, vocab_size: int, capacity: int) -> GenReques
         prompt = tuple(prompt)
     elif not isinstance(prompt, str):
         raise invalid(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}", "prompt")
-    opts, stream, usage, given = _common(body, chat=False, capacity=capacity)
+    opts, stream, usage, given = _common(body)
     return GenRequest(False, prompt, opts, stream, usage, given)
 
 
@@ -177,9 +181,9 @@ def chat_messages(body: dict) -> list[dict]:
     return out
 
 
-def parse_chat(body: dict, rendered: str, *, capacity: int) -> GenRequest:
+def parse_chat(body: dict, rendered: str) -> GenRequest:
     """POST /v1/chat/completions, given the messages already rendered by the model's chat template."""
-    opts, stream, usage, given = _common(body, chat=True, capacity=capacity)
+    opts, stream, usage, given = _common(body)
     return GenRequest(True, rendered, opts, stream, usage, given)
 
 
@@ -195,7 +199,7 @@ def extension(stats: dict) -> dict:
     """The `specedge` field: the call's speculative-decoding statistics (docs/server.md)."""
     keys = ("drafter", "n_generated", "n_drafted", "n_accepted", "acceptance_rate", "n_target_forwards",
             "tokens_per_s", "ttft_s", "prompt_tokens", "reused_prompt_tokens", "n_prefilled", "prefill_s",
-            "decode_s", "wall_s", "finish_reason")
+            "decode_s", "wall_s", "finish_reason", "sampling")
     out = {k: stats.get(k) for k in keys}
     out["tau"] = stats.get("mean_accepted_length")
     return out

@@ -206,8 +206,7 @@ class Server:
     async def completions(self, request: Request):
         self._authorize(request)
         body = await self._json(request)
-        req = proto.parse_completion(body, vocab_size=self.engine.model.backend.config.vocab_size,
-                                     capacity=self.engine.context_length)
+        req = proto.parse_completion(body, vocab_size=self.engine.model.backend.config.vocab_size)
         return await self._generate(request, req)
 
     async def chat_completions(self, request: Request):
@@ -218,7 +217,7 @@ class Server:
             rendered = await asyncio.to_thread(self.engine.render_chat, messages)
         except ValueError as e:
             raise proto.invalid(f"{e}: check the roles and order of messages", "messages") from None
-        return await self._generate(request, proto.parse_chat(body, rendered, capacity=self.engine.context_length))
+        return await self._generate(request, proto.parse_chat(body, rendered))
 
     # ---- generation -------------------------------------------------------------------------------------------
 

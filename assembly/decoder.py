@@ -27,6 +27,7 @@ from ..runtime.types import GenerationResult, Response, SamplingParams, Tokens
 from ..runtime.verify import VerifierKind
 from .environment import cpu_info
 from .load import DrafterSpec, LoadedModel, batch_invariance_warning, load_model, make_drafter, parse_drafter
+from .sampling_defaults import CHAT_DEFAULTS, SamplingDefaults, model_sampling
 
 Log = Callable[[str], None]
 
@@ -55,25 +56,34 @@ class DecodeSettings:
 @dataclass(frozen=True)
 class CallSettings:
     """One call's sampling and stopping, flat as the CLI, the chat's /set and the server take them. Invalid values
-    raise ValueError naming the field at construction."""
-    max_tokens: int = 128
-    temperature: float = 0.0  # 0 = greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = off
-    min_p: float = 0.0
+    raise ValueError naming the field at construction.
+
+    max_tokens None: decode to the end of the turn (EOS or a stop string) or the context limit, whichever comes
+    first (finish_reason `length` only for the limit). temperature / top_p / top_k / min_p None: the model's default
+    (assembly/sampling_defaults.py: GGUF general.sampling.*, an artifact's recorded generation config, else
+    CHAT_DEFAULTS temperature 0.7, top_p 0.9); temperature 0 is greedy, exactly. The seed stays 0: reproducible."""
+    max_tokens: int | None = None
+    temperature: float | None = None  # 0 = greedy; None = the model's default
+    top_p: float | None = None  # 1 = off; None = the model's default
+    top_k: int | None = None  # 0 = off; None = the model's default (off unless it states one)
+    min_p: float | None = None  # 0 = off; None = the model's default (off unless it states one)
     repeat_penalty: float = 1.0
     seed: int = 0
     stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1:
+        if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         object.__setattr__(self, "stop", tuple(self.stop))
         self.sampling()  # raises ValueError naming a bad value
 
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
-                              repetition_penalty=self.repeat_penalty)
+    def resolved(self, defaults: SamplingDefaults = CHAT_DEFAULTS) -> dict:
+        """temperature, top_p, top_k, min_p as this call samples: its own values, the defaults for the unset."""
+        given = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p}
+        return {k: getattr(defaults, k) if v is None else v for k, v in given.items()}
+
+    def sampling(self, defaults: SamplingDefaults = CHAT_DEFAULTS) -> SamplingParams:
+        return SamplingParams(**self.resolved(defaults), repetition_penalty=self.repeat_penalty)
 
 
 def load(settings: ModelSettings, log: Log | None = None) -> LoadedModel:
@@ -93,6 +103,7 @@ class Decoder:
     def __init__(self, model: LoadedModel, settings: ModelSettings, decode: DecodeSettings) -> None:
         settings = resolved(settings, model)  # model_settings.backend is always the engine that runs
         self.model, self.model_settings, self.settings = model, settings, decode
+        self.sampling_defaults = model_sampling(model)  # what a call's unset temperature/top_p/... resolve to
         self.lossy = None
         self.drafter: Drafter | None = None
         if decode.lossy:
@@ -118,20 +129,28 @@ class Decoder:
         """Weight bytes one drafted token reads (0 for free drafters and plain decoding); for MBSU."""
         return 0 if self.drafter is None else int(self.drafter.weight_bytes_per_token)
 
+    def sampling_used(self, call: CallSettings) -> dict:
+        """What the call samples with: temperature, top_p, top_k, min_p, repeat_penalty, seed, and `defaults`
+        (where the unset ones came from)."""
+        return {**call.resolved(self.sampling_defaults), "repeat_penalty": call.repeat_penalty, "seed": call.seed,
+                "defaults": self.sampling_defaults.source}
+
     def with_decode(self, decode: DecodeSettings) -> "Decoder":
         """A decoder over the same loaded target with other decode settings (a new drafter is built and checked)."""
         return Decoder(self.model, self.model_settings, decode)
 
     def stream(self, prompt_ids: Tokens | Sequence[int], call: CallSettings, *, stats: DecodeStats | None = None,
                session: Session | None = None) -> Iterator[Response]:
-        """Decode prompt_ids (already templated and tokenized); the last Response carries the finish reason."""
+        """Decode prompt_ids (already templated and tokenized); the last Response carries the finish reason.
+        call.max_tokens None decodes to EOS / a stop string or to the room left in the context (runtime/decode.py
+        bounds the drafts by that room)."""
         extra = {} if self.lossy is None else {"lossy": self.lossy}
         if session is not None:
             extra["session"] = session
         s = self.settings
         return stream(self.model.backend, self.model.tokenizer, np.asarray(prompt_ids, dtype=np.int32),
-                      call.sampling(), drafter=self.drafter, k=s.k, max_tokens=call.max_tokens, stop=call.stop,
-                      rng=np.random.default_rng(call.seed), stats=stats, ctx=self.model_settings.ctx,
+                      call.sampling(self.sampling_defaults), drafter=self.drafter, k=s.k, max_tokens=call.max_tokens,
+                      stop=call.stop, rng=np.random.default_rng(call.seed), stats=stats, ctx=self.model_settings.ctx,
                       adaptive_k=s.adaptive_k, verifier_kind=s.verifier, **extra)
 
     def run(self, prompt_ids: Tokens | Sequence[int], call: CallSettings, *, stats: DecodeStats | None = None,
@@ -148,7 +167,8 @@ class Decoder:
                 yield r
 
         result = collect(timed(self.stream(prompt_ids, call, stats=stats, session=session)), on_text=on_text)
-        facts = {"wall_s": time.perf_counter() - t0, "ttft_s": first[0] if first else None, "drafter": self.label}
+        facts = {"wall_s": time.perf_counter() - t0, "ttft_s": first[0] if first else None, "drafter": self.label,
+                 "sampling": self.sampling_used(call)}
         if session is not None:
             facts["reused_prompt_tokens"] = session.reused
         return replace(result, prompt_tokens=len(prompt_ids), stats={**stats.to_dict(), **facts})

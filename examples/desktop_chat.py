@@ -29,7 +29,7 @@ class Bridge(QObject):
 class ChatWindow(QWidget):
     """A prompt box, Send and Stop buttons, the streamed answer and a status line."""
 
-    def __init__(self, engine: Engine, max_tokens: int = 256, **options) -> None:
+    def __init__(self, engine: Engine, max_tokens: int | None = None, **options) -> None:
         super().__init__()
         self.engine, self.options = engine, dict(options, max_tokens=max_tokens)
         self.cancel: threading.Event | None = None
@@ -120,8 +120,8 @@ def main(argv=None) -> int:
     ap.add_argument("model", nargs="?", default="smollm2-135m")
     ap.add_argument("--backend", default=None, help="default: the engine the model names")
     ap.add_argument("--drafter", default="ngram")
-    ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--max-tokens", type=int, default=None, help="default: to the end of the answer")
+    ap.add_argument("--temperature", type=float, default=None, help="default: the model's; 0 = greedy")
     a = ap.parse_args(argv)
     app = QApplication.instance() or QApplication(sys.argv[:1])
     window = ChatWindow(Engine(a.model, backend=a.backend, drafter=a.drafter), a.max_tokens,

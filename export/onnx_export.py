@@ -32,6 +32,7 @@ from ..models.manifest import CHAIN_FORMAT_VERSION, FORMAT, FORMAT_VERSION, LAYE
     PAD_ROW_NONE, STATIC_FORMAT_VERSION, Profile, config_to_dict, sha256_file
 from ..models.tokenizer_spec import TokenizerSpec
 from ..models.gguf_in import GGUFModel
+from ..models.generation import from_generation_config, from_gguf_metadata
 from ..models.hf_in import HFModel
 from .onnx_graph import PAD_ROW, PAD_ROWS, GraphIO, build_decoder
 from .onnx_layered import LAYERED_DATA, build_layered, layered_fields, save_layered
@@ -104,9 +105,10 @@ class GGUFSource(FloatSource):
 
 def export_onnx(src: FloatSource, out_dir: str | Path, opts: ExportOptions, *,
                 tokenizer: TokenizerSpec | None = None, provenance: Path | None = None,
-                profile: ExportProfile = DYNAMIC) -> Path:
+                profile: ExportProfile = DYNAMIC, generation: dict | None = None) -> Path:
     """Build, save and describe one decoder artifact in the given profile (static: fixed shapes; layered: one graph
-    per segment); returns the manifest path."""
+    per segment); returns the manifest path. generation: the source's own sampling values (models/generation.py),
+    recorded as the manifest's optional `generation` when it states any."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = src.weights.config
@@ -118,7 +120,7 @@ def export_onnx(src: FloatSource, out_dir: str | Path, opts: ExportOptions, *,
         fields = {"format_version": LAYERED_FORMAT_VERSION, "profile": Profile.LAYERED.value,
                   **layered_fields(cfg, opts, graphs, shared, PAD_ROWS)}
         return _write_manifest(out, files, "embed.onnx", LAYERED_DATA, opts, fields, cfg, records, tokenizer,
-                               provenance)
+                               provenance, generation)
     if static is None:
         model, records = build_decoder(cfg, src, opts, GraphIO())
     else:
@@ -129,12 +131,12 @@ def export_onnx(src: FloatSource, out_dir: str | Path, opts: ExportOptions, *,
                     location=DATA_FILE, size_threshold=1024)
     fields = _dynamic_fields(cfg, opts) if static is None else _static_fields(cfg, static)
     return _write_manifest(out, [MODEL_FILE, DATA_FILE], MODEL_FILE, DATA_FILE, opts, fields, cfg, records, tokenizer,
-                           provenance)
+                           provenance, generation)
 
 
 def _write_manifest(out: Path, files: list[str], model: str, data: str, opts: ExportOptions, fields: dict, cfg,
-                    records: dict[str, TensorRecord], tokenizer: TokenizerSpec | None, provenance: Path | None
-                    ) -> Path:
+                    records: dict[str, TensorRecord], tokenizer: TokenizerSpec | None, provenance: Path | None,
+                    generation: dict | None = None) -> Path:
     tok = write_tokenizer(out, tokenizer, files) if tokenizer is not None else None
     manifest = {
         "format": FORMAT, "model": model, "weights_file": data, "weight_format": opts.fmt.value, **fields,
@@ -146,6 +148,8 @@ def _write_manifest(out: Path, files: list[str], model: str, data: str, opts: Ex
         "tokenizer": tok,
         "parity": None,  # filled in by gate_artifact
     }
+    if generation:  # optional: readers without it ignore it, the runtime falls back to its chat defaults
+        manifest["generation"] = dict(generation)
     path = out / MANIFEST
     path.write_text(json.dumps(manifest, indent=1) + "\n", "utf-8")
     return path
@@ -232,7 +236,7 @@ def export_gguf_to_onnx(gguf: GGUFModel, out_dir: str | Path, fmt: WeightFormat,
     src = GGUFSource(gguf)
     spec = gguf.tokenizer_spec()
     path = export_onnx(src, out_dir, ExportOptions(fmt, accuracy_level, exact_mins), tokenizer=spec,
-                       provenance=gguf.path, profile=profile)
+                       provenance=gguf.path, profile=profile, generation=from_gguf_metadata(gguf.metadata))
     if gate:
         gate_artifact(path, src.weights, spec, tolerance=tolerance, threads=threads)
     return path
@@ -247,7 +251,7 @@ def export_hf_to_onnx(hf: HFModel, out_dir: str | Path, fmt: WeightFormat, *, ac
     src = FloatSource(hf.load_weights(), hf.tensor_types())
     spec = hf.tokenizer_spec()
     path = export_onnx(src, out_dir, ExportOptions(fmt, accuracy_level), tokenizer=spec, provenance=hf.path,
-                       profile=profile)
+                       profile=profile, generation=from_generation_config(hf.path))
     if gate:
         gate_artifact(path, src.weights, spec, tolerance=tolerance, threads=threads)
     return path

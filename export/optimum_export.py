@@ -25,6 +25,7 @@ import numpy as np
 from .._version import __version__
 from ..models.config import ModelConfig
 from ..models.errors import ModelFileError
+from ..models.generation import from_generation_config
 from ..models.manifest import MANIFEST, OPTIMUM_FORMAT, OPTIMUM_FORMAT_VERSION, config_to_dict, sha256_file
 from ..runtime.backends.ort_threads import foreign_sessions
 from ..runtime.kv import LengthCursor
@@ -172,6 +173,9 @@ def export_via_optimum(src: str | Path, out_dir: str | Path, *, gate: bool = Tru
         "tokenizer": tok,
         "parity": {"passed": False, "pending": True} if gate else None,  # until the gate records its numbers
     }
+    generation = from_generation_config(src)
+    if generation:  # optional (models/manifest.py): the checkpoint's own sampling values
+        manifest["generation"] = generation
     path = out / MANIFEST
     path.write_text(json.dumps(manifest, indent=1) + "\n", "utf-8")
     if gate:

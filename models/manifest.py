@@ -47,6 +47,10 @@ formats, each with its own versions; the runtime picks its backend by `format` a
                                   cut to those rows: logits [T, n]), head (final norm + trimmed head on hidden states),
                                   head_io, calibration (target, engine, prompts, max_tokens, generated, source);
                                   runtime/vocab_trim.py reads it
+    generation                    optional: the source's own sampling values {temperature, top_p, top_k, min_p}
+                                  (GGUF general.sampling.*, or generation_config.json; models/generation.py); the
+                                  defaults of calls that leave them unset (assembly/sampling_defaults.py). Optional
+                                  in every format version: artifacts without it sample with the chat defaults
 """
 from __future__ import annotations
 
@@ -151,7 +155,7 @@ def _schema_problem(raw: Any) -> str | None:
     for key in ("io", "config"):
         if not isinstance(raw.get(key), dict):
             return f"{key} must be an object"
-    for key in ("tensors", "segments", "drafter_vocab", "parity"):
+    for key in ("tensors", "segments", "drafter_vocab", "parity", "generation"):
         if raw.get(key) is not None and not isinstance(raw[key], dict):
             return f"{key} must be an object or null"
     tok = raw.get("tokenizer")

@@ -15,6 +15,7 @@ from gguf.quants import quantize
 from .config import ModelConfig
 from .families import family
 from .family_base import canonical_to_gguf
+from .generation import GGUF_KEYS
 from .tokenizer_gguf import TOKEN_CONTROL
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -128,8 +129,10 @@ def _write_metadata(wr: GGUFWriter, cfg: ModelConfig, pre: str) -> None:
 
 def write_tiny_gguf(path: str | Path, *, arch: str = "llama", seed: int = 0, n_layers: int = 2, d_model: int = 64,
                     n_heads: int = 4, n_kv_heads: int = 2, d_ff: int = 128, context: int = 256, tied: bool = True,
-                    dtype: str = "f32", weights: dict[str, np.ndarray] | None = None) -> Path:
-    """Write a seeded random tiny model as GGUF; `weights` (canonical) overrides the random ones."""
+                    dtype: str = "f32", weights: dict[str, np.ndarray] | None = None,
+                    sampling: dict[str, float] | None = None) -> Path:
+    """Write a seeded random tiny model as GGUF; `weights` (canonical) overrides the random ones; `sampling`
+    ({temperature, top_p, top_k, min_p}) is written as the general.sampling.* keys llama.cpp reads."""
     if dtype not in _QTYPES:
         raise ValueError(f"dtype {dtype!r}: use one of {sorted(_QTYPES)}")
     fam = family(arch)
@@ -139,6 +142,9 @@ def write_tiny_gguf(path: str | Path, *, arch: str = "llama", seed: int = 0, n_l
     path = Path(path)
     wr = GGUFWriter(str(path), arch)
     _write_metadata(wr, cfg, fam.tokenizer_pre(cfg))
+    for name, value in (sampling or {}).items():
+        key = GGUF_KEYS[name]
+        wr.add_int32(key, int(value)) if name == "top_k" else wr.add_float32(key, float(value))
     wr.add_file_type({"f32": 0, "f16": 1, "q8_0": 7, "q4_0": 2, "q4_1": 3}[dtype])
     for name in cfg.tensor_names():
         data, qtype = _stored(name, fam.to_gguf_layout(name, tensors[name], cfg), dtype)

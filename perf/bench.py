@@ -270,7 +270,7 @@ def specedge_configs(targets: Sequence[str], drafters: Sequence[str], ks: Sequen
     from ..assembly.decoder import CallSettings, DecodeSettings, Decoder, ModelSettings, load
     from ..assembly.load import parse_drafter
 
-    call = CallSettings(max_tokens=max_tokens)  # greedy, seed 0
+    call = CallSettings(max_tokens=max_tokens, temperature=0.0)  # greedy, seed 0
     drafters = [PLAIN] + [d for d in drafters if d != PLAIN]
     for d in drafters:
         drafter_for(d, None)  # a bad qualifier fails before any model loads

@@ -36,7 +36,7 @@ class Chat:
     def chat(self, messages: list[dict], max_tokens: int):
         tok = self.decoder.tokenizer
         ids = tok.encode(tok.apply_chat_template(messages))
-        return self.decoder.run(ids, CallSettings(max_tokens=max_tokens), session=self.session)
+        return self.decoder.run(ids, CallSettings(max_tokens=max_tokens, temperature=0.0), session=self.session)
 
 SYSTEM = ("You are a helpful, concise assistant running on a small device. Answer in plain sentences, keep answers "
           "short, and say so when you are not sure about something.")

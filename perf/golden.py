@@ -145,7 +145,7 @@ def decode_config(backend: str, model: LoadedModel, config: str, prompts: list[l
     settings = ModelSettings(str(model.path), model.kind, threads=threads,
                              device="cpu" if backend == "onnx" else "auto")
     decoder = Decoder(model, settings, decode)  # the one assembly path the CLI, Engine, server and bench take
-    call = CallSettings(max_tokens=tokens, seed=SEED)
+    call = CallSettings(max_tokens=tokens, temperature=0.0, seed=SEED)  # greedy: the golden outputs
     return [[int(t) for t in decoder.run(np.asarray(ids, np.int32), call).tokens] for ids in prompts]
 
 

@@ -31,11 +31,14 @@ class TokenEvent:
 
 
 def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: Drafter | None = None,
-           k: int = 4, max_tokens: int = 128, eos_ids: Sequence[int] = (), rng: np.random.Generator | None = None,
-           stats: DecodeStats | None = None, ctx: int | None = None, adaptive_k: bool = False,
+           k: int = 4, max_tokens: int | None = 128, eos_ids: Sequence[int] = (),
+           rng: np.random.Generator | None = None, stats: DecodeStats | None = None, ctx: int | None = None, adaptive_k: bool = False,
            verifier_kind: VerifierKind = VerifierKind.CHAIN, session: Session | None = None,
            lossy: LossyMode | None = None) -> Iterator[TokenEvent]:
     """Generate up to max_tokens tokens; yields one event per emitted token, the last one with a finish reason.
+    max_tokens None: up to the room left in the context (its limit minus the prompt), so the decode ends at EOS or
+    there (finish LENGTH). Each round drafts at most the cache room left past the committed tokens, so a draft
+    never overruns the cache, at the limit included.
 
     adaptive_k: verify only the prefix of each draft that pays for its verification, learned online from this
     target's call times and the drafter's acceptance (runtime/draft_length.py); k is then the maximum. Lossless
@@ -51,7 +54,7 @@ def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: 
     prompt = as_tokens(prompt)
     if len(prompt) == 0:
         raise ValueError("the prompt is empty: give at least one token")
-    if max_tokens < 1:
+    if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     stepper = make_stepper(target, params, drafter, k=k, adaptive_k=adaptive_k, verifier_kind=verifier_kind,
                            lossy=lossy)
@@ -60,7 +63,8 @@ def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: 
     if len(prompt) + 1 > limit:
         raise ValueError(f"the prompt has {len(prompt)} tokens but the context holds {limit}: shorten the prompt "
                          "or raise --ctx (up to the model's context length)")
-    max_tokens = min(max_tokens, limit - len(prompt))
+    room = limit - len(prompt)
+    max_tokens = room if max_tokens is None else min(max_tokens, room)
     rng = rng if rng is not None else np.random.default_rng(0)
     stats = stats if stats is not None else DecodeStats()
     eos = set(int(e) for e in eos_ids)

@@ -36,13 +36,14 @@ def held_back(text: str, stops: Sequence[str]) -> int:
 
 
 def stream(target: Backend, tokenizer: Tokenizer, prompt: Tokens, params: SamplingParams, *,
-           drafter: Drafter | None = None, k: int = 4, max_tokens: int = 128, stop: Sequence[str] = (),
+           drafter: Drafter | None = None, k: int = 4, max_tokens: int | None = 128, stop: Sequence[str] = (),
            rng: np.random.Generator | None = None, stats: DecodeStats | None = None,
            eos_ids: Sequence[int] | None = None, ctx: int | None = None, adaptive_k: bool = False,
            verifier_kind: VerifierKind = VerifierKind.CHAIN, lossy: LossyMode | None = None,
            session: Session | None = None) -> Iterator[Response]:
     """Yield Responses as tokens are committed; the last one carries the finish reason.
 
+    max_tokens None: to EOS, a stop string or the context limit (runtime/decode.py).
     lossy: a labelled lossy mode (runtime/lossy.py) instead of speculation. session: a runtime/session.py Session
     whose cached prefix is reused.
 

@@ -24,7 +24,7 @@ def plain(engine, ids, params, max_tokens, seed=0):
 
 def test_generate_equals_plain_decoding_and_reports_stats(engine):
     ids = engine.encode("hello world")
-    c = engine.generate(ids, max_tokens=20)
+    c = engine.generate(ids, max_tokens=20, temperature=0)
     want = plain(engine, ids, SamplingParams(), 20)
     assert c.tokens == (want[:-1] if c.finish_reason == "eos" else want)
     assert c.prompt_tokens == len(ids) and c.stats["n_generated"] == len(want)
@@ -102,19 +102,19 @@ def test_set_drafter_switches_live_and_a_bad_spec_keeps_the_old_one(tmp_path):
     path = write_tiny_gguf(tmp_path / "t.gguf", seed=0, n_layers=2)
     eng = specedge.Engine(str(path), backend="numpy", drafter="ngram", ctx=256)
     ids = eng.encode("the cat sat on the mat")
-    want = eng.generate(ids, max_tokens=16).tokens
+    want = eng.generate(ids, max_tokens=16, temperature=0).tokens
     for bad, match in [("magic", "unknown drafter"), (f"model:{tmp_path / 'missing.gguf'}", "missing.gguf")]:
         with pytest.raises((ValueError, FileNotFoundError), match=match):
             eng.set_drafter(bad)
         assert eng.drafter_name == "ngram" and type(eng.drafter).__name__ == "NgramDrafter"
     for spec in (f"model:{path}", "recycle:8", "exit:1", "none"):
         eng.set_drafter(spec)
-        c = eng.generate(ids, max_tokens=16)
+        c = eng.generate(ids, max_tokens=16, temperature=0)
         assert c.tokens == want and c.stats["drafter"] == spec  # lossless whichever drafter runs
     assert eng.drafter is None
     other = write_tiny_gguf(tmp_path / "o.gguf", seed=1, n_layers=1)
     eng.set_drafter(f"model:{other}")  # same tiny vocabulary: accepted; the target's output is unchanged
-    assert eng.generate(ids, max_tokens=16).tokens == want
+    assert eng.generate(ids, max_tokens=16, temperature=0).tokens == want
 
 
 def test_engine_lookup_hybrid_drafts_from_the_calls_sampled_q(tmp_path):

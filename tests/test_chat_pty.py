@@ -141,7 +141,8 @@ def test_ctrl_c_stops_the_answer_keeps_the_conversation(endless, tmp_path):
 def test_a_full_context_says_what_to_do_and_the_session_lives(endless):
     child = spawn(endless, "--backend", "numpy", "--ctx", 48, "--max-tokens", 8)
     child.sendline("word " * 60)
-    child.expect(r"error: the prompt has \d+ tokens but the context holds 48.*\s+\(type /reset")
+    child.expect(r"\(context full: the message is \d+ tokens and the answer needs room \(8 tokens\); that does not "
+                 r"fit 48 tokens: shorten it.*the conversation is unchanged\)")
     child.expect("> ")
     assert turn(child, "hi")["finish"] == "length"
     child.sendline("/exit")
@@ -155,7 +156,8 @@ def test_real_model_chat_in_a_terminal(tmp_path):
     if not (model_cache_dir(None) / "SmolLM2-135M-Instruct.Q4_1.gguf").is_file():
         pytest.skip("the default model is not pulled: run `specedge pull smollm2-135m`")
     pytest.importorskip("llama_cpp")
-    child = spawn("smollm2-135m", "--backend", "llamacpp", "--max-tokens", 24, "--ctx", 2048, timeout=120)
+    child = spawn("smollm2-135m", "--backend", "llamacpp", "--drafter", "ngram", "--temperature", 0, "--max-tokens", 24,
+                  "--ctx", 2048, timeout=120)
     first = turn(child, "What is the capital of France?")
     answer = first["text"].split("\r\n", 1)[1].strip()  # after the echoed question
     assert answer and "\ufffd" not in answer
@@ -180,3 +182,48 @@ def test_real_model_chat_in_a_terminal(tmp_path):
     child.expect(pexpect.EOF)
     doc = json.loads(saved.read_text())
     assert doc["messages"][5]["interrupted"] is True and doc["drafter"] == "none"
+
+
+def _real_model():
+    from specedge.models.catalog import model_cache_dir
+    if not (model_cache_dir(None) / "SmolLM2-135M-Instruct.Q4_1.gguf").is_file():
+        pytest.skip("the default model is not pulled: run `specedge pull smollm2-135m`")
+    pytest.importorskip("llama_cpp")
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_real_model_answers_run_to_the_end_and_a_long_chat_keeps_going():
+    """Defaults (issue 18): no --max-tokens, so a long answer runs past the old 128-token cap to the end of the turn
+    (or, only there, the context limit); with a small --ctx the chat drops its oldest turns instead of stopping."""
+    _real_model()
+    child = spawn("smollm2-135m", "--backend", "llamacpp", "--drafter", "ngram", "--temperature", 0, "--ctx", 2048,
+                  timeout=300)
+    story = turn(child, "Write a long story about a dragon, at least 300 words.")
+    assert story["tokens"] > 128
+    assert story["finish"] in ("eos", "stop") or (story["finish"] == "length"
+                                                  and story["prompt"] + story["tokens"] + 1 >= 2048)
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+
+    child = spawn("smollm2-135m", "--backend", "llamacpp", "--drafter", "ngram", "--temperature", 0, "--ctx", 512,
+                  timeout=300)
+    questions = ["Write a long story about a dragon, at least 300 words.", "Now tell me a long story about a knight.",
+                 "And a long story about a wizard, please.", "One more long story, about a cat."]
+    answers, dropped = [], 0
+    for q in questions:
+        child.sendline(q)
+        i = child.expect([r"\(context full: dropped the (\d+) oldest messages to fit 512 tokens\)", STATS])
+        if i == 0:
+            assert int(child.match[1]) % 2 == 0
+            dropped += int(child.match[1])
+            child.expect(STATS)
+        m = child.match
+        answers.append((int(m[4]), int(m[7]), m[8]))
+        child.expect("> ")
+    assert dropped > 0 and all(tokens > 0 for _, tokens, _ in answers)  # trimmed; every message answered
+    assert all(f in ("eos", "stop") or p + t + 1 >= 512 for p, t, f in answers)  # length only at the limit
+    child.sendline("/stats")
+    child.expect(r"session: 4 answers")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)

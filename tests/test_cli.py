@@ -21,7 +21,7 @@ def run(*args):
 
 def test_generate_json_is_valid_and_lossless(tiny_path):
     r = run("generate", tiny_path, "hello world", "--backend", "numpy", "--drafter", "ngram", "--max-tokens", 24,
-            "--json", "--baseline")
+            "--temperature", 0, "--json", "--baseline")
     assert r.exit_code == 0, r.output
     obj = json.loads(r.stdout.strip().splitlines()[-1])
     assert set(obj) == {"text", "tokens", "finish_reason", "stats"}
@@ -33,7 +33,7 @@ def test_generate_json_is_valid_and_lossless(tiny_path):
 @pytest.mark.parametrize("flag", ["--adaptive-k", "--fixed-k"])
 def test_draft_length_mode_is_reported_and_lossless(tiny_path, flag):
     r = run("generate", tiny_path, "the cat sat", "--backend", "numpy", "--drafter", f"model:{tiny_path}", "--k", 4,
-            "--max-tokens", 16, "--json", "--baseline", flag)
+            "--max-tokens", 16, "--temperature", 0, "--json", "--baseline", flag)
     assert r.exit_code == 0, r.output
     stats = json.loads(r.stdout.strip().splitlines()[-1])["stats"]
     assert stats["adaptive_k"] is (flag == "--adaptive-k") and stats["identical_to_baseline"] is True
@@ -91,7 +91,7 @@ def test_chat_streams_and_resets(tiny_path):
 
 def test_recycle_trees_and_block_verifier_from_the_cli(tiny_path):
     r = run("generate", tiny_path, "the cat sat on the mat", "--backend", "numpy", "--drafter", "recycle:8",
-            "--max-tokens", 20, "--json", "--baseline")
+            "--max-tokens", 20, "--temperature", 0, "--json", "--baseline")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout.strip().splitlines()[-1])["stats"]["identical_to_baseline"] is True
     r = run("generate", tiny_path, "the cat", "--backend", "numpy", "--drafter", f"model:{tiny_path}",

@@ -100,7 +100,8 @@ def test_cli_generate_on_cuda(gpu_pair, tmp_path):
     assert r.exit_code == 0, r.output
     for device in ("cuda", "auto"):
         r = CliRunner().invoke(cli, ["generate", str(gated), "hello world", "--backend", "onnx", "--device", device,
-                                     "--max-tokens", "24", "--json", "--baseline"], catch_exceptions=False)
+                                     "--max-tokens", "24", "--json", "--baseline", "--temperature", "0"],
+                                    catch_exceptions=False)
         assert r.exit_code == 0, r.output
         stats = json.loads(r.stdout.strip().splitlines()[-1])["stats"]
         assert stats["identical_to_baseline"] is True

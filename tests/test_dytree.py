@@ -91,7 +91,8 @@ def test_tree_suffix_parses_and_bad_combinations_fail_at_start_up(models):
         DynamicTreeDrafter(ModelDrafter(MarkovBackend(random_markov_table(5, seed=0))))
     d, target, draft, _, _ = models
     r = CliRunner().invoke(cli, ["generate", str(target), "hi", "--backend", "numpy", "--drafter",
-                                 f"model:{draft}+tree:8", "--max-tokens", "16", "--json", "--baseline"])
+                                 f"model:{draft}+tree:8", "--max-tokens", "16", "--json", "--baseline",
+                                 "--temperature", "0"])
     assert r.exit_code == 0, r.output
     stats = json.loads(r.stdout.strip().splitlines()[-1])["stats"]
     assert stats["identical_to_baseline"] is True and stats["drafter"].endswith("+tree:8")
@@ -108,7 +109,7 @@ def test_onnx_draft_artifact_drafts_trees_for_an_fp32_target(models, tmp_path):
     export_gguf_to_onnx(open_gguf(target), tmp_path / "t-int4", WeightFormat.INT4, gate=False)
     r = CliRunner().invoke(cli, ["generate", str(tmp_path / "t-fp32"), "the cat sat", "--backend", "onnx",
                                  "--drafter", f"model:{tmp_path / 't-int4'}+tree:6", "--max-tokens", "24", "--json",
-                                 "--baseline", "--threads", "1"])
+                                 "--baseline", "--temperature", "0", "--threads", "1"])
     assert r.exit_code == 0, r.output
     stats = json.loads(r.stdout.strip().splitlines()[-1])["stats"]
     assert stats["identical_to_baseline"] is True and stats["n_accepted"] > 0

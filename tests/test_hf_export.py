@@ -204,7 +204,7 @@ def test_cli_export_then_generate(tmp_path, via):
     assert json.loads((out / "manifest.json").read_text())["format"] == {"specedge": "specedge-onnx",
                                                                           "optimum": "optimum-onnx"}[via]
     r = run("generate", out, "hello world", "--backend", "onnx", "--device", "cpu", "--threads", 1, "--drafter",
-            "ngram", "--max-tokens", 16, "--json", "--baseline")
+            "ngram", "--max-tokens", 16, "--json", "--baseline", "--temperature", "0")
     assert r.exit_code == 0, r.output
     result = json.loads(r.stdout.strip().splitlines()[-1])
     assert result["stats"]["identical_to_baseline"] is True and len(result["tokens"]) > 0
@@ -226,7 +226,7 @@ def test_cli_unsupported_architecture_then_via_optimum(tmp_path):
     backend.forward(toks[:8], cache)
     np.testing.assert_allclose(backend.forward(toks[8:], cache), torch_logits(load_torch(src), toks)[8:], atol=TOL)
     r = run("generate", out, "the cat", "--backend", "onnx", "--device", "cpu", "--threads", 1, "--max-tokens", 12,
-            "--json", "--baseline")
+            "--json", "--baseline", "--temperature", "0")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout.strip().splitlines()[-1])["stats"]["identical_to_baseline"] is True
 

@@ -95,7 +95,8 @@ def test_lookup_suffix_parses_and_bad_combinations_fail_at_start_up(models):
             DrafterSpec.parse(bad)
     target, draft, _, _ = models
     r = CliRunner().invoke(cli, ["generate", str(target), "the cat sat on the mat, the cat", "--backend", "numpy",
-                                 "--drafter", f"model:{draft}+lookup", "--max-tokens", "16", "--json", "--baseline"])
+                                 "--drafter", f"model:{draft}+lookup", "--max-tokens", "16", "--json", "--baseline",
+                                 "--temperature", "0"])
     assert r.exit_code == 0, r.output
     stats = json.loads(r.stdout.strip().splitlines()[-1])["stats"]
     assert stats["identical_to_baseline"] is True and stats["drafter"].endswith("+lookup")
@@ -234,5 +235,5 @@ def test_engine_passes_each_calls_params_to_a_lookup_hybrid(models):
     engine = Engine(str(target_path), backend="numpy", drafter=f"model:{draft_path}+lookup:2", ctx=256)
     calls: list = []
     _spy_model_drafts(engine.drafter.model, calls)
-    engine.generate([1, 5, 9, 2], temperature=0.8, max_tokens=24, seed=0)
+    engine.generate([1, 5, 9, 2], temperature=0.8, top_p=1.0, max_tokens=24, seed=0)
     _assert_tempered_first_rows(calls, SamplingParams(temperature=0.8))

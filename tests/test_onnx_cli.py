@@ -52,7 +52,8 @@ def test_export_records_a_passed_gate(models):
 @pytest.mark.parametrize("drafter", ["ngram", "model:{draft}", "none"])
 def test_generate_onnx_is_lossless_with_each_drafter(models, drafter):
     r = run("generate", models / "target-onnx", "hello world", "--backend", "onnx", "--device", "cpu", "--threads", 1,
-            "--drafter", drafter.format(draft=models / "draft-onnx"), "--max-tokens", 20, "--json", "--baseline")
+            "--drafter", drafter.format(draft=models / "draft-onnx"), "--max-tokens", 20, "--temperature", 0, "--json",
+            "--baseline")
     assert r.exit_code == 0, r.output
     stats = json.loads(r.stdout.strip().splitlines()[-1])["stats"]
     assert stats["identical_to_baseline"] is True and stats["backend"] == "onnx"
@@ -161,6 +162,6 @@ def test_export_layered_profile_passes_the_gate_and_generates(models, tmp_path):
     assert manifest["profile"] == "layered" and manifest["parity"]["passed"]
     assert len(manifest["segments"]["layers"]) == 2
     r = run("generate", out, "hello world", "--backend", "onnx", "--device", "cpu", "--threads", 1, "--drafter",
-            "ngram", "--max-tokens", 20, "--json", "--baseline")
+            "ngram", "--max-tokens", 20, "--temperature", 0, "--json", "--baseline")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout.strip().splitlines()[-1])["stats"]["identical_to_baseline"] is True

@@ -191,7 +191,7 @@ def test_cli_export_static_then_generate(tiny, tmp_path):
     assert m.profile is Profile.STATIC and m.raw["parity"]["passed"] and m.io["verify_width"] == 4
     for drafter in ("ngram", f"model:{out}"):  # a static drafter's cache defaults to its max context (80)
         r = run("generate", out, "hello world", "--backend", "onnx", "--device", "cpu", "--threads", 1,
-                "--drafter", drafter, "--max-tokens", 20, "--json", "--baseline")
+                "--drafter", drafter, "--max-tokens", 20, "--json", "--baseline", "--temperature", "0")
         assert r.exit_code == 0, r.output
         stats = json.loads(r.stdout.strip().splitlines()[-1])["stats"]
         assert stats["identical_to_baseline"] is True and stats["backend"] == "onnx"

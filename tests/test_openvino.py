@@ -115,7 +115,7 @@ def test_cli_generate_static_on_openvino_cpu(artifacts, tmp_path):
                                  "--verify-width", "4", "--max-context", "80", "--out", str(out), "--threads", "1"])
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(cli, ["generate", str(out), "hi", "--backend", "onnx", "--device", "openvino:CPU",
-                                 "--threads", "1", "--max-tokens", "20", "--json", "--baseline"],
+                                 "--threads", "1", "--max-tokens", "20", "--json", "--baseline", "--temperature", "0"],
                            catch_exceptions=False)
     assert r.exit_code == 0, r.output
     stats = json.loads(r.stdout.strip().splitlines()[-1])["stats"]

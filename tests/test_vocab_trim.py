@@ -159,7 +159,8 @@ def test_cli_export_drafter_vocab_then_generate_is_lossless(tmp_path):
     section = json.loads((tmp_path / "d-onnx" / "manifest.json").read_text())["drafter_vocab"]
     assert section["n"] == 64 and section["calibration"]["prompts"] == 2 and section["calibration"]["generated"] > 0
     r = run("generate", tmp_path / "t-onnx", "hello world", "--backend", "onnx", "--device", "cpu", "--threads", 1,
-            "--drafter", f"model:{tmp_path / 'd-onnx'}", "--max-tokens", 20, "--json", "--baseline")
+            "--drafter", f"model:{tmp_path / 'd-onnx'}", "--max-tokens", 20, "--json", "--baseline",
+            "--temperature", "0")
     assert r.exit_code == 0, r.output
     stats = json.loads(r.stdout.strip().splitlines()[-1])["stats"]
     assert stats["identical_to_baseline"] is True  # make_drafter picks the trimmed graph: test_greedy_with_...

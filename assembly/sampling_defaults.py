@@ -1,0 +1,52 @@
+"""The model's own sampling defaults: what a call that leaves temperature / top_p / top_k / min_p unset samples with.
+
+One resolution for the CLI (generate, chat), the Engine (apps/api.py) and the server, in this order:
+
+    1. a GGUF file's metadata   general.sampling.temp, .top_p, .top_k, .min_p   (the keys llama.cpp reads)
+    2. an ONNX artifact's manifest `generation` {temperature, top_p, top_k, min_p}, recorded at export from the
+       source (the GGUF keys above, or a checkpoint's generation_config.json; models/generation.py)
+    3. CHAT_DEFAULTS: temperature 0.7, top_p 0.9 (top_k and min_p off)
+
+Each field falls back on its own: a model that states only its temperature gets top_p 0.9. An explicit value,
+temperature 0 (greedy) included, always wins (CallSettings.sampling).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+from ..models.generation import from_gguf_metadata, stated
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """The values a call samples with when it leaves them unset; `source` says where they came from."""
+    temperature: float
+    top_p: float
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0  # 0 = off
+    source: str = "chat default"
+
+
+# A chat default close to what instruct models ship (Llama 3, Qwen 2.5: 0.6-0.7, top_p 0.8-0.9): varied but on topic.
+# Greedy (temperature 0) stays one option away and is honoured exactly.
+CHAT_DEFAULTS = SamplingDefaults(temperature=0.7, top_p=0.9, top_k=0, min_p=0.0, source="chat default")
+
+
+def resolve(values: Mapping[str, Any], source: str) -> SamplingDefaults:
+    """CHAT_DEFAULTS with the valid stated values over them; `source` names where they came from when any did."""
+    got = stated(values)
+    if not got:
+        return CHAT_DEFAULTS
+    return SamplingDefaults(**{**asdict(CHAT_DEFAULTS), **got, "source": source})
+
+
+def model_sampling(model) -> SamplingDefaults:
+    """The sampling defaults of a LoadedModel (assembly/load.py): its GGUF metadata, else its manifest's
+    `generation`, else CHAT_DEFAULTS."""
+    if getattr(model, "gguf", None) is not None:
+        return resolve(from_gguf_metadata(model.gguf.metadata), "gguf general.sampling")
+    manifest = getattr(model, "manifest", None)
+    if manifest is not None and isinstance(manifest.raw.get("generation"), dict):
+        return resolve(manifest.raw["generation"], "manifest generation")
+    return CHAT_DEFAULTS

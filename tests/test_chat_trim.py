@@ -1,0 +1,78 @@
+"""`specedge chat` past its context: the oldest turns are dropped in pairs (system prompt kept) with one line on
+stderr, /save keeps them marked, and a message too long on its own is refused with the conversation unchanged."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import specedge
+from specedge.apps.chat_cmd import ChatLoop, Conversation, answer_reserve, parse_option
+from specedge.apps.cli import cli
+from specedge.models.tiny import write_tiny_gguf
+
+CTX = 160
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return write_tiny_gguf(tmp_path_factory.mktemp("trim") / "tiny.gguf", seed=0)
+
+
+def test_answer_reserve():
+    assert answer_reserve(4096, None) == 512 and answer_reserve(2048, None) == 512
+    assert answer_reserve(512, None) == 128 and answer_reserve(512, 16) == 16
+
+
+def test_set_none_restores_the_defaults():
+    opts = parse_option("max_tokens", "64", {})
+    assert parse_option("max_tokens", "none", opts) == {"max_tokens": None}
+    assert parse_option("temperature", "0", {}) == {"temperature": 0.0}
+    with pytest.raises(ValueError, match="seed takes a int"):
+        parse_option("seed", "none", {})
+    with pytest.raises(ValueError, match="max_tokens must be >= 1"):
+        parse_option("max_tokens", "0", {})
+
+
+def test_a_long_conversation_keeps_going_dropping_the_oldest_turns(tiny, tmp_path, capsys):
+    engine = specedge.Engine(str(tiny), backend="numpy", drafter="ngram", ctx=CTX)
+    conv = Conversation("You are terse.", [], {"max_tokens": 8, "temperature": 0})
+    loop = ChatLoop(engine, conv)
+    reserve = answer_reserve(CTX, 8)
+    for i in range(14):
+        loop.answer(f"message {i}: tell me about the cat and the mat")
+        assert conv.render()[0] == {"role": "system", "content": "You are terse."}
+        assert loop.last["prompt_tokens"] + reserve <= CTX  # what the model saw fit with room for the answer
+        assert conv.messages[-2]["content"].startswith(f"message {i}:") and conv.messages[-1]["role"] == "assistant"
+    err = capsys.readouterr().err
+    assert err.count("[") == 14 and "error" not in err  # every message was answered
+    assert f"(context full: dropped the 2 oldest messages to fit {CTX} tokens)" in err
+    assert conv.start > 0 and conv.start % 2 == 0 and len(conv.messages) == 28  # whole pairs; all kept for /save
+    assert conv.render()[1]["role"] == "user"
+    saved = tmp_path / "c.json"
+    conv.save(saved, engine, loop.totals)
+    msgs = json.loads(saved.read_text())["messages"]
+    assert len(msgs) == 28 and all(m.get("dropped") for m in msgs[:conv.start])
+    assert not any(m.get("dropped") for m in msgs[conv.start:])
+    back = Conversation.load(saved)
+    assert back.start == 0 and len(back.messages) == 28 and not any("dropped" in m for m in back.messages)
+
+
+def test_a_message_too_long_alone_is_refused_and_the_conversation_stays(tiny, capsys):
+    engine = specedge.Engine(str(tiny), backend="numpy", drafter="ngram", ctx=CTX)
+    conv = Conversation(None, [], {"max_tokens": 8, "temperature": 0})
+    loop = ChatLoop(engine, conv)
+    loop.answer("hello there")
+    before = [dict(m) for m in conv.messages]
+    loop.answer("word " * 200)
+    assert conv.messages == before and conv.start == 0
+    assert "does not fit 160 tokens: shorten it" in capsys.readouterr().err
+    loop.answer("and now a short one")
+    assert len(conv.messages) == 4
+
+
+def test_through_the_cli_with_a_small_ctx(tiny):
+    lines = [f"question {i} about the cat that sat on the mat" for i in range(10)] + ["/exit"]
+    r = CliRunner().invoke(cli, ["chat", str(tiny), "--backend", "numpy", "--drafter", "ngram", "--ctx", CTX,
+                                 "--max-tokens", 8, "--system", "Be brief."], input="\n".join(lines) + "\n")
+    assert r.exit_code == 0, r.output
+    assert r.stderr.count("tau") == 10 and "context full: dropped the" in r.stderr and "error" not in r.stderr
