@@ -40,7 +40,7 @@ def plan_cmd(model, refresh, threads, weights, no_export, as_json, cache_dir) ->
         click.echo(json.dumps(plan.to_dict(), indent=2))
         return
     cpu = plan.machine.get("cpu_model", "?")
-    click.echo(f"plan for {model} on {cpu}, {plan.threads} threads ({'measured now' if made else 'cached'}, "
+    click.echo(f"plan for {model} on {cpu}, {plan.threads} threads ({'made now' if made else 'cached'}, "
                f"{plan.created}; `--refresh` re-measures):\n")
     click.echo(plan.table())
     click.echo(f"chosen: {plan.summary()}")

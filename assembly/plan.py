@@ -6,15 +6,17 @@ layered artifact for self-speculation) and this module turns the profiles into a
 
     per target: choose(profile) predicts tokens/s of plain decoding and of every drafter at every k (fixed or
                 adaptive) from its verify-cost curve T(n) and acceptance (docs/algorithms.md 5)
-    calibrate:  each target's predictions are scaled by measured / predicted plain tokens/s of the same target, so
-                engines compare on what was measured, not on how well the cost model fits each engine
+    calibrate:  every row is put on the measured scale: plain and the adaptive draft length are their measured
+                tokens/s; a fixed k is predicted and scaled by the drafter's measured / predicted tokens/s at the k
+                it was measured at, so engines compare on what was measured, not on how well the cost model fits
+                each engine
     choose:     the fastest calibrated candidate over all targets; a speculative one must beat the fastest PLAIN
                 candidate (any engine) by `margin` (3%), else that plain engine is chosen: the plan is never slower
                 than the fastest plain engine beyond noise.
 
-Example: llama.cpp plain measured 105 tok/s; ONNX int4 plain measured 86, predicted 90 (scale 0.956); its ngram
-adaptive predicted 130 -> calibrated 124.3 -> chosen (1.18x over llama.cpp plain). Had ngram calibrated to 107
-(< 105 x 1.03), llama.cpp plain would be chosen.
+Example: llama.cpp plain measured 105 tok/s; ONNX int4 plain measured 86; its ngram measured 120 tok/s at fixed
+k = 8 where the cost model predicted 125 (scale 0.96), and the model predicts 130 at k = 4 -> 124.8 -> chosen (1.19x
+over llama.cpp plain). Had it come to 107 (< 105 x 1.03), llama.cpp plain would be chosen.
 
 Plans are cached at <model cache>/plans/<key>.json; the key covers the source model's fingerprint, the threads,
 the CPU (model name and SIMD flags) and the versions of specedge and the engines, so a new machine, package or
@@ -32,9 +34,9 @@ from typing import Sequence
 
 from ..runtime.backends import BackendKind
 from .environment import SIMD, cpu_info
-from .profile import PLAIN, DeviceProfile, choose, k_label
+from .profile import PLAIN, DeviceProfile, choose, k_label, predict
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2  # 2: rows on the measured scale per drafter (adaptive = its measured run)
 PLAN_MARGIN = 0.03  # a speculative configuration must be predicted this much faster than the fastest plain engine
 _PACKAGES = ("specedge", "numpy", "onnxruntime", "llama_cpp_python", "tokenizers")
 ENGINE_NAMES = {BackendKind.LLAMACPP.value: "llama.cpp", BackendKind.ONNX.value: "onnx",
@@ -135,24 +137,31 @@ class Plan:
 
 
 def target_rows(target: PlanTarget, profile: DeviceProfile, drafters: Sequence[str]) -> list[PlanRow]:
-    """Plain decoding and, per drafter, its best k (fixed or adaptive) on one target, calibrated to the target's
-    measured plain tokens/s (module docstring)."""
+    """Plain decoding and, per drafter, its best k (fixed or adaptive) on one target, on the measured scale (module
+    docstring): plain and the adaptive length are their measured tokens/s; a fixed k is the cost model's prediction
+    scaled by the drafter's measured / predicted tokens/s at the k it was measured at (k_max), which carries the
+    model's bias for this drafter and engine over to the other k. A drafter without measured speeds falls back to
+    the plain scale."""
     choice = choose(profile, list(drafters))
-    scale = (profile.plain_tok_s_measured / choice.plain_tok_s
-             if profile.plain_tok_s_measured and choice.plain_tok_s > 0 else 1.0)
-    best: dict[str, object] = {}
+    plain_scale = (profile.plain_tok_s_measured / choice.plain_tok_s
+                   if profile.plain_tok_s_measured and choice.plain_tok_s > 0 else 1.0)
+    best: dict[str, PlanRow] = {}
     for c in choice.candidates:
-        if c.drafter not in best or c.tok_s > best[c.drafter].tok_s * (1 + 1e-9):
-            best[c.drafter] = c
-    rows = []
-    for name, c in best.items():
-        measured = profile.plain_tok_s_measured if name == PLAIN else None
-        if name != PLAIN:
-            d = profile.drafters[name]
-            measured = (d.tok_s_adaptive if c.adaptive else d.tok_s_measured if c.k == d.k_max else None) or None
-        rows.append(PlanRow(target.label, target.engine, target.path, name, c.k, c.adaptive, c.tok_s * scale,
-                            measured))
-    return rows
+        if c.drafter == PLAIN:
+            tok_s, measured = c.tok_s * plain_scale, profile.plain_tok_s_measured
+        else:
+            d = profile.drafters[c.drafter]
+            at_kmax = predict(profile, c.drafter, d.k_max).tok_s if d.k_max + 1 <= len(profile.verify_s) else 0.0
+            scale = d.tok_s_measured / at_kmax if d.tok_s_measured > 0 and at_kmax > 0 else plain_scale
+            if c.adaptive:
+                tok_s, measured = d.tok_s_adaptive, d.tok_s_adaptive
+            else:
+                tok_s, measured = c.tok_s * scale, d.tok_s_measured if c.k == d.k_max else None
+        row = PlanRow(target.label, target.engine, target.path, c.drafter, c.k, c.adaptive, float(tok_s),
+                      float(measured) if measured else None)
+        if c.drafter not in best or row.predicted_tok_s > best[c.drafter].predicted_tok_s * (1 + 1e-9):
+            best[c.drafter] = row
+    return list(best.values())
 
 
 def select(rows: Sequence[PlanRow], margin: float = PLAN_MARGIN) -> tuple[int, int]:

@@ -37,17 +37,26 @@ def row(target, drafter_, tok_s, engine=None, k=0, adaptive=False):
     return PlanRow(target.label, engine or target.engine, target.path, drafter_, k, adaptive, tok_s, None)
 
 
-def test_target_rows_calibrate_to_the_measured_plain_speed():
-    # predicted plain 100 tok/s (T(1) = 10 ms), measured 80 -> every prediction of this target scaled by 0.8
+def test_target_rows_are_on_the_measured_scale():
+    # plain: predicted 100 tok/s (T(1) = 10 ms), measured 80 -> 80
+    # ngram measured 150 tok/s at k = k_max = 3 where the model predicts 2.952 / 15 ms = 196.8 (scale 0.762): k = 1
+    # predicts 1.8 / 11.5 ms = 156.5 -> 119.3, k = 2 2.44 / 13 ms = 187.7 -> 143.0, k = 3 -> 150: k = 3 is its row
     p = profile([10, 11.5, 13, 15], [drafter("ngram", [0.8] * 3, measured=150)], plain_measured=80.0)
-    rows = target_rows(INT4, p, ["ngram"])
-    plain, ngram = rows
-    assert plain.drafter == PLAIN and plain.predicted_tok_s == pytest.approx(80.0)
-    assert plain.measured_tok_s == pytest.approx(80.0)
-    # the docstring example of assembly/profile.py: ngram k = 3 predicted 2.952 / 15 ms = 196.8 tok/s
+    plain, ngram = target_rows(INT4, p, ["ngram"])
+    assert plain.drafter == PLAIN and plain.predicted_tok_s == pytest.approx(80.0) == plain.measured_tok_s
     assert (ngram.drafter, ngram.k, ngram.adaptive) == ("ngram", 3, False)
-    assert ngram.predicted_tok_s == pytest.approx(2.952 / 0.015 * 0.8)
-    assert ngram.measured_tok_s == pytest.approx(150)  # measured at k = k_max = 3: the row's own configuration
+    assert ngram.predicted_tok_s == pytest.approx(150.0) and ngram.measured_tok_s == pytest.approx(150.0)
+    # a measured adaptive run faster than every fixed k is the drafter's row, at its measured speed
+    p = profile([10, 11.5, 13, 15], [drafter("ngram", [0.8] * 3, measured=150, adaptive=170, tau=2.5)],
+                plain_measured=80.0)
+    _, ngram = target_rows(INT4, p, ["ngram"])
+    assert ngram.adaptive and ngram.predicted_tok_s == pytest.approx(170.0) == ngram.measured_tok_s
+    # the cost model's optimism (it predicts 196.8 at k = 3) does not survive a slower measurement: a measured
+    # adaptive run slower than plain stays slower than plain
+    p = profile([10, 11.5, 13, 15], [drafter("ngram", [0.8] * 3, measured=60, adaptive=70, tau=1.0)],
+                plain_measured=80.0)
+    rows = target_rows(INT4, p, ["ngram"])
+    assert select(rows) == (0, 0) and max(r.predicted_tok_s for r in rows[1:]) < 80.0
 
 
 def test_llamacpp_plain_wins_when_no_drafter_pays_anywhere():
