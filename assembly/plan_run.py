@@ -3,7 +3,9 @@ demand, measure each target's device profile with a bounded budget, choose, cach
 
     GGUF model (catalogue name or path)
         llama.cpp on the GGUF                                   drafters: ngram, catalogue draft models (pulled,
-                                                                same tokenizer, smaller file)
+                                                                same tokenizer, smaller file); at 1 thread only:
+                                                                with more, llama.cpp is not batch-invariant, so
+                                                                its speculation is not lossless (plain only)
         ONNX Runtime on <model>-onnx-<w>, w in PlanSettings.weights (default int4, int8): exported into the cache
                                                                 on first use (parity-gated) where memory allows;
                                                                 drafters: ngram
@@ -242,6 +244,10 @@ def measure_targets(targets: list[PlanTarget], settings: PlanSettings, threads: 
             specs = candidate_specs(loaded, [])
             if t.engine == BackendKind.LLAMACPP.value:
                 specs += draft_models(Path(t.path), cache_dir)
+            if not loaded.backend.caps.batch_invariant:  # the plan is lossless: speculation only where it is exact
+                say(f"plan: {t.label} at {threads} threads is not batch-invariant (speculation would not be "
+                    "token-identical to plain greedy): plain only; --threads 1 makes it exact")
+                specs = []
             bar.total = (bar.total or 0) + measure_steps(len(specs), settings.measure)
             bar.set_description(f"plan: measuring {t.label}")
             bar.refresh()

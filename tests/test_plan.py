@@ -211,3 +211,13 @@ def test_an_artifact_plans_over_itself_only(tiny):
     plan, _ = plan_run.plan_for("tiny-onnx-int8", plan_run.PlanSettings(threads=1), cache_dir=cache)
     assert {r.path for r in plan.rows} == {str(art)} and plan.sources == [str(art)]
     assert Path(plan.choice.path) == art
+
+
+def test_llamacpp_speculation_is_planned_only_where_it_is_lossless(tiny):
+    # llama.cpp's verify batches equal its one-token calls only at 1 thread: at 2 the plan keeps it plain
+    pytest.importorskip("llama_cpp")
+    path, cache = tiny
+    two, _ = plan_run.plan_for(str(path), plan_run.PlanSettings(threads=2, weights=()), cache_dir=cache)
+    assert [r.drafter for r in two.rows] == [PLAIN]
+    one, _ = plan_run.plan_for(str(path), plan_run.PlanSettings(threads=1, weights=()), cache_dir=cache)
+    assert {r.drafter for r in one.rows} == {PLAIN, "ngram"}

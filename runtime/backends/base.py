@@ -39,6 +39,8 @@ class BackendCaps:
     #                                  an int8-activation ONNX graph takes one but may not verify trees losslessly
     tree_hint: str | None = None  # why tree_mask is False and what to do (shown by require_tree)
     reuse_hint: str | None = None  # why layer_reuse is False and what to do (shown by require_reuse)
+    batch_invariant: bool = True  # a verify batch's logits equal one-token calls' at every cache length, so greedy
+    #                               speculation is token-identical to plain (llama.cpp: only with 1 thread)
 
     @property
     def draft_trees(self) -> bool:
