@@ -64,8 +64,10 @@ def _plan(model, threads, cache_dir):
 
 
 def _plan_configs(plan, model, max_tokens, threads, ctx, cache_dir) -> list:
-    """Plain decoding on every engine/artifact the plan measured, and the plan's choice (labelled `plan:<target>`)
-    on its own."""
+    """Plain decoding on every engine/artifact the plan measured, then the plan's choice exactly as generate runs it
+    (labelled `plan: <target>`; a plain llama.cpp choice with its plain-decoding kernels)."""
+    from dataclasses import replace
+    from ..assembly.plan_run import plain_kernels
     configs, seen = [], set()
     for r in plan.rows:
         if r.plain and r.path not in seen:
@@ -73,12 +75,10 @@ def _plan_configs(plan, model, max_tokens, threads, ctx, cache_dir) -> list:
             configs += bench.specedge_configs([f"{r.engine}:{r.path}"], [], [1], [False], model=model,
                                               max_tokens=max_tokens, threads=threads, ctx=ctx, cache_dir=cache_dir)
     c = plan.choice
-    if not c.plain:
-        chosen = bench.specedge_configs([f"{c.engine}:{c.path}"], [c.drafter], [max(c.k, 1)], [c.adaptive],
-                                        model=model, max_tokens=max_tokens, threads=threads, ctx=ctx,
-                                        cache_dir=cache_dir)[1:]  # [0] is plain on the same target, run above
-        configs += chosen
-    return configs
+    chosen = bench.specedge_configs([f"{c.engine}:{c.path}"], [] if c.plain else [c.drafter], [max(c.k, 1)],
+                                    [c.adaptive], model=model, max_tokens=max_tokens, threads=threads, ctx=ctx,
+                                    cache_dir=cache_dir, exact_batches=not plain_kernels(c.engine, c.plain))
+    return configs + [replace(chosen[-1], target=f"plan: {c.engine}:{c.path}")]
 
 
 def _split(values) -> list[str]:

@@ -92,7 +92,7 @@ def load_or_measure(target: LoadedModel, label: str, specs: Sequence[str], *, th
     """The cached profile when it is valid for this target and covers `specs`; else measure (all of `specs` plus
     what the old profile had), cache and return it. force=True always re-measures. `step` is called after each
     part of a measurement (profile_measure.measure_steps(len(specs), settings) calls; none when cached)."""
-    device = device if target.kind is BackendKind.ONNX else "cpu"
+    device = device if target.kind is BackendKind.ONNX else "cpu" if target.exact_batches else "cpu:plain-kernels"
     threads = threads or min(os.cpu_count() or 1, 8)  # the backends' default: `generate` without --threads shares
     # the profile `bench --threads N` measured when N is that default
     fingerprint = model_fingerprint(target.path)

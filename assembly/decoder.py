@@ -41,6 +41,7 @@ class ModelSettings:
     threads: int | None = None
     device: str = "auto"  # ONNX Runtime execution provider (runtime/backends/onnx_providers.py)
     cache_dir: Path | None = None
+    exact_batches: bool = True  # False: plain decoding only, faster kernels (llama.cpp without flash attention)
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,8 @@ class CallSettings:
 
 def load(settings: ModelSettings, log: Log | None = None) -> LoadedModel:
     return load_model(settings.model, settings.backend, ctx=settings.ctx, threads=settings.threads,
-                      cache_dir=settings.cache_dir, device=settings.device, log=log)
+                      cache_dir=settings.cache_dir, device=settings.device, log=log,
+                      exact_batches=settings.exact_batches)
 
 
 def resolved(settings: ModelSettings, model: LoadedModel) -> ModelSettings:

@@ -38,6 +38,7 @@ class LoadedModel:
     kind: BackendKind
     vocab_ids: np.ndarray | None = None  # int32 [N] when the backend is a VocabTrim drafter graph (logits [T, N])
     manifest: Manifest | None = None  # onnx: the artifact's manifest, read and verified once by load_onnx
+    exact_batches: bool = True  # False: opened with plain-decoding kernels (llama.cpp without flash attention)
 
 
 def artifact_name(model: str, weights: str, via: str = "specedge", profile: Profile = Profile.DYNAMIC,
@@ -127,8 +128,9 @@ def engine_for(name_or_path: str, cache_dir: Path | None = None) -> BackendKind:
 
 def load_model(name_or_path: str, kind: BackendKind | None = None, *, ctx: int | None = None,
                threads: int | None = None, cache_dir: Path | None = None, device: str = "auto",
-               log=None) -> LoadedModel:
-    """The model on `kind`'s engine exactly as asked; kind=None: the engine the model names (engine_for)."""
+               log=None, exact_batches: bool = True) -> LoadedModel:
+    """The model on `kind`'s engine exactly as asked; kind=None: the engine the model names (engine_for).
+    exact_batches=False: plain decoding only (runtime/backends open_backend); a drafter on it warns."""
     if kind is None:
         kind = engine_for(name_or_path, cache_dir)
     if kind is BackendKind.ONNX:
@@ -149,8 +151,8 @@ def load_model(name_or_path: str, kind: BackendKind | None = None, *, ctx: int |
     path = resolve_model(name_or_path, cache_dir)
     gguf = open_gguf(path)
     tokenizer = Tokenizer(gguf.tokenizer_spec())
-    backend = open_backend(kind, gguf, n_ctx=ctx, n_threads=threads)
-    return LoadedModel(path, gguf, tokenizer, backend, kind)
+    backend = open_backend(kind, gguf, n_ctx=ctx, n_threads=threads, exact_batches=exact_batches)
+    return LoadedModel(path, gguf, tokenizer, backend, kind, exact_batches=exact_batches)
 
 
 def batch_invariance_warning(model: LoadedModel, cpu_flags: Sequence[str]) -> str | None:
@@ -161,6 +163,10 @@ def batch_invariance_warning(model: LoadedModel, cpu_flags: Sequence[str]) -> st
     differently from a verify call's rows (docs/onnx.md "Batch invariance"). The GPU graph has no pad row at all: on
     any device and CPU (CUDA picks other kernels for other row counts and attends in float16; the CPU provider takes
     its one-row paths), in any weight format (docs/accelerators.md)."""
+    if not model.exact_batches:
+        return (f"{model.path.name} was opened for plain decoding (llama.cpp without flash attention, as the plan "
+                "chose): its verify batches round differently from one-token calls, so greedy speculative output "
+                "may differ from plain greedy; run with --drafter (or --no-plan) to open it for speculation")
     manifest = model.manifest
     if manifest is None:
         return None

@@ -36,7 +36,7 @@ from ..runtime.backends import BackendKind
 from .environment import SIMD, cpu_info
 from .profile import PLAIN, DeviceProfile, choose, k_label, predict
 
-PLAN_VERSION = 3  # 2: rows on the measured scale per drafter; 3: llama.cpp speculation only at 1 thread (lossless)
+PLAN_VERSION = 4  # 2: rows on the measured scale per drafter; 3: llama.cpp speculation only at 1 thread; 4: its plain-decoding kernels
 PLAN_MARGIN = 0.03  # a speculative configuration must be predicted this much faster than the fastest plain engine
 _PACKAGES = ("specedge", "numpy", "onnxruntime", "llama_cpp_python", "tokenizers")
 ENGINE_NAMES = {BackendKind.LLAMACPP.value: "llama.cpp", BackendKind.ONNX.value: "onnx",

@@ -264,9 +264,9 @@ def drafter_for(text: str, kind, target: str | None = None) -> str | None:
 
 def specedge_configs(targets: Sequence[str], drafters: Sequence[str], ks: Sequence[int], adaptive: Sequence[bool],
                      *, model: str, max_tokens: int, threads: int | None, ctx: int = 2048,
-                     cache_dir: Path | None = None) -> list[Config]:
+                     cache_dir: Path | None = None, exact_batches: bool = True) -> list[Config]:
     """Greedy configurations: each target plain first, then each drafter x k x adaptive mode on it. Chat template
-    applied as in chat use."""
+    applied as in chat use. exact_batches=False opens the targets with plain-decoding kernels (ModelSettings)."""
     from ..assembly.decoder import CallSettings, DecodeSettings, Decoder, ModelSettings, load
     from ..assembly.load import parse_drafter
 
@@ -277,7 +277,8 @@ def specedge_configs(targets: Sequence[str], drafters: Sequence[str], ks: Sequen
     configs = []
     for t in targets:
         kind, name = parse_target(t, model)
-        settings = ModelSettings(name, kind, ctx=ctx, threads=threads, device="cpu", cache_dir=cache_dir)
+        settings = ModelSettings(name, kind, ctx=ctx, threads=threads, device="cpu", cache_dir=cache_dir,
+                                 exact_batches=exact_batches)
         target = load(settings)
         tok = target.tokenizer
         ids_of = {}

@@ -221,3 +221,27 @@ def test_llamacpp_speculation_is_planned_only_where_it_is_lossless(tiny):
     assert [r.drafter for r in two.rows] == [PLAIN]
     one, _ = plan_run.plan_for(str(path), plan_run.PlanSettings(threads=1, weights=()), cache_dir=cache)
     assert {r.drafter for r in one.rows} == {PLAIN, "ngram"}
+
+
+def test_a_plain_llamacpp_choice_runs_its_plain_kernels_and_speculation_keeps_exact_ones():
+    from specedge.assembly.decoder import DecodeSettings, ModelSettings
+    base = (ModelSettings("m", None), DecodeSettings())
+    for rows, exact in (([row(LLAMA, PLAIN, 100.0), row(INT4, PLAIN, 80.0)], False),  # no drafter: plain kernels
+                        ([row(LLAMA, PLAIN, 80.0), row(INT4, PLAIN, 100.0)], True),
+                        ([row(LLAMA, PLAIN, 80.0), row(LLAMA, "ngram", 100.0, k=4)], True)):
+        plan = new_plan("key", "m", [LLAMA, INT4], rows, 2, {}, 1.0)
+        model, decode = plan_run.apply_plan(plan, *base)
+        assert model.exact_batches is exact and model.model == plan.choice.path
+        assert str(decode.drafter) == (str(parse_drafter(plan.choice.drafter)))
+
+
+def test_llamacpp_plain_kernels_are_declared_not_batch_invariant(tiny):
+    pytest.importorskip("llama_cpp")
+    from specedge.assembly.load import batch_invariance_warning, load_model
+    from specedge.runtime.backends import BackendKind
+    path, cache = tiny
+    exact = load_model(str(path), BackendKind.LLAMACPP, threads=1, ctx=64)
+    assert exact.backend.caps.batch_invariant and batch_invariance_warning(exact, []) is None
+    del exact
+    fast = load_model(str(path), BackendKind.LLAMACPP, threads=1, ctx=64, exact_batches=False)
+    assert not fast.backend.caps.batch_invariant and "plain decoding" in batch_invariance_warning(fast, [])

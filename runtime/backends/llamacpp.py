@@ -64,7 +64,7 @@ class LlamaCppBackend:
         self.n_ctx = int(n_ctx or config.context_length)
         # with flash attention, batch and one-token logits are bit-identical at 1 thread; with more, llama.cpp splits
         # a one-token query's attention across threads differently beyond ~100 cached tokens (README, "Exactness")
-        self.caps = replace(type(self).caps, max_context=self.n_ctx, batch_invariant=threads == 1)
+        self.caps = replace(type(self).caps, max_context=self.n_ctx, batch_invariant=flash_attn and threads == 1)
         self._llm = llama_cpp.Llama(
             model_path=str(gguf_path), n_ctx=self.n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=threads,
             n_threads_batch=threads, logits_all=False, type_k=kv_type, type_v=kv_type, flash_attn=flash_attn,
