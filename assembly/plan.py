@@ -10,6 +10,8 @@ layered artifact for self-speculation) and this module turns the profiles into a
                 tokens/s; a fixed k is predicted and scaled by the drafter's measured / predicted tokens/s at the k
                 it was measured at, so engines compare on what was measured, not on how well the cost model fits
                 each engine
+    time base:  the targets' plain speeds measured head to head, interleaved (assembly/plan_run.py head_to_head),
+                rescale each target's rows: profiles measured minutes apart see a shared machine at different speeds
     choose:     the fastest calibrated candidate over all targets; a speculative one must beat the fastest PLAIN
                 candidate (any engine) by `margin` (3%), else that plain engine is chosen: the plan is never slower
                 than the fastest plain engine beyond noise.
@@ -36,7 +38,8 @@ from ..runtime.backends import BackendKind
 from .environment import SIMD, cpu_info
 from .profile import PLAIN, DeviceProfile, choose, k_label, predict
 
-PLAN_VERSION = 4  # 2: rows on the measured scale per drafter; 3: llama.cpp speculation only at 1 thread; 4: its plain-decoding kernels
+PLAN_VERSION = 5  # 2: rows on the measured scale per drafter; 3: llama.cpp speculation only at 1 thread; 4: its
+#                   plain-decoding kernels; 5: targets put on one time base head to head (plan_run.head_to_head)
 PLAN_MARGIN = 0.03  # a speculative configuration must be predicted this much faster than the fastest plain engine
 _PACKAGES = ("specedge", "numpy", "onnxruntime", "llama_cpp_python", "tokenizers")
 ENGINE_NAMES = {BackendKind.LLAMACPP.value: "llama.cpp", BackendKind.ONNX.value: "onnx",
@@ -107,7 +110,7 @@ class Plan:
 
     def table(self) -> str:
         """Markdown: every candidate with predicted and measured tokens/s, the chosen one marked."""
-        lines = ["| | target | drafter | k | predicted tok/s | measured tok/s | vs reference |",
+        lines = ["| | target | drafter | k | expected tok/s | measured in its profile | vs reference |",
                  "|---|---|---|---|---|---|---|"]
         ref = self.rows[self.reference].predicted_tok_s
         for i, r in enumerate(sorted(self.rows, key=lambda r: -r.predicted_tok_s)):

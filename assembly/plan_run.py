@@ -41,7 +41,7 @@ from ..runtime.backends import BackendKind
 from .auto import candidate_specs, load_or_measure
 from .environment import environment
 from .load import artifact_name, load_model
-from .plan import Plan, PlanTarget, load_plan, new_plan, plan_key, plan_path, save_plan, target_rows
+from .plan import Plan, PlanRow, PlanTarget, load_plan, new_plan, plan_key, plan_path, save_plan, target_rows
 from .profile import model_fingerprint
 from .profile_measure import MeasureSettings, measure_steps
 
@@ -243,7 +243,8 @@ def measure_targets(targets: list[PlanTarget], settings: PlanSettings, threads: 
     """Every target's plan rows (plain and the best k of each drafter), its profile measured or read from cache."""
     bar = _bar(settings.progress)
     say = (lambda m: bar.write(m, file=sys.stderr)) if settings.progress else log
-    rows = []
+    per_target: list[list[PlanRow]] = []
+    exact: dict[str, bool] = {}
     try:
         for t in targets:
             loaded = load_model(t.path, BackendKind(t.engine), threads=threads, cache_dir=cache_dir, device="cpu")
@@ -265,17 +266,51 @@ def measure_targets(targets: list[PlanTarget], settings: PlanSettings, threads: 
             profile, _ = load_or_measure(loaded, t.label, specs, threads=threads, device="cpu", cache_dir=cache_dir,
                                          force=force, settings=settings.measure, log=lambda m: None,
                                          step=lambda _: bar.update(1))
+            exact[t.path] = loaded.exact_batches
             del loaded
-            target_rows_ = target_rows(t, profile, specs)
-            best = max(target_rows_, key=lambda r: r.predicted_tok_s)
-            say(f"plan: {t.label}: plain {target_rows_[0].predicted_tok_s:.1f} tok/s, best {best.describe()} "
-                f"{best.predicted_tok_s:.1f} tok/s")
-            rows += target_rows_
+            per_target.append(target_rows(t, profile, specs))
             bar.n = bar.total
             bar.refresh()
+        if len(targets) > 1:
+            bar.set_description("plan: engines head to head")
+            per_target = head_to_head(targets, per_target, exact, threads, cache_dir, say)
     finally:
         bar.close()
-    return rows
+    for t, target_rows_ in zip(targets, per_target):
+        best = max(target_rows_, key=lambda r: r.predicted_tok_s)
+        say(f"plan: {t.label}: plain {target_rows_[0].predicted_tok_s:.1f} tok/s, best {best.describe()} "
+            f"{best.predicted_tok_s:.1f} tok/s")
+    return [r for target_rows_ in per_target for r in target_rows_]
+
+
+HEAD_TO_HEAD = MeasureSettings(prompts=3, max_tokens=48, prompt_tokens=256)  # plain runs, 2 rounds
+
+
+def head_to_head(targets: list[PlanTarget], per_target: list[list[PlanRow]], exact: dict[str, bool], threads: int,
+                 cache_dir: Path | None, say: Log) -> list[list[PlanRow]]:
+    """Put the targets on one time base: profiles measured minutes apart (or cached from another day) see a shared
+    machine at different speeds, so every target decodes the same prompts plainly, interleaved, in two rounds (the
+    second in reverse order, so a drift hits all alike), and each target's rows are scaled by its head-to-head
+    plain speed over its profile's. Example: llama.cpp's profile says plain 97 tok/s, ONNX int4's 76; head to head
+    they run 80 and 70: llama.cpp's rows x 0.82, ONNX's x 0.92."""
+    from dataclasses import replace
+    from .profile_measure import dev_prompts, run_rounds
+    loaded = [load_model(t.path, BackendKind(t.engine), threads=threads, cache_dir=cache_dir, device="cpu",
+                         exact_batches=exact.get(t.path, True)) for t in targets]
+    prompts = dev_prompts(HEAD_TO_HEAD.prompts)
+    speeds: list[list[float]] = [[] for _ in targets]
+    for order in (range(len(targets)), reversed(range(len(targets)))):
+        for i in order:
+            run = run_rounds(loaded[i], None, prompts, 0, HEAD_TO_HEAD.max_tokens, HEAD_TO_HEAD.prompt_tokens)
+            speeds[i].append(float(run.tokens_per_s))
+    del loaded
+    out = []
+    for t, rows, s in zip(targets, per_target, speeds):
+        now, profiled = float(np.mean(s)), rows[0].predicted_tok_s
+        scale = now / profiled if profiled > 0 and now > 0 else 1.0
+        say(f"plan: {t.label}: plain {now:.1f} tok/s head to head (profile {profiled:.1f}; rows x {scale:.2f})")
+        out.append([replace(r, predicted_tok_s=r.predicted_tok_s * scale) for r in rows])
+    return out
 
 
 def _bar(enabled: bool):

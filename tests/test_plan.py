@@ -245,3 +245,20 @@ def test_llamacpp_plain_kernels_are_declared_not_batch_invariant(tiny):
     del exact
     fast = load_model(str(path), BackendKind.LLAMACPP, threads=1, ctx=64, exact_batches=False)
     assert not fast.backend.caps.batch_invariant and "plain decoding" in batch_invariance_warning(fast, [])
+
+
+def test_head_to_head_rescales_each_target_by_its_plain_speed_now(tiny):
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("onnxruntime")
+    path, cache = tiny
+    plan, _ = plan_run.plan_for(str(path), plan_run.PlanSettings(threads=1), cache_dir=cache)
+    targets = [PlanTarget("llamacpp", str(path), "a"), PlanTarget("onnx", str(cache / "tiny-onnx-int4"), "b")]
+    per = [[r for r in plan.rows if r.path == t.path] for t in targets]
+    lines = []
+    out = plan_run.head_to_head(targets, per, {}, 1, cache, lines.append)
+    assert len(lines) == 2 and all("head to head" in m for m in lines)
+    for before, after in zip(per, out):
+        scale = after[0].predicted_tok_s / before[0].predicted_tok_s
+        assert scale > 0 and [a.predicted_tok_s for a in after] == pytest.approx(
+            [b.predicted_tok_s * scale for b in before])  # one factor per target: its rows keep their order
+        assert [a.measured_tok_s for a in after] == [b.measured_tok_s for b in before]
