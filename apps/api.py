@@ -58,11 +58,9 @@ class Engine:
         settings = ModelSettings(model, BackendKind(backend) if backend else None, ctx=ctx, threads=threads,
                                  device=device, cache_dir=Path(cache_dir) if cache_dir is not None else None)
         self.plan = None
-        if plan and backend is None and drafter is None and k is None and device == "auto":
-            from ..assembly.plan_run import PlanSettings, apply_plan, plan_for
-            self.plan, _ = plan_for(model, PlanSettings(threads=threads, progress=False), cache_dir=settings.cache_dir,
-                                    log=log or (lambda m: None))
-            settings, decode = apply_plan(self.plan, settings, decode)
+        from ..assembly.plan_run import planned, wants_plan
+        if wants_plan(backend=backend, drafter=drafter, k=k, device=device, no_plan=not plan):
+            self.plan, settings, decode = planned(settings, decode, progress=False, log=log or (lambda m: None))
         decoder = Decoder(load(settings, log), settings, decode)
         self._init(decoder, model, str(decoder.settings.drafter))
 

@@ -91,8 +91,9 @@ PLAN_OVERRIDES = ("backend", "drafter", "k", "lossy")  # given (not None): honou
 
 def wants_plan(o) -> bool:
     """Plan unless --no-plan or any of --backend/--drafter/--k/--lossy/--auto/--device says what to run."""
-    return (not o.get("no_plan") and not o.get("auto") and o.get("device", "auto") == "auto"
-            and all(o.get(name) is None for name in PLAN_OVERRIDES))
+    from ..assembly.plan_run import wants_plan as wants
+    return wants(**{name: o.get(name) for name in PLAN_OVERRIDES}, device=o.get("device", "auto"),
+                 auto=bool(o.get("auto")), no_plan=bool(o.get("no_plan")))
 
 
 def settings_from(o) -> tuple[ModelSettings, DecodeSettings]:
@@ -114,15 +115,15 @@ def planned_settings(o) -> tuple[ModelSettings, DecodeSettings]:
     model_s, decode_s = settings_from(o)
     if not wants_plan(o):
         return model_s, decode_s
-    from ..assembly.plan_run import PlanSettings, apply_plan, plan_for
+    from ..assembly.plan_run import planned
     try:
-        plan, _ = plan_for(o["model"], PlanSettings(threads=o["threads"]), cache_dir=o["cache_dir"], log=_echo_err)
+        plan, model_s, decode_s = planned(model_s, decode_s, log=_echo_err)
     except KeyboardInterrupt:
         _echo_err("plan: skipped (Ctrl-C); running the model's engine + ngram k<=4 (`specedge plan "
                   f"{o['model']}` plans later, `--no-plan` never plans)")
         return model_s, decode_s
     _echo_err(f"plan: {plan.summary()}  [`specedge plan {o['model']}` shows the table; --no-plan opts out]")
-    return apply_plan(plan, model_s, decode_s)
+    return model_s, decode_s
 
 
 def _echo_err(m: str) -> None:

@@ -37,6 +37,7 @@ from typing import Sequence
 from ..runtime.backends import BackendKind
 from .environment import SIMD, cpu_info
 from .profile import PLAIN, DeviceProfile, choose, k_label, predict
+from .schema import write_json_atomic
 
 PLAN_VERSION = 5  # 2: rows on the measured scale per drafter; 3: llama.cpp speculation only at 1 thread; 4: its
 #                   plain-decoding kernels; 5: targets put on one time base head to head (plan_run.head_to_head)
@@ -210,12 +211,7 @@ def plan_path(cache_root: Path, key: str) -> Path:
 
 
 def save_plan(plan: Plan, path: Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(plan.to_dict(), indent=2))
-    tmp.replace(path)  # atomic
-    return path
+    return write_json_atomic(plan.to_dict(), path)
 
 
 def load_plan(path: Path, key: str) -> tuple[Plan | None, str]:

@@ -23,7 +23,6 @@ re-measure the others.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import shutil
 import sys
@@ -36,11 +35,12 @@ import numpy as np
 
 from ..models.catalog import CATALOG, cached_path, file_sha256, model_cache_dir, resolve_model
 from ..models.gguf_in import open_gguf
-from ..models.manifest import MANIFEST, PAD_ROW_NONE
+from ..models.errors import ModelFileError
+from ..models.manifest import FORMAT, MANIFEST, PAD_ROW_NONE, Manifest, Profile, read_manifest
 from ..runtime.backends import BackendKind
 from .auto import candidate_specs, load_or_measure
 from .environment import environment
-from .load import artifact_name, load_model
+from .load import LoadedModel, artifact_name, engine_for, load_model, resolve_artifact
 from .plan import Plan, PlanRow, PlanTarget, load_plan, new_plan, plan_key, plan_path, save_plan, target_rows
 from .profile import model_fingerprint
 from .profile_measure import MeasureSettings, measure_steps
@@ -67,19 +67,14 @@ def resolved_threads(threads: int | None) -> int:
     return threads or min(os.cpu_count() or 1, 8)
 
 
-def is_artifact(model: str, cache_dir: Path | None = None) -> bool:
-    """An exported artifact directory, or the cache name of one."""
-    p = Path(model)
-    return (p / MANIFEST).is_file() or (model_cache_dir(cache_dir) / model / MANIFEST).is_file()
-
-
 def plan_for(model: str, settings: PlanSettings = PlanSettings(), *, cache_dir: Path | None = None,
              refresh: bool = False, log: Log = lambda m: None) -> tuple[Plan, bool]:
     """The cached plan for `model` on this machine, or a new one (measured now; `refresh` always re-measures).
     Returns (plan, made_now). Raises ValueError/ModelFileError naming the problem (no engine can run the model)."""
     threads = resolved_threads(settings.threads)
-    source = _source_path(model, cache_dir)
-    key = plan_key(model_fingerprint(source), threads, settings.weights if not is_artifact(model, cache_dir) else ())
+    artifact = engine_for(model, cache_dir) is BackendKind.ONNX
+    source = resolve_artifact(model, cache_dir) if artifact else resolve_model(model, cache_dir)
+    key = plan_key(model_fingerprint(source), threads, () if artifact else settings.weights)
     path = plan_path(model_cache_dir(cache_dir), key)
     if not refresh:
         plan, why = load_plan(path, key)
@@ -95,21 +90,13 @@ def plan_for(model: str, settings: PlanSettings = PlanSettings(), *, cache_dir: 
     return plan, True
 
 
-def _source_path(model: str, cache_dir: Path | None) -> Path:
-    if is_artifact(model, cache_dir):
-        p = Path(model)
-        return p if (p / MANIFEST).is_file() else model_cache_dir(cache_dir) / model
-    return resolve_model(model, cache_dir)
-
-
 def discover_targets(model: str, settings: PlanSettings, *, cache_dir: Path | None = None,
                      log: Log = lambda m: None) -> list[PlanTarget]:
     """The targets worth measuring for `model` (module docstring); each engine only where its package is
     installed. Raises ValueError when none is."""
-    if is_artifact(model, cache_dir):
-        root = _source_path(model, cache_dir)
-        raw = json.loads((root / MANIFEST).read_text())
-        return [PlanTarget(BackendKind.ONNX.value, str(root), _artifact_label(raw))]
+    if engine_for(model, cache_dir) is BackendKind.ONNX:
+        root = resolve_artifact(model, cache_dir)
+        return [PlanTarget(BackendKind.ONNX.value, str(root), _artifact_label(read_manifest(root, verify=False)))]
     gguf = resolve_model(model, cache_dir)
     targets = []
     if importlib.util.find_spec("llama_cpp") is not None:
@@ -129,10 +116,10 @@ def discover_targets(model: str, settings: PlanSettings, *, cache_dir: Path | No
 def _onnx_targets(model: str, gguf: Path, settings: PlanSettings, cache_dir: Path | None, log: Log
                   ) -> list[PlanTarget]:
     sha = file_sha256(gguf)
-    found: dict[str, PlanTarget] = {}
+    found: dict[Path, PlanTarget] = {}
     for w in settings.weights:
         out = model_cache_dir(cache_dir) / artifact_name(model, w)
-        if not _artifact_matches(out, sha) and settings.export:
+        if _plannable(out, sha, (Profile.DYNAMIC,)) is None and settings.export:
             why = _cannot_export(gguf, w)
             if why:
                 log(f"plan: not exporting {out.name}: {why}")
@@ -142,19 +129,18 @@ def _onnx_targets(model: str, gguf: Path, settings: PlanSettings, cache_dir: Pat
             except (ValueError, ImportError, RuntimeError) as e:
                 log(f"plan: the {w} export failed, ONNX {w} not planned: {e}")
                 continue
-        if _artifact_matches(out, sha):
-            found[str(out.resolve())] = PlanTarget(BackendKind.ONNX.value, str(out), f"onnx {w}")
-    for manifest in sorted(model_cache_dir(cache_dir).glob(f"*/{MANIFEST}")):  # other exports of the same GGUF
-        root = manifest.parent
-        if str(root.resolve()) not in found and _artifact_matches(root, sha, any_format=True):
-            found[str(root.resolve())] = PlanTarget(BackendKind.ONNX.value, str(root),
-                                                    _artifact_label(json.loads(manifest.read_text())))
+        if _plannable(out, sha, (Profile.DYNAMIC,)) is not None:
+            found[out.resolve()] = PlanTarget(BackendKind.ONNX.value, str(out), f"onnx {w}")
+    for root in sorted(m.parent for m in model_cache_dir(cache_dir).glob(f"*/{MANIFEST}")):  # other exports of it
+        manifest = None if root.resolve() in found else _plannable(root, sha, (Profile.DYNAMIC, Profile.LAYERED))
+        if manifest is not None:
+            found[root.resolve()] = PlanTarget(BackendKind.ONNX.value, str(root), _artifact_label(manifest))
     return list(found.values())
 
 
-def _artifact_label(raw: dict) -> str:
-    profile = raw.get("profile", "dynamic")
-    return f"onnx {'' if profile == 'dynamic' else profile + '-'}{raw.get('weight_format', '?')}"
+def _artifact_label(manifest: Manifest) -> str:
+    profile = "" if manifest.profile is Profile.DYNAMIC else f"{manifest.profile.value}-"
+    return f"onnx {profile}{manifest.weight_format}"
 
 
 def _gguf_type(path: Path) -> str:
@@ -162,17 +148,18 @@ def _gguf_type(path: Path) -> str:
     return stem.rpartition(".")[2].lower() if "." in stem else "gguf"
 
 
-def _artifact_matches(root: Path, sha: str, any_format: bool = False) -> bool:
-    """A finished, parity-passed CPU artifact (dynamic, or layered with any_format) exported from this GGUF."""
+def _plannable(root: Path, sha: str, profiles: tuple[Profile, ...]) -> Manifest | None:
+    """The manifest of a finished, parity-passed CPU artifact of our format in one of `profiles`, exported from the
+    GGUF with this SHA-256; None otherwise (missing, unreadable, another source, failed gate, the GPU graph)."""
     try:
-        raw = json.loads((Path(root) / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return False
-    parity = raw.get("parity")
-    profiles = ("dynamic", "layered") if any_format else ("dynamic",)
-    return (raw.get("provenance", {}).get("source_sha256") == sha and raw.get("profile", "dynamic") in profiles
-            and raw.get("io", {}).get("pad_row") != PAD_ROW_NONE and isinstance(parity, dict)
-            and bool(parity.get("passed")) and raw.get("format") == "specedge-onnx")
+        m = read_manifest(root, verify=False)  # the files are hashed when the target loads
+    except (ModelFileError, OSError):
+        return None
+    parity, prov = m.raw.get("parity"), m.raw.get("provenance")
+    ok = (m.format == FORMAT and m.profile in profiles and m.pad_row != PAD_ROW_NONE
+          and isinstance(prov, dict) and prov.get("source_sha256") == sha
+          and isinstance(parity, dict) and bool(parity.get("passed")))
+    return m if ok else None
 
 
 def _cannot_export(gguf: Path, weights: str) -> str | None:
@@ -244,7 +231,7 @@ def measure_targets(targets: list[PlanTarget], settings: PlanSettings, threads: 
     bar = _bar(settings.progress)
     say = (lambda m: bar.write(m, file=sys.stderr)) if settings.progress else log
     per_target: list[list[PlanRow]] = []
-    exact: dict[str, bool] = {}
+    models: list[LoadedModel] = []  # kept for the head-to-head runs
     try:
         for t in targets:
             loaded = load_model(t.path, BackendKind(t.engine), threads=threads, cache_dir=cache_dir, device="cpu")
@@ -266,15 +253,15 @@ def measure_targets(targets: list[PlanTarget], settings: PlanSettings, threads: 
             profile, _ = load_or_measure(loaded, t.label, specs, threads=threads, device="cpu", cache_dir=cache_dir,
                                          force=force, settings=settings.measure, log=lambda m: None,
                                          step=lambda _: bar.update(1))
-            exact[t.path] = loaded.exact_batches
-            del loaded
+            models.append(loaded)
             per_target.append(target_rows(t, profile, specs))
             bar.n = bar.total
             bar.refresh()
         if len(targets) > 1:
             bar.set_description("plan: engines head to head")
-            per_target = head_to_head(targets, per_target, exact, threads, cache_dir, say)
+            per_target = head_to_head(targets, models, per_target, say)
     finally:
+        models.clear()
         bar.close()
     for t, target_rows_ in zip(targets, per_target):
         best = max(target_rows_, key=lambda r: r.predicted_tok_s)
@@ -286,8 +273,8 @@ def measure_targets(targets: list[PlanTarget], settings: PlanSettings, threads: 
 HEAD_TO_HEAD = MeasureSettings(prompts=3, max_tokens=48, prompt_tokens=256)  # plain runs, 2 rounds
 
 
-def head_to_head(targets: list[PlanTarget], per_target: list[list[PlanRow]], exact: dict[str, bool], threads: int,
-                 cache_dir: Path | None, say: Log) -> list[list[PlanRow]]:
+def head_to_head(targets: list[PlanTarget], models: list[LoadedModel], per_target: list[list[PlanRow]], say: Log
+                 ) -> list[list[PlanRow]]:
     """Put the targets on one time base: profiles measured minutes apart (or cached from another day) see a shared
     machine at different speeds, so every target decodes the same prompts plainly, interleaved, in two rounds (the
     second in reverse order, so a drift hits all alike), and each target's rows are scaled by its head-to-head
@@ -295,15 +282,12 @@ def head_to_head(targets: list[PlanTarget], per_target: list[list[PlanRow]], exa
     they run 80 and 70: llama.cpp's rows x 0.82, ONNX's x 0.92."""
     from dataclasses import replace
     from .profile_measure import dev_prompts, run_rounds
-    loaded = [load_model(t.path, BackendKind(t.engine), threads=threads, cache_dir=cache_dir, device="cpu",
-                         exact_batches=exact.get(t.path, True)) for t in targets]
     prompts = dev_prompts(HEAD_TO_HEAD.prompts)
     speeds: list[list[float]] = [[] for _ in targets]
     for order in (range(len(targets)), reversed(range(len(targets)))):
         for i in order:
-            run = run_rounds(loaded[i], None, prompts, 0, HEAD_TO_HEAD.max_tokens, HEAD_TO_HEAD.prompt_tokens)
+            run = run_rounds(models[i], None, prompts, 0, HEAD_TO_HEAD.max_tokens, HEAD_TO_HEAD.prompt_tokens)
             speeds[i].append(float(run.tokens_per_s))
-    del loaded
     out = []
     for t, rows, s in zip(targets, per_target, speeds):
         now, profiled = float(np.mean(s)), rows[0].predicted_tok_s
@@ -317,6 +301,22 @@ def _bar(enabled: bool):
     from tqdm import tqdm
     return tqdm(total=0, file=sys.stderr, disable=not enabled, unit="step", dynamic_ncols=True, desc="plan",
                 bar_format="{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}]")
+
+
+def wants_plan(*, backend=None, drafter=None, k=None, lossy=None, device: str = "auto", auto: bool = False,
+               no_plan: bool = False) -> bool:
+    """Plan only when nothing says what to run: any given backend, drafter, k, lossy mode, device (the plan
+    measures the CPU), --auto (one engine's tuner) or no_plan is honoured instead."""
+    return not no_plan and not auto and device == "auto" and all(x is None for x in (backend, drafter, k, lossy))
+
+
+def planned(model: "ModelSettings", decode: "DecodeSettings", *, progress: bool = True, log: Log = lambda m: None
+            ) -> tuple[Plan, "ModelSettings", "DecodeSettings"]:
+    """The plan for model.model at model.threads (cached, or measured now) and the settings that run its choice:
+    what generate/chat/serve and Engine(MODEL) do by default."""
+    plan, _ = plan_for(model.model, PlanSettings(threads=model.threads, progress=progress),
+                       cache_dir=model.cache_dir, log=log)
+    return (plan, *apply_plan(plan, model, decode))
 
 
 def apply_plan(plan: Plan, model: "ModelSettings", decode: "DecodeSettings"

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from ..runtime.draft_length import expected_tokens
-from .schema import check_schema
+from .schema import check_schema, write_json_atomic
 from ..runtime.drafters.spec import DrafterKind
 
 PROFILE_SCHEMA_VERSION = 3  # 2: a draft model's cost measured at one k is per token (profile_measure.draft_cost);
@@ -247,12 +247,7 @@ def profile_path(cache_root: Path, key: str) -> Path:
 
 
 def save_profile(profile: DeviceProfile, path: Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(profile.to_dict(), indent=2))
-    tmp.replace(path)  # atomic: a crash leaves the old profile, never half a file
-    return path
+    return write_json_atomic(profile.to_dict(), path)
 
 
 def load_profile(path: Path, key: str) -> tuple[DeviceProfile | None, str]:

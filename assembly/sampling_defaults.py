@@ -13,9 +13,12 @@ temperature 0 (greedy) included, always wins (CallSettings.sampling).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ..models.generation import from_gguf_metadata, stated
+
+if TYPE_CHECKING:
+    from .load import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -41,12 +44,12 @@ def resolve(values: Mapping[str, Any], source: str) -> SamplingDefaults:
     return SamplingDefaults(**{**asdict(CHAT_DEFAULTS), **got, "source": source})
 
 
-def model_sampling(model) -> SamplingDefaults:
-    """The sampling defaults of a LoadedModel (assembly/load.py): its GGUF metadata, else its manifest's
-    `generation`, else CHAT_DEFAULTS."""
-    if getattr(model, "gguf", None) is not None:
+def model_sampling(model: "LoadedModel") -> SamplingDefaults:
+    """The sampling defaults of a loaded model: its GGUF metadata, else its manifest's `generation`, else
+    CHAT_DEFAULTS."""
+    if model.gguf is not None:
         return resolve(from_gguf_metadata(model.gguf.metadata), "gguf general.sampling")
-    manifest = getattr(model, "manifest", None)
+    manifest = model.manifest
     if manifest is not None and isinstance(manifest.raw.get("generation"), dict):
         return resolve(manifest.raw["generation"], "manifest generation")
     return CHAT_DEFAULTS

@@ -98,27 +98,13 @@ def _stamp(path: Path) -> dict:
 
 def is_verified(path: Path, entry: CatalogEntry) -> bool:
     """True if `path` holds the entry's bytes; a sidecar (hash, size, mtime) spares re-hashing next time."""
-    if not path.is_file() or path.stat().st_size != entry.size:
-        return False
-    side = _sidecar(path)
-    try:
-        cached = json.loads(side.read_text())
-        if cached == {"sha256": entry.sha256, **_stamp(path)}:
-            return True
-    except (OSError, ValueError):
-        pass
-    if _sha256_file(path) != entry.sha256:
-        return False
-    try:
-        side.write_text(json.dumps({"sha256": entry.sha256, **_stamp(path)}))
-    except OSError:  # a read-only cache still works, it just re-hashes next time
-        pass
-    return True
+    return path.is_file() and path.stat().st_size == entry.size and file_sha256(path) == entry.sha256
 
 
 def file_sha256(path: str | Path) -> str:
     """SHA-256 of a file, read from its sidecar when the sidecar matches the file's size and mtime (else hashed and
-    the sidecar written): the planner matches exported artifacts to their source by it without re-hashing."""
+    the sidecar written): verifying a cached pull and matching exported artifacts to their source (the planner)
+    then cost a stat, not a hash of the whole file."""
     path = Path(path)
     side = _sidecar(path)
     try:
@@ -131,7 +117,7 @@ def file_sha256(path: str | Path) -> str:
     digest = _sha256_file(path)
     try:
         side.write_text(json.dumps({"sha256": digest, **_stamp(path)}))
-    except OSError:
+    except OSError:  # a read-only cache still works, it just re-hashes next time
         pass
     return digest
 

@@ -32,7 +32,8 @@ class TokenEvent:
 
 def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: Drafter | None = None,
            k: int = 4, max_tokens: int | None = 128, eos_ids: Sequence[int] = (),
-           rng: np.random.Generator | None = None, stats: DecodeStats | None = None, ctx: int | None = None, adaptive_k: bool = False,
+           rng: np.random.Generator | None = None, stats: DecodeStats | None = None, ctx: int | None = None,
+           adaptive_k: bool = False,
            verifier_kind: VerifierKind = VerifierKind.CHAIN, session: Session | None = None,
            lossy: LossyMode | None = None) -> Iterator[TokenEvent]:
     """Generate up to max_tokens tokens; yields one event per emitted token, the last one with a finish reason.

@@ -254,8 +254,11 @@ def test_head_to_head_rescales_each_target_by_its_plain_speed_now(tiny):
     plan, _ = plan_run.plan_for(str(path), plan_run.PlanSettings(threads=1), cache_dir=cache)
     targets = [PlanTarget("llamacpp", str(path), "a"), PlanTarget("onnx", str(cache / "tiny-onnx-int4"), "b")]
     per = [[r for r in plan.rows if r.path == t.path] for t in targets]
+    from specedge.assembly.load import load_model
+    from specedge.runtime.backends import BackendKind
+    models = [load_model(t.path, BackendKind(t.engine), threads=1, cache_dir=cache, device="cpu") for t in targets]
     lines = []
-    out = plan_run.head_to_head(targets, per, {}, 1, cache, lines.append)
+    out = plan_run.head_to_head(targets, models, per, lines.append)
     assert len(lines) == 2 and all("head to head" in m for m in lines)
     for before, after in zip(per, out):
         scale = after[0].predicted_tok_s / before[0].predicted_tok_s
