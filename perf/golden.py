@@ -119,8 +119,9 @@ def export_artifact(target: Target, out: Path) -> Path:
     from ..models.gguf_in import open_gguf
     from ..export.onnx_linear import WeightFormat
     from ..models.catalog import resolve_model
-    return export_gguf_to_onnx(open_gguf(resolve_model(MODEL)), out, WeightFormat(target.weights), gate=False,
-                               profile=LAYERED if target.layered else DYNAMIC)
+    export_gguf_to_onnx(open_gguf(resolve_model(MODEL)), out, WeightFormat(target.weights), gate=False,
+                        profile=LAYERED if target.layered else DYNAMIC)  # returns the manifest's path
+    return Path(out)
 
 
 def inputs_of(backend: str, loaded: dict[str, LoadedModel]) -> dict:
