@@ -22,7 +22,6 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType
 
 from ..models.config import ModelConfig, Weights
-from ..models.family_base import canonical_to_gguf
 from ..models.gguf_in import GGUFModel
 
 _DTYPES = {"f32": (GGMLQuantizationType.F32, LlamaFileType.ALL_F32),
@@ -84,11 +83,13 @@ def _add_tensors(wr: GGUFWriter, source: GGUFModel, weights: Weights | None, out
     for name in out_cfg.tensor_names():
         if qtype is None:  # "keep": the stored bytes, already in GGUF layout
             stored, raw = source.stored_tensor(_source_name(name, kept))
-            wr.add_tensor(canonical_to_gguf(name), raw, raw_dtype=stored)
+            wr.add_tensor(source.family.NAMES.canonical_to_gguf(name), raw, raw_dtype=stored)
             continue
         w = weights[_source_name(name, kept)]
         data, stored = _stored(source.family.to_gguf_layout(name, w, out_cfg), qtype)
-        wr.add_tensor(canonical_to_gguf(name), data, raw_dtype=stored)
+        wr.add_tensor(source.family.NAMES.canonical_to_gguf(name), data, raw_dtype=stored)
+    for name, (stored, raw) in source.config_tensors().items():  # llama3's rope_freqs: configuration, as stored
+        wr.add_tensor(name, raw, raw_dtype=stored)
 
 
 def write_gguf(path: str | Path, source: GGUFModel, weights: Weights | None, *, dtype: str = "f32",

@@ -1,13 +1,15 @@
 """Registry of model families: `family(arch)` returns the module that knows that architecture.
 
 Each family module exposes ARCH (the GGUF general.architecture and the Hugging Face model_type), BLOCK (its block
-declaration, models/block.py: what the NumPy reference and the ONNX builders build), config_from_gguf(meta, tensors), config_from_hf(config_json), GLOBAL_NAMES / LAYER_NAMES (GGUF -> canonical;
-Hugging Face names are one table for all, family_base.HF_*), from_gguf_layout / to_gguf_layout (row-order quirks)
-and tokenizer_pre.
+declaration, models/block.py: what the NumPy reference and the ONNX builders build), config_from_gguf(meta, tensors,
+values) (`values` reads the configuration tensors NAMES.gguf_config, e.g. llama3's rope_freqs),
+config_from_hf(config_json), NAMES (family_base.Names: its GGUF and Hugging Face tensor names, LLAMA_NAMES
+extended with its own), from_gguf_layout / to_gguf_layout (row-order quirks), tokenizer_pre, and for writers
+gguf_metadata(config) (its own GGUF keys) and gguf_config_tensors(config).
 
 Adding a family: write its module (ARCH, BLOCK, the config readers that refine BLOCK per checkpoint: biases, a
-per-layer window or RoPE pattern, the embedding scale; its layout quirks) and list it in _FAMILIES below; tensors
-with new names go into the name tables. The NumPy reference and every ONNX profile build any block BLOCK can
+per-layer window or RoPE pattern, the embedding scale; its layout quirks; NAMES for tensors with new names) and list
+it in _FAMILIES below. The NumPy reference and every ONNX profile build any block BLOCK can
 declare; only a new kind of op (a field models/block.py does not have yet) touches the builders, once each:
 runtime/backends/numpy_ref.py, export/onnx_block.py (shared by every profile) or the profiles' attention plumbing
 (export/onnx_graph.py, export/onnx_static.py), each refusing what it cannot emit (BlockSpec.require).

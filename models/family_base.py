@@ -7,8 +7,10 @@ nothing here branches on an architecture string.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
+
+import numpy as np
 
 from .block import BlockSpec
 from .config import ModelConfig, RopeScaling
@@ -56,16 +58,46 @@ HF_LAYER_NAMES: dict[str, str] = {
 }
 HF_IGNORED = re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")  # a buffer old checkpoints saved
 _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-_LAYER_TO_GGUF = {v: k for k, v in LAYER_NAMES.items()}
-_GLOBAL_TO_GGUF = {v: k for k, v in GLOBAL_NAMES.items()}
 _BLK = re.compile(r"^blk\.(\d+)\.(.+)$")
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 
-# Rope-scaling kinds as llama.cpp writes them in `{arch}.rope.scaling.type`.
-_ROPE_KINDS = {"none": "none", "linear": "linear", "yarn": "yarn", "llama3": "llama3"}
+
+@dataclass(frozen=True)
+class Names:
+    """One family's tensor names: GGUF and Hugging Face -> canonical, global and per layer ("blk.{i}." /
+    "model.layers.{i}." stripped), plus GGUF tensors that are configuration, not weights (llama3's rope_freqs,
+    phi3's rope factors: the family's config_from_gguf reads them, load_weights skips them)."""
+
+    gguf_global: Mapping[str, str]
+    gguf_layer: Mapping[str, str]
+    hf_global: Mapping[str, str]
+    hf_layer: Mapping[str, str]
+    gguf_config: frozenset[str] = frozenset()
+
+    def gguf_to_canonical(self, name: str) -> str | None:
+        """GGUF tensor name -> canonical name, or None if the table does not know it."""
+        return _to_canonical(name, self.gguf_global, _BLK, self.gguf_layer)
+
+    def hf_to_canonical(self, name: str) -> str | None:
+        """Hugging Face state-dict name -> canonical name, or None if the table does not know it."""
+        return _to_canonical(name, self.hf_global, _HF_LAYER, self.hf_layer)
+
+    def canonical_to_gguf(self, name: str) -> str:
+        """Canonical name -> GGUF tensor name (the inverse of `gguf_to_canonical`); KeyError if unknown."""
+        return _from_canonical(name, self.gguf_global, self.gguf_layer, "blk.")
+
+    def canonical_to_hf(self, name: str) -> str:
+        """Canonical name -> Hugging Face name (the inverse of `hf_to_canonical`); KeyError if unknown."""
+        return _from_canonical(name, self.hf_global, self.hf_layer, "model.layers.")
+
+    def extend(self, *, gguf_layer: Mapping[str, str] = {}, hf_layer: Mapping[str, str] = {},
+               gguf_config: frozenset[str] = frozenset()) -> "Names":
+        """These names plus a family's own (a key given here replaces the inherited entry)."""
+        return Names(self.gguf_global, {**self.gguf_layer, **gguf_layer}, self.hf_global,
+                     {**self.hf_layer, **hf_layer}, self.gguf_config | gguf_config)
 
 
-def _to_canonical(name: str, globals_: dict[str, str], layer_re: re.Pattern, layer_names: dict[str, str]
+def _to_canonical(name: str, globals_: Mapping[str, str], layer_re: re.Pattern, layer_names: Mapping[str, str]
                   ) -> str | None:
     if name in globals_:
         return globals_[name]
@@ -75,24 +107,51 @@ def _to_canonical(name: str, globals_: dict[str, str], layer_re: re.Pattern, lay
     return None
 
 
-def gguf_to_canonical(name: str) -> str | None:
-    """GGUF tensor name -> canonical name, or None if the table does not know it."""
-    return _to_canonical(name, GLOBAL_NAMES, _BLK, LAYER_NAMES)
-
-
-def hf_to_canonical(name: str) -> str | None:
-    """Hugging Face state-dict name -> canonical name, or None if the table does not know it."""
-    return _to_canonical(name, HF_GLOBAL_NAMES, _HF_LAYER, HF_LAYER_NAMES)
-
-
-def canonical_to_gguf(name: str) -> str:
-    """Canonical name -> GGUF tensor name (the inverse of `gguf_to_canonical`); KeyError if unknown."""
-    if name in _GLOBAL_TO_GGUF:
-        return _GLOBAL_TO_GGUF[name]
+def _from_canonical(name: str, globals_: Mapping[str, str], layer_names: Mapping[str, str], prefix: str) -> str:
+    for k, v in globals_.items():
+        if v == name:
+            return k
     m = _LAYER.match(name)
-    if m and m.group(2) in _LAYER_TO_GGUF:
-        return f"blk.{m.group(1)}.{_LAYER_TO_GGUF[m.group(2)]}"
-    raise KeyError(f"no GGUF name for canonical tensor {name!r}")
+    if m:
+        for k, v in layer_names.items():
+            if v == m.group(2):
+                return f"{prefix}{m.group(1)}.{k}"
+    raise KeyError(f"no file name for canonical tensor {name!r}")
+
+
+# Rope-scaling kinds as llama.cpp writes them in `{arch}.rope.scaling.type`.
+_ROPE_KINDS = {"none": "none", "linear": "linear", "yarn": "yarn", "llama3": "llama3"}
+
+# The llama tables; families extend them (Names.extend) with their own tensors.
+LLAMA_NAMES = Names(GLOBAL_NAMES, LAYER_NAMES, HF_GLOBAL_NAMES, HF_LAYER_NAMES)
+
+
+def gguf_to_canonical(name: str, names: Names = LLAMA_NAMES) -> str | None:
+    """GGUF tensor name -> canonical name, or None if the table does not know it."""
+    return names.gguf_to_canonical(name)
+
+
+def hf_to_canonical(name: str, names: Names = LLAMA_NAMES) -> str | None:
+    """Hugging Face state-dict name -> canonical name, or None if the table does not know it."""
+    return names.hf_to_canonical(name)
+
+
+def canonical_to_gguf(name: str, names: Names = LLAMA_NAMES) -> str:
+    """Canonical name -> GGUF tensor name (the inverse of `gguf_to_canonical`); KeyError if unknown."""
+    try:
+        return names.canonical_to_gguf(name)
+    except KeyError:
+        raise KeyError(f"no GGUF name for canonical tensor {name!r}") from None
+
+
+def gguf_metadata(cfg: ModelConfig) -> dict[str, Any]:
+    """Family-specific GGUF metadata keys a writer adds to the llama-like ones (default: none)."""
+    return {}
+
+
+def gguf_config_tensors(cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """GGUF tensors that carry configuration (names in Names.gguf_config) a writer adds (default: none)."""
+    return {}
 
 
 def _int(meta: Mapping[str, Any], key: str, default: int | None = None) -> int:

@@ -16,7 +16,6 @@ from gguf.quants import dequantize
 from .config import ModelConfig, Weights
 from .errors import ModelFileError
 from .families import family
-from .family_base import canonical_to_gguf, gguf_to_canonical
 from .gguf_scan import scan_gguf
 from .tokenizer_gguf import tokenizer_spec_from_gguf
 from .tokenizer_spec import TokenizerSpec
@@ -95,15 +94,34 @@ class GGUFModel:
         if tokens is not None and f"{arch}.vocab_size" not in meta:
             meta[f"{arch}.vocab_size"] = len(tokens.data)
         try:
-            self.config: ModelConfig = self.family.config_from_gguf(meta, shapes)
+            self.config: ModelConfig = self.family.config_from_gguf(meta, shapes, self._config_tensor)
         except (ValueError, TypeError, ArithmeticError) as e:  # metadata of the wrong type or zero head counts
             raise ModelFileError(f"{path}: bad model metadata ({e}); {_REPULL}") from None
-        unknown = [n for n in self._tensors if gguf_to_canonical(n) is None]
+        names = self.family.NAMES
+        unknown = [n for n in self._tensors
+                   if names.gguf_to_canonical(n) is None and n not in names.gguf_config]
         if unknown:
             raise ModelFileError(f"{path}: unexpected tensors for a {arch} model: {unknown[:5]}; {_REPULL}")
         if self.config.n_layers > len(self._tensors):  # every layer has tensors; also bounds tensor_names() loops
             raise ModelFileError(f"{path}: {arch}.block_count is {self.config.n_layers} but the file holds only "
                                  f"{len(self._tensors)} tensors; {_REPULL}")
+
+    def _config_tensor(self, name: str) -> np.ndarray:
+        """A GGUF tensor that carries configuration (Names.gguf_config: llama3's rope_freqs), float32 as stored."""
+        if name not in self.family.NAMES.gguf_config:
+            raise KeyError(f"{name!r} is not a configuration tensor of the {self.family.ARCH} family")
+        t = self._tensors[name]
+        try:
+            return np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(self._shape(t))
+        except (KeyboardInterrupt, MemoryError):
+            raise
+        except Exception as e:
+            raise ModelFileError(f"{self.path}: cannot decode tensor {t.name!r} ({e}); {_REPULL}") from e
+
+    def config_tensors(self) -> dict[str, tuple[Any, np.ndarray]]:
+        """GGUF name -> (GGMLQuantizationType, data as stored) of the file's configuration tensors, for writers."""
+        return {n: (t.tensor_type, np.asarray(t.data)) for n, t in self._tensors.items()
+                if n in self.family.NAMES.gguf_config}
 
     @staticmethod
     def _shape(t) -> tuple[int, ...]:
@@ -117,11 +135,13 @@ class GGUFModel:
 
     def tensor_types(self) -> dict[str, str]:
         """Canonical tensor name -> GGUF storage type name (e.g. 'Q4_1', 'F32')."""
-        return {gguf_to_canonical(n): t.tensor_type.name for n, t in self._tensors.items()}
+        names = self.family.NAMES
+        return {c: t.tensor_type.name for n, t in self._tensors.items()
+                if (c := names.gguf_to_canonical(n)) is not None}
 
     def load_tensor(self, canonical: str, dtype=np.float32) -> np.ndarray:
         """One canonical tensor dequantized into the canonical layout (family quirks undone)."""
-        t = self._tensors[canonical_to_gguf(canonical)]
+        t = self._tensors[self.family.NAMES.canonical_to_gguf(canonical)]
         try:
             w = dequantize(t.data, t.tensor_type).reshape(self._shape(t))
         except (KeyboardInterrupt, MemoryError):
@@ -133,7 +153,7 @@ class GGUFModel:
 
     def raw_blocks(self, canonical: str) -> tuple[str, np.ndarray]:
         """(GGUF type name, uint8 [rows, row_bytes]) in canonical row order: the stored blocks, for exact transcoding."""
-        t = self._tensors[canonical_to_gguf(canonical)]
+        t = self._tensors[self.family.NAMES.canonical_to_gguf(canonical)]
         shape = self._shape(t)
         raw = np.asarray(t.data).view(np.uint8).reshape(shape[0] if len(shape) > 1 else 1, -1)
         return t.tensor_type.name, self.family.from_gguf_layout(canonical, raw, self.config)
@@ -141,12 +161,13 @@ class GGUFModel:
     def stored_tensor(self, canonical: str) -> tuple[Any, np.ndarray]:
         """(GGMLQuantizationType, data exactly as stored: GGUF layout, quantized blocks as uint8 rows) of a tensor,
         for copying it bit for bit into another GGUF."""
-        t = self._tensors[canonical_to_gguf(canonical)]
+        t = self._tensors[self.family.NAMES.canonical_to_gguf(canonical)]
         return t.tensor_type, np.asarray(t.data)
 
     def load_weights(self, dtype=np.float32) -> Weights:
         """All tensors dequantized to `dtype`, canonical names and layouts, shape-checked against the config."""
-        names = [gguf_to_canonical(n) for n in self._tensors]
+        table = self.family.NAMES
+        names = [c for n in self._tensors if (c := table.gguf_to_canonical(n)) is not None]
         try:
             return Weights(self.config, {n: self.load_tensor(n, dtype) for n in names})
         except ValueError as e:

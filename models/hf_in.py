@@ -24,7 +24,7 @@ import numpy as np
 from .config import ModelConfig, Weights
 from .errors import ModelFileError
 from .families import SUPPORTED_ARCHS, family
-from .family_base import HF_IGNORED, hf_to_canonical
+from .family_base import HF_IGNORED
 from .tokenizer_spec import TokenizerSpec
 from .tokenizer_hf import tokenizer_spec_from_hf
 
@@ -95,11 +95,12 @@ class HFModel:
         self._dtypes: dict[str, str] = {}
         for file in sorted(set(self._files.values())):
             self._dtypes.update({n: str(m["dtype"]) for n, m in _header(file)[0].items() if n != "__metadata__"})
-        unknown = [n for n in self._files if hf_to_canonical(n) is None and not HF_IGNORED.match(n)]
+        unknown = [n for n in self._files if self.family.NAMES.hf_to_canonical(n) is None and not HF_IGNORED.match(n)]
         if unknown:
             raise ModelFileError(f"{path}: tensors the {model_type} builder does not know: {unknown[:5]}; "
                                  f"{via_optimum_hint(path)}")
-        self._names = {c: n for n in self._files if (c := hf_to_canonical(n)) is not None}  # canonical -> HF
+        hf_names = self.family.NAMES
+        self._names = {c: n for n in self._files if (c := hf_names.hf_to_canonical(n)) is not None}  # canonical -> HF
 
     def _tensor_files(self) -> dict[str, Path]:
         """Tensor name -> the safetensors file holding it (shards by the index; else every *.safetensors)."""

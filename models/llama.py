@@ -5,7 +5,7 @@ canonical layout is Hugging Face's rotate_half order, so reading un-permutes and
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -15,12 +15,15 @@ from .config import ModelConfig
 
 ARCH = "llama"
 BLOCK = BlockSpec()  # pre-norm RMSNorm, SwiGLU, RoPE on every layer; GGUF files may add q/k/v biases
-GLOBAL_NAMES = family_base.GLOBAL_NAMES
-LAYER_NAMES = family_base.LAYER_NAMES
+NAMES = family_base.LLAMA_NAMES  # GGUF / Hugging Face tensor names (family_base.Names)
+gguf_metadata = family_base.gguf_metadata  # no keys beyond the llama-like ones
+gguf_config_tensors = family_base.gguf_config_tensors  # none
 
 
-def config_from_gguf(meta: Mapping[str, Any], tensors: Mapping[str, tuple[int, ...]]) -> ModelConfig:
-    """ModelConfig from GGUF metadata and GGUF tensor name -> numpy shape."""
+def config_from_gguf(meta: Mapping[str, Any], tensors: Mapping[str, tuple[int, ...]],
+                     values: Callable[[str], np.ndarray] | None = None) -> ModelConfig:
+    """ModelConfig from GGUF metadata and GGUF tensor name -> numpy shape; `values` reads a configuration tensor
+    (NAMES.gguf_config) as float32."""
     return family_base.llama_like_config(meta, tensors, arch=ARCH, block=BLOCK)
 
 

@@ -4,7 +4,7 @@ llama.cpp runs qwen2 with NEOX (rotate_half) RoPE, so its GGUF rows are already 
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -14,12 +14,15 @@ from .config import ModelConfig
 
 ARCH = "qwen2"
 BLOCK = BlockSpec(qkv_bias=True)  # the llama block with q/k/v biases
-GLOBAL_NAMES = family_base.GLOBAL_NAMES
-LAYER_NAMES = family_base.LAYER_NAMES
+NAMES = family_base.LLAMA_NAMES  # GGUF / Hugging Face tensor names (family_base.Names)
+gguf_metadata = family_base.gguf_metadata  # no keys beyond the llama-like ones
+gguf_config_tensors = family_base.gguf_config_tensors  # none
 
 
-def config_from_gguf(meta: Mapping[str, Any], tensors: Mapping[str, tuple[int, ...]]) -> ModelConfig:
-    """ModelConfig from GGUF metadata and GGUF tensor name -> numpy shape."""
+def config_from_gguf(meta: Mapping[str, Any], tensors: Mapping[str, tuple[int, ...]],
+                     values: Callable[[str], np.ndarray] | None = None) -> ModelConfig:
+    """ModelConfig from GGUF metadata and GGUF tensor name -> numpy shape; `values` reads a configuration tensor
+    (NAMES.gguf_config) as float32."""
     return family_base.llama_like_config(meta, tensors, arch=ARCH, block=BLOCK)
 
 

@@ -14,7 +14,6 @@ from gguf.quants import quantize
 
 from .config import ModelConfig
 from .families import family
-from .family_base import canonical_to_gguf
 from .generation import GGUF_KEYS
 from .tokenizer_gguf import TOKEN_CONTROL
 
@@ -125,6 +124,22 @@ def _write_metadata(wr: GGUFWriter, cfg: ModelConfig, pre: str) -> None:
     wr.add_uint32("tokenizer.ggml.padding_token_id", cfg.bos_id)
     wr.add_bool("tokenizer.ggml.add_bos_token", False)
     wr.add_string("tokenizer.chat_template", CHATML)
+    for key, value in family(cfg.arch).gguf_metadata(cfg).items():  # the family's own keys (sliding window, ...)
+        _add_value(wr, key, value)
+
+
+def _add_value(wr: GGUFWriter, key: str, value) -> None:
+    """A Python value under its natural GGUF type: bool, uint32 for ints >= 0, int32, float32, string, array."""
+    if isinstance(value, bool):
+        wr.add_bool(key, value)
+    elif isinstance(value, int):
+        wr.add_uint32(key, value) if value >= 0 else wr.add_int32(key, value)
+    elif isinstance(value, float):
+        wr.add_float32(key, value)
+    elif isinstance(value, str):
+        wr.add_string(key, value)
+    else:
+        wr.add_array(key, list(value))
 
 
 def write_tiny_gguf(path: str | Path, *, arch: str = "llama", seed: int = 0, n_layers: int = 2, d_model: int = 64,
@@ -148,7 +163,9 @@ def write_tiny_gguf(path: str | Path, *, arch: str = "llama", seed: int = 0, n_l
     wr.add_file_type({"f32": 0, "f16": 1, "q8_0": 7, "q4_0": 2, "q4_1": 3}[dtype])
     for name in cfg.tensor_names():
         data, qtype = _stored(name, fam.to_gguf_layout(name, tensors[name], cfg), dtype)
-        wr.add_tensor(canonical_to_gguf(name), data, raw_dtype=qtype)
+        wr.add_tensor(fam.NAMES.canonical_to_gguf(name), data, raw_dtype=qtype)
+    for name, value in fam.gguf_config_tensors(cfg).items():  # configuration tensors (llama3 rope_freqs)
+        wr.add_tensor(name, np.asarray(value, np.float32), raw_dtype=GGMLQuantizationType.F32)
     wr.write_header_to_file()
     wr.write_kv_data_to_file()
     wr.write_tensors_to_file()
