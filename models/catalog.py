@@ -228,8 +228,11 @@ def _remove_dead_leftovers(root: Path, final: Path) -> None:
 
 def resolve_model(name_or_path: str | Path, cache_dir: str | Path | None = None, *,
                   pull_if_missing: bool = True) -> Path:
-    """An existing .gguf path as is, a .gguf file name in the cache, or a catalogue name's cached file (pulled if
-    missing)."""
+    """An existing .gguf path as is, a .gguf file name in the cache, a catalogue name's cached file (pulled if
+    missing), or a Hugging Face ref hf:OWNER/REPO[/FILE.gguf] (models/hub.py: cached copy, pulled if missing)."""
+    if str(name_or_path).startswith("hf:"):
+        from .hub import resolve_gguf
+        return resolve_gguf(str(name_or_path), cache_dir, pull_if_missing=pull_if_missing)
     p = Path(name_or_path)
     if p.suffix == ".gguf" and p.is_file():
         return p

@@ -3,6 +3,7 @@
     <cache>/<catalogue file>.gguf (+ .sha256)   a pulled catalogue model
     <cache>/<other>.gguf                        a GGUF file put there by hand
     <cache>/<name>/manifest.json                an exported artifact (`specedge export` writes <model>-onnx-<weights>)
+    <cache>/hf/OWNER--REPO/<commit>/...         pulled from the Hugging Face Hub (`specedge pull hf:...`, models/hub.py)
     <cache>/plans/*.json                        cached plans: {"model": name given, "sources": [paths measured],
                                                 "choice": {..., "summary"?}, "created"}
     <cache>/profiles/*.json                     device profiles: {"model": path measured, "backend", "created", ...}
@@ -19,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import hub
 from .catalog import CATALOG, model_cache_dir
 from .errors import ModelFileError
 from .manifest import FORMAT, MANIFEST, PAD_ROW_NONE, read_manifest
@@ -81,10 +83,12 @@ class Inventory:
     plans: list[PlanRow]
     profiles: list[ProfileRow]
     notes: list[str] = field(default_factory=list)  # files skipped, and why
+    hf: list[hub.HubRow] = field(default_factory=list)  # pulled from the Hugging Face Hub
 
     def to_dict(self) -> dict[str, Any]:
         return {"cache": str(self.cache), "catalogue": [asdict(r) for r in self.catalogue],
-                "gguf": [asdict(r) for r in self.ggufs], "artifacts": [asdict(r) for r in self.artifacts],
+                "gguf": [asdict(r) for r in self.ggufs], "hf": [asdict(r) for r in self.hf],
+                "artifacts": [asdict(r) for r in self.artifacts],
                 "plans": [{**asdict(r), "sources": list(r.sources)} for r in self.plans],
                 "profiles": [asdict(r) for r in self.profiles], "notes": list(self.notes)}
 
@@ -163,7 +167,7 @@ def scan(cache_dir: str | Path | None = None) -> Inventory:
     notes += [f"{a.name}: {a.note}" for a in artifacts if a.note]
     plans = [r for _, r in read_plans(cache, notes)]
     profiles = [r for _, r in read_profiles(cache, notes)]
-    return Inventory(cache, catalogue, ggufs, artifacts, plans, profiles, notes)
+    return Inventory(cache, catalogue, ggufs, artifacts, plans, profiles, notes, hub.list_cached(cache))
 
 
 def _mb(n: int) -> str:
@@ -179,6 +183,8 @@ def format_inventory(inv: Inventory) -> str:
                    f"{r.description}")
     out += ["", "GGUF files (not in the catalogue)"]
     out += [f"  {r.name:34s} {_mb(r.size)}" for r in inv.ggufs] or ["  (none)"]
+    out += ["", f"{'Hugging Face (specedge pull hf:OWNER/REPO[/FILE.gguf])':56s} {'size':>11s}  kind        revision"]
+    out += [f"  {r.name:54s} {_mb(r.size)}  {r.kind:10s}  {r.revision}" for r in inv.hf] or ["  (none)"]
     out += ["", f"exported artifacts (run on ONNX Runtime)   {'weights':7s} {'profile':8s} {'size':>11s}  "
                 f"{'source':12s}  parity"]
     out += [f"  {r.name:40s} {r.weights or '?':7s} {r.profile or '?':8s} {_mb(r.size)}  "
@@ -196,8 +202,10 @@ def format_inventory(inv: Inventory) -> str:
 # -- removal ----------------------------------------------------------------------------------------------------
 
 def _same(value: str, path: Path) -> bool:
+    """`value` names `path`, or a file inside the directory `path` (a pulled checkpoint, a hub repo's folder)."""
     try:
-        return Path(value).expanduser().resolve() == path.resolve()
+        p, target = Path(value).expanduser().resolve(), path.resolve()
+        return p == target or (path.is_dir() and target in p.parents)
     except (OSError, RuntimeError, ValueError):
         return False
 
@@ -205,6 +213,8 @@ def _same(value: str, path: Path) -> bool:
 def _model_paths(name: str, cache: Path) -> tuple[list[Path], set[str]]:
     """The files/directory `name` names in the cache and the names plans may use for it; ModelFileError when it
     names nothing cached or a path outside the cache."""
+    if hub.is_hub_ref(name):
+        return hub.removal_paths(name, cache), {name}
     given = Path(name).expanduser()
     if given.is_absolute() or len(given.parts) > 1 or (given.exists() and not (cache / name).exists()
                                                        and name not in CATALOG):
