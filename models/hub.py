@@ -282,10 +282,11 @@ def _check_download(ref: HubRef, path: Path, sibling) -> str:
     else:
         ok, expected = True, ""
     if not ok:
-        path.unlink(missing_ok=True)
-        raise ModelFileError(f"{ref}: downloaded {sibling.rfilename} does not match the hub's {expected} (got "
-                             f"sha256 {digest}, {path.stat().st_size if path.exists() else 'deleted'}); the transfer "
-                             f"was corrupted or altered on the way: run `specedge pull {ref}` again")
+        for p in (path, path.with_name(path.name + ".sha256")):
+            p.unlink(missing_ok=True)
+        raise ModelFileError(f"{ref}: downloaded {sibling.rfilename} does not match the hub's {expected} (got sha256 "
+                             f"{digest}; deleted): the transfer was corrupted or altered on the way; run `specedge "
+                             f"pull {ref}` again")
     return digest
 
 

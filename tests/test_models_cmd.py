@@ -146,7 +146,7 @@ def test_models_json(cache):
     r = run("models", "--cache-dir", cache, "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    assert set(doc) == {"cache", "catalogue", "gguf", "artifacts", "plans", "profiles", "notes"}
+    assert set(doc) == {"cache", "catalogue", "gguf", "hf", "artifacts", "plans", "profiles", "notes"}
     assert {e["name"]: e["license"] for e in doc["catalogue"]} == {n: "Apache-2.0" for n in CATALOG}
     assert [g["name"] for g in doc["gguf"]] == ["tiny.gguf"]
     (art,) = doc["artifacts"]

@@ -111,6 +111,9 @@ def test_pull_gguf_then_generate_list_and_remove(fake, files, tmp_path):
     local.write_bytes(files["gguf"])
     assert out["tokens"] == generate(str(local))["tokens"] and len(out["tokens"]) == 6
     assert out["stats"]["model"] == str(path)
+    drafted = generate(spec, "--drafter", f"model:{spec}")  # a hub ref as the draft model (here: the target itself)
+    assert drafted["tokens"] == out["tokens"] and drafted["stats"]["drafter"].startswith(f"model:{spec}")
+    assert fake.log == []
 
     listing = json.loads(run("models", "--json").stdout)
     assert [(r["name"], r["kind"], r["path"]) for r in listing["hf"]] == [(spec, "gguf", str(path))]
