@@ -152,6 +152,12 @@ def test_pull_checkpoint_then_export(fake, files):
     out = fake.cache / "tiny-llama-onnx-fp32"
     assert Path(res.stdout.strip().splitlines()[-1]) == out and (out / "manifest.json").is_file()
     assert "parity gate PASS" in res.output
+    rows = json.loads(run("models", "--json").stdout)["hf"]
+    assert [(r["name"], r["kind"], r["path"], r["revision"]) for r in rows] == [(spec, "checkpoint", str(folder),
+                                                                                 "main")]
+    run("rm", spec)
+    assert not folder.parent.exists() and (out / "manifest.json").is_file()  # the export is a model of its own
+    assert "not in the model cache" in run("rm", spec, ok=False).output
 
 
 def test_bin_only_checkpoint_is_refused(fake):
