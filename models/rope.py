@@ -16,7 +16,8 @@ import numpy as np
 from .block import UnsupportedVariant
 from .config import ModelConfig, RopeScaling
 
-SCALING_KINDS = ("none", "linear", "llama3", "freq_factors")  # what inv_freq computes; "yarn" and "longrope" are declared only
+# what inv_freq computes; "yarn" and "longrope" are declared only
+SCALING_KINDS = ("none", "linear", "llama3", "freq_factors")
 
 
 @dataclass(frozen=True)

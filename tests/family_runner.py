@@ -60,7 +60,8 @@ CASES: tuple[FamilyCase, ...] = (
     FamilyCase("llama3-untied", "llama", lambda t: t.LlamaConfig(**tiny_sizes(tied=False, rope_scaling=LLAMA3_ROPE)),
                seed=1),
     FamilyCase("qwen2", "qwen2", lambda t: t.Qwen2Config(**tiny_sizes(tied=False)), seed=2),
-    # head_dim 32 != 64 / 4: qwen3's own head size (attention.key_length); ORT's GroupQueryAttention wants a multiple of 16
+    # head_dim 32 != 64 / 4: qwen3's own head size (attention.key_length); ORT's GroupQueryAttention needs a
+    # multiple of 16
     FamilyCase("qwen3", "qwen3", lambda t: t.Qwen3Config(**tiny_sizes(head_dim=32)), seed=3),
     # 4 layers: layer 3 is llama.cpp's (and the config's) NoPE layer
     FamilyCase("smollm3", "smollm3", lambda t: t.SmolLM3Config(**tiny_sizes(n_layers=4)), seed=4),

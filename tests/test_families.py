@@ -3,7 +3,7 @@ built once per session as a Hugging Face checkpoint and as an F32 GGUF of the sa
 
 Checks: NumPy vs llama.cpp on the GGUF (top-1 100%, max |dlogit| recorded), NumPy vs transformers on the checkpoint
 (and the GGUF's config against the checkpoint's), each ONNX profile vs NumPy through verify batches and rollbacks,
-tokenization vs llama.cpp's on the dev prompts and edge cases, greedy speculative == plain (n-gram and layer-skip
+tokenization vs llama.cpp's on the dev prompts and edge cases, greedy speculative == plain (n-gram and early-exit
 drafters), and the chat template of a multi-turn conversation with a system prompt. Run with -s for the table;
 SPECEDGE_FAMILY_REPORT=<path> writes it as JSON.
 """
@@ -129,7 +129,7 @@ def test_tokenizer_matches_llama_cpp(built):
 
 def test_greedy_speculative_equals_plain(built):
     from specedge.runtime.decode import decode
-    from specedge.runtime.drafters.layerskip import LayerSkipDrafter
+    from specedge.runtime.drafters.early_exit import EarlyExitDrafter
     from specedge.runtime.drafters.ngram import NgramDrafter
     from specedge.runtime.stats import DecodeStats
     from specedge.runtime.types import SamplingParams
@@ -141,9 +141,11 @@ def test_greedy_speculative_equals_plain(built):
                                         rng=np.random.default_rng(0), stats=stats)]
     plain = run(None)
     drafted = []
-    for name, drafter in (("ngram", NgramDrafter()), ("skip", LayerSkipDrafter(2.0))):
+    # exit:1 drafts with the first layer only (a layer skip keeps at least 2 layers: all of a 2-layer model)
+    for name, drafter in (("ngram", NgramDrafter()), ("exit:1", EarlyExitDrafter(1))):
         stats = DecodeStats()
         assert run(drafter, stats) == plain, name
+        assert stats.n_drafted > 0, name
         drafted.append(f"{name} {stats.n_accepted}/{stats.n_drafted}")
     _REPORT.record(built.case.name, "spec==plain", "; ".join(drafted))
 
