@@ -113,3 +113,11 @@ def test_variant_architectures_are_refused_at_load(tmp_path):
         (d / "config.json").write_text(__import__("json").dumps({**cfg, "hidden_size": 64}))
         with pytest.raises(ModelFileError, match=pattern):
             open_hf(d)
+
+
+def test_gguf_out_drafters_keep_rope_freqs(tmp_path):
+    from specedge.export.gguf_out import write_gguf
+    cfg = _llama3_config()
+    src = open_gguf(write_model_gguf(tmp_path / "l3.gguf", cfg, tiny_weights(cfg)))
+    out = open_gguf(write_gguf(tmp_path / "exit1.gguf", src, src.load_weights(), layers=[0]))
+    assert out.config.rope_scaling == src.config.rope_scaling and out.config.n_layers == 1
