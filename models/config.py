@@ -21,19 +21,22 @@ from .block import BlockSpec
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """RoPE scaling as data (models/rope.py computes none, linear and llama3; the others are declared only)."""
+    """RoPE scaling as data (models/rope.py computes none, linear, llama3 and freq_factors; the others are declared
+    only)."""
 
-    kind: str = "none"  # none | linear | llama3 | yarn | longrope
+    kind: str = "none"  # none | linear | llama3 | freq_factors | yarn | longrope
     factor: float = 1.0
     original_context: int = 0
     low_freq_factor: float = 1.0  # llama3
     high_freq_factor: float = 4.0  # llama3
     short_factor: tuple[float, ...] = ()  # longrope: per-frequency divisors within the original context
     long_factor: tuple[float, ...] = ()  # longrope: beyond it
+    freq_factors: tuple[float, ...] = ()  # freq_factors: per-frequency divisors (a GGUF's rope_freqs), then `factor`
 
     def __post_init__(self) -> None:  # lists from a manifest become tuples: a Rope is a dict key
         object.__setattr__(self, "short_factor", tuple(self.short_factor))
         object.__setattr__(self, "long_factor", tuple(self.long_factor))
+        object.__setattr__(self, "freq_factors", tuple(float(f) for f in self.freq_factors))
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,31 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import llama, qwen2
+from . import llama, qwen2, qwen3, smollm3
 
-_FAMILIES: dict[str, ModuleType] = {m.ARCH: m for m in (llama, qwen2)}
+_FAMILIES: dict[str, ModuleType] = {m.ARCH: m for m in (llama, qwen2, qwen3, smollm3)}
 SUPPORTED_ARCHS: tuple[str, ...] = tuple(sorted(_FAMILIES))
+# Variants of a supported family that are architectures of their own (GGUF general.architecture or Hugging Face
+# model_type) -> (family, what no builder here runs): refused by name rather than as an unknown architecture.
+VARIANTS: dict[str, tuple[str, str]] = {
+    "qwen3moe": ("qwen3", "mixture of experts"), "qwen3_moe": ("qwen3", "mixture of experts"),
+    "qwen3next": ("qwen3", "hybrid linear attention / mixture of experts"),
+    "qwen3_next": ("qwen3", "hybrid linear attention / mixture of experts"),
+    "qwen3vl": ("qwen3", "vision tower"), "qwen3_vl": ("qwen3", "vision tower"),
+    "qwen2moe": ("qwen2", "mixture of experts"), "qwen2_moe": ("qwen2", "mixture of experts"),
+    "qwen2vl": ("qwen2", "vision tower"), "qwen2_vl": ("qwen2", "vision tower"),
+    "mixtral": ("llama", "mixture of experts"), "llama4": ("llama", "mixture of experts, vision tower"),
+    "mllama": ("llama", "vision tower"),
+}
+
+
+def unsupported_variant(arch: str) -> str | None:
+    """A message naming the field and the family when `arch` is a known variant no builder here runs, else None."""
+    if arch not in VARIANTS:
+        return None
+    fam, what = VARIANTS[arch]
+    return (f"architecture {arch!r} (general.architecture / model_type) is the {what} variant of the {fam} family, "
+            f"which specedge's {fam} builders do not run; run a GGUF of it with the llama.cpp backend")
 
 
 def family(arch: str) -> ModuleType:
@@ -29,4 +50,6 @@ def family(arch: str) -> ModuleType:
     try:
         return _FAMILIES[arch]
     except KeyError:
+        if (why := unsupported_variant(arch)) is not None:
+            raise ValueError(why) from None
         raise ValueError(f"unsupported model architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}") from None

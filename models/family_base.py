@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -193,14 +193,43 @@ def special_ids(meta: Mapping[str, Any]) -> tuple[int | None, tuple[int, ...]]:
     return (None if bos is None else int(bos)), tuple(eos)
 
 
+ROPE_FREQS = "rope_freqs.weight"  # llama3 GGUFs: [rope_dim/2] divisors of the RoPE frequencies (ggml freq_factors)
+
+
+def refuse_gguf_variants(meta: Mapping[str, Any], arch: str) -> None:
+    """ValueError naming the field and the family for GGUF variants no builder here runs (experts, SSM layers)."""
+    for key, what in ((f"{arch}.expert_count", "mixture-of-experts"), (f"{arch}.ssm.state_size", "state-space (SSM)")):
+        if meta.get(key):
+            raise ValueError(f"{key} = {meta[key]}: {what} {arch} models are not built by specedge's {arch} family "
+                             "(run the file with the llama.cpp backend)")
+
+
+def gguf_rope_scaling(meta: Mapping[str, Any], tensors: Mapping[str, tuple[int, ...]], arch: str,
+                      values: Callable[[str], np.ndarray] | None) -> RopeScaling:
+    """The file's RoPE scaling: `{arch}.rope.scaling.*`, and llama3's rope_freqs tensor (per-frequency divisors,
+    applied by llama.cpp on top of a linear factor) when the family reads it (`values`; None: refused)."""
+    scaling = rope_scaling(meta, arch)
+    if ROPE_FREQS not in tensors:
+        return scaling
+    if values is None:
+        raise ValueError(f"tensor {ROPE_FREQS} (rope frequency factors) is not read by specedge's {arch} family")
+    if scaling.kind not in ("none", "linear"):
+        raise ValueError(f"tensor {ROPE_FREQS} with {arch}.rope.scaling.type {scaling.kind!r} is not supported "
+                         f"by specedge's {arch} family (only with none or linear)")
+    factors = np.asarray(values(ROPE_FREQS), np.float64).reshape(-1)
+    if not np.all(np.isfinite(factors)) or not np.all(factors > 0):
+        raise ValueError(f"tensor {ROPE_FREQS} holds non-positive or non-finite frequency factors")
+    return RopeScaling(kind="freq_factors", factor=scaling.factor, freq_factors=tuple(factors.tolist()))
+
+
 def llama_like_config(meta: Mapping[str, Any], tensors: Mapping[str, tuple[int, ...]], *, arch: str,
-                      block: BlockSpec) -> ModelConfig:
+                      block: BlockSpec, values: Callable[[str], np.ndarray] | None = None) -> ModelConfig:
     """ModelConfig from llama-style GGUF metadata; `tensors` maps GGUF tensor names to numpy shapes; `block` is the
-    family's declaration, its q/k/v biases set by whether the file has them."""
+    family's declaration, its q/k/v biases set by whether the file has them; `values` reads configuration tensors
+    (rope_freqs) for a family that supports them."""
     if "token_embd.weight" not in tensors:
         raise ValueError("the file has no token_embd.weight tensor")
-    if "rope_freqs.weight" in tensors and f"{arch}.rope.scaling.type" not in meta:
-        raise ValueError("llama3-style rope frequency tensors (rope_freqs.weight) are not supported yet")
+    refuse_gguf_variants(meta, arch)
     d_model = _int(meta, f"{arch}.embedding_length")
     n_heads = _int(meta, f"{arch}.attention.head_count")
     tokens = meta.get("tokenizer.ggml.tokens")
@@ -211,6 +240,10 @@ def llama_like_config(meta: Mapping[str, Any], tensors: Mapping[str, tuple[int, 
     head_dim = _int(meta, f"{arch}.attention.key_length", rope_dim if rope_dim is not None else d_model // n_heads)
     if rope_dim is not None and int(rope_dim) != head_dim:
         raise ValueError(f"partial rotary embeddings (rope dim {rope_dim} < head dim {head_dim}) are not supported")
+    scaling = gguf_rope_scaling(meta, tensors, arch, values)
+    if scaling.freq_factors and len(scaling.freq_factors) != head_dim // 2:
+        raise ValueError(f"tensor {ROPE_FREQS} has {len(scaling.freq_factors)} factors; head dim {head_dim} "
+                         f"rotates {head_dim // 2} frequencies")
     bos, eos = special_ids(meta)
     return ModelConfig(
         arch=arch,
@@ -226,7 +259,7 @@ def llama_like_config(meta: Mapping[str, Any], tensors: Mapping[str, tuple[int, 
         context_length=_int(meta, f"{arch}.context_length", 2048),
         tied_embeddings="output.weight" not in tensors,
         block=replace(block, qkv_bias="blk.0.attn_q.bias" in tensors),
-        rope_scaling=rope_scaling(meta, arch),
+        rope_scaling=scaling,
         bos_id=bos,
         eos_ids=eos,
         name=str(meta.get("general.name", "")),
@@ -267,6 +300,10 @@ def hf_rope(hf: Mapping[str, Any]) -> tuple[float, RopeScaling]:
 def llama_like_config_from_hf(hf: Mapping[str, Any], *, arch: str, block: BlockSpec) -> ModelConfig:
     """ModelConfig from a Hugging Face config.json of a llama-like model whose block the family declares;
     ValueError names what is not supported."""
+    for key, what in (("num_local_experts", "mixture-of-experts"), ("num_experts", "mixture-of-experts"),
+                      ("vision_config", "vision tower")):
+        if hf.get(key):
+            raise ValueError(f"config.json {key}: {what} {arch} models are not built by specedge's {arch} family")
     if hf.get("hidden_act", "silu") != "silu":
         raise ValueError(f"activation {hf['hidden_act']!r} is not supported (the builder runs SwiGLU with silu)")
     if hf.get("mlp_bias"):

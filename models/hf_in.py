@@ -1,7 +1,7 @@
 """Read a Hugging Face checkpoint directory: config.json -> ModelConfig, *.safetensors -> canonical float32 Weights,
 tokenizer.json + tokenizer_config.json -> TokenizerSpec.
 
-    DIR/config.json                       model_type picks the family (models/families.py): llama, qwen2
+    DIR/config.json                       model_type picks the family (models/families.py): llama, qwen2, qwen3, smollm3
     DIR/model.safetensors                 one file, or shards listed in model.safetensors.index.json
     DIR/tokenizer.json, tokenizer_config.json, generation_config.json, chat_template.jinja
 
@@ -23,7 +23,7 @@ import numpy as np
 
 from .config import ModelConfig, Weights
 from .errors import ModelFileError
-from .families import SUPPORTED_ARCHS, family
+from .families import SUPPORTED_ARCHS, family, unsupported_variant
 from .family_base import HF_IGNORED
 from .tokenizer_spec import TokenizerSpec
 from .tokenizer_hf import tokenizer_spec_from_hf
@@ -82,6 +82,8 @@ class HFModel:
         self.path = path
         self.hf_config = read_config(path)
         model_type = str(self.hf_config.get("model_type"))
+        if (why := unsupported_variant(model_type)) is not None:
+            raise ModelFileError(f"{path}: {why}; {via_optimum_hint(path)}")
         if model_type not in SUPPORTED_ARCHS:
             raise ModelFileError(f"{path}: model_type {model_type!r} is not built by specedge's exporter (it builds "
                                  f"{', '.join(SUPPORTED_ARCHS)}); {via_optimum_hint(path)}")

@@ -1,7 +1,12 @@
-"""The llama family (Llama 2/3, SmolLM, TinyLlama, ...): config, weight names, and the Q/K row permutation.
+"""The llama family (Llama 2/3.x, SmolLM, TinyLlama, ...): config, weight names, and the Q/K row permutation.
 
 llama.cpp's converter permutes Q and K rows of llama models so its interleaved RoPE works; the
 canonical layout is Hugging Face's rotate_half order, so reading un-permutes and writing permutes.
+
+Llama 3.x: the Hugging Face config names the llama3 RoPE rule (rope_scaling rope_type llama3); llama.cpp's converter
+writes it as the tensor rope_freqs.weight instead ([head_dim/2] divisors, ggml_rope_ext's freq_factors) with no
+rope.scaling keys. Reading a GGUF keeps the divisors (RopeScaling kind "freq_factors"); writing one from either form
+writes the tensor (`gguf_config_tensors`), so both agree to float32 rounding of the divisors.
 """
 from __future__ import annotations
 
@@ -12,19 +17,37 @@ import numpy as np
 from . import family_base
 from .block import BlockSpec
 from .config import ModelConfig
+from .rope import Rope, default_rope, inv_freq
 
 ARCH = "llama"
 BLOCK = BlockSpec()  # pre-norm RMSNorm, SwiGLU, RoPE on every layer; GGUF files may add q/k/v biases
-NAMES = family_base.LLAMA_NAMES  # GGUF / Hugging Face tensor names (family_base.Names)
+# GGUF / Hugging Face tensor names (family_base.Names); rope_freqs is configuration (config_from_gguf reads it)
+NAMES = family_base.LLAMA_NAMES.extend(gguf_config=frozenset({family_base.ROPE_FREQS}))
 gguf_metadata = family_base.gguf_metadata  # no keys beyond the llama-like ones
-gguf_config_tensors = family_base.gguf_config_tensors  # none
 
 
 def config_from_gguf(meta: Mapping[str, Any], tensors: Mapping[str, tuple[int, ...]],
                      values: Callable[[str], np.ndarray] | None = None) -> ModelConfig:
     """ModelConfig from GGUF metadata and GGUF tensor name -> numpy shape; `values` reads a configuration tensor
     (NAMES.gguf_config) as float32."""
-    return family_base.llama_like_config(meta, tensors, arch=ARCH, block=BLOCK)
+    return family_base.llama_like_config(meta, tensors, arch=ARCH, block=BLOCK, values=values)
+
+
+def gguf_config_tensors(cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """rope_freqs.weight for llama3 RoPE (from the HF rule or a GGUF's divisors), as llama.cpp's converter writes it;
+    none otherwise."""
+    return rope_freqs_tensor(cfg)
+
+
+def rope_freqs_tensor(cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """{rope_freqs.weight: float32 [dim/2] divisors} for a llama3 / freq_factors config; {} for any other."""
+    own = default_rope(cfg)
+    if own.scaling.kind == "freq_factors":
+        return {family_base.ROPE_FREQS: np.asarray(own.scaling.freq_factors, np.float32)}
+    if own.scaling.kind != "llama3":
+        return {}
+    plain = inv_freq(Rope(own.theta, type(own.scaling)(), own.dim))
+    return {family_base.ROPE_FREQS: (plain / inv_freq(own)).astype(np.float32)}
 
 
 def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:

@@ -16,7 +16,8 @@ import numpy as np
 from .block import UnsupportedVariant
 from .config import ModelConfig, RopeScaling
 
-SCALING_KINDS = ("none", "linear", "llama3")  # what inv_freq computes; "yarn" and "longrope" are declared only
+# what inv_freq computes; "yarn" and "longrope" are declared only
+SCALING_KINDS = ("none", "linear", "llama3", "freq_factors")
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,11 @@ def inv_freq(rope: Rope) -> np.ndarray:
         smooth = (rs.original_context / wl - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
         blended = (1 - smooth) * inv / rs.factor + smooth * inv
         inv = np.where(wl > low_wl, inv / rs.factor, np.where(wl < high_wl, inv, blended))
+    elif rs.kind == "freq_factors":
+        # llama.cpp's rope_freqs tensor (llama3 GGUFs): ggml_rope_ext divides each frequency by its factor
+        if len(rs.freq_factors) != len(inv):
+            raise ValueError(f"RoPE freq_factors has {len(rs.freq_factors)} values; {len(inv)} frequencies rotate")
+        inv = inv / np.asarray(rs.freq_factors, np.float64) / rs.factor
     elif rs.kind != "none":
         raise UnsupportedVariant(f"RoPE scaling {rs.kind!r} is not built by specedge (supported: "
                                  f"{', '.join(SCALING_KINDS)}); use a model without it or the llama.cpp backend")

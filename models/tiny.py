@@ -1,5 +1,7 @@
 """A tiny seeded random model written as a real GGUF file: the test double every layer can load.
 
+`write_model_gguf` writes any ModelConfig of a registered family with given canonical weights the same way (the
+family test runner, tests/family_runner.py, writes its Hugging Face models' weights with it).
 The file carries the metadata keys llama.cpp expects, a ~300-token byte-level BPE vocabulary with a
 ChatML template, and tensors in GGUF layout (llama Q/K rows permuted, as llama.cpp's converter does).
 Weights are scaled so the next-token distribution is peaked, which keeps speculative tests meaningful.
@@ -7,6 +9,7 @@ Weights are scaled so the next-token distribution is peaked, which keeps specula
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter, TokenType
@@ -112,6 +115,9 @@ def _write_metadata(wr: GGUFWriter, cfg: ModelConfig, pre: str) -> None:
     wr.add_float32(f"{a}.rope.freq_base", cfg.rope_theta)
     wr.add_float32(f"{a}.attention.layer_norm_rms_epsilon", cfg.rms_eps)
     wr.add_uint32(f"{a}.rope.dimension_count", cfg.head_dim)
+    if cfg.head_dim != cfg.d_model // cfg.n_heads:  # qwen3, gemma3: a head size of its own
+        wr.add_uint32(f"{a}.attention.key_length", cfg.head_dim)
+        wr.add_uint32(f"{a}.attention.value_length", cfg.head_dim)
     wr.add_uint32(f"{a}.vocab_size", cfg.vocab_size)
     tokens, types, merges = tiny_vocab()
     wr.add_string("tokenizer.ggml.model", "gpt2")
@@ -148,21 +154,33 @@ def write_tiny_gguf(path: str | Path, *, arch: str = "llama", seed: int = 0, n_l
                     sampling: dict[str, float] | None = None) -> Path:
     """Write a seeded random tiny model as GGUF; `weights` (canonical) overrides the random ones; `sampling`
     ({temperature, top_p, top_k, min_p}) is written as the general.sampling.* keys llama.cpp reads."""
-    if dtype not in _QTYPES:
-        raise ValueError(f"dtype {dtype!r}: use one of {sorted(_QTYPES)}")
-    fam = family(arch)
     cfg = tiny_config(arch=arch, n_layers=n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads,
                       d_ff=d_ff, context=context, tied=tied)
-    tensors = weights if weights is not None else tiny_weights(cfg, seed)
+    return write_model_gguf(path, cfg, weights if weights is not None else tiny_weights(cfg, seed), dtype=dtype,
+                            sampling=sampling)
+
+
+def write_model_gguf(path: str | Path, cfg: ModelConfig, tensors: Mapping[str, np.ndarray], *, dtype: str = "f32",
+                     sampling: dict[str, float] | None = None) -> Path:
+    """Write any ModelConfig of a registered family + its canonical weights as a GGUF llama.cpp loads, with the
+    tiny vocabulary (cfg.vocab_size must be its size): the family's tensor names (NAMES), row layout
+    (to_gguf_layout), metadata keys (gguf_metadata) and configuration tensors (gguf_config_tensors, e.g. llama3's
+    rope_freqs); ValueError when the family cannot write this config (gguf_metadata refuses it)."""
+    if dtype not in _QTYPES:
+        raise ValueError(f"dtype {dtype!r}: use one of {sorted(_QTYPES)}")
+    n_vocab = len(tiny_vocab()[0])
+    if cfg.vocab_size != n_vocab:
+        raise ValueError(f"the tiny vocabulary has {n_vocab} tokens; the config says {cfg.vocab_size}")
+    fam = family(cfg.arch)
     path = Path(path)
-    wr = GGUFWriter(str(path), arch)
+    wr = GGUFWriter(str(path), cfg.arch)
     _write_metadata(wr, cfg, fam.tokenizer_pre(cfg))
     for name, value in (sampling or {}).items():
         key = GGUF_KEYS[name]
         wr.add_int32(key, int(value)) if name == "top_k" else wr.add_float32(key, float(value))
     wr.add_file_type({"f32": 0, "f16": 1, "q8_0": 7, "q4_0": 2, "q4_1": 3}[dtype])
     for name in cfg.tensor_names():
-        data, qtype = _stored(name, fam.to_gguf_layout(name, tensors[name], cfg), dtype)
+        data, qtype = _stored(name, fam.to_gguf_layout(name, np.asarray(tensors[name], np.float32), cfg), dtype)
         wr.add_tensor(fam.NAMES.canonical_to_gguf(name), data, raw_dtype=qtype)
     for name, value in fam.gguf_config_tensors(cfg).items():  # configuration tensors (llama3 rope_freqs)
         wr.add_tensor(name, np.asarray(value, np.float32), raw_dtype=GGMLQuantizationType.F32)
@@ -171,4 +189,3 @@ def write_tiny_gguf(path: str | Path, *, arch: str = "llama", seed: int = 0, n_l
     wr.write_tensors_to_file()
     wr.close()
     return path
-

@@ -120,7 +120,8 @@ def test_family_registry():
     assert family("llama") is llama and family("qwen2") is qwen2
     with pytest.raises(ValueError, match="'mamba'.*llama, qwen2"):
         family("mamba")
-    assert SUPPORTED_ARCHS == ("llama", "qwen2")
+    assert {"llama", "qwen2", "qwen3", "smollm3"} <= set(SUPPORTED_ARCHS) and SUPPORTED_ARCHS == tuple(
+        sorted(SUPPORTED_ARCHS))
 
 
 def test_config_from_metadata_extras():
