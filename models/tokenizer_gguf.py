@@ -12,6 +12,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 
 from .family_base import special_ids
 from .tokenizer_spec import TokenizerSpec
+from .tokenizer_spm import build_spm_tokenizer, spm_options
 
 TOKEN_CONTROL = 3
 TOKEN_USER_DEFINED = 4
@@ -98,30 +99,48 @@ def _checked_ids(fields: Mapping[str, Any], n_tokens: int) -> tuple[int | None, 
     return special_ids(fields)
 
 
+def _spm_json(fields: Mapping[str, Any], tokens: list[str], types: list[int] | None) -> str:
+    """The SentencePiece vocabulary's tokenizer JSON (tokenizer_spm.build_spm_tokenizer)."""
+    scores = fields.get("tokenizer.ggml.scores")
+    if scores is None:
+        scores = [0.0] * len(tokens)  # llama.cpp scores every token 0 when the file has none
+    if not isinstance(scores, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                               for v in scores):
+        raise ValueError(f"tokenizer.ggml.scores must be an array of numbers, not {type(scores).__name__}")
+    if len(scores) < len(tokens):
+        raise ValueError(f"tokenizer.ggml.scores has {len(scores)} entries for {len(tokens)} tokens")
+    return build_spm_tokenizer(tokens, scores, types, **spm_options(fields)).to_str()
+
+
 def tokenizer_spec_from_gguf(fields: Mapping[str, Any]) -> TokenizerSpec:
     """TokenizerSpec from GGUF `tokenizer.*` fields (tokens, token_type and merges as full lists).
 
     requires: values as read from the file (any types: a damaged file is refused with a ValueError naming the key).
     """
     model = fields.get("tokenizer.ggml.model")
-    if model != "gpt2":
-        raise ValueError(f"unsupported tokenizer model {model!r} (tokenizer.ggml.model); only byte-level BPE "
-                         "('gpt2') is supported, not SentencePiece ('llama') or others")
-    if not fields.get("tokenizer.ggml.tokens") or fields.get("tokenizer.ggml.merges") is None:
-        raise ValueError("the file's tokenizer lacks tokenizer.ggml.tokens or tokenizer.ggml.merges")
+    if model not in ("gpt2", "llama"):
+        raise ValueError(f"unsupported tokenizer model {model!r} (tokenizer.ggml.model); supported: byte-level "
+                         "BPE ('gpt2') and SentencePiece ('llama')")
+    if not fields.get("tokenizer.ggml.tokens"):
+        raise ValueError("the file's tokenizer lacks tokenizer.ggml.tokens")
     tokens = _list_of(fields, "tokenizer.ggml.tokens", str)
-    merges = _list_of(fields, "tokenizer.ggml.merges", str)
     types = _list_of(fields, "tokenizer.ggml.token_type", int, required=False)
     if types is not None and len(types) != len(tokens):
         raise ValueError(f"tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens")
     template = fields.get("tokenizer.chat_template")
     if template is not None and not isinstance(template, str):
         raise ValueError(f"tokenizer.chat_template must be a string, not {type(template).__name__}")
-    pre = str(fields.get("tokenizer.ggml.pre", "default"))
-    tok = build_hf_tokenizer(tokens, types, merges, pre)
     bos, eos = _checked_ids(fields, len(tokens))
+    if model == "llama":
+        tok_json = _spm_json(fields, tokens, types)
+    else:
+        if fields.get("tokenizer.ggml.merges") is None:
+            raise ValueError("the file's tokenizer lacks tokenizer.ggml.merges")
+        merges = _list_of(fields, "tokenizer.ggml.merges", str)
+        pre = str(fields.get("tokenizer.ggml.pre", "default"))
+        tok_json = build_hf_tokenizer(tokens, types, merges, pre).to_str()
     return TokenizerSpec(
-        hf_json=tok.to_str(),
+        hf_json=tok_json,
         bos_id=bos,
         eos_ids=eos,
         add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", False)),
