@@ -12,7 +12,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 
 from .family_base import special_ids
 from .tokenizer_spec import TokenizerSpec
-from .tokenizer_spm import build_spm_tokenizer, spm_options
+from .tokenizer_spm import spm_options, spm_tokenizer_json
 
 TOKEN_CONTROL = 3
 TOKEN_USER_DEFINED = 4
@@ -109,7 +109,7 @@ def _spm_json(fields: Mapping[str, Any], tokens: list[str], types: list[int] | N
         raise ValueError(f"tokenizer.ggml.scores must be an array of numbers, not {type(scores).__name__}")
     if len(scores) < len(tokens):
         raise ValueError(f"tokenizer.ggml.scores has {len(scores)} entries for {len(tokens)} tokens")
-    return build_spm_tokenizer(tokens, scores, types, **spm_options(fields)).to_str()
+    return spm_tokenizer_json(tokens, scores, types, spm_options(fields))
 
 
 def tokenizer_spec_from_gguf(fields: Mapping[str, Any]) -> TokenizerSpec:
