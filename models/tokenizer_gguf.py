@@ -6,6 +6,7 @@ pre-tokenizer named by `tokenizer.ggml.pre` and then BPE merges.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -14,12 +15,20 @@ from .family_base import special_ids
 from .tokenizer_spec import TokenizerSpec
 from .tokenizer_spm import spm_options, spm_tokenizer_json
 
+TOKEN_UNKNOWN = 2
 TOKEN_CONTROL = 3
 TOKEN_USER_DEFINED = 4
 
-# Same split as llama.cpp's LLAMA_VOCAB_PRE_TYPE_QWEN2 and Qwen2's own tokenizer.json.
-QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# llama.cpp's regexes (src/llama-vocab.cpp, llm_tokenizer_bpe) in the form it runs them: the contractions spelled
+# out case by case instead of (?i:...), and GPT-4o's letter classes written as lookaheads without \p{M}.
+_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+QWEN2_PATTERN = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+                 r"|\s+(?!\S)|\s+")
+LLAMA3_PATTERN = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+                  r"|\s+(?!\S)|\s+")
+GPT4O_PATTERN = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+" + _CONTRACTIONS + "?"
+                 r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*" + _CONTRACTIONS + "?"
+                 r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 def _pre_smollm() -> pre_tokenizers.PreTokenizer:
@@ -27,17 +36,36 @@ def _pre_smollm() -> pre_tokenizers.PreTokenizer:
                                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
 
 
-def _pre_qwen2() -> pre_tokenizers.PreTokenizer:
-    return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated"),
-                                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+def _split_then_bytes(pattern: str) -> Callable[[], pre_tokenizers.PreTokenizer]:
+    def make() -> pre_tokenizers.PreTokenizer:
+        return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    return make
 
 
 def _pre_gpt2() -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
 
 
-PRE_TOKENIZERS: dict[str, Callable[[], pre_tokenizers.PreTokenizer]] = {
-    "smollm": _pre_smollm, "qwen2": _pre_qwen2, "gpt2": _pre_gpt2, "default": _pre_gpt2,
+@dataclass(frozen=True)
+class PreTokenizer:
+    """How llama.cpp pre-tokenizes for one `tokenizer.ggml.pre` name."""
+
+    make: Callable[[], pre_tokenizers.PreTokenizer]
+    ignore_merges: bool = False  # a pre-token that is itself a vocabulary token is emitted whole (llama3 family)
+
+
+_LLAMA3 = PreTokenizer(_split_then_bytes(LLAMA3_PATTERN), ignore_merges=True)
+_QWEN2 = PreTokenizer(_split_then_bytes(QWEN2_PATTERN))
+_GPT4O = PreTokenizer(_split_then_bytes(GPT4O_PATTERN))
+_GPT2 = PreTokenizer(_pre_gpt2)
+# Names as llama.cpp's llama_vocab::impl::load spells them (Llama 3.x and SmolLM3 files say "llama-bpe", Qwen3's
+# "qwen2", Phi-4-mini's "gpt-4o"); "gpt2" and "default" keep the byte-level split earlier files were read with.
+PRE_TOKENIZERS: dict[str, PreTokenizer] = {
+    "llama-bpe": _LLAMA3, "llama3": _LLAMA3, "llama-v3": _LLAMA3,
+    "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2,
+    "gpt-4o": _GPT4O, "llama4": _GPT4O,
+    "smollm": PreTokenizer(_pre_smollm), "gpt2": _GPT2, "default": _GPT2,
 }
 
 
@@ -59,18 +87,18 @@ def build_hf_tokenizer(tokens: Sequence[str], token_types: Sequence[int] | None,
                          f"supported: {', '.join(sorted(PRE_TOKENIZERS))}")
     vocab = {t: i for i, t in enumerate(tokens)}  # a duplicated string keeps its last id, as in llama.cpp
     try:
-        bpe = models.BPE(vocab=vocab, merges=_merge_pairs(merges), byte_fallback=False, ignore_merges=False,
-                         fuse_unk=False)
+        bpe = models.BPE(vocab=vocab, merges=_merge_pairs(merges), byte_fallback=False,
+                         ignore_merges=PRE_TOKENIZERS[pre].ignore_merges, fuse_unk=False)
     except Exception as e:  # tokenizers raises a bare Exception ("Token `x` out of vocabulary") on a bad merge
         if isinstance(e, ValueError):
             raise
         raise ValueError(f"tokenizer.ggml.merges does not fit tokenizer.ggml.tokens ({e})") from None
     tok = Tokenizer(bpe)
-    tok.pre_tokenizer = PRE_TOKENIZERS[pre]()
+    tok.pre_tokenizer = PRE_TOKENIZERS[pre].make()
     tok.decoder = decoders.ByteLevel()
     types = list(token_types) if token_types is not None else []
     special = [AddedToken(tokens[i], special=True, normalized=False)
-               for i, ty in enumerate(types) if ty in (TOKEN_CONTROL, TOKEN_USER_DEFINED) and tokens[i]]
+               for i, ty in enumerate(types) if ty in (TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED) and tokens[i]]
     tok.add_special_tokens(special)
     return tok
 

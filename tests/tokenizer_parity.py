@@ -22,7 +22,7 @@ EDGE_CASES = (
     "tokens <start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n", "<bos>inline bos", "x<eos>",
     "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nhello<|im_end|>",
     "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>", "<unk> literal",
-    "special<s>tokens</s>glued", "▁already▁escaped", "<0x41> byte text",
+    "special<s>tokens</s>glued", "HelloWorld camelCase dWord XMLHttpRequest", "a path/\nnext line/\n", "▁already▁escaped", "<0x41> byte text",
 )
 
 
