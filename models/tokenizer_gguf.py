@@ -1,7 +1,8 @@
-"""Build a Hugging Face `tokenizers.Tokenizer` from a GGUF vocabulary (byte-level BPE, "gpt2" model).
+"""Build a Hugging Face `tokenizers.Tokenizer` from a GGUF vocabulary: byte-level BPE ("gpt2") here,
+SentencePiece ("llama") in tokenizer_spm.
 
 Reference behaviour: llama.cpp `llama_tokenize(text, add_special=False, parse_special=True)`:
-CONTROL and USER_DEFINED tokens in the text encode to their ids, the rest goes through the
+CONTROL, USER_DEFINED and UNKNOWN tokens in the text encode to their ids, the rest goes through the
 pre-tokenizer named by `tokenizer.ggml.pre` and then BPE merges.
 """
 from __future__ import annotations
