@@ -21,7 +21,7 @@ from .block import BlockSpec
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """RoPE scaling as data (models/rope.py computes none, linear and llama3; the others are declared only)."""
+    """RoPE scaling as data (models/rope.py computes none, linear, llama3 and longrope; yarn is declared only)."""
 
     kind: str = "none"  # none | linear | llama3 | yarn | longrope
     factor: float = 1.0
@@ -30,6 +30,7 @@ class RopeScaling:
     high_freq_factor: float = 4.0  # llama3
     short_factor: tuple[float, ...] = ()  # longrope: per-frequency divisors within the original context
     long_factor: tuple[float, ...] = ()  # longrope: beyond it
+    attn_factor: float = 1.0  # cos/sin multiplied by it (longrope's sqrt(1 + ln(s) / ln(original)); GGUF attn_factor)
 
     def __post_init__(self) -> None:  # lists from a manifest become tuples: a Rope is a dict key
         object.__setattr__(self, "short_factor", tuple(self.short_factor))

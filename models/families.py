@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import llama, qwen2
+from . import llama, phi3, qwen2
 
-_FAMILIES: dict[str, ModuleType] = {m.ARCH: m for m in (llama, qwen2)}
+_FAMILIES: dict[str, ModuleType] = {m.ARCH: m for m in (llama, qwen2, phi3)}
 SUPPORTED_ARCHS: tuple[str, ...] = tuple(sorted(_FAMILIES))
 
 
