@@ -14,7 +14,8 @@ The block is the one the config declares, emitted by export/onnx_block.py (the m
 this module adds the dynamic profile's plumbing: fused residual-add + RMSNorm nodes, GroupQueryAttention with its
 RoPE tables (models/rope.py; one pair per distinct RoPE, do_rotary=0 on a layer without RoPE) and, for a layer with
 a sliding window, the tree bias plus a window mask computed from the positions (`window_bias`). q/k norms split the
-packed projection, norm each head and pack it again. Partial rotary is refused (UnsupportedVariant).
+packed projection, norm each head and pack it again. Partial rotary (phi4-mini) is GroupQueryAttention's own: its
+cos/sin tables are rot/2 wide, so it rotates the first rot dims of each head (check_dynamic: rot/2 a multiple of 8).
 
 The GPU graph (ExportOptions kv_dtype=FLOAT16, trees=False, pad_row=False; export/onnx_export.gpu_options) is the same
 network for CUDA's GroupQueryAttention: q|k|v Cast to float16 before the op and its output back to float32, cos/sin
@@ -78,8 +79,16 @@ class AttnFeeds:
 
 
 def check_dynamic(cfg: ModelConfig, profile: str = "the dynamic ONNX profile") -> None:
-    """Refuse the declared variants GroupQueryAttention cannot run (its RoPE rotates whole heads)."""
-    cfg.block.require(profile, rotary_fraction=cfg.block.rotary_fraction != 1.0)
+    """Refuse the declared variants GroupQueryAttention cannot run. Partial rotary is its own: the op rotates the
+    first 2 * cos_cache.shape[1] dims of each head and passes the rest through, but takes only tables whose width
+    (rotary dim / 2) is a multiple of 8 (onnxruntime's GroupQueryAttention check); full rotary has no such limit
+    here (head dims are multiples of 16 in practice)."""
+    rot = rope_tables.rotary_dim(cfg)
+    if rot != cfg.head_dim and (rot // 2) % 8:
+        raise UnsupportedVariant(f"{profile} does not build the declared block variant rotary_fraction="
+                                 f"{cfg.block.rotary_fraction} of {cfg.name or cfg.arch}: GroupQueryAttention needs "
+                                 f"the rotary dim / 2 ({rot // 2}) to be a multiple of 8; use the static profile or "
+                                 "the NumPy backend")
 
 
 def build_decoder(cfg: ModelConfig, src: WeightSource, opts: ExportOptions, io: GraphIO = GraphIO()
@@ -162,9 +171,9 @@ def rope_table_pair(g: GraphBuilder, cfg: ModelConfig, rope: Rope, dtype: np.dty
                     pad: int = PAD_ROWS) -> tuple[str, str]:
     """cos/sin [context_length + pad, rot/2] (the pad row's position too), angles in float64 as the NumPy reference
     computes them, stored in `dtype`; named by models/rope.table_name ("rope.cos" for the config's own RoPE)."""
-    angles = rope_tables.angles(rope, np.arange(cfg.context_length + pad))
-    return (g.const(rope_tables.table_name(cfg, rope, "cos"), np.cos(angles).astype(dtype)),
-            g.const(rope_tables.table_name(cfg, rope, "sin"), np.sin(angles).astype(dtype)))
+    cos, sin = rope_tables.cos_sin(rope, np.arange(cfg.context_length + pad))
+    return (g.const(rope_tables.table_name(cfg, rope, "cos"), cos.astype(dtype)),
+            g.const(rope_tables.table_name(cfg, rope, "sin"), sin.astype(dtype)))
 
 
 def window_biases(g: GraphBuilder, cfg: ModelConfig, layers, pos: str, bias: str) -> dict[int, str]:

@@ -150,10 +150,9 @@ def prepare(g: GraphBuilder, cfg: ModelConfig, shape: StaticShape, pos: str, bia
     w, c, hd = shape.verify_width, shape.max_context, cfg.head_dim
     tables = {}
     for r in rope_tables.distinct_ropes(cfg):
-        angles = rope_tables.angles(r, np.arange(c))
         rows = []
-        for name, fn in (("cos", np.cos), ("sin", np.sin)):
-            table = g.const(rope_tables.table_name(cfg, r, name), fn(angles).astype(np.float32))
+        for name, values in zip(("cos", "sin"), rope_tables.cos_sin(r, np.arange(c))):
+            table = g.const(rope_tables.table_name(cfg, r, name), values.astype(np.float32))
             label = rope_tables.table_name(cfg, r, name).replace(".", "_")
             rows.append(g.op1("Reshape", [g.op1("Gather", [table, pos], label), _shape(g, w, r.dim // 2)],
                               f"{label}_rows"))

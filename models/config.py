@@ -21,7 +21,7 @@ from .block import BlockSpec
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """RoPE scaling as data (models/rope.py computes none, linear, llama3 and freq_factors; the others are declared
+    """RoPE scaling as data (models/rope.py computes none, linear, llama3, freq_factors and longrope; yarn is declared
     only)."""
 
     kind: str = "none"  # none | linear | llama3 | freq_factors | yarn | longrope
@@ -32,6 +32,7 @@ class RopeScaling:
     short_factor: tuple[float, ...] = ()  # longrope: per-frequency divisors within the original context
     long_factor: tuple[float, ...] = ()  # longrope: beyond it
     freq_factors: tuple[float, ...] = ()  # freq_factors: per-frequency divisors (a GGUF's rope_freqs), then `factor`
+    attn_factor: float = 1.0  # cos/sin multiplied by it (longrope's sqrt(1 + ln(s) / ln(original)); GGUF attn_factor)
 
     def __post_init__(self) -> None:  # lists from a manifest become tuples: a Rope is a dict key
         object.__setattr__(self, "short_factor", tuple(self.short_factor))

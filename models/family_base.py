@@ -223,10 +223,12 @@ def gguf_rope_scaling(meta: Mapping[str, Any], tensors: Mapping[str, tuple[int, 
 
 
 def llama_like_config(meta: Mapping[str, Any], tensors: Mapping[str, tuple[int, ...]], *, arch: str,
-                      block: BlockSpec, values: Callable[[str], np.ndarray] | None = None) -> ModelConfig:
+                      block: BlockSpec, values: Callable[[str], np.ndarray] | None = None,
+                      partial_rotary: bool = False) -> ModelConfig:
     """ModelConfig from llama-style GGUF metadata; `tensors` maps GGUF tensor names to numpy shapes; `block` is the
     family's declaration, its q/k/v biases set by whether the file has them; `values` reads configuration tensors
-    (rope_freqs) for a family that supports them."""
+    (rope_freqs) for a family that supports them; partial_rotary: a rope dimension_count below the head dim becomes
+    block.rotary_fraction (phi3) instead of an error."""
     if "token_embd.weight" not in tensors:
         raise ValueError("the file has no token_embd.weight tensor")
     refuse_gguf_variants(meta, arch)
@@ -237,13 +239,19 @@ def llama_like_config(meta: Mapping[str, Any], tensors: Mapping[str, tuple[int, 
     rope_dim = meta.get(f"{arch}.rope.dimension_count")
     if n_heads < 1:
         raise ValueError(f"{arch}.attention.head_count is {n_heads}; it must be at least 1")
-    head_dim = _int(meta, f"{arch}.attention.key_length", rope_dim if rope_dim is not None else d_model // n_heads)
+    # llama.cpp's default head dim is n_embd / n_head; a partial-rotary family's rope dim is not the head dim
+    head_default = rope_dim if rope_dim is not None and not partial_rotary else d_model // n_heads
+    head_dim = _int(meta, f"{arch}.attention.key_length", head_default)
     if rope_dim is not None and int(rope_dim) != head_dim:
-        raise ValueError(f"partial rotary embeddings (rope dim {rope_dim} < head dim {head_dim}) are not supported")
+        if not partial_rotary:
+            raise ValueError(f"partial rotary embeddings (rope dim {rope_dim} < head dim {head_dim}) are not "
+                             f"supported for {arch}")
+        block = replace(block, rotary_fraction=rotary_fraction(int(rope_dim), head_dim, arch))
     scaling = gguf_rope_scaling(meta, tensors, arch, values)
-    if scaling.freq_factors and len(scaling.freq_factors) != head_dim // 2:
-        raise ValueError(f"tensor {ROPE_FREQS} has {len(scaling.freq_factors)} factors; head dim {head_dim} "
-                         f"rotates {head_dim // 2} frequencies")
+    rotated = int(rope_dim) if rope_dim is not None else head_dim
+    if scaling.freq_factors and len(scaling.freq_factors) != rotated // 2:
+        raise ValueError(f"tensor {ROPE_FREQS} has {len(scaling.freq_factors)} factors; a rotary dim of {rotated} "
+                         f"rotates {rotated // 2} frequencies")
     bos, eos = special_ids(meta)
     return ModelConfig(
         arch=arch,
@@ -264,6 +272,16 @@ def llama_like_config(meta: Mapping[str, Any], tensors: Mapping[str, tuple[int, 
         eos_ids=eos,
         name=str(meta.get("general.name", "")),
     )
+
+
+def rotary_fraction(rope_dim: int, head_dim: int, arch: str) -> float:
+    """rope_dim / head_dim as BlockSpec.rotary_fraction; ValueError unless it is an even dim in 2..head_dim that
+    models/rope.rotary_dim gives back exactly."""
+    frac = rope_dim / head_dim
+    if not 2 <= rope_dim <= head_dim or rope_dim % 2 or int(head_dim * frac) // 2 * 2 != rope_dim:
+        raise ValueError(f"{arch}: rotary dim {rope_dim} for head dim {head_dim} is not supported (an even number "
+                         "from 2 to the head dim)")
+    return frac
 
 
 def _hf_value(hf: Mapping[str, Any], key: str, kind=int):
@@ -297,9 +315,11 @@ def hf_rope(hf: Mapping[str, Any]) -> tuple[float, RopeScaling]:
     raise ValueError(f"rope scaling {kind!r} is not built by specedge (supported: linear, llama3)")
 
 
-def llama_like_config_from_hf(hf: Mapping[str, Any], *, arch: str, block: BlockSpec) -> ModelConfig:
+def llama_like_config_from_hf(hf: Mapping[str, Any], *, arch: str, block: BlockSpec,
+                              partial_rotary: bool = False) -> ModelConfig:
     """ModelConfig from a Hugging Face config.json of a llama-like model whose block the family declares;
-    ValueError names what is not supported."""
+    ValueError names what is not supported. partial_rotary: partial_rotary_factor < 1 becomes block.rotary_fraction
+    (transformers rotates the first int(head_dim * factor) dims) instead of an error."""
     for key, what in (("num_local_experts", "mixture-of-experts"), ("num_experts", "mixture-of-experts"),
                       ("vision_config", "vision tower")):
         if hf.get(key):
@@ -308,11 +328,15 @@ def llama_like_config_from_hf(hf: Mapping[str, Any], *, arch: str, block: BlockS
         raise ValueError(f"activation {hf['hidden_act']!r} is not supported (the builder runs SwiGLU with silu)")
     if hf.get("mlp_bias"):
         raise ValueError("MLP biases (mlp_bias: true) are not supported")
-    if float(hf.get("partial_rotary_factor", 1.0)) != 1.0:
+    partial = float(hf.get("partial_rotary_factor") or 1.0)
+    if partial != 1.0 and not partial_rotary:
         raise ValueError(f"partial rotary embeddings (partial_rotary_factor {hf['partial_rotary_factor']}) "
-                         "are not supported")
+                         f"are not supported for {arch}")
     d_model = _hf_value(hf, "hidden_size")
     n_heads = _hf_value(hf, "num_attention_heads")
+    if partial != 1.0:
+        head_dim = int(hf.get("head_dim") or d_model // n_heads)
+        block = replace(block, rotary_fraction=rotary_fraction(int(head_dim * partial), head_dim, arch))
     theta, scaling = hf_rope(hf)
     eos = _ids(hf.get("eos_token_id"))
     bos = hf.get("bos_token_id")

@@ -6,6 +6,18 @@ a scaling rule is written once. Angles are float64 (positions x inverse frequenc
 A layer's RoPE (`layer_rope`): none when its LayerSpec says rope=False; a base of its own, unscaled, when it names
 rope_theta; else the config's rope_theta with the config's rope_scaling. Rotation is HF rotate_half over the first
 `dim` dims of each head (dim = head_dim unless the block declares a rotary fraction).
+
+LongRoPE ("su", phi3): each inverse frequency is divided by a per-frequency factor, `long_factor` when the runtime is
+opened with more positions than the model's original context, else `short_factor` -- the rule of llama.cpp's
+llama_model::get_rope_factors (n_ctx_seq > n_ctx_orig_yarn ? rope_long : rope_short), decided once per context so
+every cached key was rotated like the query reading it. Our runtime's context is `ModelConfig.context_length` (NumPy
+and ONNX tables are built for it), so a llama.cpp backend matches when opened with an n_ctx on the same side of
+`original_context` (its default n_ctx = context_length is; llama.cpp rounds n_ctx up to a multiple of 256 first, so
+contexts that are multiples of 256, as real checkpoints' are, compare alike). transformers instead switches per
+forward call by the largest position (> original: long), which agrees whenever a call's positions pass the original
+context.
+`attn_factor` multiplies cos and sin (llama.cpp's rope attn_factor, transformers' attention_scaling), whatever set
+of factors is chosen.
 """
 from __future__ import annotations
 
@@ -16,8 +28,8 @@ import numpy as np
 from .block import UnsupportedVariant
 from .config import ModelConfig, RopeScaling
 
-# what inv_freq computes; "yarn" and "longrope" are declared only
-SCALING_KINDS = ("none", "linear", "llama3", "freq_factors")
+# what inv_freq computes; "yarn" is declared only
+SCALING_KINDS = ("none", "linear", "llama3", "freq_factors", "longrope")
 
 
 @dataclass(frozen=True)
@@ -27,11 +39,13 @@ class Rope:
     theta: float
     scaling: RopeScaling
     dim: int
+    context: int = 0  # longrope: the positions the runtime is opened with (picks long or short factors); else 0
 
 
 def default_rope(cfg: ModelConfig) -> Rope:
     """The config's own RoPE (the one every llama / qwen2 layer runs)."""
-    return Rope(float(cfg.rope_theta), cfg.rope_scaling, rotary_dim(cfg))
+    context = cfg.context_length if cfg.rope_scaling.kind == "longrope" else 0
+    return Rope(float(cfg.rope_theta), cfg.rope_scaling, rotary_dim(cfg), context)
 
 
 def rotary_dim(cfg: ModelConfig) -> int:
@@ -86,10 +100,27 @@ def inv_freq(rope: Rope) -> np.ndarray:
         if len(rs.freq_factors) != len(inv):
             raise ValueError(f"RoPE freq_factors has {len(rs.freq_factors)} values; {len(inv)} frequencies rotate")
         inv = inv / np.asarray(rs.freq_factors, np.float64) / rs.factor
+    elif rs.kind == "longrope":
+        factors = np.asarray(longrope_factors(rs, rope.context), np.float64)
+        if factors.shape != inv.shape:
+            raise ValueError(f"longrope factors have {factors.size} entries; the rotary dim {dim} needs {inv.size}")
+        inv = inv / factors
     elif rs.kind != "none":
         raise UnsupportedVariant(f"RoPE scaling {rs.kind!r} is not built by specedge (supported: "
                                  f"{', '.join(SCALING_KINDS)}); use a model without it or the llama.cpp backend")
     return inv
+
+
+def longrope_factors(rs: RopeScaling, context: int) -> tuple[float, ...]:
+    """LongRoPE's divisors for a runtime of `context` positions: long_factor beyond the original context, else
+    short_factor (module docstring)."""
+    return rs.long_factor if context > rs.original_context else rs.short_factor
+
+
+def cos_sin(rope: Rope, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """([N, dim/2], [N, dim/2]) float64 cos and sin tables for integer positions [N], times the attention factor."""
+    a = angles(rope, positions)
+    return np.cos(a) * rope.scaling.attn_factor, np.sin(a) * rope.scaling.attn_factor
 
 
 def angles(rope: Rope, positions: np.ndarray) -> np.ndarray:

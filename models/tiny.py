@@ -18,6 +18,7 @@ from gguf.quants import quantize
 from .config import ModelConfig
 from .families import family
 from .generation import GGUF_KEYS
+from .rope import rotary_dim
 from .tokenizer_gguf import TOKEN_CONTROL
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -114,7 +115,7 @@ def _write_metadata(wr: GGUFWriter, cfg: ModelConfig, pre: str) -> None:
     wr.add_uint32(f"{a}.attention.head_count_kv", cfg.n_kv_heads)
     wr.add_float32(f"{a}.rope.freq_base", cfg.rope_theta)
     wr.add_float32(f"{a}.attention.layer_norm_rms_epsilon", cfg.rms_eps)
-    wr.add_uint32(f"{a}.rope.dimension_count", cfg.head_dim)
+    wr.add_uint32(f"{a}.rope.dimension_count", rotary_dim(cfg))  # partial rotary (phi4-mini): fewer than head_dim
     if cfg.head_dim != cfg.d_model // cfg.n_heads:  # qwen3, gemma3: a head size of its own
         wr.add_uint32(f"{a}.attention.key_length", cfg.head_dim)
         wr.add_uint32(f"{a}.attention.value_length", cfg.head_dim)

@@ -12,7 +12,7 @@ GEMMA_LIKE = BlockSpec(norm=Norm.RMS_PLUS_ONE, post_norms=True, qk_norm=True, ac
                        layers=(LayerSpec(window=4, rope_theta=100.0), LayerSpec(rope=False), LayerSpec(),
                                LayerSpec(window=2)))
 PHI_LIKE = BlockSpec(fused_qkv=True, fused_gate_up=True, qkv_bias=True)  # fused tensors
-PARTIAL = BlockSpec(rotary_fraction=0.5)  # partial rotary: NumPy and static only
+PARTIAL = BlockSpec(rotary_fraction=0.5)  # rot 8 of 16: NumPy and static only (GroupQueryAttention needs rot/2 % 8)
 SPECS = {"gemma-like": GEMMA_LIKE, "phi-like": PHI_LIKE}
 TOL = 1e-4
 

@@ -71,11 +71,10 @@ def test_numpy_window_and_nope_change_the_logits():
 
 def test_declared_variants_without_an_implementation_are_refused_by_name():
     cfg = variant_weights(BlockSpec()).config
-    longrope = dataclasses.replace(cfg, rope_scaling=RopeScaling(kind="longrope", short_factor=[1.0] * 4,
-                                                                 long_factor=[2.0] * 4))
+    yarn = dataclasses.replace(cfg, rope_scaling=RopeScaling(kind="yarn", factor=4.0, original_context=32))
     w = variant_weights(BlockSpec())
-    with pytest.raises(UnsupportedVariant, match="'longrope'"):
-        NumpyBackend(Weights(longrope, dict(w.tensors)))
+    with pytest.raises(UnsupportedVariant, match="'yarn'"):
+        NumpyBackend(Weights(yarn, dict(w.tensors)))
     with pytest.raises(ValueError, match="layers"):
         dataclasses.replace(cfg, block=BlockSpec(layers=(LayerSpec(),)))  # 1 layer declared, 4 in the model
     with pytest.raises(ValueError, match="window"):

@@ -116,7 +116,8 @@ class NumpyBackend:
         tables = {}
         for r, inv in self._inv_freq.items():
             angles = positions.astype(np.float64)[:, None] * inv[None, :]
-            tables[r] = (np.cos(angles).astype(self.dtype), np.sin(angles).astype(self.dtype))
+            m = r.scaling.attn_factor  # cos and sin scaled as models/rope.cos_sin scales them (1.0: exact)
+            tables[r] = ((np.cos(angles) * m).astype(self.dtype), (np.sin(angles) * m).astype(self.dtype))
         mask = attention_mask(cache.length, t, tree_mask)
         masks = {None: mask, **{w: window_mask(mask, cache.length, positions, w) for w in c.block.windows()}}
         h = self._w["embed"][tokens]
