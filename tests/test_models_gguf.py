@@ -205,9 +205,9 @@ def test_unsupported_tensor_type(tmp_path):
 def test_unsupported_tokenizer_model(tiny_llama):
     m = open_gguf(tiny_llama)
     fields = m.fields("tokenizer.")
-    fields["tokenizer.ggml.model"] = "llama"
+    fields["tokenizer.ggml.model"] = "bert"  # WordPiece: llama.cpp reads it, we build gpt2 BPE and llama SentencePiece
     from specedge.models.tokenizer_gguf import tokenizer_spec_from_gguf
-    with pytest.raises(ValueError, match="unsupported tokenizer model 'llama'"):
+    with pytest.raises(ValueError, match="unsupported tokenizer model 'bert'"):
         tokenizer_spec_from_gguf(fields)
     fields["tokenizer.ggml.model"] = "gpt2"
     fields["tokenizer.ggml.pre"] = "deepseek-coder"
