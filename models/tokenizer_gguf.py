@@ -10,6 +10,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
+from .errors import UnsupportedModelError
 from .family_base import special_ids
 from .tokenizer_spec import TokenizerSpec
 
@@ -54,7 +55,7 @@ def build_hf_tokenizer(tokens: Sequence[str], token_types: Sequence[int] | None,
                        pre: str) -> Tokenizer:
     """Byte-level BPE tokenizer: vocab = tokens (id = index), merges "a b", pre-tokenizer by name."""
     if pre not in PRE_TOKENIZERS:
-        raise ValueError(f"unsupported tokenizer pre-tokenizer {pre!r} (tokenizer.ggml.pre); "
+        raise UnsupportedModelError(f"unsupported tokenizer pre-tokenizer {pre!r} (tokenizer.ggml.pre); "
                          f"supported: {', '.join(sorted(PRE_TOKENIZERS))}")
     vocab = {t: i for i, t in enumerate(tokens)}  # a duplicated string keeps its last id, as in llama.cpp
     try:
@@ -105,7 +106,7 @@ def tokenizer_spec_from_gguf(fields: Mapping[str, Any]) -> TokenizerSpec:
     """
     model = fields.get("tokenizer.ggml.model")
     if model != "gpt2":
-        raise ValueError(f"unsupported tokenizer model {model!r} (tokenizer.ggml.model); only byte-level BPE "
+        raise UnsupportedModelError(f"unsupported tokenizer model {model!r} (tokenizer.ggml.model); only byte-level BPE "
                          "('gpt2') is supported, not SentencePiece ('llama') or others")
     if not fields.get("tokenizer.ggml.tokens") or fields.get("tokenizer.ggml.merges") is None:
         raise ValueError("the file's tokenizer lacks tokenizer.ggml.tokens or tokenizer.ggml.merges")
