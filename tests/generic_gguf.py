@@ -3,8 +3,8 @@ embeddings, LayerNorm with biases, fused QKV, GELU MLP), which llama.cpp loads.
 
 Tensor names and shapes follow llama.cpp's LLM_ARCH_GPT2 loader (src/llama-model.cpp): token_embd [V, D],
 position_embd [ctx, D], output_norm(.bias), per layer attn_norm(.bias), attn_qkv [3D, D](+bias),
-attn_output [D, D](+bias), ffn_norm(.bias), ffn_up [F, D](+bias), ffn_down [D, F](+bias); no output.weight
-(llama.cpp ties it to token_embd). The vocabulary is models/tiny.py's byte-level BPE one.
+attn_output [D, D](+bias), ffn_norm(.bias), ffn_up [F, D](+bias), ffn_down [D, F](+bias), output [V, D]
+(optional in llama.cpp: untied here, so greedy text does not just repeat its input token). The vocabulary is models/tiny.py's byte-level BPE one.
 """
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ def gpt2_tensors(*, n_layers: int, d_model: int, d_ff: int, context: int, vocab:
 
     out = {"token_embd.weight": (0.5 * rng.standard_normal((vocab, D))).astype(np.float32),  # peaked logits
            "position_embd.weight": (0.1 * rng.standard_normal((context, D))).astype(np.float32),
-           "output_norm.weight": vec(D, 1.0), "output_norm.bias": vec(D)}
+           "output_norm.weight": vec(D, 1.0), "output_norm.bias": vec(D),
+           "output.weight": (0.5 * rng.standard_normal((vocab, D))).astype(np.float32)}  # untied: varied text
     for i in range(n_layers):
         p = f"blk.{i}."
         out.update({p + "attn_norm.weight": vec(D, 1.0), p + "attn_norm.bias": vec(D),
