@@ -229,9 +229,10 @@ def _draft_model(spec: ModelSpec, target: LoadedModel, *, ctx, threads, cache_di
     else:
         draft = load_model(spec.model, target.kind, ctx=ctx, threads=threads, cache_dir=cache_dir, device=device)
     if draft.tokenizer.vocab_size != target.tokenizer.vocab_size:
-        raise ValueError(f"the draft model {spec.model} has a vocabulary of {draft.tokenizer.vocab_size} tokens, the "
-                         f"target {target.path.name} {target.tokenizer.vocab_size}; speculative decoding needs "
-                         "identical vocabularies: pick a drafter from the same family")
+        raise ValueError(f"the draft model {spec.model} has a different tokenizer from the target {target.path.name} "
+                         f"(a vocabulary of {draft.tokenizer.vocab_size} tokens, the target's "
+                         f"{target.tokenizer.vocab_size}); speculative decoding needs identical vocabularies: pick a "
+                         "drafter from the same family")
     if draft.tokenizer.fingerprint() != target.tokenizer.fingerprint():
         raise ValueError(f"the draft model {spec.model} has a different tokenizer from the target {target.path.name}; "
                          "speculative decoding needs identical vocabularies: pick a drafter from the same family")
