@@ -166,13 +166,27 @@ def load_model(name_or_path: str, kind: BackendKind | None = None, *, ctx: int |
     return LoadedModel(path, gguf, tokenizer, backend, kind, exact_batches=exact_batches)
 
 
+def gguf_tokenizer(path: Path) -> TextTokenizer:
+    """The tokenizer load_model gives a GGUF on llama.cpp, without loading the weights: ours, or llama.cpp's
+    (vocabulary only) for a file our code cannot tokenize."""
+    gguf = open_any_gguf(path)
+    try:
+        return Tokenizer(gguf.tokenizer_spec())
+    except UnsupportedModelError:
+        from ..runtime.backends.llamacpp import vocab_tokenizer
+        return vocab_tokenizer(path, gguf.chat_template, _merges(gguf))
+
+
+def _merges(gguf: GGUFModel | MetadataGGUF) -> list[str]:
+    return [str(m) for m in gguf.fields("tokenizer.ggml.merges").get("tokenizer.ggml.merges") or []]
+
+
 def _engine_tokenizer(backend: Backend, gguf: GGUFModel | MetadataGGUF) -> TextTokenizer:
     """The backend's own tokenizer (caps.own_tokenizer: llama.cpp) with the file's chat template and merges."""
     if not backend.caps.own_tokenizer or not isinstance(backend, TokenizingBackend):
         raise ModelFileError(f"{gguf.path}: our tokenizer cannot read this file and the {backend.name} backend has "
                              "none of its own; use --backend llamacpp")
-    merges = gguf.fields("tokenizer.ggml.merges").get("tokenizer.ggml.merges") or []
-    return backend.tokenizer(gguf.chat_template, [str(m) for m in merges])
+    return backend.tokenizer(gguf.chat_template, _merges(gguf))
 
 
 def batch_invariance_warning(model: LoadedModel, cpu_flags: Sequence[str]) -> str | None:

@@ -150,3 +150,30 @@ def test_a_family_file_with_a_tokenizer_we_do_not_build_runs_on_llamacpp_only(tm
     assert json.loads(r.stdout.strip().splitlines()[-1])["stats"]["identical_to_baseline"] is True
     r = run("export", path, "--format", "onnx", "--out", tmp_path / "never")
     assert r.exit_code != 0 and "pre-tokenizer 'starcoder'" in r.output
+
+
+def test_engine_and_server_run_it(files):
+    import httpx
+    import specedge
+    from specedge.apps.serve_cmd import ServerThread
+    from specedge.apps.server import ServerConfig, create_app
+    eng = specedge.Engine(str(files[0]), drafter="ngram", threads=1, ctx=256)
+    assert eng.model.kind is BackendKind.LLAMACPP and isinstance(eng.tokenizer, LlamaCppTokenizer)
+    want = eng.generate("the cat is in the", max_tokens=12, temperature=0)
+    assert len(want.tokens) > 0
+    chat = [{"role": "user", "content": "hi there"}]
+    with ServerThread(create_app(eng, ServerConfig("gpt2", max_queue=2))) as s:
+        r = httpx.post(s.url + "/v1/completions", json={"model": "gpt2", "prompt": "the cat is in the",
+                                                        "max_tokens": 12, "temperature": 0}, timeout=60)
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == want.text
+        r = httpx.post(s.url + "/v1/chat/completions", json={"model": "gpt2", "messages": chat, "max_tokens": 8,
+                                                             "temperature": 0}, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == len(eng.encode(eng.render_chat(chat)))
+
+
+def test_bench_baselines_tokenize_it_with_llamacpp(files):
+    from specedge.assembly.load import gguf_tokenizer
+    tok = gguf_tokenizer(files[0])  # vocabulary only: no weights loaded
+    assert isinstance(tok, LlamaCppTokenizer) and list(tok.encode(TEXTS[0])) == \
+        list(load_model(str(files[0]), BackendKind.LLAMACPP, threads=1).tokenizer.encode(TEXTS[0]))
+    assert isinstance(gguf_tokenizer(files[2]), Tokenizer)  # ours where we can

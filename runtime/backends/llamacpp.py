@@ -127,3 +127,10 @@ class LlamaCppBackend:
         """llama.cpp's own tokenizer for this model (TokenizingBackend): BOS/EOS/end-of-turn ids, add_bos and
         tokenization from llama.cpp's vocabulary; the file's chat template rendered in our sandbox."""
         return LlamaCppTokenizer(self._llm, chat_template, merges)
+
+
+def vocab_tokenizer(gguf_path: str | Path, chat_template: str | None, merges: Sequence[str] = ()) -> LlamaCppTokenizer:
+    """llama.cpp's tokenizer for a GGUF without loading its weights (vocab_only), e.g. for benchmark prompts."""
+    llama_cpp = _import_llama()
+    llm = llama_cpp.Llama(model_path=str(gguf_path), vocab_only=True, verbose=False)
+    return LlamaCppTokenizer(llm, chat_template, merges)
