@@ -3,8 +3,9 @@ embeddings, LayerNorm with biases, fused QKV, GELU MLP), which llama.cpp loads.
 
 Tensor names and shapes follow llama.cpp's LLM_ARCH_GPT2 loader (src/llama-model.cpp): token_embd [V, D],
 position_embd [ctx, D], output_norm(.bias), per layer attn_norm(.bias), attn_qkv [3D, D](+bias),
-attn_output [D, D](+bias), ffn_norm(.bias), ffn_up [F, D](+bias), ffn_down [D, F](+bias), output [V, D]
-(optional in llama.cpp: untied here, so greedy text does not just repeat its input token). The vocabulary is models/tiny.py's byte-level BPE one.
+attn_output [D, D](+bias), ffn_norm(.bias), ffn_up [F, D](+bias), ffn_down [D, F](+bias), and output [V, D]
+(optional in llama.cpp; untied here, so greedy text does not just repeat its input token).
+The vocabulary is models/tiny.py's byte-level BPE one.
 """
 from __future__ import annotations
 

@@ -21,8 +21,8 @@ from specedge.runtime.backends import BackendKind  # noqa: E402
 from specedge.runtime.backends.llamacpp_tokenizer import LlamaCppTokenizer  # noqa: E402
 from specedge.runtime.tokenizer import StreamDecoder, TextTokenizer, Tokenizer  # noqa: E402
 
-TEXTS = ["the cat is in the hat", "  two  spaces\tand\ttabs\n\nnew lines", "héllo wörld ✓ 日本", "digits 12345 67",
-         "<|im_start|>user\nhi<|im_end|>", ""]
+TEXTS = ["the cat is in the hat", "  two  spaces\tand\ttabs\n\nnew lines", "héllo wörld ✓ 日本",
+         "digits 12345 67", "<|im_start|>user\nhi<|im_end|>", ""]
 
 
 @pytest.fixture(scope="module")
