@@ -207,10 +207,9 @@ def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, skip,
             if not llama_available():
                 raise ImportError("--baselines need llama-cpp-python (pip install 'specedge[llama]'); or pass "
                                   "--no-baselines")
-            from ..models.gguf_in import open_gguf
-            from ..runtime.tokenizer import Tokenizer
+            from ..assembly.load import gguf_tokenizer
             gguf = resolve_model(model, cache_dir)
-            tokenizer = Tokenizer(open_gguf(gguf).tokenizer_spec())
+            tokenizer = gguf_tokenizer(gguf)  # ours, or llama.cpp's for a file we cannot tokenize
             configs += llama_configs(gguf, tokenizer, ks=k_list, max_tokens=max_tokens, threads=threads, ctx=ctx)
     except (ValueError, FileNotFoundError, ImportError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None

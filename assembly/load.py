@@ -2,7 +2,9 @@
 
     engine_for: the engine a model names (an exported artifact -> onnx, a catalogue name or GGUF -> llamacpp);
           load_model with kind=None follows it, an explicit kind is honoured exactly
-    GGUF backends (numpy, llamacpp): catalogue name or .gguf path -> GGUF -> tokenizer + backend
+    GGUF backends (numpy, llamacpp): catalogue name or .gguf path -> GGUF -> tokenizer + backend; llama.cpp also
+          runs files our code cannot read (no family module: models/gguf_any.MetadataGGUF; a tokenizer we do not
+          build) with llama.cpp's own tokenizer (caps.own_tokenizer)
     onnx: an exported directory, or a name like smollm2-135m-onnx-int8 found in the model cache (where
           `specedge export` writes by default) -> manifest (hashes verified, parity gate passed) -> tokenizer.json
           + chat template from the artifact + the backend for the manifest's format and profile (ours, its
@@ -19,22 +21,23 @@ from pathlib import Path
 import numpy as np
 
 from ..models.catalog import CATALOG, model_cache_dir, resolve_model
-from ..models.errors import ModelFileError
+from ..models.errors import ModelFileError, UnsupportedModelError
+from ..models.gguf_any import MetadataGGUF, open_any_gguf
 from ..models.manifest import MANIFEST, Manifest, PAD_ROW_ATTENTION, PAD_ROW_NONE, Profile, read_manifest
 from ..models.gguf_in import GGUFModel, open_gguf
 from ..models import hub
-from ..runtime.backends import Backend, BackendKind, open_backend, open_onnx
+from ..runtime.backends import Backend, BackendKind, TokenizingBackend, open_backend, open_onnx
 from ..runtime.drafters import (Drafter, DrafterInputs, DrafterKind, DrafterSpec, DraftModel, ModelSpec,  # noqa: F401
                                 build_drafter, check_target, parse_drafter)  # re-exported for the apps
-from ..runtime.tokenizer import Tokenizer
+from ..runtime.tokenizer import TextTokenizer, Tokenizer
 from ..runtime.vocab_trim import drafter_manifest, read_drafter_vocab
 
 
 @dataclass
 class LoadedModel:
     path: Path  # the GGUF file, or the artifact directory for onnx
-    gguf: GGUFModel | None  # None for onnx
-    tokenizer: Tokenizer
+    gguf: GGUFModel | MetadataGGUF | None  # None for onnx; MetadataGGUF: no family module (llama.cpp only)
+    tokenizer: TextTokenizer  # ours (runtime.tokenizer.Tokenizer), or llama.cpp's for files we cannot tokenize
     backend: Backend
     kind: BackendKind
     vocab_ids: np.ndarray | None = None  # int32 [N] when the backend is a VocabTrim drafter graph (logits [T, N])
@@ -156,10 +159,41 @@ def load_model(name_or_path: str, kind: BackendKind | None = None, *, ctx: int |
         raise ValueError(f"{name_or_path} is an exported artifact in the cache: the {kind.value} backend runs GGUF "
                          "files; use --backend onnx, or leave --backend out (the engine follows the model)")
     path = resolve_model(name_or_path, cache_dir)
-    gguf = open_gguf(path)
-    tokenizer = Tokenizer(gguf.tokenizer_spec())
+    # llama.cpp runs any GGUF it can load: without a family module the file opens as metadata only (gguf_any)
+    gguf = open_any_gguf(path) if kind is BackendKind.LLAMACPP else open_gguf(path)
+    try:
+        tokenizer: TextTokenizer | None = Tokenizer(gguf.tokenizer_spec())
+    except UnsupportedModelError:  # no family, or a tokenizer we do not build: the engine's own, if it has one
+        if kind is not BackendKind.LLAMACPP:
+            raise
+        tokenizer = None
     backend = open_backend(kind, gguf, n_ctx=ctx, n_threads=threads, exact_batches=exact_batches)
+    if tokenizer is None:
+        tokenizer = _engine_tokenizer(backend, gguf)
     return LoadedModel(path, gguf, tokenizer, backend, kind, exact_batches=exact_batches)
+
+
+def gguf_tokenizer(path: Path) -> TextTokenizer:
+    """The tokenizer load_model gives a GGUF on llama.cpp, without loading the weights: ours, or llama.cpp's
+    (vocabulary only) for a file our code cannot tokenize."""
+    gguf = open_any_gguf(path)
+    try:
+        return Tokenizer(gguf.tokenizer_spec())
+    except UnsupportedModelError:
+        from ..runtime.backends.llamacpp import vocab_tokenizer
+        return vocab_tokenizer(path, gguf.chat_template, _merges(gguf))
+
+
+def _merges(gguf: GGUFModel | MetadataGGUF) -> list[str]:
+    return [str(m) for m in gguf.fields("tokenizer.ggml.merges").get("tokenizer.ggml.merges") or []]
+
+
+def _engine_tokenizer(backend: Backend, gguf: GGUFModel | MetadataGGUF) -> TextTokenizer:
+    """The backend's own tokenizer (caps.own_tokenizer: llama.cpp) with the file's chat template and merges."""
+    if not backend.caps.own_tokenizer or not isinstance(backend, TokenizingBackend):
+        raise ModelFileError(f"{gguf.path}: our tokenizer cannot read this file and the {backend.name} backend has "
+                             "none of its own; use --backend llamacpp")
+    return backend.tokenizer(gguf.chat_template, _merges(gguf))
 
 
 def batch_invariance_warning(model: LoadedModel, cpu_flags: Sequence[str]) -> str | None:
@@ -215,6 +249,11 @@ def _draft_model(spec: ModelSpec, target: LoadedModel, *, ctx, threads, cache_di
         draft = load_onnx(spec.model, device=device, threads=threads, cache_dir=cache_dir, trimmed=True)
     else:
         draft = load_model(spec.model, target.kind, ctx=ctx, threads=threads, cache_dir=cache_dir, device=device)
+    if draft.tokenizer.vocab_size != target.tokenizer.vocab_size:
+        raise ValueError(f"the draft model {spec.model} has a different tokenizer from the target {target.path.name} "
+                         f"(a vocabulary of {draft.tokenizer.vocab_size} tokens, the target's "
+                         f"{target.tokenizer.vocab_size}); speculative decoding needs identical vocabularies: pick a "
+                         "drafter from the same family")
     if draft.tokenizer.fingerprint() != target.tokenizer.fingerprint():
         raise ValueError(f"the draft model {spec.model} has a different tokenizer from the target {target.path.name}; "
                          "speculative decoding needs identical vocabularies: pick a drafter from the same family")

@@ -12,6 +12,8 @@ demand, measure each target's device profile with a bounded budget, choose, cach
         every other CPU artifact in the cache exported from the same GGUF (SHA-256 of the source): fp32 with the
                                                                 quantized self-drafter + lookup hybrid, a layered
                                                                 artifact with layer skip
+        a GGUF our code cannot read (no family module, a tokenizer we do not build): llama.cpp only; the ONNX
+                                                                export is skipped with the family message
     exported artifact (directory or cache name): that artifact only (its manifest names the engine)
 
 Measurement (PLAN_MEASURE): T(n) for n = 1..9, then each drafter decodes 6 dev prompts (one per Spec-Bench task) x
@@ -35,7 +37,8 @@ import numpy as np
 
 from ..models.catalog import CATALOG, cached_path, file_sha256, model_cache_dir, resolve_model
 from ..models.gguf_in import open_gguf
-from ..models.errors import ModelFileError
+from ..models.errors import ModelFileError, UnsupportedModelError
+from ..models.gguf_any import open_any_gguf
 from ..models.manifest import FORMAT, MANIFEST, PAD_ROW_NONE, Manifest, Profile, read_manifest
 from ..runtime.backends import BackendKind
 from .auto import candidate_specs, load_or_measure
@@ -166,7 +169,11 @@ def _cannot_export(gguf: Path, weights: str) -> str | None:
     """Why `weights` should not be exported here (None: go): an architecture our builder does not emit, or an
     artifact that would take more than half the memory available now."""
     from ..models.families import SUPPORTED_ARCHS
-    model = open_gguf(gguf)
+    try:
+        model = open_gguf(gguf)
+        model.tokenizer_spec()  # the artifact carries our tokenizer
+    except UnsupportedModelError as e:  # no family module, or a tokenizer we do not build: llama.cpp only
+        return str(e)
     if model.config.arch not in SUPPORTED_ARCHS:
         return f"our ONNX builder does not emit the {model.config.arch} architecture"
     n_params = sum(int(np.prod(shape)) for shape in model.config.tensor_names().values())
@@ -200,9 +207,18 @@ def export_onnx(gguf: Path, out: Path, weights: str, threads: int | None, log: L
     return out
 
 
+def _vocab_fingerprint(path: Path) -> str:
+    """runtime.tokenizer.vocab_fingerprint of a GGUF's vocabulary and merges, read from its metadata: what our
+    Tokenizer and llama.cpp's give for a byte-level BPE vocabulary, and defined for files either cannot read."""
+    from ..runtime.tokenizer import vocab_fingerprint
+    fields = open_any_gguf(path).fields("tokenizer.ggml.")
+    tokens = fields.get("tokenizer.ggml.tokens") or []
+    return vocab_fingerprint({str(t): i for i, t in enumerate(tokens)},
+                             [str(m) for m in fields.get("tokenizer.ggml.merges") or []])
+
+
 def draft_models(target_gguf: Path, cache_dir: Path | None) -> list[str]:
     """`model:<name>` for every pulled catalogue model smaller than the target whose tokenizer is the target's."""
-    from ..runtime.tokenizer import Tokenizer
     size = Path(target_gguf).stat().st_size
     mine = None
     out = []
@@ -211,8 +227,8 @@ def draft_models(target_gguf: Path, cache_dir: Path | None) -> list[str]:
         if path is None or path.stat().st_size >= size:
             continue
         try:
-            mine = mine or Tokenizer(open_gguf(target_gguf).tokenizer_spec()).fingerprint()
-            if Tokenizer(open_gguf(path).tokenizer_spec()).fingerprint() == mine:
+            mine = mine or _vocab_fingerprint(target_gguf)
+            if _vocab_fingerprint(path) == mine:
                 out.append(f"model:{entry.name}")
         except (ValueError, OSError):
             continue

@@ -14,7 +14,7 @@ from gguf.gguf_writer import GGUFValue
 from gguf.quants import dequantize
 
 from .config import ModelConfig, Weights
-from .errors import ModelFileError
+from .errors import ModelFileError, UnsupportedModelError
 from .families import family
 from .gguf_scan import scan_gguf
 from .tokenizer_gguf import tokenizer_spec_from_gguf
@@ -26,6 +26,7 @@ _Q = GGMLQuantizationType
 SUPPORTED_TYPES = frozenset({_Q.F32, _Q.F16, _Q.BF16, _Q.Q4_0, _Q.Q4_1, _Q.Q5_0, _Q.Q5_1, _Q.Q8_0,
                              _Q.Q2_K, _Q.Q3_K, _Q.Q4_K, _Q.Q5_K, _Q.Q6_K})
 _REPULL = "re-pull it (specedge pull <name>) or re-download the file"
+LLAMACPP_RUNS_IT = "use the llama.cpp backend (--backend llamacpp), which runs any GGUF llama.cpp can load"
 
 
 def _field_value(field) -> Any:
@@ -81,7 +82,7 @@ class GGUFModel:
         try:
             self.family: ModuleType = family(str(arch))
         except ValueError as e:
-            raise ModelFileError(f"{path}: {e}") from None
+            raise UnsupportedModelError(f"{path}: {e}; {LLAMACPP_RUNS_IT}") from None
         self._tensors = {t.name: t for t in reader.tensors}
         for t in reader.tensors:
             if t.tensor_type not in SUPPORTED_TYPES:
@@ -199,6 +200,9 @@ class GGUFModel:
         if self._spec is None:
             try:
                 self._spec = tokenizer_spec_from_gguf(self.fields("tokenizer."))
+            except UnsupportedModelError as e:
+                raise UnsupportedModelError(f"{self.path}: {e}; {LLAMACPP_RUNS_IT} with llama.cpp's own "
+                                            "tokenizer") from None
             except ValueError as e:
                 raise ModelFileError(f"{self.path}: {e}; {_REPULL}") from None
         return self._spec

@@ -12,6 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
+from .errors import UnsupportedModelError
 from .family_base import special_ids
 from .tokenizer_spec import TokenizerSpec
 from .tokenizer_spm import spm_options, spm_tokenizer_json
@@ -84,7 +85,7 @@ def build_hf_tokenizer(tokens: Sequence[str], token_types: Sequence[int] | None,
                        pre: str) -> Tokenizer:
     """Byte-level BPE tokenizer: vocab = tokens (id = index), merges "a b", pre-tokenizer by name."""
     if pre not in PRE_TOKENIZERS:
-        raise ValueError(f"unsupported tokenizer pre-tokenizer {pre!r} (tokenizer.ggml.pre); "
+        raise UnsupportedModelError(f"unsupported tokenizer pre-tokenizer {pre!r} (tokenizer.ggml.pre); "
                          f"supported: {', '.join(sorted(PRE_TOKENIZERS))}")
     vocab = {t: i for i, t in enumerate(tokens)}  # a duplicated string keeps its last id, as in llama.cpp
     try:
@@ -148,8 +149,8 @@ def tokenizer_spec_from_gguf(fields: Mapping[str, Any]) -> TokenizerSpec:
     """
     model = fields.get("tokenizer.ggml.model")
     if model not in ("gpt2", "llama"):
-        raise ValueError(f"unsupported tokenizer model {model!r} (tokenizer.ggml.model); supported: byte-level "
-                         "BPE ('gpt2') and SentencePiece ('llama')")
+        raise UnsupportedModelError(f"unsupported tokenizer model {model!r} (tokenizer.ggml.model); supported: "
+                                    "byte-level BPE ('gpt2') and SentencePiece ('llama')")
     if not fields.get("tokenizer.ggml.tokens"):
         raise ValueError("the file's tokenizer lacks tokenizer.ggml.tokens")
     tokens = _list_of(fields, "tokenizer.ggml.tokens", str)

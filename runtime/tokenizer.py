@@ -1,14 +1,18 @@
-"""Tokenizer for the runtime: HF `tokenizers` encode/decode, streaming detokenization, sandboxed chat templates.
+"""Tokenizers for the runtime: the TextTokenizer seam, our HF `tokenizers` implementation, streaming
+detokenization and sandboxed chat templates.
 
-Built from a models.tokenizer_spec.TokenizerSpec (from GGUF today, from an artifact's tokenizer.json later).
-Encoding parses special tokens in the text (llama.cpp parse_special=True) and adds no BOS unless asked.
+TextTokenizer is what the runtime and the apps use. `Tokenizer` implements it from a
+models.tokenizer_spec.TokenizerSpec (a GGUF's vocabulary or an artifact's tokenizer.json);
+runtime/backends/llamacpp_tokenizer.py implements it with llama.cpp's own tokenizer, for GGUF files whose
+architecture or tokenizer our code does not build. Encoding parses special tokens in the text (llama.cpp
+parse_special=True) and adds no BOS unless asked; both render chat templates through `render_chat`'s sandbox.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 from datetime import datetime
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
@@ -26,8 +30,60 @@ CHATML_TEMPLATE = (
 _REPLACEMENT = "\ufffd"
 
 
+@runtime_checkable
+class TextTokenizer(Protocol):
+    """Text <-> int32 token ids for one model, with its special tokens and chat template; immutable."""
+
+    bos_id: int | None
+    eos_ids: tuple[int, ...]  # every end-of-generation id: eos first, then end-of-turn ids
+    chat_template: str  # the model's template, or CHATML_TEMPLATE when it ships none
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str, *, add_bos: bool | None = None) -> Tokens:
+        """Token ids of `text`; special tokens in the text map to their ids. add_bos=None: the model's default."""
+        ...
+
+    def decode(self, ids: Iterable[int] | np.ndarray) -> str:
+        """Text of `ids`, special tokens included; invalid UTF-8 becomes U+FFFD. Concatenating the decodes of
+        consecutive spans equals decoding them together (StreamDecoder relies on it)."""
+        ...
+
+    def fingerprint(self) -> str:
+        """Equal fingerprints mean identical tokenization (a draft model must share its target's)."""
+        ...
+
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str: ...
+
+
+def vocab_fingerprint(vocab: Mapping[str, int], merges: Sequence[str]) -> str:
+    """sha256 over the vocabulary (token text -> id) and the BPE merges ("a b"): one formula for every
+    TextTokenizer, so a file tokenized by llama.cpp and one tokenized by us compare equal when they should."""
+    pairs = sorted(vocab.items(), key=lambda kv: kv[1])
+    blob = json.dumps({"vocab": pairs, "merges": list(merges)}, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def render_chat(template: str, compiled, messages: Sequence[dict], add_generation_prompt: bool, *,
+                bos_token: str, eos_token: str):
+    """Render `messages` with `template` (compiled: a cached _compile_template result, or None) in the jinja2
+    sandbox; returns (text, compiled). ValueError naming the fix on a broken or hostile template."""
+    from jinja2.exceptions import TemplateError
+    if compiled is None:
+        compiled = _compile_template(template)
+    try:
+        return compiled.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                               bos_token=bos_token, eos_token=eos_token,
+                               range=_budget_range()), compiled  # a fresh loop budget per render
+    except (TemplateError, ArithmeticError, RecursionError, TypeError, ValueError, LookupError,
+            AttributeError) as e:  # whatever a broken or hostile template makes jinja2 raise
+        raise ValueError(f"chat template failed: {type(e).__name__}: {e}; the model's template is broken or "
+                         "unsafe: pass --raw to skip it, or re-download the model") from None
+
+
 class Tokenizer:
-    """Text <-> int32 token ids for one model; immutable after construction."""
+    """Text <-> int32 token ids for one model from a TokenizerSpec (HF `tokenizers`); immutable after construction."""
 
     def __init__(self, spec: TokenizerSpec) -> None:
         self.spec = spec
@@ -64,25 +120,15 @@ class Tokenizer:
         """sha256 over vocab and merges: equal fingerprints mean identical tokenization."""
         if self._fingerprint is None:
             model = json.loads(self.spec.hf_json)["model"]
-            vocab = sorted(model["vocab"].items(), key=lambda kv: kv[1])
             merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
-            blob = json.dumps({"vocab": vocab, "merges": merges}, ensure_ascii=False, separators=(",", ":"))
-            self._fingerprint = hashlib.sha256(blob.encode("utf-8")).hexdigest()
+            self._fingerprint = vocab_fingerprint(model["vocab"], merges)
         return self._fingerprint
 
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
         """Render `messages` ([{"role", "content"}]) with the model's template in a jinja2 sandbox."""
-        from jinja2.exceptions import TemplateError
-        if self._template is None:
-            self._template = _compile_template(self.chat_template)
-        try:
-            return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                                         bos_token=self.spec.bos_token or "", eos_token=self.spec.eos_token or "",
-                                         range=_budget_range())  # a fresh loop budget per render
-        except (TemplateError, ArithmeticError, RecursionError, TypeError, ValueError, LookupError,
-                AttributeError) as e:  # whatever a broken or hostile template makes jinja2 raise
-            raise ValueError(f"chat template failed: {type(e).__name__}: {e}; the model's template is broken or "
-                             "unsafe: pass --raw to skip it, or re-download the model") from None
+        text, self._template = render_chat(self.chat_template, self._template, messages, add_generation_prompt,
+                                           bos_token=self.spec.bos_token or "", eos_token=self.spec.eos_token or "")
+        return text
 
 
 MAX_TEMPLATE_RANGE = 1_000_000  # range() items one render may loop over, summed over every range() it calls
@@ -146,7 +192,7 @@ class StreamDecoder:
     new text is emitted, so concatenating every push (and `flush`) equals decoding all tokens.
     """
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: TextTokenizer) -> None:
         self._tok = tokenizer
         self._pending: list[int] = []  # tokens since the last point where the text was complete
         self._emitted = 0  # characters of decode(_pending) already returned

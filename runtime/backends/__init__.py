@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ...models.manifest import FORMAT, OPTIMUM_FORMAT, Manifest, Profile, read_manifest
-from .base import Backend, BackendCaps, KVCache, LayerPlan
+from .base import Backend, BackendCaps, KVCache, LayerPlan, TokenizingBackend
 
 # manifest format -> (module, class) of the backend that runs that graph layout (imported on use: onnxruntime)
 ONNX_BACKENDS: dict[str, tuple[str, str]] = {
@@ -26,15 +26,19 @@ class BackendKind(enum.Enum):
 
 def open_backend(kind: BackendKind, gguf, *, n_ctx: int | None = None, n_threads: int | None = None,
                  dtype=np.float32, exact_batches: bool = True) -> Backend:
-    """gguf: an export.gguf_in.GGUFModel. The NumPy backend dequantizes to float32 (or float64). exact_batches=False:
+    """gguf: a models.gguf_in.GGUFModel, or for llama.cpp a models.gguf_any.MetadataGGUF (an architecture without a
+    family module: the NumPy backend refuses it with the family message). The NumPy backend dequantizes to float32 (or float64). exact_batches=False:
     for plain decoding only, llama.cpp runs without flash attention (about 8% faster one-token steps on 2 AVX2
     cores; its verify batches then differ from one-token calls, so a drafter would not be lossless)."""
     if kind is BackendKind.NUMPY:
         from .numpy_ref import NumpyBackend
         return NumpyBackend(gguf.load_weights(), dtype=dtype)
     if kind is BackendKind.LLAMACPP:
+        from ...models.gguf_any import MetadataGGUF
         from .llamacpp import LlamaCppBackend
-        return LlamaCppBackend(gguf.path, gguf.config, n_ctx=n_ctx, n_threads=n_threads, flash_attn=exact_batches)
+        no_weights = gguf.unsupported if isinstance(gguf, MetadataGGUF) else None
+        return LlamaCppBackend(gguf.path, gguf.config, n_ctx=n_ctx, n_threads=n_threads, flash_attn=exact_batches,
+                               no_weights=no_weights)
     if kind is BackendKind.ONNX:
         raise ValueError("the ONNX backend runs exported artifacts, not GGUF files: run `specedge export MODEL "
                          "--format onnx` and pass the output directory (or its catalogue-style name)")
@@ -54,4 +58,5 @@ def open_onnx(manifest: Manifest | str | Path, *, device: str = "cpu", threads: 
     return getattr(import_module(module, __name__), cls)(manifest, device=device, threads=threads, log=log)
 
 
-__all__ = ["Backend", "BackendCaps", "BackendKind", "KVCache", "LayerPlan", "open_backend", "open_onnx"]
+__all__ = ["Backend", "BackendCaps", "BackendKind", "KVCache", "LayerPlan", "TokenizingBackend", "open_backend",
+           "open_onnx"]

@@ -19,7 +19,7 @@ target's KV cache (the Drafter's optional `bind`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -41,6 +41,9 @@ class BackendCaps:
     reuse_hint: str | None = None  # why layer_reuse is False and what to do (shown by require_reuse)
     batch_invariant: bool = True  # a verify batch's logits equal one-token calls' at every cache length, so greedy
     #                               speculation is token-identical to plain (llama.cpp: only with 1 thread)
+    own_tokenizer: bool = False  # the engine tokenizes itself: a TokenizingBackend (llama.cpp), the fallback for
+    #                              files whose tokenizer or architecture our code does not build
+    layer_hint: str | None = None  # why layer plans cannot run and what to do (shown by require_layered)
 
     @property
     def draft_trees(self) -> bool:
@@ -137,6 +140,16 @@ class LayeredBackend(Backend, Protocol):
 
     def logits_from_hidden(self, h: np.ndarray, rows: np.ndarray | None = None) -> Logits:
         """Final norm + LM head: [T, D] -> float32 logits [T, V], or [T, len(rows)] over those vocabulary rows."""
+        ...
+
+
+@runtime_checkable
+class TokenizingBackend(Backend, Protocol):
+    """A backend that tokenizes with its own engine (caps.own_tokenizer): llama.cpp."""
+
+    def tokenizer(self, chat_template: str | None, merges: Sequence[str]):
+        """A runtime.tokenizer.TextTokenizer over the engine's vocabulary; chat_template and merges from the file
+        (None: ChatML; merges go into the fingerprint)."""
         ...
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -17,6 +18,7 @@ from ...models.config import ModelConfig
 from ..kv import LengthCursor
 from ..types import Logits, Mask, Tokens
 from .base import BackendCaps, LayerPlan, check_room
+from .llamacpp_tokenizer import LlamaCppTokenizer
 
 
 def _import_llama():
@@ -45,12 +47,16 @@ class LlamaCppCache(LengthCursor):
 
 class LlamaCppBackend:
     name = "llamacpp"
-    caps = BackendCaps(tree_mask=False, layer_plan=False, partial_rollback=True, max_batch_tokens=512)
+    caps = BackendCaps(tree_mask=False, layer_plan=False, partial_rollback=True, max_batch_tokens=512,
+                       own_tokenizer=True)
 
     def __init__(self, gguf_path: str | Path, config: ModelConfig, *, n_ctx: int | None = None,
                  n_threads: int | None = None, n_batch: int = 512, f32_kv: bool = False,
-                 flash_attn: bool = True) -> None:
+                 flash_attn: bool = True, no_weights: str | None = None) -> None:
         """f32_kv + flash_attn=False: K/V in float32 and float32 attention, for exact parity checks.
+        no_weights: why our code cannot read this file's weights (a GGUF without a family module, models/gguf_any.py):
+        drafters that run the target's own layers (layer skip, early exit, LoRA-Drop) and tree drafters are refused
+        with it.
 
         Flash attention (the default) makes a position's logits independent of how many tokens share its batch:
         without it, llama.cpp's CPU attention gives a verify batch logits up to ~1.0 away from one-token decoding
@@ -64,7 +70,12 @@ class LlamaCppBackend:
         self.n_ctx = int(n_ctx or config.context_length)
         # with flash attention, batch and one-token logits are bit-identical at 1 thread; with more, llama.cpp splits
         # a one-token query's attention across threads differently beyond ~100 cached tokens (README, "Exactness")
-        self.caps = replace(type(self).caps, max_context=self.n_ctx, batch_invariant=flash_attn and threads == 1)
+        hint = None if no_weights is None else (
+            f"only llama.cpp runs this file ({no_weights}), and llama.cpp runs chains of the full model; use a "
+            "drafter that needs only token ids (ngram, lookup) or a draft model with the same vocabulary "
+            "(model:<gguf>)")
+        self.caps = replace(type(self).caps, max_context=self.n_ctx, batch_invariant=flash_attn and threads == 1,
+                            layer_hint=hint, reuse_hint=hint, tree_hint=hint)
         self._llm = llama_cpp.Llama(
             model_path=str(gguf_path), n_ctx=self.n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=threads,
             n_threads_batch=threads, logits_all=False, type_k=kv_type, type_v=kv_type, flash_attn=flash_attn,
@@ -111,3 +122,15 @@ class LlamaCppBackend:
     def tokenize(self, text: str) -> list[int]:
         """llama.cpp's own tokenizer (parse_special=True, no BOS): the reference our tokenizer is tested against."""
         return self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+
+    def tokenizer(self, chat_template: str | None, merges: Sequence[str] = ()) -> LlamaCppTokenizer:
+        """llama.cpp's own tokenizer for this model (TokenizingBackend): BOS/EOS/end-of-turn ids, add_bos and
+        tokenization from llama.cpp's vocabulary; the file's chat template rendered in our sandbox."""
+        return LlamaCppTokenizer(self._llm, chat_template, merges)
+
+
+def vocab_tokenizer(gguf_path: str | Path, chat_template: str | None, merges: Sequence[str] = ()) -> LlamaCppTokenizer:
+    """llama.cpp's tokenizer for a GGUF without loading its weights (vocab_only), e.g. for benchmark prompts."""
+    llama_cpp = _import_llama()
+    llm = llama_cpp.Llama(model_path=str(gguf_path), vocab_only=True, verbose=False)
+    return LlamaCppTokenizer(llm, chat_template, merges)

@@ -56,6 +56,9 @@ class DrafterCaps:
 def require_layered(target: Backend, drafter: str) -> LayeredBackend:
     """The target as a LayeredBackend, or a ValueError naming the fix (raised at start-up)."""
     if not target.caps.layer_plan or not isinstance(target, LayeredBackend):
+        if target.caps.layer_hint:
+            raise ValueError(f"the {drafter} drafter runs the target's own layers with a layer plan: "
+                             f"{target.caps.layer_hint}")
         raise ValueError(f"the {drafter} drafter runs the target's own layers with a layer plan, which the "
                          f"{target.name} backend does not support (caps.layer_plan); use --backend numpy, an ONNX "
                          "artifact exported with --profile layered, or a drafter that needs no layer plans (ngram, "
