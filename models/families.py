@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import llama, phi3, qwen2, qwen3, smollm3
+from . import llama, mistral, phi3, qwen2, qwen3, smollm3
 
-_FAMILIES: dict[str, ModuleType] = {m.ARCH: m for m in (llama, qwen2, qwen3, smollm3, phi3)}
+_FAMILIES: dict[str, ModuleType] = {m.ARCH: m for m in (llama, qwen2, qwen3, smollm3, phi3, mistral)}
 SUPPORTED_ARCHS: tuple[str, ...] = tuple(sorted(_FAMILIES))
 # Variants of a supported family that are architectures of their own (GGUF general.architecture or Hugging Face
 # model_type) -> (family, what no builder here runs): refused by name rather than as an unknown architecture.

@@ -9,7 +9,7 @@ Weights are scaled so the next-token distribution is peaked, which keeps specula
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter, TokenType
@@ -104,7 +104,8 @@ def _stored(name: str, w: np.ndarray, dtype: str) -> tuple[np.ndarray, GGMLQuant
     return quantize(w.astype(np.float32), qtype), qtype
 
 
-def _write_metadata(wr: GGUFWriter, cfg: ModelConfig, pre: str) -> None:
+def _write_metadata(wr: GGUFWriter, cfg: ModelConfig, pre: str, vocab: Mapping[str, Any] | None = None,
+                    chat_template: str = CHATML) -> None:
     a = cfg.arch
     wr.add_string("general.name", cfg.name)
     wr.add_uint32(f"{a}.block_count", cfg.n_layers)
@@ -120,19 +121,27 @@ def _write_metadata(wr: GGUFWriter, cfg: ModelConfig, pre: str) -> None:
         wr.add_uint32(f"{a}.attention.key_length", cfg.head_dim)
         wr.add_uint32(f"{a}.attention.value_length", cfg.head_dim)
     wr.add_uint32(f"{a}.vocab_size", cfg.vocab_size)
-    tokens, types, merges = tiny_vocab()
-    wr.add_string("tokenizer.ggml.model", "gpt2")
-    wr.add_string("tokenizer.ggml.pre", pre)
-    wr.add_array("tokenizer.ggml.tokens", tokens)
-    wr.add_array("tokenizer.ggml.token_type", types)
-    wr.add_array("tokenizer.ggml.merges", merges)
-    wr.add_uint32("tokenizer.ggml.bos_token_id", cfg.bos_id)
-    wr.add_uint32("tokenizer.ggml.eos_token_id", cfg.eos_ids[0])
-    wr.add_uint32("tokenizer.ggml.padding_token_id", cfg.bos_id)
-    wr.add_bool("tokenizer.ggml.add_bos_token", False)
-    wr.add_string("tokenizer.chat_template", CHATML)
+    if vocab is None:
+        tokens, types, merges = tiny_vocab()
+        vocab = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre, "tokenizer.ggml.tokens": tokens,
+                 "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": merges,
+                 "tokenizer.ggml.bos_token_id": cfg.bos_id, "tokenizer.ggml.eos_token_id": cfg.eos_ids[0],
+                 "tokenizer.ggml.padding_token_id": cfg.bos_id, "tokenizer.ggml.add_bos_token": False}
+    write_vocab_fields(wr, vocab)
+    wr.add_string("tokenizer.chat_template", chat_template)
     for key, value in family(cfg.arch).gguf_metadata(cfg).items():  # the family's own keys (sliding window, ...)
         _add_value(wr, key, value)
+
+
+def write_vocab_fields(wr: GGUFWriter, fields: Mapping[str, Any]) -> None:
+    """`tokenizer.*` fields with the types llama.cpp requires (scores float32, token types int32)."""
+    for key, value in fields.items():
+        if key == "tokenizer.ggml.scores":
+            wr.add_array(key, [float(v) for v in value])  # float32 array, never uint32 for integral scores
+        elif key == "tokenizer.ggml.token_type":
+            wr.add_token_types(list(value))
+        else:
+            _add_value(wr, key, value)
 
 
 def _add_value(wr: GGUFWriter, key: str, value) -> None:
@@ -162,20 +171,23 @@ def write_tiny_gguf(path: str | Path, *, arch: str = "llama", seed: int = 0, n_l
 
 
 def write_model_gguf(path: str | Path, cfg: ModelConfig, tensors: Mapping[str, np.ndarray], *, dtype: str = "f32",
-                     sampling: dict[str, float] | None = None) -> Path:
+                     sampling: dict[str, float] | None = None, vocab: Mapping[str, Any] | None = None,
+                     chat_template: str = CHATML) -> Path:
     """Write any ModelConfig of a registered family + its canonical weights as a GGUF llama.cpp loads, with the
     tiny vocabulary (cfg.vocab_size must be its size): the family's tensor names (NAMES), row layout
     (to_gguf_layout), metadata keys (gguf_metadata) and configuration tensors (gguf_config_tensors, e.g. llama3's
-    rope_freqs); ValueError when the family cannot write this config (gguf_metadata refuses it)."""
+    rope_freqs); ValueError when the family cannot write this config (gguf_metadata refuses it). `vocab`: other
+    `tokenizer.*` fields to write instead (models/tiny_vocab.py: a SentencePiece vocabulary); `chat_template` the
+    template written."""
     if dtype not in _QTYPES:
         raise ValueError(f"dtype {dtype!r}: use one of {sorted(_QTYPES)}")
-    n_vocab = len(tiny_vocab()[0])
+    n_vocab = len(vocab["tokenizer.ggml.tokens"] if vocab is not None else tiny_vocab()[0])
     if cfg.vocab_size != n_vocab:
-        raise ValueError(f"the tiny vocabulary has {n_vocab} tokens; the config says {cfg.vocab_size}")
+        raise ValueError(f"the vocabulary has {n_vocab} tokens; the config says {cfg.vocab_size}")
     fam = family(cfg.arch)
     path = Path(path)
     wr = GGUFWriter(str(path), cfg.arch)
-    _write_metadata(wr, cfg, fam.tokenizer_pre(cfg))
+    _write_metadata(wr, cfg, fam.tokenizer_pre(cfg), vocab, chat_template)
     for name, value in (sampling or {}).items():
         key = GGUF_KEYS[name]
         wr.add_int32(key, int(value)) if name == "top_k" else wr.add_float32(key, float(value))

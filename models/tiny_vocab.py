@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 from gguf import GGUFWriter
 
-from .tiny import _add_value, tiny_vocab
+from .tiny import tiny_vocab, write_vocab_fields
 
 SPACE = "\u2581"
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6
@@ -93,13 +93,7 @@ def write_vocab_gguf(path: str | Path, fields: Mapping[str, Any], *, name: str =
                        "vocab_size": len(fields["tokenizer.ggml.tokens"])}.items():
         wr.add_uint32(f"llama.{key}", value)
     wr.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    for key, value in fields.items():
-        if key == "tokenizer.ggml.scores":
-            wr.add_array(key, [float(v) for v in value])  # float32 array, never uint32 for integral scores
-        elif key == "tokenizer.ggml.token_type":
-            wr.add_token_types(list(value))  # int32, as llama.cpp requires
-        else:
-            _add_value(wr, key, value)
+    write_vocab_fields(wr, fields)
     wr.write_header_to_file()
     wr.write_kv_data_to_file()
     wr.write_tensors_to_file()
