@@ -100,7 +100,7 @@ def _stored(name: str, w: np.ndarray, dtype: str) -> tuple[np.ndarray, GGMLQuant
     return quantize(w.astype(np.float32), qtype), qtype
 
 
-def _write_metadata(wr: GGUFWriter, cfg: ModelConfig, pre: str) -> None:
+def _write_metadata(wr: GGUFWriter, cfg: ModelConfig, pre: str, chat_template: str | None = CHATML) -> None:
     a = cfg.arch
     wr.add_string("general.name", cfg.name)
     wr.add_uint32(f"{a}.block_count", cfg.n_layers)
@@ -123,7 +123,8 @@ def _write_metadata(wr: GGUFWriter, cfg: ModelConfig, pre: str) -> None:
     wr.add_uint32("tokenizer.ggml.eos_token_id", cfg.eos_ids[0])
     wr.add_uint32("tokenizer.ggml.padding_token_id", cfg.bos_id)
     wr.add_bool("tokenizer.ggml.add_bos_token", False)
-    wr.add_string("tokenizer.chat_template", CHATML)
+    if chat_template is not None:
+        wr.add_string("tokenizer.chat_template", chat_template)
     for key, value in family(cfg.arch).gguf_metadata(cfg).items():  # the family's own keys (sliding window, ...)
         _add_value(wr, key, value)
 
@@ -145,18 +146,25 @@ def _add_value(wr: GGUFWriter, key: str, value) -> None:
 def write_tiny_gguf(path: str | Path, *, arch: str = "llama", seed: int = 0, n_layers: int = 2, d_model: int = 64,
                     n_heads: int = 4, n_kv_heads: int = 2, d_ff: int = 128, context: int = 256, tied: bool = True,
                     dtype: str = "f32", weights: dict[str, np.ndarray] | None = None,
-                    sampling: dict[str, float] | None = None) -> Path:
+                    sampling: dict[str, float] | None = None, config: ModelConfig | None = None,
+                    chat_template: str | None = CHATML) -> Path:
     """Write a seeded random tiny model as GGUF; `weights` (canonical) overrides the random ones; `sampling`
-    ({temperature, top_p, top_k, min_p}) is written as the general.sampling.* keys llama.cpp reads."""
+    ({temperature, top_p, top_k, min_p}) is written as the general.sampling.* keys llama.cpp reads. `config`
+    replaces tiny_config's (the size arguments are then unused; its vocab must be the tiny vocab's and its
+    head_dim d_model / n_heads): a family's own block, e.g. gemma3's sliding layers and embedding scale.
+    chat_template None: the file has none (a family default then applies)."""
     if dtype not in _QTYPES:
         raise ValueError(f"dtype {dtype!r}: use one of {sorted(_QTYPES)}")
     fam = family(arch)
-    cfg = tiny_config(arch=arch, n_layers=n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads,
-                      d_ff=d_ff, context=context, tied=tied)
+    cfg = config or tiny_config(arch=arch, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
+                                n_kv_heads=n_kv_heads, d_ff=d_ff, context=context, tied=tied)
+    if cfg.arch != arch or cfg.vocab_size != len(tiny_vocab()[0]) or cfg.head_dim * cfg.n_heads != cfg.d_model:
+        raise ValueError(f"config for a tiny {arch} GGUF needs arch {arch!r}, the tiny vocabulary "
+                         f"({len(tiny_vocab()[0])} tokens) and head_dim = d_model / n_heads")
     tensors = weights if weights is not None else tiny_weights(cfg, seed)
     path = Path(path)
     wr = GGUFWriter(str(path), arch)
-    _write_metadata(wr, cfg, fam.tokenizer_pre(cfg))
+    _write_metadata(wr, cfg, fam.tokenizer_pre(cfg), chat_template)
     for name, value in (sampling or {}).items():
         key = GGUF_KEYS[name]
         wr.add_int32(key, int(value)) if name == "top_k" else wr.add_float32(key, float(value))
