@@ -1,7 +1,7 @@
 """Gemma 3 270M (catalogue gemma3-270m, Q4_K_M) end to end: NumPy reference vs llama.cpp, the ONNX export's parity
 gate, greedy speculative == plain on every backend with the n-gram drafter, and `specedge generate` from the CLI.
 
-Kept short for CI (a few dev prompts, 32 tokens): scripts/gemma3_check.py runs the 20 x 64 version.
+Kept short for CI (a few dev prompts, 32 tokens): perf/gemma3_check.py runs the 20 x 64 version.
 llama.cpp runs at 1 thread with flash attention, where a verify batch gives the one-token logits bit for bit
 (tests/test_real_decode.py), so speculative output must equal plain output exactly on every backend.
 """
