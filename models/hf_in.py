@@ -1,7 +1,7 @@
 """Read a Hugging Face checkpoint directory: config.json -> ModelConfig, *.safetensors -> canonical float32 Weights,
 tokenizer.json + tokenizer_config.json -> TokenizerSpec.
 
-    DIR/config.json                       model_type picks the family (models/families.py): llama, qwen2, qwen3, smollm3
+    DIR/config.json                       model_type picks the family (models/families.py family_for_hf)
     DIR/model.safetensors                 one file, or shards listed in model.safetensors.index.json
     DIR/tokenizer.json, tokenizer_config.json, generation_config.json, chat_template.jinja
 
@@ -23,7 +23,7 @@ import numpy as np
 
 from .config import ModelConfig, Weights
 from .errors import ModelFileError
-from .families import SUPPORTED_ARCHS, family, unsupported_variant
+from .families import HF_MODEL_TYPES, family_for_hf, unsupported_variant
 from .family_base import HF_IGNORED
 from .tokenizer_spec import TokenizerSpec
 from .tokenizer_hf import tokenizer_spec_from_hf
@@ -84,10 +84,10 @@ class HFModel:
         model_type = str(self.hf_config.get("model_type"))
         if (why := unsupported_variant(model_type)) is not None:
             raise ModelFileError(f"{path}: {why}; {via_optimum_hint(path)}")
-        if model_type not in SUPPORTED_ARCHS:
+        if model_type not in HF_MODEL_TYPES:
             raise ModelFileError(f"{path}: model_type {model_type!r} is not built by specedge's exporter (it builds "
-                                 f"{', '.join(SUPPORTED_ARCHS)}); {via_optimum_hint(path)}")
-        self.family: ModuleType = family(model_type)
+                                 f"{', '.join(HF_MODEL_TYPES)}); {via_optimum_hint(path)}")
+        self.family: ModuleType = family_for_hf(model_type)
         try:
             config = self.family.config_from_hf(self.hf_config)
         except (ValueError, KeyError, TypeError) as e:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from . import hub
-from .catalog import CATALOG, model_cache_dir
+from .catalog import CATALOG, license_name, model_cache_dir
 from .errors import ModelFileError
 from .manifest import FORMAT, MANIFEST, PAD_ROW_NONE, read_manifest
 
@@ -179,7 +179,7 @@ def format_inventory(inv: Inventory) -> str:
     out = [f"model cache: {inv.cache}", "", f"{'catalogue (specedge pull NAME)':36s} {'size':>11s}  {'state':10s}  "
                                               f"{'licence':11s} description"]
     for r in inv.catalogue:
-        out.append(f"  {r.name:34s} {_mb(r.size)}  {'pulled' if r.pulled else 'not pulled':10s}  {r.license:11s} "
+        out.append(f"  {r.name:34s} {_mb(r.size)}  {'pulled' if r.pulled else 'not pulled':10s}  {license_name(r.license):11s} "
                    f"{r.description}")
     out += ["", "GGUF files (not in the catalogue)"]
     out += [f"  {r.name:34s} {_mb(r.size)}" for r in inv.ggufs] or ["  (none)"]

@@ -20,6 +20,9 @@ from .config import ModelConfig
 from .rope import Rope, default_rope, inv_freq
 
 ARCH = "llama"
+HF_MODEL_TYPES = (ARCH,)  # the config.json model_types this module reads
+DEFAULT_CHAT_TEMPLATE: str | None = None  # the file's own template, or the runtime's default (ChatML)
+END_OF_TURN: str | None = None  # stop ids come from the file
 BLOCK = BlockSpec()  # pre-norm RMSNorm, SwiGLU, RoPE on every layer; GGUF files may add q/k/v biases
 # GGUF / Hugging Face tensor names (family_base.Names); rope_freqs is configuration (config_from_gguf reads it)
 NAMES = family_base.LLAMA_NAMES.extend(gguf_config=frozenset({family_base.ROPE_FREQS}))

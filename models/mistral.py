@@ -19,6 +19,9 @@ from .block import LayerSpec
 from .config import ModelConfig
 
 ARCH = "mistral"
+HF_MODEL_TYPES = (ARCH,)  # the config.json model_types this module reads
+DEFAULT_CHAT_TEMPLATE: str | None = None  # the file's own template, or the runtime's default (ChatML)
+END_OF_TURN: str | None = None  # stop ids come from the file
 BLOCK = llama.BLOCK
 NAMES = llama.NAMES  # MistralForCausalLM's state dict names are LlamaForCausalLM's
 gguf_metadata = llama.gguf_metadata

@@ -33,6 +33,9 @@ from .config import ModelConfig, RopeScaling
 from .rope import rotary_dim
 
 ARCH = "phi3"
+HF_MODEL_TYPES = (ARCH,)  # the config.json model_types this module reads
+DEFAULT_CHAT_TEMPLATE: str | None = None  # the file's own template, or the runtime's default (ChatML)
+END_OF_TURN: str | None = None  # stop ids come from the file
 BLOCK = BlockSpec(fused_qkv=True, fused_gate_up=True)  # the llama block with fused q|k|v and gate|up
 LONG, SHORT = "rope_factors_long.weight", "rope_factors_short.weight"
 NAMES = family_base.LLAMA_NAMES.extend(

@@ -13,6 +13,9 @@ from .block import BlockSpec
 from .config import ModelConfig
 
 ARCH = "qwen2"
+HF_MODEL_TYPES = (ARCH,)  # the config.json model_types this module reads
+DEFAULT_CHAT_TEMPLATE: str | None = None  # the file's own template, or the runtime's default (ChatML)
+END_OF_TURN: str | None = None  # stop ids come from the file
 BLOCK = BlockSpec(qkv_bias=True)  # the llama block with q/k/v biases
 NAMES = family_base.LLAMA_NAMES  # GGUF / Hugging Face tensor names (family_base.Names)
 gguf_metadata = family_base.gguf_metadata  # no keys beyond the llama-like ones

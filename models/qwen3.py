@@ -15,6 +15,9 @@ from .block import BlockSpec
 from .config import ModelConfig
 
 ARCH = "qwen3"
+HF_MODEL_TYPES = (ARCH,)  # the config.json model_types this module reads
+DEFAULT_CHAT_TEMPLATE: str | None = None  # the file's own template, or the runtime's default (ChatML)
+END_OF_TURN: str | None = None  # stop ids come from the file
 BLOCK = BlockSpec(qk_norm=True)  # the llama block with q/k RMSNorm over each head
 NAMES = family_base.LLAMA_NAMES.extend(
     gguf_layer={"attn_q_norm.weight": "q_norm", "attn_k_norm.weight": "k_norm"},

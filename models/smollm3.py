@@ -18,6 +18,9 @@ from .block import BlockSpec, LayerSpec
 from .config import ModelConfig
 
 ARCH = "smollm3"
+HF_MODEL_TYPES = (ARCH,)  # the config.json model_types this module reads
+DEFAULT_CHAT_TEMPLATE: str | None = None  # the file's own template, or the runtime's default (ChatML)
+END_OF_TURN: str | None = None  # stop ids come from the file
 BLOCK = BlockSpec()  # refined per checkpoint: LayerSpec(rope=False) on the NoPE layers
 NAMES = family_base.LLAMA_NAMES
 gguf_config_tensors = family_base.gguf_config_tensors  # none (llama.cpp's smollm3 reads no rope_freqs)

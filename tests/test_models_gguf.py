@@ -120,7 +120,7 @@ def test_family_registry():
     assert family("llama") is llama and family("qwen2") is qwen2
     with pytest.raises(ValueError, match="'mamba'.*llama, .*qwen2"):
         family("mamba")
-    assert {"llama", "phi3", "qwen2", "qwen3", "smollm3"} <= set(SUPPORTED_ARCHS) and SUPPORTED_ARCHS == tuple(
+    assert {"llama", "phi3", "qwen2", "qwen3", "smollm3", "gemma3"} <= set(SUPPORTED_ARCHS) and SUPPORTED_ARCHS == tuple(
         sorted(SUPPORTED_ARCHS))
 
 

@@ -34,7 +34,10 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+    # the constant in x's dtype: a float64 NumPy scalar would promote float32 activations to float64 (NEP 50), and
+    # every later matmul would then convert its float32 weights (gemma3-270m: 3 s a token for the tied head)
+    c = x.dtype.type(np.sqrt(2.0 / np.pi))
+    return 0.5 * x * (1.0 + np.tanh(c * (x + 0.044715 * x ** 3)))
 
 
 def attention_mask(length: int, t: int, tree_mask: Mask | None) -> np.ndarray:
