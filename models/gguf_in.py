@@ -199,7 +199,8 @@ class GGUFModel:
     def tokenizer_spec(self) -> TokenizerSpec:
         """The file's tokenizer as a TokenizerSpec (HF tokenizers JSON + special ids + chat template)."""
         if self._spec is None:
-            fields = self.fields("tokenizer.")
+            # general.name too: llama.cpp strips spaces after special tokens for a model named Phi-3
+            fields = {**self.fields("tokenizer."), "general.name": self.metadata.get("general.name")}
             try:
                 self._spec = _family_defaults(tokenizer_spec_from_gguf(fields), self.family, fields)
             except UnsupportedModelError as e:
