@@ -45,6 +45,18 @@ def _split_then_bytes(pattern: str) -> Callable[[], pre_tokenizers.PreTokenizer]
     return make
 
 
+# llama.cpp's LLAMA_VOCAB_PRE_TYPE_DEFAULT (a BPE file whose pre is "default" or absent): four regexes, each
+# splitting the pieces of the one before (unicode_regex_split keeps unmatched spans as pieces of their own).
+DEFAULT_PATTERNS = (r"[\p{P}\$\+<=>\^~\|]+",
+                    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)",
+                    r"\p{N}+", r"[0-9][0-9][0-9]")
+
+
+def _pre_default() -> pre_tokenizers.PreTokenizer:
+    return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(p), behavior="isolated") for p in DEFAULT_PATTERNS]
+                                   + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+
+
 def _pre_gpt2() -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
 
@@ -62,12 +74,12 @@ _QWEN2 = PreTokenizer(_split_then_bytes(QWEN2_PATTERN))
 _GPT4O = PreTokenizer(_split_then_bytes(GPT4O_PATTERN))
 _GPT2 = PreTokenizer(_pre_gpt2)
 # Names as llama.cpp's llama_vocab::impl::load spells them (Llama 3.x and SmolLM3 files say "llama-bpe", Qwen3's
-# "qwen2", Phi-4-mini's "gpt-4o"); "gpt2" and "default" keep the byte-level split earlier files were read with.
+# "qwen2", Phi-4-mini's "gpt-4o"); "gpt2" is GPT-2's byte-level split, "default" llama.cpp's default sequence.
 PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "llama-bpe": _LLAMA3, "llama3": _LLAMA3, "llama-v3": _LLAMA3,
     "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2,
     "gpt-4o": _GPT4O, "llama4": _GPT4O,
-    "smollm": PreTokenizer(_pre_smollm), "gpt2": _GPT2, "default": _GPT2,
+    "smollm": PreTokenizer(_pre_smollm), "gpt2": _GPT2, "default": PreTokenizer(_pre_default),
 }
 
 

@@ -42,6 +42,11 @@ def tiny_sizes(n_layers: int = 2, tied: bool = True, spm: bool = False, **extra:
                 **extra)
 
 
+def _gemma3(t):
+    from gemma3_tiny import hf_gemma3_config  # tests/gemma3_tiny.py: 6 layers, window 5, the 6th global
+    return hf_gemma3_config()
+
+
 def _phi3(case: str):
     from phi3_models import hf_config  # tests/phi3_models.py: the phi3 cases of tests/test_family_phi3.py
     return hf_config(case)
@@ -87,6 +92,9 @@ CASES: tuple[FamilyCase, ...] = (
     # partial rotary (0.75 of head dim 64) with LongRoPE and a tied head; fused qkv and gate_up
     FamilyCase("phi-longrope", "phi3", lambda t: _phi3("longrope"), chat_template=PHI3_TEMPLATE, seed=6),
     FamilyCase("phi4-mini", "phi3", lambda t: _phi3("partial"), chat_template=PHI3_TEMPLATE, seed=7),
+    # (1 + w) norms, pre/post norms, q/k norms, GeGLU-tanh, sqrt(d) embedding scale, five sliding layers (window 5,
+    # local RoPE base 1e4) and a global one (1e6), Gemma's turn template (llama.cpp's built-in "gemma")
+    FamilyCase("gemma3", "gemma3", _gemma3, chat_template=family("gemma3").DEFAULT_CHAT_TEMPLATE, seed=8),
 )
 CASE_IDS = [c.name for c in CASES]
 
@@ -157,7 +165,7 @@ def _vocab_fields(case: FamilyCase, cfg) -> dict[str, Any] | None:
 def _build_without_transformers(case: FamilyCase, root: Path, fam) -> Built:
     from specedge.models.gguf_in import open_gguf
     from specedge.models.tiny import tiny_config
-    if case.vocab != "bpe" or fam.ARCH != case.arch or case.arch in ("mistral", "phi3"):
+    if case.vocab != "bpe" or fam.ARCH != case.arch or case.arch in ("mistral", "phi3", "gemma3"):
         import pytest  # these cases are defined by their transformers config (phi3's LongRoPE, mistral's vocab)
         pytest.skip(f"{case.name} is built from its transformers config: install the hf extra")
     cfg = dataclasses.replace(tiny_config(arch=case.arch), block=fam.BLOCK)
