@@ -296,8 +296,9 @@ def walk_gguf(path: str | Path, buf, *, record: bool = False) -> GGUFHeader:
     if n_kv * _MIN_KV + n_tensors * _MIN_TENSOR_INFO > c.left():
         raise c.fail(f"the header claims {n_kv} metadata keys and {n_tensors} tensors, more than "
                      f"{size} bytes can hold")
-    fields = {name: GGUFField(name, (vtype,), value) for name, vtype, value in (
-        ("GGUF.version", _UINT32, version), ("GGUF.tensor_count", _UINT64, n_tensors), ("GGUF.kv_count", _UINT64, n_kv))}
+    pseudo = (("GGUF.version", _UINT32, version), ("GGUF.tensor_count", _UINT64, n_tensors),
+              ("GGUF.kv_count", _UINT64, n_kv))  # as GGUFReader lists them, before the file's own keys
+    fields = {name: GGUFField(name, (vtype,), value) for name, vtype, value in pseudo}
     alignment = _kvs(c, n_kv, fields)
     infos = _tensor_infos(c, n_tensors)
     data_start = -(-c.pos // alignment) * alignment
