@@ -11,11 +11,10 @@ import numbers
 from pathlib import Path
 from typing import Any, NoReturn
 
-from gguf import GGUFReader
-
 from .config import ModelConfig
 from .errors import ModelFileError, UnsupportedModelError
 from .gguf_in import _REPULL, GGUFModel, _field_value, _is_long_array, _open_reader
+from .gguf_read import GGUFFile
 
 
 class MetadataGGUF:
@@ -23,7 +22,7 @@ class MetadataGGUF:
     metadata: sizes the file states, 0 where it states none), `.chat_template`, `.fields(prefix)`; `.unsupported`
     is the family message, raised (UnsupportedModelError) by everything that needs canonical weights."""
 
-    def __init__(self, path: Path, reader: GGUFReader, unsupported: str) -> None:
+    def __init__(self, path: Path, reader: GGUFFile, unsupported: str) -> None:
         self.path = path
         self._reader = reader
         self.unsupported = unsupported
@@ -36,7 +35,7 @@ class MetadataGGUF:
 
     def _n_tokens(self) -> int | None:
         tokens = self._reader.fields.get("tokenizer.ggml.tokens")
-        return None if tokens is None else len(tokens.data)
+        return None if tokens is None else tokens.count
 
     @property
     def chat_template(self) -> str | None:

@@ -1,6 +1,6 @@
 """Read a GGUF file: metadata -> ModelConfig, tensors -> canonical float32 Weights, vocab -> TokenizerSpec.
 
-The file stays memory-mapped (gguf.GGUFReader); tensors are dequantized only by `load_weights`.
+The file stays memory-mapped (models/gguf_read.py); tensors are dequantized (gguf-py) only by `load_weights`.
 """
 from __future__ import annotations
 
@@ -10,14 +10,15 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf import GGMLQuantizationType, GGUFValueType
 from gguf.gguf_writer import GGUFValue
 from gguf.quants import dequantize
 
 from .config import ModelConfig, Weights
 from .errors import ModelFileError, UnsupportedModelError
 from .families import family
-from .gguf_scan import scan_gguf
+from .gguf_read import GGUFFile, read_gguf
+from .gguf_scan import GGUFField
 from .tokenizer_gguf import tokenizer_spec_from_gguf
 from .tokenizer_spec import TokenizerSpec
 
@@ -30,16 +31,16 @@ _REPULL = "re-pull it (specedge pull <name>) or re-download the file"
 LLAMACPP_RUNS_IT = "use the llama.cpp backend (--backend llamacpp), which runs any GGUF llama.cpp can load"
 
 
-def _field_value(field) -> Any:
+def _field_value(field: GGUFField) -> Any:
     value = field.contents()
-    if field.types == [GGUFValueType.FLOAT32]:
+    if field.types == (GGUFValueType.FLOAT32,):
         # The shortest decimal that round-trips through float32 recovers the written value (1e-5, not 9.99e-6).
         return float(str(np.float32(value)))
     return value
 
 
-def _is_long_array(field) -> bool:
-    return bool(field.types) and field.types[0] == GGUFValueType.ARRAY and len(field.data) > MAX_META_ARRAY
+def _is_long_array(field: GGUFField) -> bool:
+    return field.types[0] == GGUFValueType.ARRAY and field.count > MAX_META_ARRAY
 
 
 def _check_magic(path: Path) -> None:
@@ -52,14 +53,13 @@ def _check_magic(path: Path) -> None:
                               f"pass a .gguf model file, or {_REPULL} if it should be one")
 
 
-def _open_reader(path: Path) -> GGUFReader:
+def _open_reader(path: Path) -> GGUFFile:
     _check_magic(path)
-    scan_gguf(path)  # bounded header walk: no count reaches GGUFReader unchecked against the file size
     try:
-        reader = GGUFReader(path, "r")
-    except (KeyboardInterrupt, MemoryError):
+        reader = read_gguf(path)  # bounded header walk: every count checked against the file size before use
+    except (KeyboardInterrupt, MemoryError, ModelFileError):
         raise
-    except Exception as e:  # the reader raises ValueError, IndexError, UnicodeDecodeError, ... on damage
+    except Exception as e:  # a check the walk lacks: still a clean error, never a traceback
         raise ModelFileError(f"{path} is truncated or corrupt ({type(e).__name__}: {e}); {_REPULL}") from e
     size = path.stat().st_size
     for t in reader.tensors:
@@ -73,7 +73,7 @@ def _open_reader(path: Path) -> GGUFReader:
 class GGUFModel:
     """One opened GGUF file: `.path`, `.metadata`, `.config`, `.chat_template`; weights loaded on demand."""
 
-    def __init__(self, path: Path, reader: GGUFReader) -> None:
+    def __init__(self, path: Path, reader: GGUFFile) -> None:
         self.path = path
         self._reader = reader
         self._spec: TokenizerSpec | None = None
@@ -94,7 +94,7 @@ class GGUFModel:
         meta = dict(self.metadata)
         tokens = reader.fields.get("tokenizer.ggml.tokens")
         if tokens is not None and f"{arch}.vocab_size" not in meta:
-            meta[f"{arch}.vocab_size"] = len(tokens.data)
+            meta[f"{arch}.vocab_size"] = tokens.count
         try:
             self.config: ModelConfig = self.family.config_from_gguf(meta, shapes, self._config_tensor)
         except (ValueError, TypeError, ArithmeticError) as e:  # metadata of the wrong type or zero head counts
@@ -128,7 +128,7 @@ class GGUFModel:
     @staticmethod
     def _shape(t) -> tuple[int, ...]:
         # GGUF lists dims innermost first (ne = [in, out]); numpy row-major is the reverse.
-        return tuple(int(d) for d in reversed(t.shape.tolist()))
+        return tuple(reversed(t.shape))
 
     @property
     def chat_template(self) -> str | None:
