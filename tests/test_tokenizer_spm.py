@@ -117,10 +117,9 @@ def _gemma_path():
 
 @pytest.fixture(scope="module")
 def gemma(tmp_path_factory):
-    from gguf import GGUFReader
+    from specedge.models.gguf_read import read_gguf
     path = _gemma_path()
-    reader = GGUFReader(str(path))
-    fields = {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
+    fields = {k: f.contents() for k, f in read_gguf(path).fields.items() if k.startswith("tokenizer.")}
     old = os.environ.get("SPECEDGE_TOKENIZER_CACHE")
     os.environ["SPECEDGE_TOKENIZER_CACHE"] = str(tmp_path_factory.mktemp("tokcache"))
     try:
