@@ -7,7 +7,9 @@ One llama.cpp context holds one sequence: `new_cache` clears it, so a backend se
 """
 from __future__ import annotations
 
+import ctypes
 import os
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
@@ -21,12 +23,34 @@ from .base import BackendCaps, LayerPlan, check_room
 from .llamacpp_tokenizer import LlamaCppTokenizer
 
 
+_LOG_CALLBACK = None  # kept referenced: llama.cpp calls it for as long as the process runs
+_GGML_LOG_ERROR = 3
+
+
 def _import_llama():
     try:
         import llama_cpp  # noqa: F401
     except ImportError as e:  # pragma: no cover - depends on the install
         raise ImportError("the llama.cpp backend needs llama-cpp-python: pip install 'specedge[llama]'") from e
+    _quiet_logs(llama_cpp)
     return llama_cpp
+
+
+def _quiet_logs(llama_cpp) -> None:
+    """llama.cpp's errors reach stderr, its notes do not (llama-cpp-python's verbose=False still lets through the
+    messages logged without a level, e.g. gemma3's "using full-size SWA cache" on every context);
+    SPECEDGE_LLAMA_LOG=1 keeps llama-cpp-python's own logger."""
+    global _LOG_CALLBACK
+    if _LOG_CALLBACK is not None or os.environ.get("SPECEDGE_LLAMA_LOG"):
+        return
+
+    @llama_cpp.llama_log_callback
+    def errors_only(level: int, text: bytes, user_data) -> None:
+        if level == _GGML_LOG_ERROR:
+            sys.stderr.write(text.decode("utf-8", "replace"))
+
+    _LOG_CALLBACK = errors_only
+    llama_cpp.llama_log_set(errors_only, ctypes.c_void_p(0))
 
 
 class LlamaCppCache(LengthCursor):
