@@ -24,7 +24,8 @@ from .llamacpp_tokenizer import LlamaCppTokenizer
 
 
 _LOG_CALLBACK = None  # kept referenced: llama.cpp calls it for as long as the process runs
-_GGML_LOG_ERROR = 3
+_GGML_LOG_ERROR = 4  # ggml_log_level: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5 (llama-cpp-python's
+# _logger.py still maps the older order, so its verbose=False shows every warning)
 
 
 def _import_llama():
@@ -37,8 +38,8 @@ def _import_llama():
 
 
 def _quiet_logs(llama_cpp) -> None:
-    """llama.cpp's errors reach stderr, its notes do not (llama-cpp-python's verbose=False still lets through the
-    messages logged without a level, e.g. gemma3's "using full-size SWA cache" on every context);
+    """llama.cpp's errors reach stderr, its warnings and notes do not (llama-cpp-python's verbose=False still lets
+    warnings through, e.g. gemma3's "using full-size SWA cache" on every context);
     SPECEDGE_LLAMA_LOG=1 keeps llama-cpp-python's own logger."""
     global _LOG_CALLBACK
     if _LOG_CALLBACK is not None or os.environ.get("SPECEDGE_LLAMA_LOG"):
