@@ -81,8 +81,12 @@ class AttnFeeds:
 def check_dynamic(cfg: ModelConfig, profile: str = "the dynamic ONNX profile") -> None:
     """Refuse the declared variants GroupQueryAttention cannot run. Partial rotary is its own: the op rotates the
     first 2 * cos_cache.shape[1] dims of each head and passes the rest through, but takes only tables whose width
-    (rotary dim / 2) is a multiple of 8 (onnxruntime's GroupQueryAttention check); full rotary has no such limit
-    here (head dims are multiples of 16 in practice)."""
+    (rotary dim / 2) is a multiple of 8 (onnxruntime's GroupQueryAttention check); its CPU kernel also needs the
+    head size to be a multiple of 16 (every released model's is; a tiny test model's may not be)."""
+    if cfg.head_dim % 16:
+        raise UnsupportedVariant(f"{profile} cannot run head size {cfg.head_dim} of {cfg.name or cfg.arch}: "
+                                 "onnxruntime's GroupQueryAttention needs a multiple of 16; use the static profile "
+                                 "or the NumPy backend")
     rot = rope_tables.rotary_dim(cfg)
     if rot != cfg.head_dim and (rot // 2) % 8:
         raise UnsupportedVariant(f"{profile} does not build the declared block variant rotary_fraction="

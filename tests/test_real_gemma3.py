@@ -92,7 +92,27 @@ def test_gguf_backends_speculative_equals_plain(kind, prompts):
         pytest.importorskip("llama_cpp")
     threads = 1 if kind is BackendKind.LLAMACPP else None
     model = load_model(MODEL, kind, ctx=CTX, threads=threads)
+    # llama.cpp: the file's weights stay unpacked at 1 thread with flash attention, where the load-time probe finds
+    # verify batches bit-identical to one-token steps (repacked, 4 of 20 dev prompts x 64 tokens diverged)
+    assert model.backend.caps.batch_invariant
     speculative_equals_plain(model, prompts, threads=threads)
+
+
+def test_llamacpp_batch_invariance_is_probed(monkeypatch):
+    """At 1 thread with flash attention the backend keeps Gemma 3's Q4_K weights unpacked and its load-time probe
+    finds batches bit-identical to single steps; forced to repack them (llama.cpp's default), the probe finds they are
+    not, so the planner and the drafter warning do not treat llama.cpp speculation on it as lossless."""
+    pytest.importorskip("llama_cpp")
+    from specedge.runtime.backends import llamacpp
+    path = resolve_model(MODEL)
+    cfg = open_gguf(path).config
+    assert llamacpp.LlamaCppBackend(path, cfg, n_ctx=64, n_threads=1).caps.batch_invariant
+    assert not llamacpp.LlamaCppBackend(path, cfg, n_ctx=64, n_threads=2).caps.batch_invariant
+    repacked = llamacpp._model_params
+    monkeypatch.setattr(llamacpp, "_model_params", lambda **kw: repacked(use_extra_bufts=True))
+    assert not llamacpp.LlamaCppBackend(path, cfg, n_ctx=64, n_threads=1).caps.batch_invariant
+    from llama_cpp import llama_cpp as lib
+    assert lib.llama_model_default_params().use_extra_bufts  # the library's default is restored after each load
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ One llama.cpp context holds one sequence: `new_cache` clears it, so a backend se
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
@@ -54,6 +55,25 @@ def _quiet_logs(llama_cpp) -> None:
     llama_cpp.llama_log_set(errors_only, ctypes.c_void_p(0))
 
 
+@contextlib.contextmanager
+def _model_params(**fields):
+    """llama-cpp-python's Llama() takes its llama_model_params from llama_model_default_params() and exposes no
+    argument for some fields (use_extra_bufts): set them there for the duration of one construction."""
+    from llama_cpp import llama_cpp as lib
+    default = lib.llama_model_default_params
+
+    def params():
+        p = default()
+        for k, v in fields.items():
+            setattr(p, k, v)
+        return p
+    lib.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        lib.llama_model_default_params = default
+
+
 class LlamaCppCache(LengthCursor):
     """The KVCache protocol over llama.cpp's memory for sequence 0."""
 
@@ -93,23 +113,51 @@ class LlamaCppBackend:
         kv_type = llama_cpp.GGML_TYPE_F32 if f32_kv else llama_cpp.GGML_TYPE_F16
         self.config = config
         self.n_ctx = int(n_ctx or config.context_length)
-        # with flash attention, batch and one-token logits are bit-identical at 1 thread; with more, llama.cpp splits
-        # a one-token query's attention across threads differently beyond ~100 cached tokens (README, "Exactness")
+        # with flash attention, batch and one-token attention are bit-identical at 1 thread; with more, llama.cpp
+        # splits a one-token query's attention across threads differently beyond ~100 cached tokens (README,
+        # "Exactness"); the matrix products are probed per file (_batches_match_single_steps)
         hint = None if no_weights is None else (
             f"only llama.cpp runs this file ({no_weights}), and llama.cpp runs chains of the full model; use a "
             "drafter that needs only token ids (ngram, lookup) or a draft model with the same vocabulary "
             "(model:<gguf>)")
         self.caps = replace(type(self).caps, max_context=self.n_ctx, batch_invariant=flash_attn and threads == 1,
                             layer_hint=hint, reuse_hint=hint, tree_hint=hint)
-        self._llm = llama_cpp.Llama(
-            model_path=str(gguf_path), n_ctx=self.n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=threads,
-            n_threads_batch=threads, logits_all=False, type_k=kv_type, type_v=kv_type, flash_attn=flash_attn,
-            verbose=False)
+        # Repacked weights (llama.cpp's CPU "extra buffer types": Q4_0/Q4_K/IQ4_NL rows interleaved for AVX2/AVX-512)
+        # take one kernel for a single token and another for a batch, so a verify batch's logits differ from one-token
+        # decoding (Gemma 3 Q4_K_M: 4 of 20 dev prompts diverged); where batches can be exact (flash attention, 1
+        # thread) the weights stay as stored: measured on Gemma 3 at 1 thread, one-token steps 33 tok/s either way.
+        with _model_params(use_extra_bufts=not (flash_attn and threads == 1)):
+            self._llm = llama_cpp.Llama(
+                model_path=str(gguf_path), n_ctx=self.n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=threads,
+                n_threads_batch=threads, logits_all=False, type_k=kv_type, type_v=kv_type, flash_attn=flash_attn,
+                verbose=False)
         self._n_vocab = self._llm.n_vocab()
         if self._n_vocab != config.vocab_size:
             raise ValueError(f"llama.cpp reports vocabulary {self._n_vocab}, the GGUF config says {config.vocab_size}")
         self._size = int(Path(gguf_path).stat().st_size)
         self._live: LlamaCppCache | None = None
+        if self.caps.batch_invariant and not self._batches_match_single_steps():
+            self.caps = replace(self.caps, batch_invariant=False)
+
+    def _batches_match_single_steps(self, prefix: int = 4, batch: int = 5) -> bool:
+        """Probe (once, at load): after a prefix, do `batch` tokens decoded as one batch give the same logits, bit for
+        bit, as one token at a time? Flash attention at 1 thread makes attention batch-invariant, but the matrix
+        products are only where llama.cpp runs one kernel for both: SmolLM2's Q4_1 file is (vec_dot either way); Gemma
+        3's Q4_K_M file is not when its weights are repacked (one kernel per token, another per batch: greedy speculation
+        diverged from plain on 4 of 20 dev prompts), so __init__ keeps them as stored where batches can be exact; this
+        probe catches whatever else a build or file may do differently. 2 x 9 token steps; the cache is left empty."""
+        n = prefix + batch
+        if n > self.n_ctx:
+            return False
+        ids = [int(i) for i in np.linspace(1, self._n_vocab - 1, n)]
+        cache = self.new_cache(n)
+        self.forward(ids[:prefix], cache)
+        together = self.forward(ids[prefix:], cache)
+        cache = self.new_cache(n)
+        self.forward(ids[:prefix], cache)
+        apart = np.concatenate([self.forward([t], cache) for t in ids[prefix:]])
+        self.new_cache(1)
+        return bool(np.array_equal(together, apart))
 
     def new_cache(self, max_len: int) -> LlamaCppCache:
         if max_len > self.n_ctx:
