@@ -106,6 +106,13 @@ def write_gguf(path: str | Path, source: GGUFModel, weights: Weights | None, *, 
         raise ValueError(f"the weights' config does not match {source.path.name}'s; pass the weights loaded from "
                          "that file (or an unmodified-config copy of them)")
     kept = _check_layers(layers, source.config.n_layers)
+    if source.config.block.layers and len(kept) != source.config.n_layers:
+        # per-layer declarations (gemma3's sliding layers, smollm3's NoPE layers) come back from a GGUF by llama.cpp's
+        # index rules (every 6th layer global, every 4th without RoPE): renumbered layers would run other attention
+        raise ValueError(f"a layer subset of this {source.config.arch} model cannot be written as a GGUF: llama.cpp "
+                         "derives its per-layer attention (sliding window / RoPE) from the layer index, so the kept "
+                         "layers would run differently; use a self-speculative drafter (skip, exit) on the NumPy or "
+                         "layered ONNX backend instead")
     out_cfg = dataclasses.replace(source.config, n_layers=len(kept))
     qtype, file_type = _DTYPES[dtype] if dtype != "keep" else (None, _source_file_type(source))
     path = Path(path)

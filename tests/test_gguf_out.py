@@ -121,3 +121,22 @@ def test_write_is_atomic_and_overwrites(source, tmp_path):
     write_gguf(target, source, weights)
     assert open_gguf(target).config == source.config
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out.gguf", source.path.name])
+
+
+def test_layer_subset_of_a_per_layer_pattern_is_refused(tmp_path):
+    """smollm3's NoPE layers come back from a GGUF by llama.cpp's index rule (every 4th layer): renumbered layers would
+    run RoPE where the source had none, so a subset is refused with the reason; the whole model is written."""
+    from dataclasses import replace
+
+    from specedge.models.smollm3 import nope_block
+    from specedge.models.tiny import tiny_config
+    cfg = tiny_config(arch="smollm3", n_layers=4)
+    cfg = replace(cfg, block=nope_block([True, True, True, False]))
+    source = open_gguf(write_tiny_gguf(tmp_path / "sm3.gguf", arch="smollm3", config=cfg))
+    assert [lay.rope for lay in source.config.block.layers] == [True, True, True, False]
+    weights = source.load_weights()
+    with pytest.raises(ValueError, match="derives its per-layer attention .* from the layer index"):
+        write_gguf(tmp_path / "sub.gguf", source, weights, layers=[0, 1, 2])
+    assert not (tmp_path / "sub.gguf").exists()
+    assert open_gguf(write_gguf(tmp_path / "all.gguf", source, weights)).config == source.config
+

@@ -256,3 +256,17 @@ def test_int4_keeps_finer_gguf_types_at_8_bits():
     assert fine.bits == 8
     assert np.abs(fine.dequantize() - w).max() < np.abs(w).max() / 100
     assert block_quant(Src(None), "t", 4).bits == 4
+
+
+def test_dynamic_onnx_refuses_a_head_size_group_query_attention_cannot_run(tmp_path):
+    """onnxruntime's GroupQueryAttention (CPU) runs head sizes in multiples of 16: a head of 8 is refused at export
+    with the reason, not at the first run."""
+    pytest.importorskip("onnx")
+    from specedge.export.onnx_export import FloatSource, export_onnx
+    from specedge.export.onnx_linear import ExportOptions, WeightFormat
+    from specedge.models.block import UnsupportedVariant
+    from specedge.models.tiny import tiny_config, tiny_weights
+    from specedge.models.config import Weights
+    cfg = tiny_config(d_model=32, n_heads=4, n_kv_heads=2)  # head size 8
+    with pytest.raises(UnsupportedVariant, match="head size 8 .* multiple of 16"):
+        export_onnx(FloatSource(Weights(cfg, tiny_weights(cfg))), tmp_path / "x", ExportOptions(WeightFormat.FP32))
