@@ -144,6 +144,12 @@ def canonical_to_gguf(name: str, names: Names = LLAMA_NAMES) -> str:
         raise KeyError(f"no GGUF name for canonical tensor {name!r}") from None
 
 
+def same_layout(canonical: str, w: np.ndarray, config: ModelConfig) -> np.ndarray:
+    """to_gguf_layout / from_gguf_layout of a family whose GGUF rows are canonical (NEOX RoPE: llama.cpp's converter
+    permutes nothing; qwen2, qwen3, phi3)."""
+    return w
+
+
 def gguf_metadata(cfg: ModelConfig) -> dict[str, Any]:
     """Family-specific GGUF metadata keys a writer adds to the llama-like ones (default: none)."""
     return {}

@@ -131,14 +131,7 @@ def gguf_config_tensors(cfg: ModelConfig) -> dict[str, np.ndarray]:
     return {LONG: np.asarray(rs.long_factor, np.float32), SHORT: np.asarray(rs.short_factor, np.float32)}
 
 
-def to_gguf_layout(canonical: str, w: np.ndarray, config: ModelConfig) -> np.ndarray:
-    """Canonical -> GGUF layout: identical for phi3 (NEOX RoPE, gate rows first in both)."""
-    return w
-
-
-def from_gguf_layout(canonical: str, w: np.ndarray, config: ModelConfig) -> np.ndarray:
-    """GGUF -> canonical layout: identical for phi3."""
-    return w
+to_gguf_layout = from_gguf_layout = family_base.same_layout  # NEOX RoPE; gate rows first in both
 
 
 def tokenizer_pre(config: ModelConfig) -> str:

@@ -46,14 +46,7 @@ def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
     return family_base.llama_like_config_from_hf(hf, arch=ARCH, block=BLOCK)
 
 
-def to_gguf_layout(canonical: str, w: np.ndarray, config: ModelConfig) -> np.ndarray:
-    """Canonical -> GGUF layout: identical for qwen3 (NEOX RoPE)."""
-    return w
-
-
-def from_gguf_layout(canonical: str, w: np.ndarray, config: ModelConfig) -> np.ndarray:
-    """GGUF -> canonical layout: identical for qwen3."""
-    return w
+to_gguf_layout = from_gguf_layout = family_base.same_layout  # NEOX RoPE: GGUF rows are canonical
 
 
 def tokenizer_pre(config: ModelConfig) -> str:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from specedge.models.config import ModelConfig, Weights
+from specedge.models.config import Weights
 from specedge.models.families import family
-from specedge.models.tiny import _stored, _write_metadata, tiny_config, tiny_weights
+from specedge.models.tiny import tiny_config, tiny_weights, write_model_gguf
 
 CASES = ("plain", "longrope", "longrope-short", "partial")
 
@@ -75,22 +75,7 @@ def save_hf(directory: Path, config, weights: Weights):
     return model
 
 
-def write_gguf(path: Path, weights: Weights, pre: str | None = None) -> Path:
-    """`weights` as an F32 GGUF of their family: the tiny vocabulary, the config's metadata (the family's own keys
-    via gguf_metadata), tensors in GGUF layout, and the family's configuration tensors."""
-    from gguf import GGMLQuantizationType, GGUFWriter
-    cfg: ModelConfig = weights.config
-    fam = family(cfg.arch)
-    wr = GGUFWriter(str(path), cfg.arch)
-    _write_metadata(wr, cfg, pre or fam.tokenizer_pre(cfg))
-    wr.add_file_type(0)
-    for name in cfg.tensor_names():
-        data, qtype = _stored(name, fam.to_gguf_layout(name, weights[name], cfg), "f32")
-        wr.add_tensor(fam.NAMES.canonical_to_gguf(name), data, raw_dtype=qtype)
-    for name, value in fam.gguf_config_tensors(cfg).items():
-        wr.add_tensor(name, np.asarray(value, np.float32), raw_dtype=GGMLQuantizationType.F32)
-    wr.write_header_to_file()
-    wr.write_kv_data_to_file()
-    wr.write_tensors_to_file()
-    wr.close()
-    return Path(path)
+def write_gguf(path: Path, weights: Weights) -> Path:
+    """`weights` as an F32 GGUF of their family (models/tiny.write_model_gguf: the tiny vocabulary, the family's keys
+    and configuration tensors)."""
+    return write_model_gguf(path, weights.config, dict(weights.tensors))
