@@ -19,6 +19,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from ..runtime.backends import BackendKind
+from ..runtime.constraint import GRAMMAR_TYPES, Grammar
 from ..runtime.drafters.base import Drafter
 from ..runtime.generate import collect, stream
 from ..runtime.session import Session
@@ -30,6 +31,7 @@ from .load import DrafterSpec, LoadedModel, batch_invariance_warning, load_model
 from .sampling_defaults import CHAT_DEFAULTS, SamplingDefaults, model_sampling
 
 Log = Callable[[str], None]
+MAX_TOP_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
 
 
 @dataclass(frozen=True)
@@ -71,10 +73,19 @@ class CallSettings:
     repeat_penalty: float = 1.0
     seed: int = 0
     stop: tuple[str, ...] = ()
+    grammar: Grammar | None = None  # what the output must match (runtime/constraint.py); None: free text
+    logprobs: int | None = None  # None: off; n >= 0: each token's logprob and its n most likely alternatives (<= 20)
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.grammar is not None and not isinstance(self.grammar, GRAMMAR_TYPES):
+            raise ValueError(f"grammar must be one of JsonSchema, JsonObject, Regex, Lark, Gbnf "
+                             f"(specedge.runtime.constraint), got {type(self.grammar).__name__}")
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+            raise ValueError(f"logprobs must be None (off) or an integer in [0, {MAX_TOP_LOGPROBS}] (the number of "
+                             f"alternatives per token), got {self.logprobs!r}")
         object.__setattr__(self, "stop", tuple(self.stop))
         self.sampling()  # raises ValueError naming a bad value
 

@@ -116,6 +116,21 @@ class StepStats:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """The model's log-probability of one emitted token and its `top` most likely alternatives.
+
+    Of the target's own distribution at that position: log-softmax of its logits (float64), before temperature,
+    truncation (top-k/top-p/min-p), penalties and a constraint's mask, as OpenAI and vLLM report them. Under
+    speculation the row is the verify forward's row for that position: the same logits plain decoding computes.
+    `top`: (token id, logprob) pairs, most likely first (ties: lowest id first); empty unless asked for.
+    """
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class Response:
     """One streamed piece of output (mlx-lm style)."""
 
@@ -124,6 +139,7 @@ class Response:
     from_draft: bool  # the token was an accepted draft token
     tokens_per_s: float
     finish_reason: FinishReason | None = None
+    logprob: TokenLogprob | None = None  # set when the call asked for logprobs
 
 
 @dataclass(frozen=True)
@@ -135,3 +151,4 @@ class GenerationResult:
     finish_reason: FinishReason
     prompt_tokens: int = 0
     stats: dict = field(default_factory=dict)  # DecodeStats.to_dict() + the call's facts (wall_s, drafter, ttft_s...)
+    logprobs: list[TokenLogprob] | None = None  # one per token of `tokens` when the call asked for logprobs
