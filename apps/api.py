@@ -123,6 +123,8 @@ class Engine:
         raise ValueError here, before anything runs. `stats`, if given, is filled with the call's statistics when it
         ends, `sampling` (the values used) included."""
         call = CallSettings(**options)
+        if call.grammar is not None:  # a grammar llguidance refuses is a ValueError now, before anything runs
+            self.decoder.constraint(call)
         ids = np.asarray(self.encode(prompt) if isinstance(prompt, str) else list(prompt), dtype=np.int32)
         self._check_length(len(ids))
         return self._run(ids, call, cancel, stats if stats is not None else {})

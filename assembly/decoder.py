@@ -19,11 +19,12 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from ..runtime.backends import BackendKind
-from ..runtime.constraint import GRAMMAR_TYPES, Grammar
+from ..runtime.constraint import GRAMMAR_TYPES, Grammar, GrammarCompiler
 from ..runtime.drafters.base import Drafter
 from ..runtime.generate import collect, stream
 from ..runtime.session import Session
 from ..runtime.stats import DecodeStats
+from ..runtime.tokenizer import Tokenizer
 from ..runtime.types import GenerationResult, Response, SamplingParams, Tokens
 from ..runtime.verify import VerifierKind
 from .environment import cpu_info
@@ -119,6 +120,7 @@ class Decoder:
         self.sampling_defaults = model_sampling(model)  # what a call's unset temperature/top_p/... resolve to
         self.lossy = None
         self.drafter: Drafter | None = None
+        self._grammars: GrammarCompiler | None = None  # built on the first constrained call
         if decode.lossy:
             from .loradrop import lossy_decoder
             self.lossy = lossy_decoder(decode.lossy, model, cache_dir=settings.cache_dir, ctx=settings.ctx)
@@ -150,7 +152,25 @@ class Decoder:
 
     def with_decode(self, decode: DecodeSettings) -> "Decoder":
         """A decoder over the same loaded target with other decode settings (a new drafter is built and checked)."""
-        return Decoder(self.model, self.model_settings, decode)
+        out = Decoder(self.model, self.model_settings, decode)
+        out._grammars = self._grammars
+        return out
+
+    def grammar_compiler(self) -> GrammarCompiler:
+        """Compiles a call's grammar against this model's vocabulary (built once; ValueError for a tokenizer it
+        cannot read)."""
+        if self._grammars is None:
+            tok = self.model.tokenizer
+            if not isinstance(tok, Tokenizer):
+                raise ValueError("a grammar (response_format, regex, tools) needs the model's tokenizer as specedge "
+                                 "builds it; this model runs on llama.cpp's own tokenizer (an architecture or "
+                                 "vocabulary specedge does not read), so its output cannot be constrained")
+            self._grammars = GrammarCompiler(tok.spec.hf_json, self.model.backend.config.vocab_size, tok.eos_ids)
+        return self._grammars
+
+    def constraint(self, call: CallSettings):
+        """The call's compiled Constraint, or None (free text)."""
+        return None if call.grammar is None else self.grammar_compiler().compile(call.grammar)
 
     def stream(self, prompt_ids: Tokens | Sequence[int], call: CallSettings, *, stats: DecodeStats | None = None,
                session: Session | None = None) -> Iterator[Response]:
@@ -160,6 +180,10 @@ class Decoder:
         extra = {} if self.lossy is None else {"lossy": self.lossy}
         if session is not None:
             extra["session"] = session
+        if call.grammar is not None:
+            extra["constraint"] = self.constraint(call)
+        if call.logprobs is not None:
+            extra["logprobs"] = call.logprobs
         s = self.settings
         return stream(self.model.backend, self.model.tokenizer, np.asarray(prompt_ids, dtype=np.int32),
                       call.sampling(self.sampling_defaults), drafter=self.drafter, k=s.k, max_tokens=call.max_tokens,

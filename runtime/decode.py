@@ -13,13 +13,14 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .backends.base import Backend
+from .constraint import Constraint
 from .draft_length import AdaptiveDraftLength
 from .drafters.base import Drafter
 from .lossy import LossyMode
 from .stats import DecodeStats
 from .session import Session
 from .steppers import ChainStepper, SeqState, Stepper, TreeStepper
-from .types import FinishReason, SamplingParams, Tokens, as_tokens
+from .types import FinishReason, SamplingParams, TokenLogprob, Tokens, as_tokens
 from .verify import VerifierKind, make_verifier
 
 
@@ -28,6 +29,7 @@ class TokenEvent:
     token: int
     from_draft: bool
     finish_reason: FinishReason | None = None
+    logprob: TokenLogprob | None = None  # when the call asked for logprobs
 
 
 def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: Drafter | None = None,
@@ -35,7 +37,8 @@ def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: 
            rng: np.random.Generator | None = None, stats: DecodeStats | None = None, ctx: int | None = None,
            adaptive_k: bool = False,
            verifier_kind: VerifierKind = VerifierKind.CHAIN, session: Session | None = None,
-           lossy: LossyMode | None = None) -> Iterator[TokenEvent]:
+           lossy: LossyMode | None = None, constraint: Constraint | None = None,
+           logprobs: int | None = None) -> Iterator[TokenEvent]:
     """Generate up to max_tokens tokens; yields one event per emitted token, the last one with a finish reason.
     max_tokens None: up to the room left in the context (its limit minus the prompt), so the decode ends at EOS or
     there (finish LENGTH). Each round drafts at most the cache room left past the committed tokens, so a draft
@@ -49,6 +52,10 @@ def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: 
     session: keep the target's KV cache across calls (runtime/session.py): only the prompt tokens past the prefix
     it already holds are prefilled, and its capacity is the context limit.
     lossy: a labelled lossy mode (runtime/lossy.py) decodes instead of speculation (no drafter then).
+    constraint: what the output must match (runtime/constraint.py): the target's p is masked before verification
+    and a draft ends at its first forbidden token, so the output equals constrained plain decoding's (greedy) or
+    follows its distribution (sampled). logprobs: n >= 0 puts each token's TokenLogprob (n alternatives) on its
+    event; None: off.
 
     Stop strings and cancellation are the caller's (it stops iterating).
     """
@@ -58,7 +65,7 @@ def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: 
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     stepper = make_stepper(target, params, drafter, k=k, adaptive_k=adaptive_k, verifier_kind=verifier_kind,
-                           lossy=lossy)
+                           lossy=lossy, constraint=constraint, logprobs=logprobs)
     limit = session.capacity if session is not None else (ctx or target.config.context_length)
     limit = limit if stepper.context_limit is None else min(limit, stepper.context_limit)
     if len(prompt) + 1 > limit:
@@ -89,12 +96,13 @@ def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: 
         while True:
             emitted, step = stepper.step(seq, seq.cache.capacity - seq.cache.length - 1, rng)
             stats.record(step)
+            lps = stepper.step_logprobs if logprobs is not None else None
             for j, tok in enumerate(emitted):
                 produced += 1
                 reason = FinishReason.EOS if tok in eos else (
                     FinishReason.LENGTH if produced >= max_tokens else None)
                 stats.decode_s, stats.n_generated = dec0 + time.perf_counter() - t_dec, gen0 + produced
-                yield TokenEvent(tok, j < step.n_accepted, reason)
+                yield TokenEvent(tok, j < step.n_accepted, reason, None if lps is None else lps[j])
                 if reason is not None:
                     return
     finally:
@@ -105,16 +113,26 @@ def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: 
 
 def make_stepper(target: Backend, params: SamplingParams, drafter: Drafter | None = None, *, k: int = 4,
                  adaptive_k: bool = False, verifier_kind: VerifierKind = VerifierKind.CHAIN,
-                 lossy: LossyMode | None = None) -> Stepper:
-    """The Stepper for one decode call; fails here (start-up) when the target lacks what the drafter needs."""
+                 lossy: LossyMode | None = None, constraint: Constraint | None = None,
+                 logprobs: int | None = None) -> Stepper:
+    """The Stepper for one decode call; fails here (start-up) when the target lacks what the drafter needs, or
+    when a constraint or logprobs meet a mode that cannot honour them."""
+    extra = {"constraint": constraint, "logprobs": logprobs}
     if lossy is not None:
         if drafter is not None:
             raise ValueError(f"{lossy.label}: a lossy mode decodes without a drafter; drop the drafter")
+        if constraint is not None or logprobs is not None:
+            raise ValueError(f"{lossy.label}: a lossy mode's output is not the model's own, so it takes no grammar "
+                             "and reports no logprobs; decode without the lossy mode")
         return lossy.stepper(target, params)
+    if constraint is not None and verifier_kind is VerifierKind.BLOCK and not params.greedy:
+        raise ValueError("block verification does not take a grammar constraint (its proof needs the whole draft "
+                         "drawn from q, and a constrained draft ends at its first forbidden token): use the chain "
+                         "verifier (--verifier chain)")
     if drafter is None:
-        return ChainStepper(target, None, params, make_verifier(params, verifier_kind), k)
+        return ChainStepper(target, None, params, make_verifier(params, verifier_kind), k, **extra)
     drafter.check(target)
     if drafter.caps.tree:
-        return TreeStepper(target, drafter, params)
+        return TreeStepper(target, drafter, params, **extra)
     policy = AdaptiveDraftLength(k) if (adaptive_k and k > 0) else None
-    return ChainStepper(target, drafter, params, make_verifier(params, verifier_kind), k, policy)
+    return ChainStepper(target, drafter, params, make_verifier(params, verifier_kind), k, policy, **extra)

@@ -10,6 +10,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from .backends.base import Backend
+from .constraint import Constraint
 from .decode import decode
 from .drafters.base import Drafter
 from .lossy import LossyMode
@@ -40,12 +41,14 @@ def stream(target: Backend, tokenizer: Tokenizer, prompt: Tokens, params: Sampli
            rng: np.random.Generator | None = None, stats: DecodeStats | None = None,
            eos_ids: Sequence[int] | None = None, ctx: int | None = None, adaptive_k: bool = False,
            verifier_kind: VerifierKind = VerifierKind.CHAIN, lossy: LossyMode | None = None,
-           session: Session | None = None) -> Iterator[Response]:
+           session: Session | None = None, constraint: Constraint | None = None,
+           logprobs: int | None = None) -> Iterator[Response]:
     """Yield Responses as tokens are committed; the last one carries the finish reason.
 
     max_tokens None: to EOS, a stop string or the context limit (runtime/decode.py).
     lossy: a labelled lossy mode (runtime/lossy.py) instead of speculation. session: a runtime/session.py Session
-    whose cached prefix is reused.
+    whose cached prefix is reused. constraint, logprobs: as runtime/decode.py's (each Response then carries its
+    token's TokenLogprob).
 
     Text that might begin a stop string is held back until it cannot; a stop string and the EOS token
     are never part of the output.
@@ -56,40 +59,42 @@ def stream(target: Backend, tokenizer: Tokenizer, prompt: Tokens, params: Sampli
     pending, produced, t0 = "", 0, time.perf_counter()
     events = decode(target, prompt, params, drafter=drafter, k=k, max_tokens=max_tokens, eos_ids=eos, rng=rng,
                     stats=stats, ctx=ctx, adaptive_k=adaptive_k, verifier_kind=verifier_kind, session=session,
-                    lossy=lossy)
+                    lossy=lossy, constraint=constraint, logprobs=logprobs)
     for ev in events:
         produced += 1
         rate = produced / max(time.perf_counter() - t0, 1e-9)
         if ev.finish_reason is FinishReason.EOS:
-            yield Response(pending + detok.flush(), ev.token, ev.from_draft, rate, FinishReason.EOS)
+            yield Response(pending + detok.flush(), ev.token, ev.from_draft, rate, FinishReason.EOS, ev.logprob)
             return
         pending += detok.push(ev.token)
         hits = [i for i in (pending.find(s) for s in stops) if i >= 0]
         if hits:
             events.close()
-            yield Response(pending[:min(hits)], ev.token, ev.from_draft, rate, FinishReason.STOP)
+            yield Response(pending[:min(hits)], ev.token, ev.from_draft, rate, FinishReason.STOP, ev.logprob)
             return
         if ev.finish_reason is not None:
-            yield Response(pending + detok.flush(), ev.token, ev.from_draft, rate, ev.finish_reason)
+            yield Response(pending + detok.flush(), ev.token, ev.from_draft, rate, ev.finish_reason, ev.logprob)
             return
         keep = held_back(pending, stops)
         out, pending = pending[:len(pending) - keep], pending[len(pending) - keep:]
-        yield Response(out, ev.token, ev.from_draft, rate, None)
+        yield Response(out, ev.token, ev.from_draft, rate, None, ev.logprob)
 
 
 def collect(responses: Iterable[Response], on_text: Callable[[str], None] | None = None) -> GenerationResult:
     """Join a Response stream into one result; on_text sees each piece of text as it arrives. The EOS token is
     dropped from the tokens (it is never in the text)."""
-    parts, tokens, reason = [], [], FinishReason.LENGTH
+    parts, tokens, lps, reason = [], [], [], FinishReason.LENGTH
     for r in responses:
         parts.append(r.text)
         tokens.append(r.token)
+        lps.append(r.logprob)
         reason = r.finish_reason or reason
         if on_text is not None and r.text:
             on_text(r.text)
     if reason is FinishReason.EOS:
-        tokens = tokens[:-1]
-    return GenerationResult(text="".join(parts), tokens=tokens, finish_reason=reason)
+        tokens, lps = tokens[:-1], lps[:-1]
+    logprobs = lps if (lps and lps[0] is not None) else None
+    return GenerationResult(text="".join(parts), tokens=tokens, finish_reason=reason, logprobs=logprobs)
 
 
 def generate(target: Backend, tokenizer: Tokenizer, prompt: Tokens, params: SamplingParams,
@@ -97,4 +102,5 @@ def generate(target: Backend, tokenizer: Tokenizer, prompt: Tokens, params: Samp
     """Collect `stream` into one result (text, tokens, finish reason, stats as a dict)."""
     stats = kwargs.pop("stats", None) or DecodeStats()
     result = collect(stream(target, tokenizer, prompt, params, stats=stats, **kwargs))
-    return GenerationResult(result.text, result.tokens, result.finish_reason, len(prompt), stats.to_dict())
+    return GenerationResult(result.text, result.tokens, result.finish_reason, len(prompt), stats.to_dict(),
+                            result.logprobs)

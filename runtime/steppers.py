@@ -20,11 +20,12 @@ from typing import Sequence
 import numpy as np
 
 from .backends.base import Backend, KVCache
+from .constraint import Constraint, mask_logits, mask_q
 from .draft_length import AdaptiveDraftLength
 from .drafters.base import Drafter, TreeDrafter
 from .sampling import logits_to_probs
 from .tree import TreeDraft
-from .types import EMPTY_DRAFT, SamplingParams, StepStats, Tokens
+from .types import EMPTY_DRAFT, Draft, SamplingParams, StepStats, TokenLogprob, Tokens
 from .verify import verify_tree
 from .verify.base import Verifier
 
@@ -55,6 +56,8 @@ class Stepper(abc.ABC):
     reserve: int = 1
     context_limit: int | None = None
     label: str | None = None
+    # set by `step` when the call asked for logprobs: one TokenLogprob per emitted token of the last round
+    step_logprobs: list[TokenLogprob] | None = None
 
     def __init__(self, target: Backend) -> None:
         self.target = target
@@ -81,11 +84,14 @@ def prefill(target: Backend, seq: SeqState, start: int = 0, drafter: Drafter | N
 
 
 class _Speculative(Stepper):
-    """What chain and tree rounds share: prefill with the drafter watching, then bind and begin."""
+    """What chain and tree rounds share: prefill with the drafter watching, then bind and begin; the call's
+    constraint (runtime/constraint.py) and logprobs (n alternatives per token, None: off)."""
 
-    def __init__(self, target: Backend, drafter: Drafter | None, params: SamplingParams) -> None:
+    def __init__(self, target: Backend, drafter: Drafter | None, params: SamplingParams, *,
+                 constraint: Constraint | None = None, logprobs: int | None = None) -> None:
         super().__init__(target)
         self.drafter, self.params = drafter, params
+        self.constraint, self.logprobs = constraint, logprobs
         caps = drafter.caps if drafter is not None else None  # read once per decode, never in the step
         self.observer = drafter if (caps is not None and caps.observes_logits) else None
         self.binds = caps is not None and caps.binds_target
@@ -104,8 +110,9 @@ class ChainStepper(_Speculative):
     [last, *draft], verify, commit. With no drafter: plain decoding (one token per forward)."""
 
     def __init__(self, target: Backend, drafter: Drafter | None, params: SamplingParams, verifier: Verifier, k: int,
-                 policy: AdaptiveDraftLength | None = None) -> None:
-        super().__init__(target, drafter, params)
+                 policy: AdaptiveDraftLength | None = None, *, constraint: Constraint | None = None,
+                 logprobs: int | None = None) -> None:
+        super().__init__(target, drafter, params, constraint=constraint, logprobs=logprobs)
         self.verifier, self.k, self.policy = verifier, k, policy
         self.reserve = k + 1
         pays = drafter is not None and drafter.caps.pays_per_token
@@ -128,6 +135,12 @@ class ChainStepper(_Speculative):
         draft = drafter.propose(context, k, params, rng) if (drafter is not None and k > 0) else EMPTY_DRAFT
         if policy is not None and draft.k:
             draft = draft.prefix(policy.choose(draft.kind, draft.k))
+        masks = None
+        if self.constraint is not None:  # the draft ends at its first forbidden token; q rows are masked too
+            masks, n_ok = self.constraint.allowed(draft.tokens)
+            draft = draft.prefix(n_ok) if n_ok < draft.k else draft
+            if draft.q is not None:
+                draft = Draft(draft.tokens, mask_q(draft.q, masks[:-1]), draft.kind)
         t1 = time.perf_counter()
         base = seq.cache.length
         step_tokens = np.concatenate([context[-1:], draft.tokens]).astype(np.int32)
@@ -140,13 +153,18 @@ class ChainStepper(_Speculative):
         forward_s = time.perf_counter() - tf
         if self.observer is not None:  # drafters that learn from the target's logits (token recycling)
             self.observer.observe(step_tokens, logits)
-        p = logits_to_probs(logits, params, history=np.concatenate([context, draft.tokens]))
+        masked = logits if masks is None else mask_logits(logits, masks)
+        p = logits_to_probs(masked, params, history=np.concatenate([context, draft.tokens]))
         verdict = self.verifier.verify(draft, p, rng)
         if policy is not None:
             policy.observe(draft.kind, draft.k, verdict.n_accepted, len(step_tokens), forward_s)
         seq.cache.rollback(base + 1 + verdict.n_accepted)  # [last, accepted...] are now committed in the cache
         emitted = [int(x) for x in draft.tokens[:verdict.n_accepted]] + [int(verdict.next_token)]
         seq.extend(emitted)
+        if self.constraint is not None:
+            self.constraint.commit(emitted)
+        if self.logprobs is not None:
+            self.step_logprobs = token_logprobs(logits[:len(emitted)], emitted, self.logprobs)
         if drafter is not None:
             if self.taps:
                 drafter.observe_verify(tapped, np.asarray(emitted, dtype=np.int32))
@@ -161,8 +179,9 @@ class TreeStepper(_Speculative):
     [last, *nodes] with the tree mask, verify (1.2 / 1.4 / greedy), move the accepted path's K/V into place
     (`cache.compact`), commit. requires: a target with caps.tree_mask and a cache with `compact`."""
 
-    def __init__(self, target: Backend, drafter: TreeDrafter, params: SamplingParams) -> None:
-        super().__init__(target, drafter, params)
+    def __init__(self, target: Backend, drafter: TreeDrafter, params: SamplingParams, *,
+                 constraint: Constraint | None = None, logprobs: int | None = None) -> None:
+        super().__init__(target, drafter, params, constraint=constraint, logprobs=logprobs)
         self.max_nodes = int(drafter.max_nodes)
         self.reserve = self.max_nodes + 1
 
@@ -178,12 +197,18 @@ class TreeStepper(_Speculative):
         forward_s = time.perf_counter() - tf
         if self.observer is not None:
             self.observer.observe(fed, logits)
-        p = tree_probs(tree, logits, self.params, context)
+        masked = logits if self.constraint is None else mask_logits(logits, tree_masks(tree, self.constraint))
+        p = tree_probs(tree, masked, self.params, context)
         verdict = verify_tree(tree, p, rng, greedy=self.params.greedy)
         # slots base + node: the root (in place already) and the accepted path, ascending because BFS orders them
         seq.cache.compact(base + np.array((0, *verdict.path), dtype=np.int64), base)
         emitted = [int(tree.tokens[j - 1]) for j in verdict.path] + [int(verdict.next_token)]
         seq.extend(emitted)
+        if self.constraint is not None:
+            self.constraint.commit(emitted)
+        if self.logprobs is not None:
+            self.step_logprobs = token_logprobs(logits[np.array((0, *verdict.path), dtype=np.int64)], emitted,
+                                                self.logprobs)
         self.drafter.accept(verdict.n_accepted, verdict.next_token)
         t2 = time.perf_counter()
         return emitted, StepStats(k=tree.n, n_accepted=verdict.n_accepted, draft_s=t1 - t0, verify_s=t2 - t1,
@@ -197,3 +222,40 @@ def tree_probs(tree: TreeDraft, logits: np.ndarray, params: SamplingParams, cont
     rows = [logits_to_probs(logits[j], params, history=np.concatenate(
         [context, tree.tokens[np.array(tree.path_to(j), dtype=np.int64) - 1]])) for j in range(tree.n + 1)]
     return np.concatenate(rows, axis=0)
+
+
+def tree_masks(tree: TreeDraft, constraint: Constraint) -> np.ndarray:
+    """bool [n+1, V]: row j the tokens the constraint allows after node j's root path. A node the constraint
+    forbids is masked out by its parent's row, so neither it nor its subtree can be accepted (p = 0 there under
+    every tree rule); the rows of such unreachable nodes allow everything (they are never read on an accepted path).
+    One `allowed` call per leaf gives the rows of its whole path."""
+    rows, done = None, np.zeros(tree.n + 1, dtype=bool)
+    has_kids = np.zeros(tree.n + 1, dtype=bool)
+    has_kids[tree.parents] = True
+    for leaf in np.flatnonzero(~has_kids):
+        nodes = (0, *tree.path_to(int(leaf)))
+        m, n_ok = constraint.allowed(tree.tokens[np.array(nodes[1:], dtype=np.int64) - 1])
+        if rows is None:
+            rows = np.ones((tree.n + 1, m.shape[1]), dtype=bool)
+        for i in range(n_ok + 1):  # nodes[i] is reachable: its row is the mask after its path
+            if not done[nodes[i]]:
+                rows[nodes[i]], done[nodes[i]] = m[i], True
+    return rows
+
+
+def token_logprobs(rows: np.ndarray, tokens: Sequence[int], n_top: int) -> list[TokenLogprob]:
+    """One TokenLogprob per token: log-softmax of its logits row (float64; the model's own distribution before any
+    sampling transform) at the token, and the n_top most likely ids (ties: lowest id first)."""
+    x = np.asarray(rows, dtype=np.float64)
+    m = x.max(axis=1, keepdims=True)
+    logz = m + np.log(np.exp(x - m).sum(axis=1, keepdims=True))
+    lp = x - logz  # [T, V]
+    out = []
+    for i, t in enumerate(tokens):
+        top: tuple[tuple[int, float], ...] = ()
+        if n_top > 0:
+            ids = np.argpartition(-lp[i], n_top - 1)[:n_top] if n_top < lp.shape[1] else np.arange(lp.shape[1])
+            ids = sorted((int(j) for j in ids), key=lambda j: (-lp[i, j], j))
+            top = tuple((j, float(lp[i, j])) for j in ids)
+        out.append(TokenLogprob(int(t), float(lp[i, int(t)]), top))
+    return out
