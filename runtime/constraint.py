@@ -214,6 +214,6 @@ def _llguidance():
         import llguidance
         import llguidance.gbnf_to_lark  # noqa: F401  (the GBNF converter is a submodule)
     except ImportError as e:
-        raise ImportError(f"{e}: constrained decoding needs llguidance: pip install 'specedge[grammar]' "
-                          "(or pip install llguidance)") from None
+        raise ImportError(f"{e}: constrained decoding needs llguidance: pip install llguidance "
+                          "(a dependency of specedge: reinstall it)") from None
     return llguidance
