@@ -2,7 +2,7 @@
 seam the steppers use to keep speculation lossless under it.
 
     Grammar spec (JsonSchema | JsonObject | Regex | Lark | Gbnf)  --GrammarCompiler.compile-->  Constraint
-    each round:  masks, n = constraint.allowed(draft)   # rows for positions 0..n; the draft ends at n
+    each round:  masks, n, forced = constraint.allowed(draft, k)  # the draft ends at n, + tokens the grammar forces
                  p rows = logits_to_probs(logits masked by the rows)   # the target's p, constrained
                  ... verify ...; constraint.commit(emitted)             # the matcher advances on committed tokens
 
@@ -74,10 +74,11 @@ GRAMMAR_TYPES = (JsonSchema, JsonObject, Regex, Lark, Gbnf)
 class Constraint(Protocol):
     """One call's constraint state over committed tokens."""
 
-    def allowed(self, draft: Tokens) -> tuple[np.ndarray, int]:
-        """(masks, n): n = how many leading draft tokens the constraint accepts; masks bool [n + 1, V], row j the
-        tokens allowed after the committed tokens and draft[:j]. The state is unchanged (the draft is consumed
-        tentatively and rolled back)."""
+    def allowed(self, draft: Tokens, room: int = 0) -> tuple[np.ndarray, int, Tokens]:
+        """(masks, n, forced): n = how many leading draft tokens the constraint accepts; forced = the tokens the
+        grammar forces after draft[:n] (fast-forward tokens, at most room - n), proposed as more draft; masks bool
+        [n + len(forced) + 1, V], row j the tokens allowed after the committed tokens and the first j of
+        draft[:n] + forced. The state is unchanged (consumed tentatively and rolled back)."""
         ...
 
     def commit(self, tokens: Sequence[int]) -> None:
@@ -162,26 +163,34 @@ class GrammarConstraint:
         self.eos_ids = np.asarray(eos_ids, dtype=np.int64)
         self.n_masks, self.mask_s = 0, 0.0  # masks computed and the time in `allowed` (perf/constrained.py)
 
-    def allowed(self, draft: Tokens) -> tuple[np.ndarray, int]:
+    def allowed(self, draft: Tokens, room: int = 0) -> tuple[np.ndarray, int, Tokens]:
         t0 = time.perf_counter()
         m = self.m
         toks = [int(t) for t in draft]
         n = m.validate_tokens(toks) if toks else 0
-        bits = np.zeros((n + 1, self.words), dtype=np.int32)
-        self._fill(bits[0])
-        for j in range(n):
-            if not m.consume_token(toks[j]):
+        for t in toks[:n]:
+            if not m.consume_token(t):
                 raise RuntimeError(f"the grammar matcher refused a token it had validated: {m.get_error()}")
-            self._fill(bits[j + 1])
+        forced = [int(t) for t in m.compute_ff_tokens()[:room - n]] if room > n and not m.is_stopped() else []
+        forced = forced[:m.validate_tokens(forced)] if forced else []
         if n and not m.rollback(n):
             raise RuntimeError(f"the grammar matcher could not roll back {n} tokens: {m.get_error()}")
-        self.n_masks += n + 1
+        path = toks[:n] + forced
+        bits = np.zeros((len(path) + 1, self.words), dtype=np.int32)
+        self._fill(bits[0])
+        for j, t in enumerate(path):
+            if not m.consume_token(t):
+                raise RuntimeError(f"the grammar matcher refused a token it had validated: {m.get_error()}")
+            self._fill(bits[j + 1])
+        if path and not m.rollback(len(path)):
+            raise RuntimeError(f"the grammar matcher could not roll back {len(path)} tokens: {m.get_error()}")
+        self.n_masks += len(path) + 1
         masks = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[:, :self.V].astype(bool)
         if masks[:, self.eos_ids].any():  # a finished grammar may end with any end-of-generation token
             rows = masks[:, self.eos_ids].any(axis=1)
             masks[np.ix_(rows, self.eos_ids)] = True
         self.mask_s += time.perf_counter() - t0
-        return masks, n
+        return masks, n, np.asarray(forced, dtype=np.int32)
 
     def commit(self, tokens: Sequence[int]) -> None:
         for t in tokens:

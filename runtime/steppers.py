@@ -135,12 +135,9 @@ class ChainStepper(_Speculative):
         draft = drafter.propose(context, k, params, rng) if (drafter is not None and k > 0) else EMPTY_DRAFT
         if policy is not None and draft.k:
             draft = draft.prefix(policy.choose(draft.kind, draft.k))
-        masks = None
+        masks, own = None, draft.k
         if self.constraint is not None:  # the draft ends at its first forbidden token; q rows are masked too
-            masks, n_ok = self.constraint.allowed(draft.tokens)
-            draft = draft.prefix(n_ok) if n_ok < draft.k else draft
-            if draft.q is not None:
-                draft = Draft(draft.tokens, mask_q(draft.q, masks[:-1]), draft.kind)
+            draft, masks, own = self._constrain(draft, k)
         t1 = time.perf_counter()
         base = seq.cache.length
         step_tokens = np.concatenate([context[-1:], draft.tokens]).astype(np.int32)
@@ -157,7 +154,7 @@ class ChainStepper(_Speculative):
         p = logits_to_probs(masked, params, history=np.concatenate([context, draft.tokens]))
         verdict = self.verifier.verify(draft, p, rng)
         if policy is not None:
-            policy.observe(draft.kind, draft.k, verdict.n_accepted, len(step_tokens), forward_s)
+            policy.observe(draft.kind, own, min(verdict.n_accepted, own), len(step_tokens), forward_s)
         seq.cache.rollback(base + 1 + verdict.n_accepted)  # [last, accepted...] are now committed in the cache
         emitted = [int(x) for x in draft.tokens[:verdict.n_accepted]] + [int(verdict.next_token)]
         seq.extend(emitted)
@@ -168,10 +165,28 @@ class ChainStepper(_Speculative):
         if drafter is not None:
             if self.taps:
                 drafter.observe_verify(tapped, np.asarray(emitted, dtype=np.int32))
-            drafter.accept(verdict.n_accepted, verdict.next_token)
+            drafter.accept(min(verdict.n_accepted, own), verdict.next_token)
         t2 = time.perf_counter()
         return emitted, StepStats(k=draft.k, n_accepted=verdict.n_accepted, draft_s=t1 - t0, verify_s=t2 - t1,
                                   forward_s=forward_s)
+
+
+    def _constrain(self, draft: Draft, k: int) -> tuple[Draft, np.ndarray, int]:
+        """The draft cut at its first forbidden token, then extended (speculative steps only) by the tokens the
+        grammar forces next, up to k: they are verified like any draft token (one-hot q rows, the 1.2 rule for a
+        model drafter's draft), so the output is unchanged. Returns (draft, masks, own): own = the drafter's own
+        tokens kept, what its `accept` and the draft-length policy learn from."""
+        extend = self.drafter is not None and not self.binds and not self.taps  # not into a shared target cache
+        masks, n_ok, forced = self.constraint.allowed(draft.tokens, k if extend else 0)
+        own = n_ok
+        q = None if draft.q is None else mask_q(draft.q[:own], masks[:own])
+        if len(forced):
+            if q is not None:
+                onehot = np.zeros((len(forced), q.shape[1]))
+                onehot[np.arange(len(forced)), forced] = 1.0
+                q = np.concatenate([q, onehot])
+            return Draft(np.concatenate([draft.tokens[:own], forced]).astype(np.int32), q, draft.kind), masks, own
+        return Draft(draft.tokens[:own], q, draft.kind), masks, own
 
 
 class TreeStepper(_Speculative):
@@ -234,7 +249,7 @@ def tree_masks(tree: TreeDraft, constraint: Constraint) -> np.ndarray:
     has_kids[tree.parents] = True
     for leaf in np.flatnonzero(~has_kids):
         nodes = (0, *tree.path_to(int(leaf)))
-        m, n_ok = constraint.allowed(tree.tokens[np.array(nodes[1:], dtype=np.int64) - 1])
+        m, n_ok, _ = constraint.allowed(tree.tokens[np.array(nodes[1:], dtype=np.int64) - 1])
         if rows is None:
             rows = np.ones((tree.n + 1, m.shape[1]), dtype=bool)
         for i in range(n_ok + 1):  # nodes[i] is reachable: its row is the mask after its path

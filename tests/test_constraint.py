@@ -169,10 +169,10 @@ def test_a_forbidden_draft_token_ends_the_draft_before_verification(tiny):
     target, _, tok, grammars = tiny
     c = grammars.compile(Regex("abc"))
     a, b = tok.encode("a")[0], tok.encode("b")[0]
-    masks, n = c.allowed(np.array([a, a, b], dtype=np.int32))
+    masks, n, _ = c.allowed(np.array([a, a, b], dtype=np.int32))
     assert n == 1 and masks.shape == (2, target.config.vocab_size)
     assert masks[0, a] and not masks[0, b] and masks[1, b] and not masks[1, a]
-    masks2, n2 = c.allowed(np.array([a], dtype=np.int32))  # the tentative tokens were rolled back
+    masks2, n2, _ = c.allowed(np.array([a], dtype=np.int32))  # the tentative tokens were rolled back
     assert n2 == 1 and np.array_equal(masks2, masks)
 
 
@@ -184,8 +184,9 @@ def test_mask_q_renormalises_over_allowed_tokens():
 
 
 class DfaConstraint:
-    """A constraint on a 5-token Markov vocabulary, written by hand: token 4 never follows token 3, and token 0 is
-    forbidden at even positions. Exercises the seam with exactly known masks."""
+    """A constraint on a 5-token Markov vocabulary, written by hand: token 4 never follows token 3, token 0 is
+    forbidden at even positions, and token 2 forces token 1 next (a fast-forward token the stepper drafts).
+    Exercises the seam with exactly known masks."""
 
     def __init__(self, V=5):
         self.V, self.hist = V, []
@@ -196,9 +197,12 @@ class DfaConstraint:
             m[4] = False
         if len(hist) % 2 == 0:
             m[0] = False
+        if hist and hist[-1] == 2:
+            m[:] = False
+            m[1] = True
         return m
 
-    def allowed(self, draft):
+    def allowed(self, draft, room=0):
         rows, h = [self._mask(self.hist)], list(self.hist)
         n = 0
         for t in draft:
@@ -207,7 +211,12 @@ class DfaConstraint:
             h.append(int(t))
             rows.append(self._mask(h))
             n += 1
-        return np.array(rows), n
+        forced = []
+        while len(forced) < room - n and h and h[-1] == 2:
+            forced.append(1)
+            h.append(1)
+            rows.append(self._mask(h))
+        return np.array(rows), n, np.array(forced, np.int32)
 
     def commit(self, tokens):
         self.hist.extend(int(t) for t in tokens)
@@ -237,7 +246,7 @@ def test_constrained_sampling_preserves_the_constrained_distribution(params, dra
     V, n, trials = 5, 3, 12000
     P, Q = random_markov_table(V, seed=3, scale=1.0), random_markov_table(V, seed=4, scale=1.0)
     target = MarkovBackend(P)
-    prompt = np.array([0, 1, 0, 3, 4], dtype=np.int32)
+    prompt = np.array([0, 1, 0, 3, 2], dtype=np.int32)  # ends at 2: the first token is forced
     rng, counts = np.random.default_rng(321), Counter()
     for _ in range(trials):
         drafter = ModelDrafter(MarkovBackend(Q)) if drafter_kind == "model" else NgramDrafter()
