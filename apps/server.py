@@ -155,6 +155,9 @@ class Server:
         named = body.get("model")
         if named is not None and not isinstance(named, str):
             raise proto.invalid(f"model must be a string, got {named!r}", "model")
+        if named is None and len(self.models.ids) > 1:
+            raise proto.invalid(f"model is required: this server has several models ({', '.join(self.models.ids)}; "
+                                "GET /v1/models)", "model")
         try:
             model_id = self.models.resolve(named)
         except ModelNotFound as e:
