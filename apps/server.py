@@ -163,6 +163,7 @@ class Server:
         except ModelNotFound as e:
             raise APIError(404, e.args[0], param="model", code="model_not_found") from None
         request.state.model = model_id
+        t0 = time.perf_counter()
         try:
             lease = await asyncio.to_thread(self.models.lease, model_id)
         except PoolFull as e:
@@ -171,6 +172,7 @@ class Server:
         except (ValueError, FileNotFoundError, ImportError, RuntimeError) as e:
             raise APIError(500, f"loading model {model_id!r} failed: {e}", type="server_error",
                            code="model_load_failed") from None
+        lease.t0 = t0  # the request's latency includes a load on first use
         request.state.lease = lease
         return lease
 
