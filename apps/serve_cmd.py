@@ -1,4 +1,5 @@
-"""`specedge serve MODEL`: an OpenAI-compatible HTTP server (apps/server.py) over one specedge.Engine.
+"""`specedge serve MODEL [MODEL...]`: an OpenAI-compatible HTTP server (apps/server.py) over specedge.Engines (a
+ModelPool, apps/model_pool.py: several models load on first use, least recently used evicted beyond --max-memory).
 
 Binds 127.0.0.1 by default. Any other address needs --api-key (or SPECEDGE_API_KEY) or an explicit
 --allow-remote, so that a model is never exposed to the network without the user asking for it.
