@@ -1,6 +1,6 @@
 """Several models behind one server: ids -> loaders, loaded on first use, evicted least-recently-used.
 
-    lease(id) ──> loaded? ── yes ─> use count + 1, most recently used ─> Lease (engine) ── release() ─> use count - 1
+    lease(id) ─> loaded? ─ yes ─> uses + 1, most recently used ─> Lease(engine) ─ release() ─> uses - 1
                     │ no
                     └─> evict idle engines, least recently used first, until the estimate fits max_bytes
                         (none fits: PoolFull) ─> load (outside the lock; others wait for this id only) ─> Lease

@@ -83,8 +83,8 @@ class PromMetrics:
     def __init__(self, pool) -> None:
         self.registry = r = CollectorRegistry()
         m = ["model"]
-        self.requests = Counter("specedge_requests", "HTTP requests by route and outcome", ["model", "route", "outcome"],
-                                registry=r)
+        self.requests = Counter("specedge_requests", "HTTP requests by route and outcome",
+                                ["model", "route", "outcome"], registry=r)
         self.prompt_tokens = Counter("specedge_prompt_tokens", "Prompt tokens of finished calls", m, registry=r)
         self.generated_tokens = Counter("specedge_generated_tokens",
                                         "Completion tokens of finished calls (usage.completion_tokens)", m, registry=r)
