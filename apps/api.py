@@ -108,6 +108,11 @@ class Engine:
     def context_length(self) -> int:
         return self.session.capacity
 
+    @property
+    def busy(self) -> bool:
+        """A call (or set_drafter / reset) holds the engine now."""
+        return self._lock.locked()
+
     def render_chat(self, messages: Sequence[dict]) -> str:
         """The model's chat template over messages ([{"role", "content"}]), with the generation prompt."""
         return self.tokenizer.apply_chat_template(messages)

@@ -259,9 +259,11 @@ class Shape:
         return {**self._head(obj), "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
 
 
-def models_list(model_id: str, created: int) -> dict:
-    return {"object": "list", "data": [model_card(model_id, created)]}
+def models_list(cards: list[dict]) -> dict:
+    return {"object": "list", "data": cards}
 
 
-def model_card(model_id: str, created: int) -> dict:
-    return {"id": model_id, "object": "model", "created": created, "owned_by": "specedge"}
+def model_card(model_id: str, created: int, specedge: dict | None = None) -> dict:
+    """OpenAI's model object; `specedge` (non-standard) carries the server's view of it (loaded, bytes)."""
+    card = {"id": model_id, "object": "model", "created": created, "owned_by": "specedge"}
+    return card if specedge is None else {**card, "specedge": specedge}

@@ -1,4 +1,5 @@
-"""`specedge serve MODEL`: an OpenAI-compatible HTTP server (apps/server.py) over one specedge.Engine.
+"""`specedge serve MODEL [MODEL...]`: an OpenAI-compatible HTTP server (apps/server.py) over specedge.Engines (a
+ModelPool, apps/model_pool.py: several models load on first use, least recently used evicted beyond --max-memory).
 
 Binds 127.0.0.1 by default. Any other address needs --api-key (or SPECEDGE_API_KEY) or an explicit
 --allow-remote, so that a model is never exposed to the network without the user asking for it.
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from ..models.manifest import MANIFEST
 from ..runtime.backends import BackendKind
 from ..runtime.backends.onnx_providers import DEVICE_CHOICES
 from ..runtime.verify import VerifierKind
@@ -66,8 +68,53 @@ class ServerThread:
         self.thread.join(timeout=30)
 
 
+def model_sources(models: tuple[str, ...], models_dir: Path | None) -> list[str]:
+    """The models to serve: those named, then each *.gguf file and exported artifact directory in models_dir."""
+    found = list(models)
+    if models_dir is not None:
+        if not models_dir.is_dir():
+            raise click.UsageError(f"--models-dir {models_dir}: not a directory")
+        found += [str(p) for p in sorted(models_dir.iterdir())
+                  if (p.is_file() and p.suffix == ".gguf") or (p.is_dir() and (p / MANIFEST).is_file())]
+    if not found:
+        raise click.UsageError("give a MODEL, or --models-dir DIR holding .gguf files or exported artifacts")
+    return found
+
+
+def estimate_bytes(model: str, cache_dir: Path | None) -> int:
+    """A model's weight bytes on disk before loading (0 when it is not on disk yet: a catalogue model to pull)."""
+    from ..models.catalog import model_cache_dir, resolve_model
+    from .model_pool import disk_bytes
+    p = Path(model)
+    if p.exists():
+        return disk_bytes(p)
+    if (model_cache_dir(cache_dir) / model / MANIFEST).is_file():
+        return disk_bytes(model_cache_dir(cache_dir) / model)
+    try:
+        return disk_bytes(resolve_model(model, cache_dir, pull_if_missing=False))
+    except Exception:  # noqa: BLE001 - any lookup failure means "unknown yet"; loading reports the real error
+        return 0
+
+
+def parse_max_memory(ctx, param, value: str | None) -> int | None:
+    from .model_pool import parse_bytes
+    if value is None:
+        return None
+    try:
+        return parse_bytes(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
 @click.command("serve")
-@click.argument("model")
+@click.argument("models", nargs=-1)
+@click.option("--models-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Also serve each *.gguf file and exported artifact directory in DIR (id: its file/dir name).")
+@click.option("--max-memory", callback=parse_max_memory, default=None,
+              help="Weight bytes the loaded models may take (e.g. 2GB, 1.5GiB); loading another evicts the least "
+                   "recently used idle ones. Default: no limit.")
+@click.option("--cors-origin", "cors_origins", multiple=True,
+              help="Let browser pages from ORIGIN call the server (repeatable; '*' for any). Default: no CORS.")
 @click.option("--backend", type=click.Choice([k.value for k in BackendKind]), default=None,
               help="Default: the plan's (else the engine the model names).")
 @click.option("--drafter", default=None, help="As in `specedge generate --drafter` (default: the plan's, else ngram).")
@@ -92,32 +139,51 @@ class ServerThread:
               help="Requests that may wait while one runs; more get 429.")
 @click.option("--max-request-bytes", type=click.IntRange(1024, None), default=1 << 20, show_default=True,
               help="Largest request body; larger gets 413.")
-@click.option("--model-id", default=None, help="Model id reported by /v1/models (default: from MODEL).")
+@click.option("--model-id", default=None,
+              help="Model id reported by /v1/models (one MODEL only; default: from MODEL).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
 def serve_cmd(**o) -> None:
-    """Serve MODEL over an OpenAI-compatible HTTP API (/v1/models, /v1/completions, /v1/chat/completions)."""
+    """Serve MODEL(s) over an OpenAI-compatible HTTP API (/v1/models, /v1/completions, /v1/chat/completions).
+
+    With several models, requests choose one by `model`; they load on first use (the first at start)."""
     check_bind(o["host"], o["api_key"], o["allow_remote"])
+    sources = model_sources(o["models"], o["models_dir"])
+    if o["model_id"] and len(sources) > 1:
+        raise click.UsageError("--model-id names a single model; with several, each is known by its file name")
     try:
         import uvicorn
 
         from .api import Engine
-        from .server import ServerConfig, create_app, model_id_for
+        from .model_pool import ModelPool, PoolEntry, format_bytes
+        from .server import ServerConfig, create_app, engine_bytes, model_id_for
     except ImportError as e:
         raise click.ClickException(f"{e}: install the server extra, pip install 'specedge[serve]'") from None
+    log = lambda m: click.echo(m, err=True)  # noqa: E731
+
+    def loader(model: str, model_id: str):
+        def load() -> Engine:
+            engine = Engine(model, backend=o["backend"], drafter=o["drafter"], k=o["k"], adaptive_k=o["adaptive_k"],
+                            verifier=o["verifier"], ctx=o["ctx"], threads=o["threads"], device=o["device"],
+                            cache_dir=o["cache_dir"], log=log, plan=not o["no_plan"])
+            if engine.plan is not None:
+                log(f"plan ({model_id}): {engine.plan.summary()}")
+            log(f"model {model_id}: {engine.backend_kind}, drafter {engine.drafter_name}, ctx {engine.context_length}")
+            return engine
+        return load
+
+    ids = [o["model_id"] or model_id_for(m) for m in sources]
     try:
-        engine = Engine(o["model"], backend=o["backend"], drafter=o["drafter"], k=o["k"],
-                        adaptive_k=o["adaptive_k"], verifier=o["verifier"], ctx=o["ctx"], threads=o["threads"],
-                        device=o["device"], cache_dir=o["cache_dir"], log=lambda m: click.echo(m, err=True),
-                        plan=not o["no_plan"])
+        pool = ModelPool([PoolEntry(i, loader(m, i), estimate_bytes(m, o["cache_dir"])) for m, i in zip(sources, ids)],
+                         max_bytes=o["max_memory"], weigh=engine_bytes, log=log)
+        pool.lease(ids[0]).release()  # the first model at start: its errors surface now
     except (ValueError, FileNotFoundError, ImportError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
-    config = ServerConfig(model_id=o["model_id"] or model_id_for(o["model"]), api_key=o["api_key"] or None,
-                          max_queue=o["max_queue"], max_request_bytes=o["max_request_bytes"])
-    if engine.plan is not None:
-        click.echo(f"plan: {engine.plan.summary()}", err=True)
-    click.echo(f"specedge serve: {config.model_id} ({engine.backend_kind}, drafter {engine.drafter_name}, ctx "
-               f"{engine.context_length}) on http://{o['host']}:{o['port']}/v1 - max queue {config.max_queue}, "
-               f"API key {'required' if config.api_key else 'not required'}", err=True)
-    uvicorn.run(create_app(engine, config), host=o["host"], port=o["port"], log_level=o["log_level"],
+    config = ServerConfig(api_key=o["api_key"] or None, max_queue=o["max_queue"],
+                          max_request_bytes=o["max_request_bytes"], cors_origins=tuple(o["cors_origins"]))
+    memory = f"max memory {format_bytes(o['max_memory'])}" if o["max_memory"] else "no memory limit"
+    log(f"specedge serve: {', '.join(ids)} on http://{o['host']}:{o['port']}/v1 - max queue {config.max_queue}, "
+        f"API key {'required' if config.api_key else 'not required'}, {memory}"
+        + (f", CORS {' '.join(config.cors_origins)}" if config.cors_origins else ""))
+    uvicorn.run(create_app(pool, config), host=o["host"], port=o["port"], log_level=o["log_level"],
                 timeout_graceful_shutdown=5)

@@ -1,4 +1,4 @@
-"""The ASGI app behind `specedge serve`: OpenAI-compatible routes over one specedge.Engine.
+"""The ASGI app behind `specedge serve`: OpenAI-compatible routes over specedge.Engines (one per model).
 
     client ──HTTP──> auth (401) ─> body limit (413) ─> JSON + fields (400) ─> admission (429) ─> worker thread
                                                                                                │ Engine.stream
@@ -9,6 +9,9 @@ The Engine decodes one call at a time (one lock, one KV cache). Admission bounds
 request never waits for a thread) and blocks on the Engine's lock until its turn. Every call carries a
 threading.Event: a client that disconnects (seen as http.disconnect, for streamed and plain responses alike)
 sets it and the Engine stops at its next token, which frees the lock for the next request.
+
+Models: a ModelPool (apps/model_pool.py) maps ids to engines, loads them on first use and evicts idle ones
+least-recently-used beyond --max-memory; a call holds a Lease on its engine from the route until it finishes.
 """
 from __future__ import annotations
 
@@ -18,28 +21,33 @@ import hmac
 import json
 import threading
 import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from . import openai_protocol as proto
 from .api import Engine
+from .model_pool import Lease, ModelNotFound, ModelPool, PoolFull, disk_bytes
 from .openai_protocol import APIError, GenRequest, Shape
+from .server_metrics import CONTENT_TYPE, Metrics, PromMetrics
+from .tokenize_protocol import parse_detokenize, parse_tokenize
 
 
 @dataclass(frozen=True)
 class ServerConfig:
-    model_id: str  # the id /v1/models lists and responses carry; requests may name any model (one is loaded)
+    model_id: str = ""  # the id of a single Engine given to create_app (a ModelPool names its own models)
     api_key: str | None = None
-    max_queue: int = 8  # requests waiting for the engine; one more runs
+    max_queue: int = 8  # requests waiting for an engine; one more runs
     max_request_bytes: int = 1 << 20
+    cors_origins: tuple[str, ...] = ()  # origins browsers may call from ("*": any); none: no CORS headers
 
 
 def model_id_for(model: str) -> str:
@@ -48,34 +56,9 @@ def model_id_for(model: str) -> str:
     return p.name if (p.suffix == ".gguf" or len(p.parts) > 1) else model
 
 
-@dataclass
-class Metrics:
-    """Counters served at GET /specedge/metrics; `recent` holds the last calls' finish records."""
-    requests: int = 0
-    completed: int = 0
-    cancelled: int = 0
-    rejected: int = 0
-    client_errors: int = 0
-    generated_tokens: int = 0
-    running: int = 0
-    recent: deque = field(default_factory=lambda: deque(maxlen=64))
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def record(self, req: GenRequest, stats: dict) -> None:
-        with self.lock:
-            self.generated_tokens += int(stats.get("n_generated", 0))
-            cancelled = stats.get("finish_reason") == "cancelled"
-            self.cancelled += cancelled
-            self.completed += not cancelled
-            self.recent.append({"finish_reason": stats.get("finish_reason"), "max_tokens": req.options.max_tokens,
-                                "n_generated": stats.get("n_generated", 0), "stream": req.stream,
-                                "wall_s": stats.get("wall_s")})
-
-    def to_dict(self) -> dict:
-        with self.lock:
-            return {"requests": self.requests, "completed": self.completed, "cancelled": self.cancelled,
-                    "rejected": self.rejected, "client_errors": self.client_errors,
-                    "generated_tokens": self.generated_tokens, "running": self.running, "recent": list(self.recent)}
+def engine_bytes(engine: Engine) -> int:
+    """An engine's weight bytes: its target's files on disk, or its backend's weight_bytes() when larger."""
+    return max(disk_bytes(Path(engine.model.path)), int(engine.model.backend.weight_bytes()))
 
 
 class Admission:
@@ -104,22 +87,31 @@ class Outcome:
 
 
 class Server:
-    """Routes and state for one Engine. `app` is the Starlette application."""
+    """Routes and state for a ModelPool of Engines (or one Engine). `app` is the Starlette application."""
 
-    def __init__(self, engine: Engine, config: ServerConfig) -> None:
-        self.engine, self.config, self.created = engine, config, int(time.time())
+    def __init__(self, models: Engine | ModelPool, config: ServerConfig) -> None:
+        if not isinstance(models, ModelPool):
+            models = ModelPool.single(models, config.model_id or models.name, weigh=engine_bytes)
+        self.models, self.config, self.created = models, config, int(time.time())
         self.admission = Admission(config.max_queue + 1)
         self.pool = ThreadPoolExecutor(max_workers=config.max_queue + 1, thread_name_prefix="specedge-gen")
         self.metrics = Metrics()
+        self.prom = PromMetrics(models)
         self.active: set[threading.Event] = set()
-        routes = [Route("/v1/models", self.models, methods=["GET"]),
+        routes = [Route("/v1/models", self.list_models, methods=["GET"]),
                   Route("/v1/models/{model_id:path}", self.model, methods=["GET"]),
                   Route("/v1/completions", self.completions, methods=["POST"]),
                   Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+                  Route("/tokenize", self.tokenize, methods=["POST"]),
+                  Route("/detokenize", self.detokenize, methods=["POST"]),
                   Route("/specedge/metrics", self.metrics_route, methods=["GET"]),
+                  Route("/metrics", self.prometheus, methods=["GET"]),
                   Route("/health", self.health, methods=["GET"])]
+        self._paths = {r.path for r in routes}
         handlers = {APIError: self._api_error, HTTPException: self._http_error, Exception: self._crash}
-        self.app = Starlette(routes=routes, exception_handlers=handlers, lifespan=self._lifespan)
+        cors = [Middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])] if config.cors_origins else []
+        self.app = Starlette(routes=routes, exception_handlers=handlers, lifespan=self._lifespan, middleware=cors)
 
     # ---- plumbing ---------------------------------------------------------------------------------------------
 
@@ -134,17 +126,64 @@ class Server:
         with self.metrics.lock:
             self.metrics.client_errors += e.status < 500 and e.status != 429
             self.metrics.rejected += e.status == 429
+        lease = getattr(request.state, "lease", None)
+        if lease is None or not lease.handed_off:  # a call that ran is counted when it finishes
+            outcome = "rejected" if e.status == 429 else "client_error" if e.status < 500 else "server_error"
+            self.prom.request(getattr(request.state, "model", ""), self._route(request), outcome)
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
+    def _route(self, request: Request) -> str:
+        """The route's path for metric labels (one label for every /v1/models/{id}, "other" for unknown paths)."""
+        path = request.url.path
+        return path if path in self._paths else "/v1/models/{model_id}" if path.startswith("/v1/models/") \
+            else "other"
+
     async def _http_error(self, request: Request, e: HTTPException) -> JSONResponse:
-        msg = {404: f"no route {request.method} {request.url.path}: the server has /v1/models, /v1/completions "
-                    "and /v1/chat/completions",
+        msg = {404: f"no route {request.method} {request.url.path}: the server has /v1/models, /v1/completions, "
+                    "/v1/chat/completions, /tokenize, /detokenize, /metrics and /health",
                405: f"{request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
         return await self._api_error(request, APIError(e.status_code, msg, code=str(e.status_code)))
 
     async def _crash(self, request: Request, e: Exception) -> JSONResponse:
         err = APIError(500, f"internal error: {type(e).__name__}: {e}", type="server_error")
+        self.prom.request(getattr(request.state, "model", ""), self._route(request), "server_error")
         return JSONResponse(err.body(), status_code=500)
+
+    async def _lease(self, request: Request, body: dict) -> Lease:
+        """The engine of the body's `model` (loaded if needed); the caller releases the lease (the call's end
+        releases it once the lease is handed_off)."""
+        named = body.get("model")
+        if named is not None and not isinstance(named, str):
+            raise proto.invalid(f"model must be a string, got {named!r}", "model")
+        if named is None and len(self.models.ids) > 1:
+            raise proto.invalid(f"model is required: this server has several models ({', '.join(self.models.ids)}; "
+                                "GET /v1/models)", "model")
+        try:
+            model_id = self.models.resolve(named)
+        except ModelNotFound as e:
+            raise APIError(404, e.args[0], param="model", code="model_not_found") from None
+        request.state.model = model_id
+        t0 = time.perf_counter()
+        try:
+            lease = await asyncio.to_thread(self.models.lease, model_id)
+        except PoolFull as e:
+            raise APIError(503, str(e), type="server_error", code="model_pool_full",
+                           headers={"Retry-After": "1"} if e.busy else None) from None
+        except (ValueError, FileNotFoundError, ImportError, RuntimeError) as e:
+            raise APIError(500, f"loading model {model_id!r} failed: {e}", type="server_error",
+                           code="model_load_failed") from None
+        lease.t0 = t0  # the request's latency includes a load on first use
+        request.state.lease = lease
+        return lease
+
+    async def _leased_generate(self, request: Request, body: dict, build):
+        """Lease the body's model, build the GenRequest with its engine (`await build(engine)`), generate."""
+        lease = await self._lease(request, body)
+        try:
+            return await self._generate(request, await build(lease.engine), lease)
+        finally:
+            if not lease.handed_off:
+                lease.release()
 
     def _authorize(self, request: Request) -> None:
         key = self.config.api_key
@@ -184,19 +223,48 @@ class Server:
     # ---- routes -----------------------------------------------------------------------------------------------
 
     async def health(self, request: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "ok", "models": {s.id: {"loaded": s.loaded} for s in self.models.state()}})
 
-    async def models(self, request: Request) -> JSONResponse:
+    def _card(self, state) -> dict:
+        return proto.model_card(state.id, self.created, {"loaded": state.loaded, "bytes": state.bytes})
+
+    async def list_models(self, request: Request) -> JSONResponse:
         self._authorize(request)
-        return JSONResponse(proto.models_list(self.config.model_id, self.created))
+        return JSONResponse(proto.models_list([self._card(s) for s in self.models.state()]))
 
     async def model(self, request: Request) -> JSONResponse:
         self._authorize(request)
         name = request.path_params["model_id"]
-        if name != self.config.model_id:
-            raise APIError(404, f"model {name!r} is not served here: this server has {self.config.model_id!r} "
-                           "(GET /v1/models)", param="model", code="model_not_found")
-        return JSONResponse(proto.model_card(name, self.created))
+        found = [s for s in self.models.state() if s.id == name]
+        if not found:
+            served = ", ".join(repr(i) for i in self.models.ids)
+            raise APIError(404, f"model {name!r} is not served here: this server has {served} (GET /v1/models)",
+                           param="model", code="model_not_found")
+        return JSONResponse(self._card(found[0]))
+
+    async def prometheus(self, request: Request) -> Response:
+        self._authorize(request)
+        return Response(self.prom.render(), media_type=CONTENT_TYPE)
+
+    async def tokenize(self, request: Request) -> JSONResponse:
+        self._authorize(request)
+        body = await self._json(request)
+        content, add_special = parse_tokenize(body)
+        with await self._lease(request, body) as lease:
+            ids = await asyncio.to_thread(lease.engine.tokenizer.encode, content,
+                                          add_bos=None if add_special else False)
+        self.prom.request(lease.model_id, "/tokenize", "completed")
+        return JSONResponse({"tokens": [int(t) for t in ids]})
+
+    async def detokenize(self, request: Request) -> JSONResponse:
+        self._authorize(request)
+        body = await self._json(request)
+        with await self._lease(request, body) as lease:
+            tokenizer = lease.engine.tokenizer
+            ids = parse_detokenize(body, tokenizer.vocab_size)
+            text = await asyncio.to_thread(tokenizer.decode, ids)
+        self.prom.request(lease.model_id, "/detokenize", "completed")
+        return JSONResponse({"content": text})
 
     async def metrics_route(self, request: Request) -> JSONResponse:
         self._authorize(request)
@@ -206,22 +274,28 @@ class Server:
     async def completions(self, request: Request):
         self._authorize(request)
         body = await self._json(request)
-        req = proto.parse_completion(body, vocab_size=self.engine.model.backend.config.vocab_size)
-        return await self._generate(request, req)
+
+        async def build(engine: Engine) -> GenRequest:
+            return proto.parse_completion(body, vocab_size=engine.model.backend.config.vocab_size)
+        return await self._leased_generate(request, body, build)
 
     async def chat_completions(self, request: Request):
         self._authorize(request)
         body = await self._json(request)
         messages = proto.chat_messages(body)
-        try:
-            rendered = await asyncio.to_thread(self.engine.render_chat, messages)
-        except ValueError as e:
-            raise proto.invalid(f"{e}: check the roles and order of messages", "messages") from None
-        return await self._generate(request, proto.parse_chat(body, rendered))
+
+        async def build(engine: Engine) -> GenRequest:
+            try:
+                rendered = await asyncio.to_thread(engine.render_chat, messages)
+            except ValueError as e:
+                raise proto.invalid(f"{e}: check the roles and order of messages", "messages") from None
+            return proto.parse_chat(body, rendered)
+        return await self._leased_generate(request, body, build)
 
     # ---- generation -------------------------------------------------------------------------------------------
 
-    async def _generate(self, request: Request, req: GenRequest):
+    async def _generate(self, request: Request, req: GenRequest, lease: Lease):
+        engine, model_id = lease.engine, lease.model_id
         with self.metrics.lock:
             self.metrics.requests += 1
         if not self.admission.try_acquire():
@@ -231,8 +305,8 @@ class Server:
         cancel, stats = threading.Event(), {}
         try:
             options = asdict(req.options)
-            chunks = await asyncio.to_thread(lambda: self.engine.stream(req.prompt, cancel=cancel, stats=stats,
-                                                                        **options))
+            chunks = await asyncio.to_thread(lambda: engine.stream(req.prompt, cancel=cancel, stats=stats,
+                                                                   **options))
         except ValueError as e:
             self.admission.release()
             raise proto.engine_error(e) from None
@@ -240,10 +314,11 @@ class Server:
             self.admission.release()
             raise
         self.active.add(cancel)
-        shape = Shape.new(self.config.model_id, req.chat)
+        shape = Shape.new(model_id, req.chat)
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
         work = loop.run_in_executor(self.pool, self._work, chunks, cancel, loop, queue, req.stream)
-        work.add_done_callback(lambda _: self._finished(req, cancel, stats))
+        lease.handed_off = True  # from here the call's end releases the lease
+        work.add_done_callback(lambda w: self._finished(req, cancel, stats, lease, w))
         if req.stream:
             return SSEResponse(self._events(shape, req, queue, stats), cancel)
         watcher = asyncio.ensure_future(_watch_disconnect(request.receive, cancel))
@@ -256,11 +331,19 @@ class Server:
         return JSONResponse(shape.completion(outcome.text, outcome.reason, stats["prompt_tokens"],
                                              outcome.completion_tokens, stats))
 
-    def _finished(self, req: GenRequest, cancel: threading.Event, stats: dict) -> None:
+    def _finished(self, req: GenRequest, cancel: threading.Event, stats: dict, lease: Lease, work) -> None:
         self.active.discard(cancel)
         self.admission.release()
+        lease.release()
+        outcome = None if work.cancelled() or work.exception() is not None else work.result()
         if stats:
-            self.metrics.record(req, stats)
+            self.metrics.record(req, stats, lease.model_id)
+        route = "/v1/chat/completions" if req.chat else "/v1/completions"
+        if outcome is None or outcome.reason == "error":
+            self.prom.request(lease.model_id, route, "server_error")
+        elif stats:
+            self.prom.finished(lease.model_id, route, stats, outcome.completion_tokens,
+                               time.perf_counter() - lease.t0)
 
     def _work(self, chunks, cancel: threading.Event, loop, queue: asyncio.Queue, stream: bool) -> Outcome:
         """Worker thread: drive Engine.stream (blocks on the engine's lock until this call's turn); streamed
@@ -361,8 +444,9 @@ def _sse(obj: dict) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
-def create_app(engine: Engine, config: ServerConfig) -> Starlette:
-    """The Starlette app serving `engine`; `app.state.server` is the Server (metrics, admission)."""
-    server = Server(engine, config)
+def create_app(models: Engine | ModelPool, config: ServerConfig) -> Starlette:
+    """The Starlette app serving an Engine (as config.model_id) or a ModelPool; `app.state.server` is the Server
+    (metrics, admission, models)."""
+    server = Server(models, config)
     server.app.state.server = server
     return server.app

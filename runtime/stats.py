@@ -100,6 +100,7 @@ class DecodeStats:
             "mean_accepted_length": float(self.mean_accepted_length), "acceptance_rate": float(self.acceptance_rate),
             "accepted_hist": [int(v) for v in self.accepted_hist],
             "acceptance_by_position": [float(v) for v in self.acceptance_by_position],
+            "proposed_at": [int(v) for v in self.proposed_at], "accepted_at": [int(v) for v in self.accepted_at],
             "n_prefilled": self.n_prefilled, "prefill_s": float(self.prefill_s), "decode_s": float(self.decode_s),
             "draft_s": float(self.draft_s),
             "verify_s": float(self.verify_s), "forward_s": float(self.forward_s),

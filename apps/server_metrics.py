@@ -1,0 +1,136 @@
+"""Metrics for `specedge serve`: the JSON counters of GET /specedge/metrics, and Prometheus's GET /metrics (one
+CollectorRegistry per Server, so that several servers live in one process).
+
+Every series carries a `model` label (the served id; "" for a request refused before its model was known).
+Counters and histograms are fed once per finished call from the call's statistics (apps/api.py fills them from
+runtime/stats.py DecodeStats.to_dict); the gauges (waiting, running, loaded, bytes) are read from the model pool
+at scrape time. Names are listed in docs/server.md.
+"""
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300)
+TAU_BUCKETS = (1, 1.25, 1.5, 1.75, 2, 2.5, 3, 3.5, 4, 5, 6, 8, 12, 17)
+TPS_BUCKETS = (1, 2, 5, 10, 20, 35, 50, 75, 100, 150, 200, 300, 500, 1000)
+
+
+@dataclass
+class Metrics:
+    """Counters served at GET /specedge/metrics; `recent` holds the last calls' finish records."""
+    requests: int = 0
+    completed: int = 0
+    cancelled: int = 0
+    rejected: int = 0
+    client_errors: int = 0
+    generated_tokens: int = 0
+    running: int = 0
+    recent: deque = field(default_factory=lambda: deque(maxlen=64))
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, req, stats: dict, model: str = "") -> None:
+        with self.lock:
+            self.generated_tokens += int(stats.get("n_generated", 0))
+            cancelled = stats.get("finish_reason") == "cancelled"
+            self.cancelled += cancelled
+            self.completed += not cancelled
+            self.recent.append({"model": model, "finish_reason": stats.get("finish_reason"),
+                                "max_tokens": req.options.max_tokens,
+                                "n_generated": stats.get("n_generated", 0), "stream": req.stream,
+                                "wall_s": stats.get("wall_s")})
+
+    def to_dict(self) -> dict:
+        with self.lock:
+            return {"requests": self.requests, "completed": self.completed, "cancelled": self.cancelled,
+                    "rejected": self.rejected, "client_errors": self.client_errors,
+                    "generated_tokens": self.generated_tokens, "running": self.running, "recent": list(self.recent)}
+
+
+
+class PoolGauges:
+    """Scrape-time gauges over a ModelPool: calls waiting and running per model, loaded state and bytes."""
+
+    def __init__(self, pool) -> None:
+        self.pool = pool
+
+    def collect(self):
+        waiting = GaugeMetricFamily("specedge_requests_waiting", "Calls admitted and waiting for the model's engine",
+                                    labels=["model"])
+        running = GaugeMetricFamily("specedge_requests_running", "Calls decoding on the model's engine",
+                                    labels=["model"])
+        loaded = GaugeMetricFamily("specedge_model_loaded", "1 when the model is loaded", labels=["model"])
+        size = GaugeMetricFamily("specedge_model_bytes", "Weight bytes accounted for the model (--max-memory)",
+                                 labels=["model"])
+        for s in self.pool.state():
+            engine = self.pool.engine_if_loaded(s.id)
+            busy = int(bool(engine is not None and getattr(engine, "busy", False)))
+            running.add_metric([s.id], busy)
+            waiting.add_metric([s.id], max(0, s.in_use - busy))
+            loaded.add_metric([s.id], int(s.loaded))
+            size.add_metric([s.id], s.bytes)
+        yield from (waiting, running, loaded, size)
+
+
+class PromMetrics:
+    """The per-Server registry and its series."""
+
+    def __init__(self, pool) -> None:
+        self.registry = r = CollectorRegistry()
+        m = ["model"]
+        self.requests = Counter("specedge_requests", "HTTP requests by route and outcome",
+                                ["model", "route", "outcome"], registry=r)
+        self.prompt_tokens = Counter("specedge_prompt_tokens", "Prompt tokens of finished calls", m, registry=r)
+        self.generated_tokens = Counter("specedge_generated_tokens",
+                                        "Completion tokens of finished calls (usage.completion_tokens)", m, registry=r)
+        self.drafted = Counter("specedge_drafted_tokens", "Draft tokens proposed to the verifier", m, registry=r)
+        self.accepted = Counter("specedge_accepted_tokens", "Draft tokens the verifier accepted", m, registry=r)
+        self.position_proposed = Counter("specedge_draft_position_proposed",
+                                         "Rounds that proposed a draft token at this position (0-based)",
+                                         ["model", "position"], registry=r)
+        self.position_accepted = Counter("specedge_draft_position_accepted",
+                                         "Rounds whose draft token at this position (0-based) was accepted",
+                                         ["model", "position"], registry=r)
+        self.tau = Histogram("specedge_tau", "Mean accepted length per call (tokens per target forward)", m,
+                             buckets=TAU_BUCKETS, registry=r)
+        self.latency = Histogram("specedge_request_duration_seconds",
+                                 "Seconds from the request's arrival to its last token (queueing included)", m,
+                                 buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram("specedge_time_to_first_token_seconds",
+                              "Seconds from the request's arrival to its first token (queueing included)", m,
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.tokens_per_s = Histogram("specedge_decode_tokens_per_second", "Decoding speed per call (prefill excluded)",
+                                      m, buckets=TPS_BUCKETS, registry=r)
+        r.register(PoolGauges(pool))
+
+    def request(self, model: str, route: str, outcome: str) -> None:
+        self.requests.labels(model, route, outcome).inc()
+
+    def finished(self, model: str, route: str, stats: dict, completion_tokens: int, latency_s: float) -> None:
+        """Feed one finished call: its `stats` (Engine.stream's), usage.completion_tokens and its latency."""
+        cancelled = stats.get("finish_reason") == "cancelled"
+        self.request(model, route, "cancelled" if cancelled else "completed")
+        self.prompt_tokens.labels(model).inc(int(stats.get("prompt_tokens") or 0))
+        self.generated_tokens.labels(model).inc(completion_tokens)
+        self.drafted.labels(model).inc(int(stats.get("n_drafted") or 0))
+        self.accepted.labels(model).inc(int(stats.get("n_accepted") or 0))
+        for i, (p, a) in enumerate(zip(stats.get("proposed_at") or (), stats.get("accepted_at") or ())):
+            if p:
+                self.position_proposed.labels(model, str(i)).inc(int(p))
+                self.position_accepted.labels(model, str(i)).inc(int(a))
+        if stats.get("n_target_forwards"):
+            self.tau.labels(model).observe(float(stats["mean_accepted_length"]))
+        self.latency.labels(model).observe(latency_s)
+        ttft, wall = stats.get("ttft_s"), stats.get("wall_s")
+        if ttft is not None and wall is not None:  # the engine's ttft plus the time the call waited for its turn
+            self.ttft.labels(model).observe(max(0.0, latency_s - wall) + ttft)
+        if stats.get("tokens_per_s"):
+            self.tokens_per_s.labels(model).observe(float(stats["tokens_per_s"]))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
