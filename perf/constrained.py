@@ -1,7 +1,7 @@
 """Speculation under a JSON-schema constraint on dev prompts: tokens/s of plain and n-gram decoding, free and
 constrained, and the grammar mask's cost per token.
 
-    python -m specedge.perf.constrained --model smollm2-135m --backend llamacpp --limit 20 --max-tokens 128
+    python -m specedge.perf.constrained --model smollm2-135m --backend llamacpp --limit 20 --max-tokens 256
 
 Each prompt asks (system message) for a JSON answer; the constrained runs give the model SCHEMA through llguidance
 (runtime/constraint.py). Every configuration runs each prompt in turn in one process; speedups are ratios of
@@ -27,9 +27,9 @@ from ..runtime.types import SamplingParams
 from .bench import read_prompts
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["title", "category", "steps", "difficulty"],
-          "properties": {"title": {"type": "string", "maxLength": 60},
+          "properties": {"title": {"type": "string", "maxLength": 40},
                          "category": {"enum": ["writing", "reasoning", "math", "coding", "knowledge", "other"]},
-                         "steps": {"type": "array", "maxItems": 4, "items": {"type": "string", "maxLength": 80}},
+                         "steps": {"type": "array", "maxItems": 3, "items": {"type": "string", "maxLength": 40}},
                          "difficulty": {"type": "integer", "minimum": 1, "maximum": 5}}}
 SYSTEM = ("You answer with one JSON object with the keys title, category, steps (a list of short strings) and "
           "difficulty (1 to 5) describing how to answer the user's request.")
@@ -41,7 +41,7 @@ def main(argv=None) -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--backend", default="llamacpp", choices=[k.value for k in BackendKind])
     ap.add_argument("--limit", type=int, default=20)
-    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None)
