@@ -90,7 +90,8 @@ CHAT_FIELDS = COMMON_FIELDS | {"messages", "audio", "function_call", "functions"
                                "modalities", "parallel_tool_calls", "prediction", "prompt_cache_key",
                                "reasoning_effort", "safety_identifier", "service_tier", "store", "tool_choice",
                                "tools", "top_logprobs", "verbosity", "web_search_options"}
-COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "best_of", "echo", "suffix"}
+COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "best_of", "echo", "suffix",
+                                     "max_completion_tokens"}  # the chat name, accepted on both routes
 MAX_N = 16
 MAX_COMPLETION_LOGPROBS = 5  # the legacy API's limit
 

@@ -44,6 +44,7 @@ COMPLETION_SWEEP = {
     "max_tokens": (3, OK), "n": (2, OK), "presence_penalty": (0.5, REFUSED), "seed": (5, OK), "stop": (["zz"], OK),
     "stream": (True, OK), "stream_options": ({"include_usage": True}, OK), "suffix": ("x", REFUSED),
     "temperature": (0.5, OK), "top_p": (0.5, OK), "user": ("u1", OK),
+    "max_completion_tokens": (3, OK),  # the chat API's name, accepted here too
     "response_format": ({"type": "json_object"}, OK),  # an extension here (llama.cpp's server takes it too)
 }
 EXTENSIONS = {"top_k": (5, OK), "min_p": (0.1, OK), "repeat_penalty": (1.1, OK), "grammar": ('root ::= "a" "b"', OK),
