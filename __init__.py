@@ -1,9 +1,15 @@
 """specedge: on-device speculative decoding for small language models, losslessly.
 
-`specedge.Engine` (apps/api.py) is the embeddable API; it is imported on first use so that `import specedge` stays
-light.
+`specedge.Engine` (apps/api.py) is the embeddable API; it and the call types (grammar specs JsonSchema, JsonObject,
+Regex, Lark, Gbnf; Tool, ToolCall, ForceTool; ChatResult, TokenLogprob) are imported on first use so that
+`import specedge` stays light.
 """
-__all__ = ["Engine", "__version__"]
+__all__ = ["Engine", "ChatResult", "JsonSchema", "JsonObject", "Regex", "Lark", "Gbnf", "Tool", "ToolCall", "ForceTool",
+           "TokenLogprob", "__version__"]
+_LAZY = {"Engine": "apps.api", "ChatResult": "apps.api", "Tool": "apps.tools", "ToolCall": "apps.tools",
+         "ForceTool": "apps.tools", "JsonSchema": "runtime.constraint", "JsonObject": "runtime.constraint",
+         "Regex": "runtime.constraint", "Lark": "runtime.constraint", "Gbnf": "runtime.constraint",
+         "TokenLogprob": "runtime.types"}
 
 
 def __getattr__(name: str):
@@ -12,7 +18,7 @@ def __getattr__(name: str):
     if name == "__version__":
         from ._version import __version__
         return __version__
-    if name == "Engine":
-        from .apps.api import Engine
-        return Engine
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module 'specedge' has no attribute {name!r}")

@@ -8,6 +8,12 @@ and `chat` calls from any thread.
     for chunk in engine.stream("Once upon a time", max_tokens=32, temperature=0.8, seed=1):
         print(chunk.text, end="", flush=True)
 
+Structured output, tools and logprobs are keyword arguments of every call (docs/api.md):
+
+    from specedge import Engine, JsonSchema, Tool
+    engine.generate(prompt, grammar=JsonSchema({"type": "object", ...}), logprobs=2)  # .logprobs: TokenLogprob
+    engine.chat(messages, tools=[Tool("get_weather", "...", {...})], tool_choice="required").tool_calls
+
 Calls are serialised on one lock (one backend, one KV cache); each call brings its own sampling settings, seed,
 stop strings and an optional `threading.Event` that cancels it between tokens. The engine keeps one Session
 (runtime/session.py): a call whose prompt shares a prefix with the previous call's tokens (the next chat turn, a
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -30,6 +37,16 @@ from ..runtime.session import Session
 from ..runtime.stats import DecodeStats
 from ..runtime.types import FinishReason, GenerationResult, Response
 from ..runtime.verify import VerifierKind
+from .tools import Tool, ToolCall, ToolChoice, forced_grammar, parse_tool_calls, render_messages, resolve_choice, \
+    tools_of
+
+
+@dataclass(frozen=True)
+class ChatResult(GenerationResult):
+    """A chat answer: the GenerationResult (text is the raw output, call markup included) plus `content` (the text
+    outside tool calls) and `tool_calls` (the calls parsed from it; empty without tools)."""
+    content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 class Engine:
@@ -113,9 +130,12 @@ class Engine:
         """A call (or set_drafter / reset) holds the engine now."""
         return self._lock.locked()
 
-    def render_chat(self, messages: Sequence[dict]) -> str:
-        """The model's chat template over messages ([{"role", "content"}]), with the generation prompt."""
-        return self.tokenizer.apply_chat_template(messages)
+    def render_chat(self, messages: Sequence[dict], tools: Sequence[Tool] = (), tool_choice: ToolChoice = "auto") \
+            -> str:
+        """The model's chat template over messages ([{"role", "content"}], assistant messages may carry
+        `tool_calls`, role "tool" messages a `tool_call_id`), with the generation prompt and the tools offered
+        (apps/tools.py: through the template when it renders tools, else a system message)."""
+        return render_messages(self.tokenizer, messages, tools_of(tools), resolve_choice(tool_choice, tools_of(tools)))
 
     def encode(self, text: str) -> list[int]:
         return [int(t) for t in self.tokenizer.encode(text)]
@@ -124,7 +144,9 @@ class Engine:
                **options) -> Iterator[Response]:
         """Decode a raw prompt (text, no chat template; or token ids) and yield Responses. Options: max_tokens
         (default: to the end of the turn or the context limit), temperature, top_p, top_k, min_p (default: the
-        model's, see `sampling_defaults`; temperature 0 = greedy), repeat_penalty, seed (0), stop. Invalid values
+        model's, see `sampling_defaults`; temperature 0 = greedy), repeat_penalty, seed (0), stop, grammar (a
+        JsonSchema, JsonObject, Regex, Lark or Gbnf the output must match), logprobs (None; n: each Response's
+        `logprob` with the n most likely alternatives, 0..20). Invalid values
         raise ValueError here, before anything runs. `stats`, if given, is filled with the call's statistics when it
         ends, `sampling` (the values used) included."""
         call = CallSettings(**options)
@@ -138,11 +160,30 @@ class Engine:
         """Decode a raw prompt to the end (see `stream` for the options, including cancel)."""
         return self._collect(prompt, options)
 
-    def chat(self, messages: Sequence[dict], *, stream: bool = False, **options):
-        """Render messages with the chat template and decode: a GenerationResult, or an iterator of Responses with
-        stream=True."""
-        text = self.render_chat(messages)
-        return self.stream(text, **options) if stream else self._collect(text, options)
+    def chat(self, messages: Sequence[dict], *, stream: bool = False, tools: Sequence[Tool] = (),
+             tool_choice: ToolChoice = "auto", parallel_tool_calls: bool = True, **options):
+        """Render messages with the chat template and decode: a ChatResult (content and tool_calls parsed), or an
+        iterator of Responses with stream=True (raw text, call markup included: apps.tools.ToolStream parses it).
+        tools: Tool objects (or OpenAI dicts); tool_choice "auto" (the model decides), "none" (tools not offered,
+        nothing parsed), "required" (the output is forced to be calls of the given tools) or a tool's name /
+        ForceTool (forced to call it); parallel_tool_calls=False forces exactly one call. A forced choice sets the
+        grammar: passing grammar= too is a ValueError."""
+        tools = tools_of(tools)
+        choice = resolve_choice(tool_choice, tools)
+        if choice not in ("auto", "none"):
+            if options.get("grammar") is not None:
+                raise ValueError("grammar cannot be combined with a forced tool_choice (the call's grammar is the "
+                                 "tool's parameter schema): drop one of them")
+            options["grammar"] = forced_grammar(tools, choice, parallel=parallel_tool_calls)
+        text = render_messages(self.tokenizer, messages, tools, choice)
+        if stream:
+            return self.stream(text, **options)
+        result = self._collect(text, options)
+        content, calls = parse_tool_calls(result.text, tools if choice != "none" else [])
+        if calls and not parallel_tool_calls:
+            calls = calls[:1]
+        fields = {f: getattr(result, f) for f in GenerationResult.__dataclass_fields__}
+        return ChatResult(**fields, content=content, tool_calls=calls)
 
     def set_drafter(self, drafter: str) -> None:
         """Switch the drafter between calls (waits for a running call). requires: a spec as for the constructor;
@@ -162,8 +203,17 @@ class Engine:
 
     def _collect(self, prompt, options) -> GenerationResult:
         stats: dict = {}
-        result = collect(self.stream(prompt, stats=stats, **options))
-        return GenerationResult(result.text, result.tokens, result.finish_reason, stats["prompt_tokens"], stats)
+        logprobs: list = []
+
+        def kept(responses):
+            for r in responses:
+                if r.logprob is not None and r.finish_reason is not FinishReason.EOS:  # EOS is not in `tokens`
+                    logprobs.append(r.logprob)
+                yield r
+
+        result = collect(kept(self.stream(prompt, stats=stats, **options)))
+        return replace(GenerationResult(result.text, result.tokens, result.finish_reason, stats["prompt_tokens"],
+                                        stats), logprobs=logprobs if options.get("logprobs") is not None else None)
 
     def _check_length(self, n_prompt: int) -> None:
         if n_prompt == 0:

@@ -1,12 +1,14 @@
 """The OpenAI wire format for `specedge serve`: request bodies -> typed requests, results -> response JSON.
 
 Pure functions over dicts (no I/O), so the server module only routes, queues and streams. Requests follow
-OpenAI's /v1/completions and /v1/chat/completions; what we cannot honour (n > 1, logprobs, penalties other than
-repeat_penalty, tools) is refused with a 400 naming the field, never silently ignored. Values are checked for
+OpenAI's /v1/completions and /v1/chat/completions; every documented field is honoured or, where we cannot (penalties
+other than repeat_penalty, logit_bias, audio, ...), refused with a 400 naming the field, never silently ignored;
+an unknown field is refused the same way (COMMON_FIELDS, CHAT_FIELDS, COMPLETION_FIELDS; docs/server.md's table). Values are checked for
 their JSON type here and for their range by specedge.Engine (apps/api.py), whose ValueError messages the client
 sees unchanged.
 
-Extension fields (llama.cpp's server uses the same names): request `top_k`, `min_p`, `repeat_penalty`; response
+Extension fields (llama.cpp's server uses the same names): request `top_k`, `min_p`, `repeat_penalty`, `grammar`
+(GBNF) and `json_schema` (a schema object), and our `regex`; response
 `specedge` with the speculative-decoding statistics of the call (see docs/server.md for its schema).
 
 Omitted fields take specedge's defaults, the same as the CLI and the Engine: no max_tokens / max_completion_tokens
@@ -18,11 +20,11 @@ temperature 0 is greedy; seed 0.
 from __future__ import annotations
 
 import math
-import time
-import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
-from ..assembly.decoder import CallSettings
+from ..assembly.decoder import MAX_TOP_LOGPROBS, CallSettings
+from ..runtime.constraint import Gbnf, Grammar, JsonObject, JsonSchema, Regex
+from .tools import ForceTool, Tool, ToolCall, ToolChoice, forced_grammar, resolve_choice, tools_of
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -66,17 +68,70 @@ class GenRequest:
     stream: bool
     include_usage: bool
     max_tokens_given: bool  # the client set max_tokens / max_completion_tokens (else: to the end, options None)
+    n: int = 1  # choices: decoded n times with seeds seed, seed+1, ... (not streamed)
+    tools: tuple[Tool, ...] = ()  # chat: offered (and parsed) tools; empty with tool_choice "none"
+    parallel_tool_calls: bool = True
+    echo: bool = False  # completions: the prompt's text precedes the completion
+
+    def call_options(self, i: int = 0) -> dict:
+        """The Engine keyword arguments of choice i, shallow (grammar specs stay dataclasses)."""
+        opts = {f.name: getattr(self.options, f.name) for f in fields(CallSettings)}
+        opts["seed"] = self.options.seed + i
+        return opts
 
 
-# field -> the values we accept for it (OpenAI features we do not implement)
-_UNSUPPORTED = {
-    "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""), "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0), "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
-    "logit_bias": (None, {}), "tools": (None, []), "functions": (None, []), "tool_choice": (None, "none"),
-    "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,),
+# Every documented request field, and how it is honoured (docs/server.md's table). A field not listed in its route's
+# set is refused with a 400 naming it; a listed field with a value we cannot honour is refused the same way.
+COMMON_FIELDS = {"model", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n", "presence_penalty", "seed",
+                 "stop", "stream", "stream_options", "temperature", "top_p", "user",
+                 # extensions (llama.cpp's server names): sampling, grammars
+                 "top_k", "min_p", "repeat_penalty", "response_format", "grammar", "json_schema", "regex"}
+CHAT_FIELDS = COMMON_FIELDS | {"messages", "audio", "function_call", "functions", "max_completion_tokens", "metadata",
+                               "modalities", "parallel_tool_calls", "prediction", "prompt_cache_key",
+                               "reasoning_effort", "safety_identifier", "service_tier", "store", "tool_choice",
+                               "tools", "top_logprobs", "verbosity", "web_search_options"}
+COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "best_of", "echo", "suffix",
+                                     "max_completion_tokens"}  # the chat name, accepted on both routes
+MAX_N = 16
+MAX_COMPLETION_LOGPROBS = 5  # the legacy API's limit
+
+# field -> (values accepted, why others are refused). None is always accepted (OpenAI's "not given").
+_FIXED = {
+    "best_of": ((1,), "best_of > 1 is not supported: use n"),
+    "suffix": (("",), "suffix (insertion) is not supported"),
+    "presence_penalty": ((0, 0.0), "presence_penalty is not supported; use repeat_penalty (an extension field)"),
+    "frequency_penalty": ((0, 0.0), "frequency_penalty is not supported; use repeat_penalty (an extension field)"),
+    "logit_bias": (({},), "logit_bias is not supported"),
+    "functions": (([],), "functions (deprecated) is not supported: use tools"),
+    "function_call": (("none",), "function_call (deprecated) is not supported: use tool_choice"),
+    "audio": ((), "audio output is not supported"),
+    "modalities": ((["text"],), 'only modalities ["text"] is supported'),
+    "prediction": ((), "prediction (predicted outputs) is not supported"),
+    "reasoning_effort": ((), "reasoning_effort is not supported (the model has no reasoning mode)"),
+    "service_tier": (("auto", "default"), 'service_tier must be "auto" or "default" (one tier here)'),
+    "store": ((False,), "store is not supported (nothing is stored): leave it out or false"),
+    "verbosity": (("medium",), 'verbosity is not supported (only the default "medium")'),
+    "web_search_options": ((), "web search is not supported"),
 }
-_HINTS = {"presence_penalty": "; use repeat_penalty (an extension field) instead",
-          "frequency_penalty": "; use repeat_penalty (an extension field) instead"}
+_STRINGS = ("user", "prompt_cache_key", "safety_identifier")  # honoured as no-ops: accepted when strings
+
+
+def _check_fields(body: dict, known: set[str], route: str) -> None:
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise invalid(f"unknown field {unknown[0]!r} for {route} (docs/server.md lists the fields honoured)",
+                      unknown[0])
+    for name, (ok, why) in _FIXED.items():
+        v = body.get(name)
+        if v is not None and not any(v == o and type(v) is type(o) for o in ok):  # False is not 0
+            raise invalid(f"{why}; got {name}={v!r}", name)
+    for name in _STRINGS:
+        if body.get(name) is not None and not isinstance(body[name], str):
+            raise invalid(f"{name} must be a string, got {body[name]!r}", name)
+    md = body.get("metadata")
+    if md is not None and not (isinstance(md, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                                            for k, v in md.items())):
+        raise invalid(f"metadata must be an object of string values, got {md!r}", "metadata")
 
 
 def _number(body: dict, name: str, default: float | None) -> float | None:
@@ -108,34 +163,128 @@ def _stop(body: dict) -> tuple[str, ...]:
     raise invalid(f"stop must be a string or a list of strings, got {v!r}", "stop")
 
 
-def _common(body: dict) -> tuple[CallSettings, bool, bool, bool]:
-    for name, ok in _UNSUPPORTED.items():
-        if name in body and body[name] not in ok:
-            raise invalid(f"{name} is not supported by specedge serve (allowed: {ok[1:] or 'leave it out'})"
-                          + _HINTS.get(name, ""), name)
-    n = _integer(body, "n", 1)
-    if n != 1:
-        raise invalid(f"n must be 1 (one choice per request), got {n}: send n separate requests instead", "n")
+def grammar_of(body: dict) -> Grammar | None:
+    """The output constraint: response_format (OpenAI), or one of the extensions `json_schema` (a schema object),
+    `grammar` (GBNF; llama.cpp's server names both) and `regex`; at most one of them."""
+    given = [k for k in ("response_format", "json_schema", "grammar", "regex") if body.get(k) is not None]
+    rf = body.get("response_format")
+    if rf is not None and (not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema")):
+        raise invalid(f'response_format must be {{"type": "text" | "json_object" | "json_schema", ...}}, got {rf!r}',
+                      "response_format")
+    if rf is not None and rf["type"] == "text":
+        given.remove("response_format")
+        rf = None
+    if len(given) > 1:
+        raise invalid(f"{given[1]} cannot be combined with {given[0]}: give one output constraint", given[1])
+    if not given:
+        return None
+    name = given[0]
+    if name == "response_format":
+        if rf["type"] == "json_object":
+            return JsonObject()
+        js = rf.get("json_schema")
+        if not isinstance(js, dict) or not isinstance(js.get("schema", {}), dict):
+            raise invalid('response_format json_schema must be {"name", "schema": {...}, "strict"}',
+                          "response_format")
+        strict = js.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise invalid(f"response_format.json_schema.strict must be true or false, got {strict!r}",
+                          "response_format")
+        return JsonSchema(js.get("schema", {}), strict=bool(strict), name=js.get("name"))
+    v = body[name]
+    if name == "json_schema":
+        if not isinstance(v, dict):
+            raise invalid(f"json_schema must be a JSON Schema object, got {v!r}", name)
+        return JsonSchema(v, strict=False)
+    if not isinstance(v, str) or not v:
+        raise invalid(f"{name} must be a non-empty string, got {v!r}", name)
+    return Gbnf(v) if name == "grammar" else Regex(v)
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """CallSettings.logprobs: chat `logprobs` true + `top_logprobs` 0..20; completions `logprobs` 0..5."""
+    v = body.get("logprobs")
+    if chat:
+        if v is not None and not isinstance(v, bool):
+            raise invalid(f"logprobs must be true or false, got {v!r}", "logprobs")
+        top = _integer(body, "top_logprobs")
+        if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise invalid(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top}", "top_logprobs")
+        if top is not None and not v:
+            raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
+        return (top or 0) if v else None
+    n = _integer(body, "logprobs")
+    if n is not None and not 0 <= n <= MAX_COMPLETION_LOGPROBS:
+        raise invalid(f"logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}], got {n}", "logprobs")
+    return n
+
+
+def chat_tools(body: dict) -> tuple[list[Tool], ToolChoice, bool]:
+    """tools, tool_choice, parallel_tool_calls of a chat request."""
+    specs = body.get("tools")
+    if specs is not None and not isinstance(specs, list):
+        raise invalid(f"tools must be a list of function tools, got {specs!r}", "tools")
+    try:
+        tools = tools_of(specs or [])
+    except ValueError as e:
+        raise invalid(str(e), "tools") from None
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        f = choice.get("function")
+        if choice.get("type") != "function" or not isinstance(f, dict) or not isinstance(f.get("name"), str):
+            raise invalid(f'tool_choice must be "auto", "none", "required" or {{"type": "function", "function": '
+                          f'{{"name": ...}}}}, got {choice!r}', "tool_choice")
+        choice = ForceTool(f["name"])
+    elif choice is not None and choice not in ("auto", "none", "required"):
+        raise invalid(f'tool_choice must be "auto", "none", "required" or {{"type": "function", ...}}, got '
+                      f"{choice!r}", "tool_choice")
+    if choice is not None and not tools and choice != "none":
+        raise invalid("tool_choice needs tools", "tool_choice")
+    try:
+        choice = resolve_choice(choice, tools)
+    except ValueError as e:
+        raise invalid(str(e), "tool_choice") from None
+    parallel = body.get("parallel_tool_calls", True)
+    if parallel is None:
+        parallel = True
+    if not isinstance(parallel, bool):
+        raise invalid(f"parallel_tool_calls must be true or false, got {parallel!r}", "parallel_tool_calls")
+    return tools, choice, parallel
+
+
+def _common(body: dict, chat: bool) -> tuple[CallSettings, bool, bool, bool, int]:
+    _check_fields(body, CHAT_FIELDS if chat else COMPLETION_FIELDS,
+                  "/v1/chat/completions" if chat else "/v1/completions")
     # max_completion_tokens (the chat API's current name) wins over max_tokens (the older one) when both are set
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _integer(body, name)  # None: to the end of the turn or the context limit
     if max_tokens is not None and max_tokens < 1:
         raise invalid(f"{name} must be >= 1, got {max_tokens}", name)
     seed = _integer(body, "seed", 0)
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool) and stream is not None:
+        raise invalid(f"stream must be true or false, got {stream!r}", "stream")
+    n = _integer(body, "n", 1)
+    if not 1 <= n <= MAX_N:
+        raise invalid(f"n must be in [1, {MAX_N}], got {n}", "n")
+    if n > 1 and stream:
+        raise invalid(f"n > 1 is not supported with stream: true (got n={n}): stream one choice per request, or "
+                      "drop stream", "n")
+    so = body.get("stream_options") or {}
+    if not isinstance(so, dict):
+        raise invalid(f"stream_options must be an object, got {so!r}", "stream_options")
+    extra = sorted(set(so) - {"include_usage", "include_obfuscation"})
+    if extra or so.get("include_obfuscation"):
+        raise invalid(f"stream_options supports include_usage (include_obfuscation: false only), got {so!r}",
+                      "stream_options")
     try:  # a value out of range is a 400 naming the field (CallSettings validates at construction)
         opts = CallSettings(max_tokens=max_tokens, temperature=_number(body, "temperature", None),
                             top_p=_number(body, "top_p", None), top_k=_integer(body, "top_k"),
                             min_p=_number(body, "min_p", None), repeat_penalty=_number(body, "repeat_penalty", 1.0),
-                            seed=seed, stop=_stop(body))
+                            seed=seed, stop=_stop(body), grammar=grammar_of(body), logprobs=_logprobs(body, chat))
     except ValueError as e:
         raise engine_error(e) from None
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool) and stream is not None:
-        raise invalid(f"stream must be true or false, got {stream!r}", "stream")
-    so = body.get("stream_options") or {}
-    if not isinstance(so, dict):
-        raise invalid(f"stream_options must be an object, got {so!r}", "stream_options")
-    return opts, bool(stream), bool(so.get("include_usage", False)), max_tokens is not None
+    return opts, bool(stream), bool(so.get("include_usage", False)), max_tokens is not None, n
 
 
 def parse_completion(body: dict, *, vocab_size: int) -> GenRequest:
@@ -153,12 +302,19 @@ def parse_completion(body: dict, *, vocab_size: int) -> GenRequest:
         prompt = tuple(prompt)
     elif not isinstance(prompt, str):
         raise invalid(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}", "prompt")
-    opts, stream, usage, given = _common(body)
-    return GenRequest(False, prompt, opts, stream, usage, given)
+    opts, stream, usage_, given, n = _common(body, chat=False)
+    echo = body.get("echo")
+    if echo is not None and not isinstance(echo, bool):
+        raise invalid(f"echo must be true or false, got {echo!r}", "echo")
+    if echo and opts.logprobs is not None:
+        raise invalid("echo with logprobs is not supported (the prompt's logprobs are not computed): drop one",
+                      "echo")
+    return GenRequest(False, prompt, opts, stream, usage_, given, n=n, echo=bool(echo))
 
 
 def chat_messages(body: dict) -> list[dict]:
-    """The request's messages as [{"role", "content": str}]; content parts of type text are joined."""
+    """The request's messages as [{"role", "content": str}] (assistant: `tool_calls` as ToolCall; tool:
+    `tool_call_id`); content parts of type text are joined."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid("messages must be a non-empty list of {\"role\", \"content\"} objects", "messages")
@@ -177,93 +333,37 @@ def chat_messages(body: dict) -> list[dict]:
             content = ""
         if not isinstance(content, str):
             raise invalid(f"messages[{i}].content must be a string or a list of text parts", "messages")
-        out.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
+        msg = {"role": "system" if m["role"] == "developer" else m["role"], "content": content}
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            if not isinstance(m["tool_calls"], list):
+                raise invalid(f"messages[{i}].tool_calls must be a list", "messages")
+            try:
+                msg["tool_calls"] = [ToolCall.from_openai(c) for c in m["tool_calls"]]
+            except ValueError as e:
+                raise invalid(f"messages[{i}]: {e}", "messages") from None
+        if m["role"] == "tool":
+            tid = m.get("tool_call_id")
+            if not isinstance(tid, str):
+                raise invalid(f"messages[{i}] (role tool) needs a tool_call_id string", "messages")
+            msg["tool_call_id"] = tid
+        out.append(msg)
     return out
 
 
 def parse_chat(body: dict, rendered: str) -> GenRequest:
-    """POST /v1/chat/completions, given the messages already rendered by the model's chat template."""
-    opts, stream, usage, given = _common(body)
-    return GenRequest(True, rendered, opts, stream, usage, given)
+    """POST /v1/chat/completions, given the messages already rendered by the model's chat template (with the tools
+    chat_tools returns). A forced tool_choice sets the grammar of its call(s); with response_format too: 400."""
+    opts, stream, usage_, given, n = _common(body, chat=True)
+    tools, choice, parallel = chat_tools(body)
+    if choice not in ("auto", "none"):
+        if opts.grammar is not None:
+            raise invalid("response_format (or another output constraint) cannot be combined with a forced "
+                          "tool_choice: the call's arguments follow the tool's parameters", "tool_choice")
+        opts = replace(opts, grammar=forced_grammar(tools, choice, parallel=parallel))
+    offered = tuple(tools) if choice != "none" else ()
+    return GenRequest(True, rendered, opts, stream, usage_, given, n=n, tools=offered, parallel_tool_calls=parallel)
 
 
-# ---- responses --------------------------------------------------------------------------------------------------
+# ---- responses (apps/openai_shapes.py; re-exported for the server) ------------------------------------------------
 
-def openai_finish(reason: str) -> str:
-    """OpenAI's finish_reason: eos and stop strings are "stop", length is "length"; a cancelled call (its client
-    went away, or the server is shutting down) reports "stop" since no more text follows."""
-    return "length" if reason == "length" else "stop"
-
-
-def extension(stats: dict) -> dict:
-    """The `specedge` field: the call's speculative-decoding statistics (docs/server.md)."""
-    keys = ("drafter", "n_generated", "n_drafted", "n_accepted", "acceptance_rate", "n_target_forwards",
-            "tokens_per_s", "ttft_s", "prompt_tokens", "reused_prompt_tokens", "n_prefilled", "prefill_s",
-            "decode_s", "wall_s", "finish_reason", "sampling")
-    out = {k: stats.get(k) for k in keys}
-    out["tau"] = stats.get("mean_accepted_length")
-    return out
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
-
-
-@dataclass(frozen=True)
-class Shape:
-    """Identity of one response: id, creation time, model id, and chat or text completion."""
-    id: str
-    created: int
-    model: str
-    chat: bool
-
-    @staticmethod
-    def new(model: str, chat: bool) -> "Shape":
-        prefix = "chatcmpl-" if chat else "cmpl-"
-        return Shape(prefix + uuid.uuid4().hex[:24], int(time.time()), model, chat)
-
-    def _head(self, obj: str) -> dict:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "system_fingerprint": None}
-
-    def _choice(self, text: str | None, finish: str | None, *, delta: bool, first: bool = False) -> dict:
-        if not self.chat:
-            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-        if not delta:
-            return {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                    "logprobs": None, "finish_reason": finish}
-        d = {} if text is None else {"content": text}
-        if first:
-            d = {"role": "assistant", **d}
-        return {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
-
-    def completion(self, text: str, reason: str, prompt_tokens: int, completion_tokens: int, stats: dict) -> dict:
-        obj = "chat.completion" if self.chat else "text_completion"
-        return {**self._head(obj), "choices": [self._choice(text, openai_finish(reason), delta=False)],
-                "usage": usage(prompt_tokens, completion_tokens), "specedge": extension(stats)}
-
-    def chunk(self, text: str | None, *, first: bool = False, reason: str | None = None, stats: dict | None = None,
-              with_usage: bool = False) -> dict:
-        obj = "chat.completion.chunk" if self.chat else "text_completion"
-        finish = openai_finish(reason) if reason is not None else None
-        out = {**self._head(obj), "choices": [self._choice(text, finish, delta=True, first=first)]}
-        if with_usage:
-            out["usage"] = None
-        if stats is not None:
-            out["specedge"] = extension(stats)
-        return out
-
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
-        obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return {**self._head(obj), "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
-
-
-def models_list(cards: list[dict]) -> dict:
-    return {"object": "list", "data": cards}
-
-
-def model_card(model_id: str, created: int, specedge: dict | None = None) -> dict:
-    """OpenAI's model object; `specedge` (non-standard) carries the server's view of it (loaded, bytes)."""
-    card = {"id": model_id, "object": "model", "created": created, "owned_by": "specedge"}
-    return card if specedge is None else {**card, "specedge": specedge}
+from .openai_shapes import Shape, extension, model_card, models_list, openai_finish, usage  # noqa: E402,F401

@@ -22,7 +22,7 @@ import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from starlette.applications import Starlette
@@ -34,11 +34,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from . import openai_protocol as proto
+from . import openai_shapes as proto_shapes
 from .api import Engine
 from .model_pool import Lease, ModelNotFound, ModelPool, PoolFull, disk_bytes
 from .openai_protocol import APIError, GenRequest, Shape
+from .openai_shapes import TokenText
 from .server_metrics import CONTENT_TYPE, Metrics, PromMetrics
 from .tokenize_protocol import parse_detokenize, parse_tokenize
+from .tools import ToolStream, parse_tool_calls
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class Outcome:
     text: str
     completion_tokens: int
     reason: str  # the Engine's finish reason, or "error" (text is then the message)
+    logprobs: list = field(default_factory=list)  # TokenLogprob per completion token, when the call asked
 
 
 class Server:
@@ -283,10 +287,11 @@ class Server:
         self._authorize(request)
         body = await self._json(request)
         messages = proto.chat_messages(body)
+        tools, choice, _ = proto.chat_tools(body)
 
         async def build(engine: Engine) -> GenRequest:
             try:
-                rendered = await asyncio.to_thread(engine.render_chat, messages)
+                rendered = await asyncio.to_thread(engine.render_chat, messages, tools, choice)
             except ValueError as e:
                 raise proto.invalid(f"{e}: check the roles and order of messages", "messages") from None
             return proto.parse_chat(body, rendered)
@@ -295,6 +300,8 @@ class Server:
     # ---- generation -------------------------------------------------------------------------------------------
 
     async def _generate(self, request: Request, req: GenRequest, lease: Lease):
+        """Admit the call, then stream it (SSE) or decode its n choices one after another (seeds seed, seed+1,
+        ...) and answer with one JSON body."""
         engine, model_id = lease.engine, lease.model_id
         with self.metrics.lock:
             self.metrics.requests += 1
@@ -304,9 +311,8 @@ class Server:
                            type="rate_limit_error", code="queue_full", headers={"Retry-After": "1"})
         cancel, stats = threading.Event(), {}
         try:
-            options = asdict(req.options)
             chunks = await asyncio.to_thread(lambda: engine.stream(req.prompt, cancel=cancel, stats=stats,
-                                                                   **options))
+                                                                   **req.call_options(0)))
         except ValueError as e:
             self.admission.release()
             raise proto.engine_error(e) from None
@@ -316,26 +322,66 @@ class Server:
         self.active.add(cancel)
         shape = Shape.new(model_id, req.chat)
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
-        work = loop.run_in_executor(self.pool, self._work, chunks, cancel, loop, queue, req.stream)
         lease.handed_off = True  # from here the call's end releases the lease
-        work.add_done_callback(lambda w: self._finished(req, cancel, stats, lease, w))
         if req.stream:
-            return SSEResponse(self._events(shape, req, queue, stats), cancel)
+            work = loop.run_in_executor(self.pool, self._work, chunks, cancel, loop, queue, True)
+            work.add_done_callback(lambda w: self._finished(req, cancel, stats, lease, _outcome(w)))
+            return SSEResponse(self._events(shape, req, queue, stats, engine), cancel)
         watcher = asyncio.ensure_future(_watch_disconnect(request.receive, cancel))
+        outcomes, all_stats = [], []
         try:
-            outcome: Outcome = await work
+            for i in range(req.n):
+                st = stats if i == 0 else {}
+                if i > 0:
+                    chunks = engine.stream(req.prompt, cancel=cancel, stats=st, **req.call_options(i))
+                outcome = await loop.run_in_executor(self.pool, self._work, chunks, cancel, loop, queue, False)
+                outcomes.append(outcome)
+                all_stats.append(st)
+                if outcome.reason in ("error", "cancelled"):
+                    break
         finally:
             watcher.cancel()
-        if outcome.reason == "error":
-            raise APIError(500, outcome.text, type="server_error")
-        return JSONResponse(shape.completion(outcome.text, outcome.reason, stats["prompt_tokens"],
-                                             outcome.completion_tokens, stats))
+            total = dict(stats, n_generated=sum(int(st.get("n_generated", 0)) for st in all_stats))
+            worst = next((o for o in outcomes if o.reason == "error"), outcomes[-1] if outcomes else None)
+            if worst is not None and len(outcomes) > 1:
+                worst = Outcome(worst.text, sum(o.completion_tokens for o in outcomes), worst.reason)
+            self._finished(req, cancel, total, lease, worst)
+        bad = [o for o in outcomes if o.reason == "error"]
+        if bad:
+            raise APIError(500, bad[0].text, type="server_error")
+        text_of = TokenText(engine.tokenizer)
+        echo = self._echo_text(req, engine)
+        choices = []
+        for i, o in enumerate(outcomes):
+            if req.chat:
+                content, calls = parse_tool_calls(o.text, req.tools)
+                calls = calls if req.parallel_tool_calls else calls[:1]
+                lp = None if req.options.logprobs is None else proto_shapes.chat_logprobs(o.logprobs, text_of)
+                choices.append(shape.choice(i, content if req.tools else o.text, o.reason, tool_calls=calls,
+                                            logprobs=lp))
+            else:
+                lp = None if req.options.logprobs is None else \
+                    proto_shapes.completion_logprobs(o.logprobs, text_of, self._offset(req))[0]
+                choices.append(shape.choice(i, echo + o.text, o.reason, logprobs=lp))
+        return JSONResponse(shape.completion(choices, stats["prompt_tokens"],
+                                             sum(o.completion_tokens for o in outcomes), stats))
 
-    def _finished(self, req: GenRequest, cancel: threading.Event, stats: dict, lease: Lease, work) -> None:
+    @staticmethod
+    def _echo_text(req: GenRequest, engine: Engine) -> str:
+        if not req.echo:
+            return ""
+        return req.prompt if isinstance(req.prompt, str) else engine.tokenizer.decode(req.prompt)
+
+    @staticmethod
+    def _offset(req: GenRequest) -> int:
+        """Completions' text_offset of the first generated token: after the prompt's text, as OpenAI counts."""
+        return len(req.prompt) if isinstance(req.prompt, str) else 0
+
+    def _finished(self, req: GenRequest, cancel: threading.Event, stats: dict, lease: Lease,
+                  outcome: "Outcome | None") -> None:
         self.active.discard(cancel)
         self.admission.release()
         lease.release()
-        outcome = None if work.cancelled() or work.exception() is not None else work.result()
         if stats:
             self.metrics.record(req, stats, lease.model_id)
         route = "/v1/chat/completions" if req.chat else "/v1/completions"
@@ -347,12 +393,14 @@ class Server:
 
     def _work(self, chunks, cancel: threading.Event, loop, queue: asyncio.Queue, stream: bool) -> Outcome:
         """Worker thread: drive Engine.stream (blocks on the engine's lock until this call's turn); streamed
-        chunks go to the event loop's queue; returns the whole outcome."""
+        pieces go to the event loop's queue as ("text", text, [TokenLogprob]): the logprobs of the tokens since the
+        last piece (a token whose text is held back, by a stop string or an unfinished UTF-8 character, travels
+        with the piece that carries its text; the EOS token's is dropped); returns the whole outcome."""
         def put(item) -> None:
             if stream:
                 loop.call_soon_threadsafe(queue.put_nowait, item)
 
-        parts, n, reason, started = [], 0, "length", False
+        parts, n, reason, started, lps, pending = [], 0, "length", False, [], []
         try:
             if cancel.is_set():  # the client left while the call waited for a thread: never take the lock
                 chunks.close()
@@ -365,11 +413,17 @@ class Server:
                 reason = c.finish_reason or reason
                 if c.finish_reason == "eos":
                     n -= 1  # the EOS token is not part of the completion
+                elif c.logprob is not None:
+                    lps.append(c.logprob)
+                    pending.append(c.logprob)
                 parts.append(c.text)
                 if c.text:
-                    put(("text", c.text))
+                    put(("text", c.text, pending))
+                    pending = []
+            if pending:
+                put(("text", "", pending))
             put(("end", (reason, n)))
-            return Outcome("".join(parts), n, reason)
+            return Outcome("".join(parts), n, reason, lps)
         except Exception as e:  # a backend failure: the client gets a 500 / an error event, the server lives on
             put(("error", f"generation failed: {type(e).__name__}: {e}"))
             return Outcome(f"generation failed: {type(e).__name__}: {e}", n, "error")
@@ -381,25 +435,71 @@ class Server:
         with self.metrics.lock:
             self.metrics.running += delta
 
-    async def _events(self, shape: Shape, req: GenRequest, queue: asyncio.Queue, stats: dict):
-        """SSE payloads for a streamed call: a first chunk (chat: the role), text chunks, the final chunk with
-        finish_reason and the `specedge` statistics, the usage chunk if asked, then [DONE]."""
-        first = True
+    async def _events(self, shape: Shape, req: GenRequest, queue: asyncio.Queue, stats: dict, engine: Engine):
+        """SSE payloads for a streamed call: a first chunk (chat: the role; completions with echo: the prompt),
+        content chunks and tool-call chunks (apps/tools.py ToolStream: text that may begin a <tool_call> is held
+        back, a call is sent whole when its block closes), each with the logprobs of the tokens whose text it
+        carries, the final chunk with finish_reason and the `specedge` statistics, the usage chunk if asked, then
+        [DONE]."""
+        first, fed, held, calls = True, 0, [], 0
+        tools = ToolStream(req.tools)
+        text_of = TokenText(engine.tokenizer) if req.options.logprobs is not None else None
+        offset = self._offset(req)
         if req.chat:
             yield shape.chunk("", first=True, with_usage=req.include_usage)
             first = False
-        while True:
-            kind, value = await queue.get()
-            if kind == "text":
-                yield shape.chunk(value, first=first, with_usage=req.include_usage)
+        elif req.echo:
+            yield shape.chunk(self._echo_text(req), with_usage=req.include_usage)
+
+        def logprobs_of(lps):
+            nonlocal offset
+            if text_of is None or not lps:
+                return None
+            if req.chat:
+                return proto_shapes.chat_logprobs(lps, text_of)
+            out, offset = proto_shapes.completion_logprobs(lps, text_of, offset)
+            return out
+
+        def chunks_of(events, final: bool):
+            nonlocal first, calls
+            released = []
+            while held and (final or held[0][0] <= tools.consumed):
+                released += held.pop(0)[1]
+            out = []
+            for j, (kind, value) in enumerate(events):
+                lp = logprobs_of(released) if j == len(events) - 1 else None
+                if kind == "call":
+                    if calls and not req.parallel_tool_calls:
+                        continue
+                    out.append(shape.chunk(None, first=first, with_usage=req.include_usage, logprobs=lp,
+                                           tool_call=(calls, value)))
+                    calls += 1
+                else:
+                    out.append(shape.chunk(value, first=first, with_usage=req.include_usage, logprobs=lp))
                 first = False
+            if not events and released:
+                held.insert(0, (0, released))  # no text went out: keep them for the next chunk
+            return out
+
+        while True:
+            kind, *value = await queue.get()
+            if kind == "text":
+                text, lps = value
+                fed += len(text)
+                if lps:
+                    held.append((fed, lps))
+                for c in chunks_of(tools.push(text), False):
+                    yield c
             elif kind == "error":
-                yield APIError(500, value, type="server_error").body()
+                yield APIError(500, value[0], type="server_error").body()
                 return
             else:
-                reason, n = value
-                yield shape.chunk(None if req.chat else "", reason=reason, stats=stats,
-                                  with_usage=req.include_usage)
+                reason, n = value[0]
+                for c in chunks_of(tools.finish(), True):
+                    yield c
+                rest = [lp for _, lps in held for lp in lps]
+                yield shape.chunk(None if req.chat else "", reason=reason, stats=stats, with_usage=req.include_usage,
+                                  logprobs=logprobs_of(rest), called=calls > 0)
                 if req.include_usage:
                     yield shape.usage_chunk(stats["prompt_tokens"], n)
                 return
@@ -438,6 +538,11 @@ class SSEResponse:
             self.cancel.set()  # a no-op once the call has ended; stops it otherwise
             watcher.cancel()
             await self.events.aclose()
+
+
+def _outcome(work) -> "Outcome | None":
+    """A finished worker future's Outcome (None when it was cancelled or raised)."""
+    return None if work.cancelled() or work.exception() is not None else work.result()
 
 
 def _sse(obj: dict) -> bytes:

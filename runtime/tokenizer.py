@@ -54,7 +54,19 @@ class TextTokenizer(Protocol):
         """Equal fingerprints mean identical tokenization (a draft model must share its target's)."""
         ...
 
-    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str: ...
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True, *,
+                            variables: Mapping[str, object] | None = None) -> str:
+        """`variables`: extra template variables (e.g. `tools`, OpenAI-shaped function specs) for templates that
+        read them; a template that does not ignores them."""
+        ...
+
+    def token_bytes(self, token: int) -> bytes:
+        """The raw bytes of one token (a piece of a multi-byte character stays partial; special tokens: their
+        text)."""
+        ...
+
+
+RESERVED_TEMPLATE_VARIABLES = ("messages", "add_generation_prompt", "bos_token", "eos_token", "range")
 
 
 def vocab_fingerprint(vocab: Mapping[str, int], merges: Sequence[str]) -> str:
@@ -66,14 +78,19 @@ def vocab_fingerprint(vocab: Mapping[str, int], merges: Sequence[str]) -> str:
 
 
 def render_chat(template: str, compiled, messages: Sequence[dict], add_generation_prompt: bool, *,
-                bos_token: str, eos_token: str):
+                bos_token: str, eos_token: str, variables: Mapping[str, object] | None = None):
     """Render `messages` with `template` (compiled: a cached _compile_template result, or None) in the jinja2
-    sandbox; returns (text, compiled). ValueError naming the fix on a broken or hostile template."""
+    sandbox; returns (text, compiled). `variables`: extra template variables (`tools`, ...), which may not shadow
+    the ones set here (RESERVED_TEMPLATE_VARIABLES). ValueError naming the fix on a broken or hostile template."""
     from jinja2.exceptions import TemplateError
+    extra = dict(variables or {})
+    clash = sorted(set(extra) & set(RESERVED_TEMPLATE_VARIABLES))
+    if clash:
+        raise ValueError(f"template variables {clash} are set by the renderer and cannot be passed")
     if compiled is None:
         compiled = _compile_template(template)
     try:
-        return compiled.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+        return compiled.render(**extra, messages=list(messages), add_generation_prompt=add_generation_prompt,
                                bos_token=bos_token, eos_token=eos_token,
                                range=_budget_range()), compiled  # a fresh loop budget per render
     except (TemplateError, ArithmeticError, RecursionError, TypeError, ValueError, LookupError,
@@ -97,6 +114,7 @@ class Tokenizer:
         self.chat_template = spec.chat_template or CHATML_TEMPLATE
         self._template = None  # compiled lazily: jinja2 is only needed by chat apps
         self._fingerprint: str | None = None
+        self._byte_level: bool | None = None  # the decoder maps GPT-2's byte alphabet back to bytes (lazily read)
 
     @property
     def vocab_size(self) -> int:
@@ -124,13 +142,53 @@ class Tokenizer:
             self._fingerprint = vocab_fingerprint(model["vocab"], merges)
         return self._fingerprint
 
-    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
-        """Render `messages` ([{"role", "content"}]) with the model's template in a jinja2 sandbox."""
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True, *,
+                            variables: Mapping[str, object] | None = None) -> str:
+        """Render `messages` ([{"role", "content"}]) with the model's template in a jinja2 sandbox; `variables`:
+        extra template variables (`tools`)."""
         text, self._template = render_chat(self.chat_template, self._template, messages, add_generation_prompt,
-                                           bos_token=self.spec.bos_token or "", eos_token=self.spec.eos_token or "")
+                                           bos_token=self.spec.bos_token or "", eos_token=self.spec.eos_token or "",
+                                           variables=variables)
         return text
 
+    def token_bytes(self, token: int) -> bytes:
+        """The raw bytes of one token: byte-level BPE pieces mapped back through GPT-2's byte alphabet, SentencePiece
+        byte-fallback pieces (<0xNN>) as their byte, anything else (special tokens, '▁' pieces) as its decoded
+        text."""
+        piece = self._hf.id_to_token(int(token))
+        if piece is None:
+            raise ValueError(f"token id {token} is outside the vocabulary of {self.vocab_size}")
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            try:
+                return bytes([int(piece[3:5], 16)])
+            except ValueError:
+                pass
+        if self._byte_level is None:
+            decoder = json.loads(self.spec.hf_json).get("decoder") or {}
+            kinds = [decoder.get("type")] + [d.get("type") for d in decoder.get("decoders", []) or []]
+            self._byte_level = "ByteLevel" in kinds
+        table = _byte_decoder()
+        if self._byte_level and all(c in table for c in piece):
+            return bytes(table[c] for c in piece)
+        return self.decode([token]).encode("utf-8")
 
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: printable character -> the byte it stands for."""
+    global _BYTE_DECODER
+    if _BYTE_DECODER is None:
+        bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+        cs, n = bs[:], 0
+        for b in range(256):
+            if b not in bs:
+                bs.append(b)
+                cs.append(256 + n)
+                n += 1
+        _BYTE_DECODER = {chr(c): b for b, c in zip(bs, cs)}
+    return _BYTE_DECODER
+
+
+_BYTE_DECODER: dict[str, int] | None = None
 MAX_TEMPLATE_RANGE = 1_000_000  # range() items one render may loop over, summed over every range() it calls
 MAX_TEMPLATE_ITEMS = 1_000_000  # characters / items a `*` may build; `**` exponents are capped too
 

@@ -9,7 +9,7 @@ streaming (common_token_to_piece) is, so StreamDecoder works unchanged.
 from __future__ import annotations
 
 import ctypes
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -85,10 +85,18 @@ class LlamaCppTokenizer:
             self._fingerprint = vocab_fingerprint(vocab, self._merges)
         return self._fingerprint
 
-    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
-        """The file's chat template (or ChatML) in our jinja2 sandbox, bos/eos texts from llama.cpp."""
+    def token_bytes(self, token: int) -> bytes:
+        """The raw bytes of one token (llama_token_to_piece, special tokens rendered)."""
+        if not 0 <= int(token) < self._n:
+            raise ValueError(f"token id {token} is outside the vocabulary of {self._n}")
+        return self._piece(int(token))
+
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True, *,
+                            variables: Mapping[str, object] | None = None) -> str:
+        """The file's chat template (or ChatML) in our jinja2 sandbox, bos/eos texts from llama.cpp; `variables`:
+        extra template variables (`tools`)."""
         eos = self._text(self.eos_ids[0]) if self.eos_ids else ""
         bos = "" if self.bos_id is None else self._text(self.bos_id)
         text, self._template = render_chat(self.chat_template, self._template, messages, add_generation_prompt,
-                                           bos_token=bos, eos_token=eos)
+                                           bos_token=bos, eos_token=eos, variables=variables)
         return text

@@ -1,0 +1,172 @@
+"""Tool calling (apps/tools.py): typed tools, rendering through a template or a system message, parsing whole and
+streamed outputs, the forced-call grammar compiled by llguidance against the tiny model's tokenizer, and
+Engine.chat's tools / tool_choice."""
+import json
+
+import llguidance as llg
+import pytest
+
+import specedge
+from specedge import ForceTool, JsonObject, Tool, ToolCall
+from specedge.apps.tools import (ToolStream, forced_grammar, parse_tool_calls, render_messages, resolve_choice,
+                                 tools_of)
+from specedge.models.tiny import write_tiny_gguf
+
+WEATHER = Tool("get_weather", "The weather in a city", {"type": "object", "properties": {"city": {"type": "string"}},
+                                                        "required": ["city"]})
+TIME = Tool("get_time", "The time", {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]})
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+TOOLS_TEMPLATE = ("{% if tools %}TOOLS:{% for t in tools %}{{ t['function']['name'] }};{% endfor %}\n{% endif %}"
+                  "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}"
+                  "{% for c in m.get('tool_calls', []) %}CALL {{ c['function']['name'] }} "
+                  "{{ c['function']['arguments']['city'] }}{% endfor %}\n{% endfor %}")
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    path = write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "t.gguf", seed=0, n_layers=2, context=4096)
+    return specedge.Engine(str(path), backend="numpy", drafter="ngram", ctx=4096)
+
+
+def matcher(engine, grammar):
+    tok = llg.LLTokenizer(engine.tokenizer.spec.hf_json, eos_token=list(engine.tokenizer.eos_ids))
+    return tok, llg.LLMatcher(tok, llg.LLMatcher.grammar_from_lark(grammar.grammar))
+
+
+def test_tools_are_typed_and_validated():
+    assert Tool.from_openai(WEATHER.openai()) == WEATHER
+    assert Tool("f").parameters == {"type": "object", "properties": {}}
+    for bad in ("", "has space", "x" * 65):
+        with pytest.raises(ValueError, match="tool name"):
+            Tool(bad)
+    with pytest.raises(ValueError, match="unique"):
+        tools_of([WEATHER, WEATHER.openai()])
+    call = ToolCall("call_1", "get_weather", '{"city": "Paris"}')
+    assert call.args == {"city": "Paris"} and ToolCall.from_openai(call.openai()) == call
+    assert resolve_choice("get_time", [TIME]) == ForceTool("get_time")
+    with pytest.raises(ValueError, match="not among the tools"):
+        resolve_choice("nope", [TIME])
+    with pytest.raises(ValueError, match="at least one tool"):
+        resolve_choice("required", [])
+
+
+def test_parse_blocks_bare_json_and_leftover_content():
+    content, calls = parse_tool_calls("Let me check.\n" + CALL + "\nand " + CALL.replace("Paris", "Rome"),
+                                      [WEATHER])
+    assert content == "Let me check.\n\nand" and [c.args["city"] for c in calls] == ["Paris", "Rome"]
+    assert all(c.id.startswith("call_") and len(c.id) > 10 for c in calls) and calls[0].id != calls[1].id
+    content, calls = parse_tool_calls(' {"name": "get_weather", "parameters": {"city": "Oslo"}} ', [WEATHER])
+    assert content == "" and calls[0].name == "get_weather" and calls[0].args == {"city": "Oslo"}
+    for text in (CALL.replace("get_weather", "unknown"), "<tool_call>{not json}</tool_call>", "<tool_call>{\"na"):
+        assert parse_tool_calls(text, [WEATHER]) == (text.strip(), [])
+    assert parse_tool_calls(CALL, []) == (CALL, [])  # no tools: nothing is a call
+
+
+@pytest.mark.parametrize("step", [1, 3, 7, 1000])
+def test_tool_stream_equals_whole_parse_at_any_split(step):
+    text = "Sure. <tool_ca" + "ll>x</tool_call> then " + CALL + " bye <tool"
+    stream, events = ToolStream([WEATHER]), []
+    for i in range(0, len(text), step):
+        events += stream.push(text[i:i + step])
+        held = "".join(v for k, v in events if k == "content")
+        assert not held.endswith("<tool")  # a possible call start is held back
+    events += stream.finish()
+    content = "".join(v for k, v in events if k == "content")
+    calls = [v for k, v in events if k == "call"]
+    want_content, want_calls = parse_tool_calls(text, [WEATHER])
+    assert content.replace(" ", "") == want_content.replace(" ", "")
+    assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in want_calls]
+    assert stream.consumed == len(text)
+
+
+def test_tool_stream_holds_a_bare_json_call_to_the_end():
+    stream = ToolStream([WEATHER])
+    text = '{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+    assert [e for i in range(len(text)) for e in stream.push(text[i])] == []
+    [(kind, call)] = stream.finish()
+    assert kind == "call" and call.args == {"city": "Oslo"}
+
+
+def test_render_without_template_tools_uses_a_merged_system_message(engine):
+    assert "tools" not in engine.tokenizer.chat_template
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "weather?"}]
+    text = render_messages(engine.tokenizer, msgs, [WEATHER])
+    assert text.count("<|im_start|>system") == 1 and "Be brief.\n\n# Tools" in text
+    assert json.dumps(WEATHER.openai()) in text and "<tool_call>" in text
+    alone = render_messages(engine.tokenizer, msgs[1:], [WEATHER])
+    assert alone.startswith("<|im_start|>system\n# Tools")
+    assert render_messages(engine.tokenizer, msgs, [WEATHER], "none") == engine.tokenizer.apply_chat_template(msgs)
+
+
+def test_history_with_calls_and_results_renders_as_text(engine):
+    msgs = [{"role": "user", "content": "weather in Paris and Rome?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_a", "type": "function", "function": {"name": "get_weather",
+                                                                   "arguments": '{"city": "Paris"}'}},
+                ToolCall("call_b", "get_weather", '{"city": "Rome"}')]},
+            {"role": "tool", "tool_call_id": "call_a", "content": "sunny"},
+            {"role": "tool", "tool_call_id": "call_b", "content": "rain"}]
+    text = render_messages(engine.tokenizer, msgs, [WEATHER])
+    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+            '</tool_call>\n<tool_call>') in text
+    assert ("<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n<tool_response>\nrain\n"
+            "</tool_response><|im_end|>") in text
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_a_template_that_renders_tools_gets_them_as_a_variable(engine):
+    tok = engine.tokenizer
+    old = tok.chat_template, tok._template
+    tok.chat_template, tok._template = TOOLS_TEMPLATE, None
+    try:
+        msgs = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "", "tool_calls": [ToolCall("c", "get_weather", '{"city": "Oslo"}')]},
+                {"role": "tool", "tool_call_id": "c", "content": "cold"}]
+        text = render_messages(tok, msgs, [WEATHER, TIME])
+        assert text == "TOOLS:get_weather;get_time;[user]hi[assistant]CALL get_weather Oslo[tool]cold"  # trim_blocks
+        with pytest.raises(ValueError, match="set by the renderer"):
+            tok.apply_chat_template(msgs, variables={"messages": []})
+    finally:
+        tok.chat_template, tok._template = old
+
+
+@pytest.mark.parametrize("choice,parallel", [(ForceTool("get_weather"), False), ("required", False),
+                                             ("required", True)])
+def test_forced_grammar_compiles_and_accepts_exactly_calls(engine, choice, parallel):
+    grammar = forced_grammar([WEATHER, TIME], choice, parallel=parallel)
+    tok, m = matcher(engine, grammar)
+    assert not m.is_error(), m.get_error()
+    assert m.consume_tokens(tok.tokenize_str(CALL)) and m.is_accepting()
+    if parallel:
+        assert m.consume_tokens(tok.tokenize_str("\n" + CALL.replace("Paris", "Rome"))) and m.is_accepting()
+    for wrong in (CALL.replace("Paris", "1").replace('"1"', "1"),  # city must be a string
+                  CALL.replace("get_weather", "get_time") if isinstance(choice, ForceTool) else "plain text"):
+        _, m = matcher(engine, grammar)
+        m.consume_tokens(tok.tokenize_str(wrong))
+        assert m.is_error() or not m.is_accepting()
+
+
+def test_engine_chat_refuses_grammar_with_a_forced_tool(engine):
+    with pytest.raises(ValueError, match="forced tool_choice"):
+        engine.chat([{"role": "user", "content": "hi"}], tools=[WEATHER], tool_choice="required",
+                    grammar=JsonObject(), max_tokens=4)
+
+
+def test_engine_chat_without_a_call_returns_content(engine):
+    r = engine.chat([{"role": "user", "content": "hi"}], tools=[WEATHER], max_tokens=6, temperature=0)
+    assert isinstance(r, specedge.ChatResult) and isinstance(r, specedge.apps.api.GenerationResult)
+    assert r.tool_calls == [] and r.content == r.text.strip()
+
+
+@pytest.mark.parametrize("choice", ["required", "get_time", ForceTool("get_weather")])
+def test_engine_chat_forced_call_is_a_valid_call(engine, choice):
+    """Needs the constraint implementation (runtime): the grammar forces the call."""
+    r = engine.chat([{"role": "user", "content": "what time is it in Paris?"}], tools=[WEATHER, TIME],
+                    tool_choice=choice, parallel_tool_calls=False, max_tokens=200, temperature=0)
+    assert r.finish_reason == "eos" and len(r.tool_calls) == 1 and r.content == ""
+    call = r.tool_calls[0]
+    want = {"required": None, "get_time": "get_time"}.get(choice, getattr(choice, "name", None))
+    assert want is None or call.name == want
+    schema = {t.name: t for t in (WEATHER, TIME)}[call.name].parameters
+    import jsonschema
+    jsonschema.validate(call.args, schema)
