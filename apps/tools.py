@@ -24,7 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Iterable, Literal, Mapping, Sequence, Union
 
-from ..runtime.constraint import Lark
+from ..runtime.constraint import JSON_WHITESPACE, Lark
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -358,7 +358,8 @@ def forced_grammar(tools: Sequence[Tool], choice: ToolChoice, *, parallel: bool 
              "body: " + " | ".join(f"body{i}" for i in range(len(chosen)))]
     for i, t in enumerate(chosen):
         schema = {"type": "object", "properties": {"name": {"const": t.name}, "arguments": _plain(t.parameters)},
-                  "required": ["name", "arguments"], "additionalProperties": False}
+                  "required": ["name", "arguments"], "additionalProperties": False,
+                  "x-guidance": {"whitespace_pattern": JSON_WHITESPACE}}  # bounded, as for response_format
         lines.append(f"body{i}: %json {json.dumps(schema, ensure_ascii=False)}")
     return Lark("\n".join(lines) + "\n")
 

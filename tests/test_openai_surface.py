@@ -21,7 +21,8 @@ from specedge.runtime.types import FinishReason, Response, TokenLogprob
 
 HI = [{"role": "user", "content": "hi"}]
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
-                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                            "parameters": {"type": "object", "properties": {"city": {
+                                                "type": "string", "maxLength": 12}},
                                                            "required": ["city"], "additionalProperties": False}}}
 OK, REFUSED = "ok", "400"
 # Every documented /v1/chat/completions field with a non-default value, and what the server must do with it.
@@ -261,7 +262,8 @@ def test_logprobs_are_the_greedy_choice_and_equal_streamed(server, engine):
         tops = [t.logprob for t in e.top_logprobs]
         assert len(tops) == 3 and tops == sorted(tops, reverse=True) and e.logprob == pytest.approx(tops[0])
     want = engine.chat(HI, temperature=0, max_tokens=12, logprobs=3).logprobs
-    assert [e.logprob for e in content] == pytest.approx([lp.logprob for lp in want], abs=1e-9)
+    # the same model through another path (another batch split after prefix reuse): equal to 1e-5, as issue 20 asks
+    assert [e.logprob for e in content] == pytest.approx([lp.logprob for lp in want], abs=1e-5)
     streamed = [e.logprob for ch in client(server).chat.completions.create(**kw, stream=True)
                 if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
     assert streamed == pytest.approx([e.logprob for e in content], abs=1e-9)

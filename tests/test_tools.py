@@ -12,9 +12,11 @@ from specedge.apps.tools import (ToolStream, forced_grammar, parse_tool_calls, r
                                  tools_of)
 from specedge.models.tiny import write_tiny_gguf
 
-WEATHER = Tool("get_weather", "The weather in a city", {"type": "object", "properties": {"city": {"type": "string"}},
-                                                        "required": ["city"]})
-TIME = Tool("get_time", "The time", {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]})
+# bounded strings: the random tiny model's forced arguments must end within max_tokens
+WEATHER = Tool("get_weather", "The weather in a city", {"type": "object", "properties": {
+    "city": {"type": "string", "maxLength": 12}}, "required": ["city"], "additionalProperties": False})
+TIME = Tool("get_time", "The time", {"type": "object", "properties": {"tz": {"type": "string", "maxLength": 8}},
+                                     "required": ["tz"], "additionalProperties": False})
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 TOOLS_TEMPLATE = ("{% if tools %}TOOLS:{% for t in tools %}{{ t['function']['name'] }};{% endfor %}\n{% endif %}"
                   "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}"
