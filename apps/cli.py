@@ -81,9 +81,36 @@ def call_from(o) -> CallSettings:
     try:
         return CallSettings(max_tokens=o["max_tokens"], temperature=o["temperature"], top_p=o["top_p"],
                                          top_k=o["top_k"], min_p=o["min_p"], repeat_penalty=o["repeat_penalty"],
-                                         seed=o["seed"], stop=o.get("stop") or ())
+                                         seed=o["seed"], stop=o.get("stop") or (), grammar=grammar_from(o),
+                                         logprobs=o.get("logprobs"))
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
+
+
+def grammar_from(o):
+    """--json-schema (JSON text or a .json file), --regex, --grammar (a .gbnf file: GBNF, else llguidance Lark):
+    at most one; None without any."""
+    from ..runtime.constraint import Gbnf, JsonSchema, Lark, Regex
+    given = [n for n in ("json_schema", "regex", "grammar") if o.get(n)]
+    if len(given) > 1:
+        raise click.UsageError(f"give one output constraint, not {' and '.join('--' + n.replace('_', '-') for n in given)}")
+    if o.get("regex"):
+        return Regex(o["regex"])
+    if o.get("grammar"):
+        path = Path(o["grammar"])
+        text = path.read_text()
+        return Gbnf(text) if path.suffix == ".gbnf" else Lark(text)
+    if o.get("json_schema"):
+        raw = o["json_schema"]
+        source = Path(raw).read_text() if not raw.lstrip().startswith("{") and Path(raw).is_file() else raw
+        try:
+            schema = json.loads(source)
+        except json.JSONDecodeError as e:
+            raise click.BadParameter(f"--json-schema is neither a JSON object nor a readable .json file: {e}") from None
+        if not isinstance(schema, dict):
+            raise click.BadParameter("--json-schema must be a JSON object (a JSON Schema)")
+        return JsonSchema(schema)
+    return None
 
 
 PLAN_OVERRIDES = ("backend", "drafter", "k", "lossy")  # given (not None): honoured exactly, no plan
@@ -215,10 +242,23 @@ def rm_cmd(name: str, cache_dir: Path | None, dry_run: bool) -> None:
 @click.option("--lossy", default=None,
               help="LOSSY opt-in (output is not the model's own): loradrop[:DIR] decodes with the LoRA-Drop cycle; "
                    "entropy-switch:<small-model>,<threshold>[,<dwell>] switches models by entropy. Ignores --drafter.")
+@click.option("--json-schema", "json_schema", default=None,
+              help="Constrain the output to one JSON value valid under this JSON Schema (JSON text or a .json file); "
+                   "lossless under speculation (docs/algorithms.md 1.6).")
+@click.option("--regex", default=None, help="Constrain the output to match this regular expression.")
+@click.option("--grammar", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Constrain the output to a grammar file: .gbnf (llama.cpp GBNF), else llguidance's Lark syntax.")
+@click.option("--logprobs", type=click.IntRange(0, 20), default=None,
+              help="With --json: each token's logprob and its N most likely alternatives.")
 def generate(**o) -> None:
     """Decode PROMPT with MODEL (catalogue name, GGUF path, or an exported ONNX directory or its cache name, e.g.
     smollm2-135m-onnx-int8: it runs on ONNX Runtime without --backend), speculatively."""
     decoder, call = setup(o)
+    if call.grammar is not None:
+        try:  # a grammar llguidance refuses fails before anything decodes
+            decoder.constraint(call)
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
     tok = decoder.tokenizer
     text = o["prompt"] if o["raw"] else tok.apply_chat_template([{"role": "user", "content": o["prompt"]}])
     prompt_ids = tok.encode(text)
@@ -249,8 +289,12 @@ def generate(**o) -> None:
         report["speedup"] = stats.tokens_per_s / max(base_stats.tokens_per_s, 1e-9)
         report["identical_to_baseline"] = base.tokens == result.tokens
     if o["as_json"]:
-        click.echo(json.dumps({"text": result.text, "tokens": result.tokens,
-                               "finish_reason": result.finish_reason.value, "stats": report}))
+        out = {"text": result.text, "tokens": result.tokens, "finish_reason": result.finish_reason.value,
+               "stats": report}
+        if result.logprobs is not None:
+            out["logprobs"] = [{"token": lp.token, "logprob": lp.logprob, "top": [list(t) for t in lp.top]}
+                               for lp in result.logprobs]
+        click.echo(json.dumps(out))
     if o["show_stats"] or o["baseline"]:
         used = report["sampling"]
         temp = "greedy" if used["temperature"] == 0 else f"temperature={used['temperature']:g} top_p={used['top_p']:g}"

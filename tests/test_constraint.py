@@ -291,3 +291,32 @@ def test_block_verifier_and_lossy_modes_refuse_a_constraint(tiny):
     with pytest.raises(ValueError, match="block verification"):
         next(iter(decode(target, tok.encode("a b"), SamplingParams(temperature=1.0), drafter=NgramDrafter(),
                          verifier_kind=VerifierKind.BLOCK, constraint=grammars.compile(Regex("a+")))))
+
+
+def test_cli_generate_constrains_output_and_matches_plain(tmp_path):
+    import json
+    import re
+
+    from click.testing import CliRunner
+
+    from specedge.apps.cli import cli
+    path = write_tiny_gguf(tmp_path / "t.gguf", seed=0, n_layers=2)
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"a": {"type": "integer", "maximum": 999}},
+                                  "required": ["a"], "additionalProperties": False}))
+    base = ["generate", str(path), "the cat", "--backend", "numpy", "--drafter", "ngram", "--temperature", "0",
+            "--max-tokens", "60", "--json", "--baseline"]
+    r = CliRunner().invoke(cli, base + ["--regex", "(cat|mat)( [a-z]{1,5}){1,3}", "--logprobs", "1"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["stats"]["identical_to_baseline"] and len(out["logprobs"]) == len(out["tokens"])
+    assert re.fullmatch("(cat|mat)( [a-z]{1,5}){1,3}", out["text"]) or out["finish_reason"] == "length"
+    r = CliRunner().invoke(cli, base + ["--json-schema", str(schema)])
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert r.exit_code == 0 and out["stats"]["identical_to_baseline"]
+    if out["finish_reason"] == "eos":
+        assert set(json.loads(out["text"])) == {"a"}
+    r = CliRunner().invoke(cli, base + ["--regex", "("])
+    assert r.exit_code == 2 and "Regex grammar is not usable" in r.output
+    r = CliRunner().invoke(cli, base + ["--regex", "a", "--json-schema", "{}"])
+    assert r.exit_code == 2 and "give one output constraint" in r.output
