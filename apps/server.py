@@ -41,6 +41,7 @@ from .openai_protocol import APIError, GenRequest, Shape
 from .openai_shapes import TokenText
 from .server_metrics import CONTENT_TYPE, Metrics, PromMetrics
 from .tokenize_protocol import parse_detokenize, parse_tokenize
+from .sse import SSEResponse, watch_disconnect
 from .tools import ToolStream, parse_tool_calls
 
 
@@ -327,7 +328,7 @@ class Server:
             work = loop.run_in_executor(self.pool, self._work, chunks, cancel, loop, queue, True)
             work.add_done_callback(lambda w: self._finished(req, cancel, stats, lease, _outcome(w)))
             return SSEResponse(self._events(shape, req, queue, stats, engine), cancel)
-        watcher = asyncio.ensure_future(_watch_disconnect(request.receive, cancel))
+        watcher = asyncio.ensure_future(watch_disconnect(request.receive, cancel))
         outcomes, all_stats = [], []
         try:
             for i in range(req.n):
@@ -505,48 +506,9 @@ class Server:
                 return
 
 
-async def _watch_disconnect(receive, cancel: threading.Event) -> None:
-    """Set `cancel` when the client disconnects (the request body has been read: the next message is the end)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            cancel.set()
-            return
-
-
-class SSEResponse:
-    """Server-sent events (`data: {json}\\n\\n` ... `data: [DONE]\\n\\n`) from an async iterator of dicts; a
-    disconnect, seen while sending or while waiting for the next chunk, sets `cancel`."""
-
-    def __init__(self, events, cancel: threading.Event) -> None:
-        self.events, self.cancel = events, cancel
-
-    async def __call__(self, scope, receive, send) -> None:
-        watcher = asyncio.ensure_future(_watch_disconnect(receive, self.cancel))
-        try:
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
-                                    (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]})
-            async for event in self.events:
-                if self.cancel.is_set():
-                    return
-                await send({"type": "http.response.body", "body": _sse(event), "more_body": True})
-            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
-        except OSError:  # the client went away mid-send
-            pass
-        finally:
-            self.cancel.set()  # a no-op once the call has ended; stops it otherwise
-            watcher.cancel()
-            await self.events.aclose()
-
-
 def _outcome(work) -> "Outcome | None":
     """A finished worker future's Outcome (None when it was cancelled or raised)."""
     return None if work.cancelled() or work.exception() is not None else work.result()
-
-
-def _sse(obj: dict) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
 def create_app(models: Engine | ModelPool, config: ServerConfig) -> Starlette:

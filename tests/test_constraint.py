@@ -28,7 +28,7 @@ from specedge.runtime.tokenizer import Tokenizer
 from specedge.runtime.types import Draft, SamplingParams
 from specedge.runtime.verify import VerifierKind
 
-from test_decode import assert_counts_match
+from test_decode import RandomDrafter, assert_counts_match
 
 GREEDY = SamplingParams()
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
@@ -37,17 +37,6 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 GRAMMARS = {"json_schema": JsonSchema(SCHEMA), "json_object": JsonObject(), "regex": Regex(r"(the|cat|sat)( [a-z]+){2,6}\."),
             "lark": Lark('start: item ("," item)*\nitem: "cat" | "mat" | /[0-9]{1,3}/'),
             "gbnf": Gbnf('root ::= "the " ("cat" | "mat") " " [a-z]+')}
-
-
-class RandomDrafter(Drafter):
-    """Uniformly random proposals: mostly forbidden by any grammar, must never change the output."""
-    name = "random"
-
-    def __init__(self, vocab):
-        self.vocab = vocab
-
-    def propose(self, context, k, params, rng):
-        return Draft(tokens=rng.integers(0, self.vocab, k).astype(np.int32))
 
 
 class CycleDrafter(Drafter):

@@ -1,0 +1,46 @@
+"""Server-sent events for `specedge serve`: the SSE response and the disconnect watcher that cancels a call whose
+client went away (streamed or not)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+
+async def watch_disconnect(receive, cancel: threading.Event) -> None:
+    """Set `cancel` when the client disconnects (the request body has been read: the next message is the end)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            cancel.set()
+            return
+
+
+class SSEResponse:
+    """Server-sent events (`data: {json}\\n\\n` ... `data: [DONE]\\n\\n`) from an async iterator of dicts; a
+    disconnect, seen while sending or while waiting for the next chunk, sets `cancel`."""
+
+    def __init__(self, events, cancel: threading.Event) -> None:
+        self.events, self.cancel = events, cancel
+
+    async def __call__(self, scope, receive, send) -> None:
+        watcher = asyncio.ensure_future(watch_disconnect(receive, self.cancel))
+        try:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
+                                    (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]})
+            async for event in self.events:
+                if self.cancel.is_set():
+                    return
+                await send({"type": "http.response.body", "body": sse_bytes(event), "more_body": True})
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+        except OSError:  # the client went away mid-send
+            pass
+        finally:
+            self.cancel.set()  # a no-op once the call has ended; stops it otherwise
+            watcher.cancel()
+            await self.events.aclose()
+
+
+def sse_bytes(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
