@@ -46,7 +46,7 @@ COMMANDS = {
     "/help": "this list",
     "/exit": "quit (also /quit, Ctrl-D, Ctrl-C twice at the prompt)",
 }
-OPTION_NAMES = tuple(f.name for f in fields(CallSettings) if f.name != "stop")
+OPTION_NAMES = tuple(f.name for f in fields(CallSettings) if f.name not in ("stop", "grammar", "logprobs"))
 OPTION_TYPES = {"max_tokens": int, "temperature": float, "top_p": float, "top_k": int, "min_p": float,
                 "repeat_penalty": float, "seed": int}
 OPTIONAL = ("max_tokens", "temperature", "top_p", "top_k", "min_p")  # /set KEY none: back to the default
