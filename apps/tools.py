@@ -343,7 +343,7 @@ class ToolStream:
 
 def forced_grammar(tools: Sequence[Tool], choice: ToolChoice, *, parallel: bool = True) -> Lark:
     """The grammar of an output that is only tool calls: for a ForceTool, calls of that tool; for "required", of
-    any given tool; parallel=False: exactly one call, else one or more (newline-separated). Each call's arguments
+    any given tool; a named tool or parallel=False: exactly one call, else one or more (newline-separated). Each call's arguments
     follow its tool's parameter schema (llguidance's %json embedding)."""
     if isinstance(choice, ForceTool):
         chosen = [t for t in tools if t.name == choice.name]
@@ -353,6 +353,7 @@ def forced_grammar(tools: Sequence[Tool], choice: ToolChoice, *, parallel: bool 
         raise ValueError(f"only a forced tool_choice (\"required\" or a tool name) has a grammar, got {choice!r}")
     if not chosen:
         raise ValueError(f"tool_choice {choice!r} names no given tool")
+    parallel = parallel and not isinstance(choice, ForceTool)  # a named tool: one call of it (as OpenAI's models do)
     lines = ["start: call" if not parallel else 'start: call ("\\n" call)*',
              'call: "<tool_call>\\n" body "\\n</tool_call>"',
              "body: " + " | ".join(f"body{i}" for i in range(len(chosen)))]
