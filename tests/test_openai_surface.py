@@ -255,7 +255,11 @@ def test_forced_tool_call_through_the_server(server):
 
 def test_logprobs_are_the_greedy_choice_and_equal_streamed(server, engine):
     kw = dict(model="tiny", messages=HI, temperature=0, max_tokens=12, logprobs=True, top_logprobs=3)
-    engine.reset()  # each call from an empty KV cache: the same forwards, so the same values bit for bit
+    # Each call starts from an empty KV cache, but the verify batches are not the same from call to call: the
+    # adaptive draft length learns from measured verify times, so a slower call (streaming) may verify a shorter
+    # prefix, and float32 matmuls over a different batch shape differ in the last bits. So the values agree to
+    # float32 rounding (1e-5 on log-probabilities); a logprob taken from the wrong row or position differs by far more.
+    engine.reset()
     r = client(server).chat.completions.create(**kw)
     content = r.choices[0].logprobs.content
     assert len(content) == r.usage.completion_tokens
@@ -265,7 +269,8 @@ def test_logprobs_are_the_greedy_choice_and_equal_streamed(server, engine):
     engine.reset()
     want = engine.chat(HI, temperature=0, max_tokens=12, logprobs=3).logprobs
     engine.reset()
-    assert [e.logprob for e in content] == pytest.approx([lp.logprob for lp in want], abs=1e-9)
-    streamed = [e.logprob for ch in client(server).chat.completions.create(**kw, stream=True)
+    assert [e.logprob for e in content] == pytest.approx([lp.logprob for lp in want], abs=1e-5)
+    streamed = [e for ch in client(server).chat.completions.create(**kw, stream=True)
                 if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
-    assert streamed == pytest.approx([e.logprob for e in content], abs=1e-9)
+    assert [e.token for e in streamed] == [e.token for e in content]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], abs=1e-5)
