@@ -144,14 +144,14 @@ class Engine:
                **options) -> Iterator[Response]:
         """Decode a raw prompt (text, no chat template; or token ids) and yield Responses. Options: max_tokens
         (default: to the end of the turn or the context limit), temperature, top_p, top_k, min_p (default: the
-        model's, see `sampling_defaults`; temperature 0 = greedy), repeat_penalty, seed (0), stop, grammar (a
+        model's, see `sampling_defaults`; temperature 0 = greedy), repeat_penalty, presence_penalty, frequency_penalty
+        (llama.cpp's, over the last 64 tokens), logit_bias ({token id: bias}, -inf bans), seed (0), stop, grammar (a
         JsonSchema, JsonObject, Regex, Lark or Gbnf the output must match), logprobs (None; n: each Response's
         `logprob` with the n most likely alternatives, 0..20). Invalid values
         raise ValueError here, before anything runs. `stats`, if given, is filled with the call's statistics when it
         ends, `sampling` (the values used) included."""
         call = CallSettings(**options)
-        if call.grammar is not None:  # a grammar llguidance refuses is a ValueError now, before anything runs
-            self.decoder.constraint(call)
+        self.decoder.check(call)  # a bad logit_bias id or a grammar llguidance refuses: ValueError before anything runs
         ids = np.asarray(self.encode(prompt) if isinstance(prompt, str) else list(prompt), dtype=np.int32)
         self._check_length(len(ids))
         return self._run(ids, call, cancel, stats if stats is not None else {})

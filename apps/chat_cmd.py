@@ -31,7 +31,7 @@ from pathlib import Path
 
 import click
 
-from ..assembly.decoder import CallSettings
+from ..assembly.decoder import CallSettings, parse_logit_bias
 from .api import Engine
 
 SAVE_FORMAT = "specedge-chat/1"
@@ -41,14 +41,16 @@ COMMANDS = {
     "/stats": "the last answer's full statistics and the session totals",
     "/drafter SPEC": "switch the drafter live (ngram, none, model:<...>, exit:<l>, recycle, ...); alone: show it",
     "/set KEY VALUE": "change a sampling option (max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, "
-                      "seed; `none` = the default: to the end / the model's); alone: show them",
+                      "presence_penalty, frequency_penalty, logit_bias ID+BIAS ..., seed; `none` = the default: to "
+                      "the end / the model's / no bias); alone: show them",
     "/save PATH": "write the conversation and settings as JSON (resume with `specedge chat MODEL --load PATH`)",
     "/help": "this list",
     "/exit": "quit (also /quit, Ctrl-D, Ctrl-C twice at the prompt)",
 }
 OPTION_NAMES = tuple(f.name for f in fields(CallSettings) if f.name not in ("stop", "grammar", "logprobs"))
 OPTION_TYPES = {"max_tokens": int, "temperature": float, "top_p": float, "top_k": int, "min_p": float,
-                "repeat_penalty": float, "seed": int}
+                "repeat_penalty": float, "presence_penalty": float, "frequency_penalty": float,
+                "logit_bias": lambda text: parse_logit_bias(text.split()), "seed": int}
 OPTIONAL = ("max_tokens", "temperature", "top_p", "top_k", "min_p")  # /set KEY none: back to the default
 RESERVE_CAP = 512  # answer room the chat keeps free when trimming: min(RESERVE_CAP, ctx // 4), or max_tokens
 
@@ -132,9 +134,13 @@ def parse_option(key: str, value: str, current: dict) -> dict:
     kind = OPTION_TYPES[key]
     if value.lower() in ("none", "default") and key in OPTIONAL:
         return {**current, key: None}
+    if value.lower() == "none" and key == "logit_bias":
+        return {**current, key: {}}
     try:
         new = {**current, key: kind(value)}
-    except ValueError:
+    except ValueError as e:
+        if key == "logit_bias":
+            raise ValueError(f"{e} (several: /set logit_bias 15043+1 1234-inf; /set logit_bias none clears)") from None
         also = " or none" if key in OPTIONAL else ""
         raise ValueError(f"{key} takes a {kind.__name__}{also}, got {value!r}") from None
     CallSettings(**new)  # raises ValueError naming a bad value
@@ -378,7 +384,11 @@ def chat_command(decoding_options, engine_from):
     def chat(**o) -> None:
         """Chat with MODEL in the terminal: streaming answers, multi-turn with KV-cache reuse, slash commands
         (/help), Ctrl-C stops an answer."""
-        conv = Conversation(o["system"], [], {k: o[k] for k in OPTION_NAMES})
+        try:
+            bias = parse_logit_bias(o["logit_bias"])
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
+        conv = Conversation(o["system"], [], {**{k: o[k] for k in OPTION_NAMES}, "logit_bias": bias})
         if o["load_path"] is not None:
             try:
                 loaded = Conversation.load(o["load_path"])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ..assembly.decoder import CallSettings, DecodeSettings, Decoder, ModelSettings, load, resolved
+from ..assembly.decoder import CallSettings, DecodeSettings, Decoder, ModelSettings, load, parse_logit_bias, resolved
 from ..assembly.load import parse_drafter
 from ..models import catalog
 from ..runtime.backends import BackendKind
@@ -53,6 +53,13 @@ def decoding_options(f):
         click.option("--top-k", type=int, default=None, help="0 = off. Default: the model's, else off."),
         click.option("--min-p", type=float, default=None, help="0 = off. Default: the model's, else off."),
         click.option("--repeat-penalty", type=float, default=1.0, show_default=True),
+        click.option("--presence-penalty", type=float, default=0.0, show_default=True,
+                     help="Subtracted from the logit of each token seen in the last 64 (llama.cpp's; 0 = off)."),
+        click.option("--frequency-penalty", type=float, default=0.0, show_default=True,
+                     help="Subtracted per occurrence in the last 64 tokens (llama.cpp's; 0 = off)."),
+        click.option("--logit-bias", "logit_bias", multiple=True, metavar="ID(+|-)BIAS",
+                     help="Add BIAS to token ID's logit, as llama.cpp's --logit-bias: 15043+1, 15043-0.5, 15043-inf "
+                          "(bans it). Repeatable. Lossless under speculation: the target verifies with the bias."),
         click.option("--seed", type=int, default=0, show_default=True),
         click.option("--max-tokens", type=click.IntRange(1, None), default=None,
                      help="Most tokens to generate (default: until end of turn or the context limit)."),
@@ -81,6 +88,9 @@ def call_from(o) -> CallSettings:
     try:
         return CallSettings(max_tokens=o["max_tokens"], temperature=o["temperature"], top_p=o["top_p"],
                                          top_k=o["top_k"], min_p=o["min_p"], repeat_penalty=o["repeat_penalty"],
+                                         presence_penalty=o.get("presence_penalty", 0.0),
+                                         frequency_penalty=o.get("frequency_penalty", 0.0),
+                                         logit_bias=parse_logit_bias(o.get("logit_bias") or ()),
                                          seed=o["seed"], stop=o.get("stop") or (), grammar=grammar_from(o),
                                          logprobs=o.get("logprobs"))
     except ValueError as e:
@@ -254,11 +264,10 @@ def generate(**o) -> None:
     """Decode PROMPT with MODEL (catalogue name, GGUF path, or an exported ONNX directory or its cache name, e.g.
     smollm2-135m-onnx-int8: it runs on ONNX Runtime without --backend), speculatively."""
     decoder, call = setup(o)
-    if call.grammar is not None:
-        try:  # a grammar llguidance refuses fails before anything decodes
-            decoder.constraint(call)
-        except ValueError as e:
-            raise click.BadParameter(str(e)) from None
+    try:  # a logit_bias id outside the vocabulary or a grammar llguidance refuses fails before anything decodes
+        decoder.check(call)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
     tok = decoder.tokenizer
     text = o["prompt"] if o["raw"] else tok.apply_chat_template([{"role": "user", "content": o["prompt"]}])
     prompt_ids = tok.encode(text)

@@ -1,8 +1,8 @@
 """The OpenAI wire format for `specedge serve`: request bodies -> typed requests, results -> response JSON.
 
 Pure functions over dicts (no I/O), so the server module only routes, queues and streams. Requests follow
-OpenAI's /v1/completions and /v1/chat/completions; every documented field is honoured or, where we cannot (penalties
-other than repeat_penalty, logit_bias, audio, ...), refused with a 400 naming the field, never silently ignored;
+OpenAI's /v1/completions and /v1/chat/completions; every documented field is honoured or, where we cannot (best_of,
+suffix, audio, ...), refused with a 400 naming the field, never silently ignored;
 an unknown field is refused the same way (COMMON_FIELDS, CHAT_FIELDS, COMPLETION_FIELDS; docs/server.md's table). Values are checked for
 their JSON type here and for their range by specedge.Engine (apps/api.py), whose ValueError messages the client
 sees unchanged.
@@ -51,7 +51,7 @@ def engine_error(e: ValueError) -> APIError:
     first request field the message names."""
     msg = str(e)
     fields = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "repetition_penalty",
-              "prompt", "messages")
+              "presence_penalty", "frequency_penalty", "logit_bias", "prompt", "messages")
     hits = [(msg.find(f), f) for f in fields if f in msg]
     param = min(hits)[1] if hits else None
     param = "repeat_penalty" if param == "repetition_penalty" else param
@@ -99,9 +99,6 @@ MAX_COMPLETION_LOGPROBS = 5  # the legacy API's limit
 _FIXED = {
     "best_of": ((1,), "best_of > 1 is not supported: use n"),
     "suffix": (("",), "suffix (insertion) is not supported"),
-    "presence_penalty": ((0, 0.0), "presence_penalty is not supported; use repeat_penalty (an extension field)"),
-    "frequency_penalty": ((0, 0.0), "frequency_penalty is not supported; use repeat_penalty (an extension field)"),
-    "logit_bias": (({},), "logit_bias is not supported"),
     "functions": (([],), "functions (deprecated) is not supported: use tools"),
     "function_call": (("none",), "function_call (deprecated) is not supported: use tool_choice"),
     "audio": ((), "audio output is not supported"),
@@ -201,6 +198,34 @@ def grammar_of(body: dict) -> Grammar | None:
     return Gbnf(v) if name == "grammar" else Regex(v)
 
 
+def _penalty(body: dict, name: str) -> float:
+    """presence_penalty / frequency_penalty: OpenAI's range [-2, 2], applied as llama.cpp applies them (over the
+    last 64 tokens, runtime/sampling.py)."""
+    v = _number(body, name, 0.0)
+    if not -2.0 <= v <= 2.0:
+        raise invalid(f"{name} must be in [-2, 2], got {v}", name)
+    return v
+
+
+def _logit_bias(body: dict) -> dict[int, float]:
+    """logit_bias: an object of token ids (as strings) to biases in [-100, 100], added to the target's logits
+    before sampling (ids the vocabulary lacks are refused by the Engine)."""
+    v = body.get("logit_bias")
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise invalid(f'logit_bias must be an object of token ids to biases, e.g. {{"15043": -100}}, got {v!r}',
+                      "logit_bias")
+    out = {}
+    for key, bias in v.items():
+        if not (isinstance(key, str) and key.isdigit()) or isinstance(bias, bool) \
+                or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+            raise invalid(f"logit_bias maps token ids (strings of digits) to numbers in [-100, 100], got "
+                          f"{key!r}: {bias!r}", "logit_bias")
+        out[int(key)] = float(bias)
+    return out
+
+
 def _logprobs(body: dict, chat: bool) -> int | None:
     """CallSettings.logprobs: chat `logprobs` true + `top_logprobs` 0..20; completions `logprobs` 0..5."""
     v = body.get("logprobs")
@@ -281,6 +306,8 @@ def _common(body: dict, chat: bool) -> tuple[CallSettings, bool, bool, bool, int
         opts = CallSettings(max_tokens=max_tokens, temperature=_number(body, "temperature", None),
                             top_p=_number(body, "top_p", None), top_k=_integer(body, "top_k"),
                             min_p=_number(body, "min_p", None), repeat_penalty=_number(body, "repeat_penalty", 1.0),
+                            presence_penalty=_penalty(body, "presence_penalty"),
+                            frequency_penalty=_penalty(body, "frequency_penalty"), logit_bias=_logit_bias(body),
                             seed=seed, stop=_stop(body), grammar=grammar_of(body), logprobs=_logprobs(body, chat))
     except ValueError as e:
         raise engine_error(e) from None

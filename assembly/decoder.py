@@ -10,11 +10,12 @@ collect-and-strip-EOS step exist once.
 """
 from __future__ import annotations
 
+import re
 import time
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -72,6 +73,9 @@ class CallSettings:
     top_k: int | None = None  # 0 = off; None = the model's default (off unless it states one)
     min_p: float | None = None  # 0 = off; None = the model's default (off unless it states one)
     repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0  # 0 = off; llama.cpp's: subtracted once from a token in the last 64
+    frequency_penalty: float = 0.0  # 0 = off; subtracted per occurrence in the last 64 tokens
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs (a mapping is accepted); -inf bans
     seed: int = 0
     stop: tuple[str, ...] = ()
     grammar: Grammar | None = None  # what the output must match (runtime/constraint.py); None: free text
@@ -88,6 +92,11 @@ class CallSettings:
             raise ValueError(f"logprobs must be None (off) or an integer in [0, {MAX_TOP_LOGPROBS}] (the number of "
                              f"alternatives per token), got {self.logprobs!r}")
         object.__setattr__(self, "stop", tuple(self.stop))
+        try:  # a mapping or pairs; ids may come as strings (JSON object keys)
+            bias = tuple(sorted((int(t), float(b)) for t, b in dict(self.logit_bias).items()))
+        except (TypeError, ValueError):
+            raise ValueError(f"logit_bias must map token ids to numeric biases, got {self.logit_bias!r}") from None
+        object.__setattr__(self, "logit_bias", bias)
         self.sampling()  # raises ValueError naming a bad value
 
     def resolved(self, defaults: SamplingDefaults = CHAT_DEFAULTS) -> dict:
@@ -96,8 +105,22 @@ class CallSettings:
         return {k: getattr(defaults, k) if v is None else v for k, v in given.items()}
 
     def sampling(self, defaults: SamplingDefaults = CHAT_DEFAULTS) -> SamplingParams:
-        return SamplingParams(**self.resolved(defaults), repetition_penalty=self.repeat_penalty)
+        return SamplingParams(**self.resolved(defaults), repetition_penalty=self.repeat_penalty,
+                              presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                              logit_bias=self.logit_bias)
 
+
+
+def parse_logit_bias(items: Iterable[str]) -> dict[int, float]:
+    """llama.cpp's --logit-bias text, ID+BIAS or ID-BIAS (BIAS a number or inf), into {id: bias}; ValueError."""
+    out = {}
+    for item in items:
+        m = re.fullmatch(r"\s*(\d+)\s*([+-])\s*(inf|\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)\s*", item)
+        if m is None:
+            raise ValueError(f"logit_bias {item!r}: write TOKEN_ID+BIAS or TOKEN_ID-BIAS, e.g. 15043+1 or 15043-inf "
+                             f"(bans the token)")
+        out[int(m[1])] = float(m[2] + m[3])
+    return out
 
 def load(settings: ModelSettings, log: Log | None = None) -> LoadedModel:
     return load_model(settings.model, settings.backend, ctx=settings.ctx, threads=settings.threads,
@@ -147,8 +170,11 @@ class Decoder:
     def sampling_used(self, call: CallSettings) -> dict:
         """What the call samples with: temperature, top_p, top_k, min_p, repeat_penalty, seed, and `defaults`
         (where the unset ones came from)."""
-        return {**call.resolved(self.sampling_defaults), "repeat_penalty": call.repeat_penalty, "seed": call.seed,
-                "defaults": self.sampling_defaults.source}
+        extra = {k: getattr(call, k) for k in ("presence_penalty", "frequency_penalty") if getattr(call, k)}
+        if call.logit_bias:
+            extra["logit_bias"] = {t: b for t, b in call.logit_bias}
+        return {**call.resolved(self.sampling_defaults), "repeat_penalty": call.repeat_penalty, **extra,
+                "seed": call.seed, "defaults": self.sampling_defaults.source}
 
     def with_decode(self, decode: DecodeSettings) -> "Decoder":
         """A decoder over the same loaded target with other decode settings (a new drafter is built and checked)."""
@@ -167,6 +193,17 @@ class Decoder:
                                  "vocabulary specedge does not read), so its output cannot be constrained")
             self._grammars = GrammarCompiler(tok.spec.hf_json, self.model.backend.config.vocab_size, tok.eos_ids)
         return self._grammars
+
+    def check(self, call: CallSettings) -> None:
+        """Raise ValueError now, before anything runs, for what only the model can judge: a logit_bias token id
+        outside its vocabulary, a grammar llguidance refuses."""
+        V = self.model.backend.config.vocab_size
+        bad = [t for t, _ in call.logit_bias if t >= V]
+        if bad:
+            raise ValueError(f"logit_bias names token id {bad[0]}, outside this model's vocabulary of {V} "
+                             f"(ids 0..{V - 1}; `specedge tokenize` or POST /tokenize gives a text's ids)")
+        if call.grammar is not None:
+            self.constraint(call)
 
     def constraint(self, call: CallSettings):
         """The call's compiled Constraint, or None (free text)."""

@@ -1,8 +1,8 @@
 """The one `logits_to_probs` used by the target and every model drafter, and `sample`.
 
-Order (llama.cpp-like penalties first, then HF/vLLM-style warpers):
-    repetition penalty -> greedy one-hot (temperature == 0)
-                       or temperature -> top-k -> top-p -> min-p -> renormalise
+Order (llama.cpp's logit bias and penalties first, then HF/vLLM-style warpers):
+    logit bias -> repetition, frequency and presence penalties -> greedy one-hot (temperature == 0)
+                                                                or temperature -> top-k -> top-p -> min-p -> renormalise
 Everything after the input cast is float64 (docs/algorithms.md: verify in float64).
 
 Ties are broken toward the lowest token id everywhere (greedy argmax, the top-k and top-p boundaries),
@@ -27,6 +27,7 @@ def logits_to_probs(logits: Logits, params: SamplingParams, history: Tokens | No
     history: [H] int token ids ending with the input token of the LAST row; row i sees the penalty window
              `history[: H - (T-1-i)][-repeat_last_n:]` (so a verify pass over [last, *draft] is penalised
              exactly as T separate one-token steps would be). None = no penalty.
+             Logit bias ids at or past V (a drafter's smaller vocabulary) do not exist in these rows.
     returns: [T, V] float64, rows sum to 1; one-hot at the argmax when params.greedy.
 
     Example (temperature 1, top_k 2, V = 4):
@@ -37,12 +38,16 @@ def logits_to_probs(logits: Logits, params: SamplingParams, history: Tokens | No
     """
     logits = np.atleast_2d(logits)  # [T, V]
     T, V = logits.shape
-    penalise = params.repetition_penalty != 1.0 and history is not None and params.repeat_last_n > 0
-    if params.greedy and not penalise:  # the float64 cast is monotonic: argmax the input as is
+    penalise = params.penalised and history is not None
+    if params.greedy and not penalise and not params.logit_bias:  # the float64 cast is monotonic: argmax as is
         return _one_hot(np.argmax(logits, axis=1), V)
     x = np.array(logits, dtype=np.float64)  # [T, V], a private copy
+    if params.logit_bias:
+        ids, bias = (np.array(c) for c in zip(*params.logit_bias))
+        inside = ids < V
+        x[:, ids[inside]] += bias[inside]
     if penalise:
-        _apply_repetition_penalty(x, np.asarray(history).reshape(-1), params)
+        _apply_penalties(x, np.asarray(history).reshape(-1), params)
     if params.greedy:
         return _one_hot(np.argmax(x, axis=1), V)
     x /= params.temperature
@@ -85,16 +90,23 @@ def sample(probs_row: np.ndarray, rng: np.random.Generator) -> int:
     return i
 
 
-def _apply_repetition_penalty(x: np.ndarray, history: np.ndarray, params: SamplingParams) -> None:
-    """In place on x [T, V]: CTRL-style, positive logits / penalty, negative * penalty, once per distinct token."""
-    T, H, pen, n = x.shape[0], len(history), params.repetition_penalty, params.repeat_last_n
+def _apply_penalties(x: np.ndarray, history: np.ndarray, params: SamplingParams) -> None:
+    """In place on x [T, V], as llama.cpp's penalties sampler: for each distinct token of row i's window, with c its
+    count there, the repetition penalty once (CTRL style: positive logits / penalty, the rest * penalty), then
+    `- c * frequency_penalty - presence_penalty`."""
+    T, H, n = x.shape[0], len(history), params.repeat_last_n
+    pen, freq, pres = params.repetition_penalty, params.frequency_penalty, params.presence_penalty
     for i in range(T):
         end = max(0, H - (T - 1 - i))
-        ids = np.unique(history[max(0, end - n):end])  # [<= n]
+        ids, counts = np.unique(history[max(0, end - n):end], return_counts=True)  # [<= n]
+        inside = ids < x.shape[1]
+        ids, counts = ids[inside], counts[inside]
         if len(ids) == 0:
             continue
         v = x[i, ids]
-        x[i, ids] = np.where(v > 0, v / pen, v * pen)
+        if pen != 1.0:
+            v = np.where(v > 0, v / pen, v * pen)
+        x[i, ids] = v - counts * freq - pres
 
 
 def _one_hot(ids: np.ndarray, V: int) -> Probs:

@@ -231,8 +231,8 @@ class TreeStepper(_Speculative):
 
 
 def tree_probs(tree: TreeDraft, logits: np.ndarray, params: SamplingParams, context: Tokens) -> np.ndarray:
-    """p [n+1, V]; with a repetition penalty each node's row is penalised by its own root path's history."""
-    if params.repetition_penalty == 1.0:
+    """p [n+1, V]; with a penalty each node's row is penalised by its own root path's history."""
+    if not params.penalised:
         return logits_to_probs(logits, params)
     rows = [logits_to_probs(logits[j], params, history=np.concatenate(
         [context, tree.tokens[np.array(tree.path_to(j), dtype=np.int64) - 1]])) for j in range(tree.n + 1)]

@@ -35,9 +35,14 @@ class SamplingParams:
     top_p: float = 1.0  # 1 = off
     min_p: float = 0.0  # 0 = off
     repetition_penalty: float = 1.0  # 1 = off (llama.cpp / CTRL style: divide positive logits, multiply negative)
-    repeat_last_n: int = 64  # window of recent tokens the penalty looks at
+    repeat_last_n: int = 64  # window of recent tokens the penalties look at
+    presence_penalty: float = 0.0  # 0 = off; subtracted once from a token seen in the window (llama.cpp / OpenAI)
+    frequency_penalty: float = 0.0  # 0 = off; subtracted per occurrence in the window
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit); -inf bans it
 
     def __post_init__(self) -> None:
+        bias = tuple((int(t), float(b)) for t, b in dict(self.logit_bias).items())
+        object.__setattr__(self, "logit_bias", bias)
         checks = [
             (np.isfinite(self.temperature) and self.temperature >= 0, "temperature must be >= 0 (0 = greedy)"),
             (int(self.top_k) == self.top_k and self.top_k >= 0, "top_k must be an integer >= 0 (0 = off)"),
@@ -46,6 +51,10 @@ class SamplingParams:
             (np.isfinite(self.repetition_penalty) and self.repetition_penalty > 0,
              "repetition_penalty must be > 0 (1 = off)"),
             (self.repeat_last_n >= 0, "repeat_last_n must be >= 0"),
+            (np.isfinite(self.presence_penalty), "presence_penalty must be a finite number (0 = off)"),
+            (np.isfinite(self.frequency_penalty), "frequency_penalty must be a finite number (0 = off)"),
+            (all(t >= 0 and (np.isfinite(b) or b == -np.inf) for t, b in bias),
+             "logit_bias maps token ids >= 0 to finite biases (or -inf to ban a token)"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -54,6 +63,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalised(self) -> bool:
+        """Whether p depends on the recent history (a repetition, presence or frequency penalty is on)."""
+        return self.repeat_last_n > 0 and (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                                           or self.frequency_penalty != 0.0)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,17 @@ def test_set_none_restores_the_defaults():
         parse_option("max_tokens", "0", {})
 
 
+def test_set_penalties_and_logit_bias():
+    opts = parse_option("presence_penalty", "0.5", {})
+    opts = parse_option("logit_bias", "15+1 7-inf", parse_option("frequency_penalty", "-0.25", opts))
+    assert opts == {"presence_penalty": 0.5, "frequency_penalty": -0.25, "logit_bias": {15: 1.0, 7: float("-inf")}}
+    assert parse_option("logit_bias", "none", opts)["logit_bias"] == {}
+    with pytest.raises(ValueError, match="TOKEN_ID\\+BIAS.*/set logit_bias 15043\\+1"):
+        parse_option("logit_bias", "15=1", {})
+    with pytest.raises(ValueError, match="presence_penalty must be a finite number"):
+        parse_option("presence_penalty", "inf", {})
+
+
 def test_a_long_conversation_keeps_going_dropping_the_oldest_turns(tiny, tmp_path, capsys):
     engine = specedge.Engine(str(tiny), backend="numpy", drafter="ngram", ctx=CTX)
     conv = Conversation("You are terse.", [], {"max_tokens": 8, "temperature": 0})

@@ -30,6 +30,22 @@ def test_generate_json_is_valid_and_lossless(tiny_path):
     assert 0 < len(obj["tokens"]) <= 24
 
 
+def test_generate_honours_logit_bias_and_penalties_losslessly(tiny_path):
+    base = ["generate", tiny_path, "hello world", "--backend", "numpy", "--drafter", "ngram", "--max-tokens", 24,
+            "--temperature", 0, "--json", "--baseline"]
+    plain = json.loads(run(*base).stdout.strip().splitlines()[-1])
+    first = plain["tokens"][0]
+    r = run(*base, "--logit-bias", f"{first}-inf", "--presence-penalty", 1.5, "--frequency-penalty", 0.5)
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["stats"]["identical_to_baseline"] is True  # speculative == plain under the same bias and penalties
+    assert first not in out["tokens"] and out["tokens"] != plain["tokens"]
+    r = CliRunner().invoke(cli, [str(a) for a in base] + ["--logit-bias", "5=1"])
+    assert r.exit_code == 2 and "TOKEN_ID+BIAS" in r.output
+    r = CliRunner().invoke(cli, [str(a) for a in base] + ["--logit-bias", "99999999+1"])
+    assert r.exit_code == 2 and "outside this model's vocabulary" in r.output
+
+
 @pytest.mark.parametrize("flag", ["--adaptive-k", "--fixed-k"])
 def test_draft_length_mode_is_reported_and_lossless(tiny_path, flag):
     r = run("generate", tiny_path, "the cat sat", "--backend", "numpy", "--drafter", f"model:{tiny_path}", "--k", 4,

@@ -62,6 +62,24 @@ def test_greedy_speculative_equals_plain(tiny, which, k):
         assert tokens_of(target, prompt, drafter, k=k) == tokens_of(target, prompt), (which, k, text)
 
 
+PENALISED = SamplingParams(presence_penalty=0.6, frequency_penalty=0.3, repetition_penalty=1.2, repeat_last_n=16,
+                           logit_bias={5: 2.0, 7: -np.inf})
+
+
+@pytest.mark.parametrize("which", ["ngram", "random", "self", "other"])
+def test_greedy_speculative_equals_plain_with_penalties_and_logit_bias(tiny, which):
+    """Each verified row is penalised by the history up to its own input (draft tokens included), so speculation
+    returns what one-token steps under the same penalties and bias return."""
+    target, other, tok = tiny
+    for text in PROMPTS:
+        prompt = tok.encode(text)
+        drafter = {"ngram": NgramDrafter(), "random": RandomDrafter(target.config.vocab_size),
+                   "self": ModelDrafter(target), "other": ModelDrafter(other)}[which]
+        plain = tokens_of(target, prompt, params=PENALISED)
+        assert tokens_of(target, prompt, drafter, k=4, params=PENALISED) == plain, (which, text)
+        assert 7 not in plain and plain != tokens_of(target, prompt), text  # the bias and penalties act
+
+
 def test_identical_drafter_reaches_full_acceptance(tiny):
     target, _, tok = tiny
     st = DecodeStats()
@@ -88,6 +106,19 @@ def exact_joint(P, Q_unused, start, params, n):
         for x in seq:
             prob *= rows[prev, x]
             prev = x
+        out[seq] = prob
+    return out
+
+
+def exact_joint_with_history(P, prompt, params, n):
+    """Exact joint of n tokens when p depends on the history (penalties): each step processes P[prev] with the
+    prompt and the tokens so far as its history."""
+    V, out = P.shape[0], {}
+    for seq in product(range(V), repeat=n):
+        prob, hist = 1.0, list(prompt)
+        for x in seq:
+            prob *= logits_to_probs(P[hist[-1]][None], params, history=np.array(hist))[0, x]
+            hist.append(x)
         out[seq] = prob
     return out
 
@@ -133,6 +164,26 @@ def test_sampled_decode_loop_preserves_the_target_distribution(params, drafter_k
     assert keep.sum() >= 5, "too few cells for a meaningful test"
     p_value = sps.chisquare(obs_p[keep], exp_p[keep] * obs_p[keep].sum() / exp_p[keep].sum()).pvalue
     assert p_value > 1e-3, p_value
+
+
+@pytest.mark.parametrize("drafter_kind", ["model", "ngram"])
+def test_sampled_speculation_under_penalties_and_bias_follows_the_target(drafter_kind):
+    """Chi-square: with presence, frequency and repetition penalties over a short window and a logit bias, sampled
+    speculative decoding follows the penalised target's joint distribution (each verify row and each q row
+    penalised by its own history)."""
+    V, n, trials = 5, 3, 12000
+    P, Q = random_markov_table(V, seed=3, scale=1.0), random_markov_table(V, seed=4, scale=1.0)
+    params = SamplingParams(temperature=1.0, presence_penalty=0.7, frequency_penalty=0.4, repetition_penalty=1.3,
+                            repeat_last_n=3, logit_bias={2: 0.8, 4: -1.5})
+    target, prompt = MarkovBackend(P), np.array([0, 1, 0, 1, 0], dtype=np.int32)
+    rng, counts = np.random.default_rng(77), Counter()
+    for _ in range(trials):
+        drafter = ModelDrafter(MarkovBackend(Q)) if drafter_kind == "model" else NgramDrafter()
+        counts[tuple(e.token for e in decode(target, prompt, params, drafter=drafter, k=2, max_tokens=n,
+                                             rng=rng))] += 1
+    exact = exact_joint_with_history(P, prompt, params, n)
+    assert exact != exact_joint(P, None, int(prompt[-1]), SamplingParams(temperature=1.0), n)
+    assert_counts_match(counts, exact, trials)
 
 
 def test_stop_strings_and_finish_reasons(tiny):

@@ -28,11 +28,11 @@ OK, REFUSED = "ok", "400"
 # Every documented /v1/chat/completions field with a non-default value, and what the server must do with it.
 CHAT_SWEEP = {
     "messages": (HI, OK), "model": ("another-model", OK), "audio": ({"voice": "alloy", "format": "wav"}, REFUSED),
-    "frequency_penalty": (0.5, REFUSED), "function_call": ("auto", REFUSED), "functions": ([{"name": "f"}], REFUSED),
-    "logit_bias": ({"5": 10}, REFUSED), "logprobs": (True, OK), "max_completion_tokens": (3, OK),
+    "frequency_penalty": (0.5, OK), "function_call": ("auto", REFUSED), "functions": ([{"name": "f"}], REFUSED),
+    "logit_bias": ({"5": 10}, OK), "logprobs": (True, OK), "max_completion_tokens": (3, OK),
     "max_tokens": (3, OK), "metadata": ({"a": "b"}, OK), "modalities": (["text", "audio"], REFUSED), "n": (2, OK),
     "parallel_tool_calls": (False, OK), "prediction": ({"type": "content", "content": "x"}, REFUSED),
-    "presence_penalty": (0.5, REFUSED), "prompt_cache_key": ("k", OK), "reasoning_effort": ("low", REFUSED),
+    "presence_penalty": (0.5, OK), "prompt_cache_key": ("k", OK), "reasoning_effort": ("low", REFUSED),
     "response_format": ({"type": "json_object"}, OK), "safety_identifier": ("u1", OK), "seed": (5, OK),
     "service_tier": ("flex", REFUSED), "stop": (["zz"], OK), "store": (True, REFUSED), "stream": (True, OK),
     "stream_options": ({"include_usage": True}, OK), "temperature": (0.5, OK), "tool_choice": ("none", OK),
@@ -41,8 +41,8 @@ CHAT_SWEEP = {
 }
 COMPLETION_SWEEP = {
     "model": ("another-model", OK), "prompt": ("hello", OK), "best_of": (2, REFUSED), "echo": (True, OK),
-    "frequency_penalty": (0.5, REFUSED), "logit_bias": ({"5": 10}, REFUSED), "logprobs": (2, OK),
-    "max_tokens": (3, OK), "n": (2, OK), "presence_penalty": (0.5, REFUSED), "seed": (5, OK), "stop": (["zz"], OK),
+    "frequency_penalty": (0.5, OK), "logit_bias": ({"5": 10}, OK), "logprobs": (2, OK),
+    "max_tokens": (3, OK), "n": (2, OK), "presence_penalty": (0.5, OK), "seed": (5, OK), "stop": (["zz"], OK),
     "stream": (True, OK), "stream_options": ({"include_usage": True}, OK), "suffix": ("x", REFUSED),
     "temperature": (0.5, OK), "top_p": (0.5, OK), "user": ("u1", OK),
     "max_completion_tokens": (3, OK),  # the chat API's name, accepted here too
@@ -131,6 +131,23 @@ def test_every_field_is_honoured_or_refused_by_name(server, route, field, value,
     assert len(out["choices"]) == body.get("n", 1)
     if field == "echo":
         assert out["choices"][0]["text"].startswith("hello")
+    if field in ("presence_penalty", "frequency_penalty", "logit_bias"):  # the call sampled with it
+        assert out["specedge"]["sampling"][field] == value
+
+
+def test_logit_bias_and_penalties_are_honoured_as_the_engine_honours_them(server, engine):
+    """Banning the greedy answer's first token changes the answer to what the Engine gives under the same ban;
+    a presence penalty changes a repetitive greedy answer the same way on both paths."""
+    base = {"model": "tiny", "prompt": "the cat sat on the mat", "max_tokens": 12, "temperature": 0}
+    plain = post(server, "completions", base).json()["choices"][0]["text"]
+    first = engine.generate("the cat sat on the mat", max_tokens=12, temperature=0).tokens[0]
+    banned = post(server, "completions", {**base, "logit_bias": {str(first): -100}}).json()["choices"][0]["text"]
+    want = engine.generate("the cat sat on the mat", max_tokens=12, temperature=0, logit_bias={first: -100})
+    assert banned == want.text != plain and want.tokens[0] != first
+    pen = post(server, "completions", {**base, "presence_penalty": 2, "frequency_penalty": 1}).json()
+    want = engine.generate("the cat sat on the mat", max_tokens=12, temperature=0, presence_penalty=2,
+                           frequency_penalty=1)
+    assert pen["choices"][0]["text"] == want.text != plain
 
 
 @pytest.mark.parametrize("body,want", [

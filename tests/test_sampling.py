@@ -96,6 +96,38 @@ def test_repetition_penalty_window_per_row():
     np.testing.assert_allclose(p[2], softmax([1, 1, 0.5, 1]), rtol=1e-12)
 
 
+def test_frequency_and_presence_penalties_as_llama_cpp():
+    # window [0, 1, 1, 0, 1]: id 0 twice, id 1 three times. llama.cpp: repetition once, then - c*freq - presence.
+    params = SamplingParams(temperature=1.0, repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
+    p = logits_to_probs(row(2.0, -1.0, 0.5, 1.0), params, history=np.array([0, 1, 1, 0, 1]))
+    np.testing.assert_allclose(p[0], softmax([1.0 - 1.0 - 0.25, -2.0 - 1.5 - 0.25, 0.5, 1.0]), rtol=1e-12)
+    # a negative presence penalty encourages seen tokens; greedy sees it (id 2 0.5 + 1 beats id 3 1.2)
+    g = logits_to_probs(row(1.0, -1.0, 0.5, 1.2), SamplingParams(presence_penalty=-1.0, repeat_last_n=1),
+                        history=np.array([0, 2]))
+    np.testing.assert_array_equal(g[0], [0, 0, 1, 0])
+    # per row windows, as the repetition penalty: row i sees history up to its own input token
+    rows = logits_to_probs(np.zeros((2, 3), np.float32), SamplingParams(temperature=1.0, frequency_penalty=1.0),
+                           history=np.array([2, 2, 1]))
+    np.testing.assert_allclose(rows[0], softmax([0, 0, -2]), rtol=1e-12)
+    np.testing.assert_allclose(rows[1], softmax([0, -1, -2]), rtol=1e-12)
+
+
+def test_logit_bias_added_first_and_bans():
+    params = SamplingParams(temperature=1.0, logit_bias={1: 1.5, 3: -np.inf})
+    p = logits_to_probs(row(2.0, 1.0, 0.5, 3.0), params)
+    np.testing.assert_allclose(p[0], softmax([2.0, 2.5, 0.5, -np.inf]), rtol=1e-12)
+    assert p[0, 3] == 0.0
+    g = logits_to_probs(row(2.0, 1.0, 0.5, 3.0), SamplingParams(logit_bias={1: 1.5, 3: -np.inf}))
+    np.testing.assert_array_equal(g[0], [0, 1, 0, 0])  # greedy argmax after the bias
+    # the bias comes before the repetition penalty (llama.cpp's chain): 1 + 1.5 = 2.5 -> / 2 = 1.25 < 2
+    g = logits_to_probs(row(2.0, 1.0), SamplingParams(logit_bias={1: 1.5}, repetition_penalty=2.0),
+                        history=np.array([1]))
+    np.testing.assert_array_equal(g[0], [1, 0])
+    # ids past the row's width (a drafter's smaller vocabulary) do not exist there
+    np.testing.assert_allclose(logits_to_probs(row(0.0, 0.0), SamplingParams(temperature=1.0, logit_bias={5: 9.0}))[0],
+                               [0.5, 0.5], rtol=1e-12)
+
+
 def test_penalty_without_history_is_off():
     params = SamplingParams(temperature=1.0, repetition_penalty=3.0)
     np.testing.assert_allclose(logits_to_probs(row(1, 2), params)[0], softmax([1, 2]), rtol=1e-12)
@@ -116,7 +148,9 @@ def test_input_not_modified_and_rows_normalised():
     (dict(temperature=-0.1), "temperature"), (dict(top_k=-1), "top_k"), (dict(top_k=2.5), "top_k"),
     (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(min_p=1.0), "min_p"), (dict(min_p=-0.1), "min_p"),
     (dict(repetition_penalty=0.0), "repetition_penalty"), (dict(repeat_last_n=-1), "repeat_last_n"),
-    (dict(temperature=float("nan")), "temperature"),
+    (dict(temperature=float("nan")), "temperature"), (dict(presence_penalty=float("inf")), "presence_penalty"),
+    (dict(frequency_penalty=float("nan")), "frequency_penalty"), (dict(logit_bias={-1: 1.0}), "logit_bias"),
+    (dict(logit_bias={3: float("inf")}), "logit_bias"),
 ])
 def test_invalid_params_raise(kwargs, word):
     with pytest.raises(ValueError, match=word):

@@ -158,11 +158,13 @@ def test_recycle_drafter_spec_and_block_verifier_kind():
     assert VerifierKind("block") is VerifierKind.BLOCK
 
 
-def test_greedy_recycling_with_a_repetition_penalty_equals_plain(tiny):
+@pytest.mark.parametrize("params", [SamplingParams(repetition_penalty=1.3, repeat_last_n=8),
+                                    SamplingParams(presence_penalty=0.5, frequency_penalty=0.4, repeat_last_n=8,
+                                                   logit_bias={3: 1.0})], ids=["repeat", "presence-frequency-bias"])
+def test_greedy_recycling_with_penalties_equals_plain(tiny, params):
     """Each tree node is penalised by its own root path's history, as a one-token step there would be."""
     target, tok = tiny
-    params, drafter = SamplingParams(repetition_penalty=1.3, repeat_last_n=8), RecycleDrafter(
-        target.config.vocab_size, 16)
+    drafter = RecycleDrafter(target.config.vocab_size, 16)
     for text in PROMPTS[:2] * 2:
         prompt = tok.encode(text)
         assert run(target, prompt, drafter, params=params) == run(target, prompt, params=params), text
