@@ -22,7 +22,7 @@ import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from starlette.applications import Starlette
@@ -34,15 +34,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from . import openai_protocol as proto
-from . import openai_shapes as proto_shapes
 from .api import Engine
+from .generation import Outcome, choices_of, drive, events, outcome_of
 from .model_pool import Lease, ModelNotFound, ModelPool, PoolFull, disk_bytes
 from .openai_protocol import APIError, GenRequest, Shape
-from .openai_shapes import TokenText
 from .server_metrics import CONTENT_TYPE, Metrics, PromMetrics
 from .tokenize_protocol import parse_detokenize, parse_tokenize
 from .sse import SSEResponse, watch_disconnect
-from .tools import ToolStream, parse_tool_calls
 
 
 @dataclass(frozen=True)
@@ -81,14 +79,6 @@ class Admission:
     def release(self) -> None:
         with self._lock:
             self.n -= 1
-
-
-@dataclass
-class Outcome:
-    text: str
-    completion_tokens: int
-    reason: str  # the Engine's finish reason, or "error" (text is then the message)
-    logprobs: list = field(default_factory=list)  # TokenLogprob per completion token, when the call asked
 
 
 class Server:
@@ -325,9 +315,9 @@ class Server:
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
         lease.handed_off = True  # from here the call's end releases the lease
         if req.stream:
-            work = loop.run_in_executor(self.pool, self._work, chunks, cancel, loop, queue, True)
-            work.add_done_callback(lambda w: self._finished(req, cancel, stats, lease, _outcome(w)))
-            return SSEResponse(self._events(shape, req, queue, stats, engine), cancel)
+            work = loop.run_in_executor(self.pool, drive, chunks, cancel, loop, queue, True, self._running)
+            work.add_done_callback(lambda w: self._finished(req, cancel, stats, lease, outcome_of(w)))
+            return SSEResponse(events(shape, req, queue, stats, engine), cancel)
         watcher = asyncio.ensure_future(watch_disconnect(request.receive, cancel))
         outcomes, all_stats = [], []
         try:
@@ -335,7 +325,8 @@ class Server:
                 st = stats if i == 0 else {}
                 if i > 0:
                     chunks = engine.stream(req.prompt, cancel=cancel, stats=st, **req.call_options(i))
-                outcome = await loop.run_in_executor(self.pool, self._work, chunks, cancel, loop, queue, False)
+                outcome = await loop.run_in_executor(self.pool, drive, chunks, cancel, loop, queue, False,
+                                                     self._running)
                 outcomes.append(outcome)
                 all_stats.append(st)
                 if outcome.reason in ("error", "cancelled"):
@@ -350,33 +341,8 @@ class Server:
         bad = [o for o in outcomes if o.reason == "error"]
         if bad:
             raise APIError(500, bad[0].text, type="server_error")
-        text_of = TokenText(engine.tokenizer)
-        echo = self._echo_text(req, engine)
-        choices = []
-        for i, o in enumerate(outcomes):
-            if req.chat:
-                content, calls = parse_tool_calls(o.text, req.tools)
-                calls = calls if req.parallel_tool_calls else calls[:1]
-                lp = None if req.options.logprobs is None else proto_shapes.chat_logprobs(o.logprobs, text_of)
-                choices.append(shape.choice(i, content if req.tools else o.text, o.reason, tool_calls=calls,
-                                            logprobs=lp))
-            else:
-                lp = None if req.options.logprobs is None else \
-                    proto_shapes.completion_logprobs(o.logprobs, text_of, self._offset(req))[0]
-                choices.append(shape.choice(i, echo + o.text, o.reason, logprobs=lp))
-        return JSONResponse(shape.completion(choices, stats["prompt_tokens"],
+        return JSONResponse(shape.completion(choices_of(req, outcomes, shape, engine), stats["prompt_tokens"],
                                              sum(o.completion_tokens for o in outcomes), stats))
-
-    @staticmethod
-    def _echo_text(req: GenRequest, engine: Engine) -> str:
-        if not req.echo:
-            return ""
-        return req.prompt if isinstance(req.prompt, str) else engine.tokenizer.decode(req.prompt)
-
-    @staticmethod
-    def _offset(req: GenRequest) -> int:
-        """Completions' text_offset of the first generated token: after the prompt's text, as OpenAI counts."""
-        return len(req.prompt) if isinstance(req.prompt, str) else 0
 
     def _finished(self, req: GenRequest, cancel: threading.Event, stats: dict, lease: Lease,
                   outcome: "Outcome | None") -> None:
@@ -392,124 +358,9 @@ class Server:
             self.prom.finished(lease.model_id, route, stats, outcome.completion_tokens,
                                time.perf_counter() - lease.t0)
 
-    def _work(self, chunks, cancel: threading.Event, loop, queue: asyncio.Queue, stream: bool) -> Outcome:
-        """Worker thread: drive Engine.stream (blocks on the engine's lock until this call's turn); streamed
-        pieces go to the event loop's queue as ("text", text, [TokenLogprob]): the logprobs of the tokens since the
-        last piece (a token whose text is held back, by a stop string or an unfinished UTF-8 character, travels
-        with the piece that carries its text; the EOS token's is dropped); returns the whole outcome."""
-        def put(item) -> None:
-            if stream:
-                loop.call_soon_threadsafe(queue.put_nowait, item)
-
-        parts, n, reason, started, lps, pending = [], 0, "length", False, [], []
-        try:
-            if cancel.is_set():  # the client left while the call waited for a thread: never take the lock
-                chunks.close()
-                return Outcome("", 0, "cancelled")
-            for c in chunks:
-                if not started:
-                    started = True
-                    self._running(+1)
-                n += 1
-                reason = c.finish_reason or reason
-                if c.finish_reason == "eos":
-                    n -= 1  # the EOS token is not part of the completion
-                elif c.logprob is not None:
-                    lps.append(c.logprob)
-                    pending.append(c.logprob)
-                parts.append(c.text)
-                if c.text:
-                    put(("text", c.text, pending))
-                    pending = []
-            if pending:
-                put(("text", "", pending))
-            put(("end", (reason, n)))
-            return Outcome("".join(parts), n, reason, lps)
-        except Exception as e:  # a backend failure: the client gets a 500 / an error event, the server lives on
-            put(("error", f"generation failed: {type(e).__name__}: {e}"))
-            return Outcome(f"generation failed: {type(e).__name__}: {e}", n, "error")
-        finally:
-            if started:
-                self._running(-1)
-
     def _running(self, delta: int) -> None:
         with self.metrics.lock:
             self.metrics.running += delta
-
-    async def _events(self, shape: Shape, req: GenRequest, queue: asyncio.Queue, stats: dict, engine: Engine):
-        """SSE payloads for a streamed call: a first chunk (chat: the role; completions with echo: the prompt),
-        content chunks and tool-call chunks (apps/tools.py ToolStream: text that may begin a <tool_call> is held
-        back, a call is sent whole when its block closes), each with the logprobs of the tokens whose text it
-        carries, the final chunk with finish_reason and the `specedge` statistics, the usage chunk if asked, then
-        [DONE]."""
-        first, fed, held, calls = True, 0, [], 0
-        tools = ToolStream(req.tools)
-        text_of = TokenText(engine.tokenizer) if req.options.logprobs is not None else None
-        offset = self._offset(req)
-        if req.chat:
-            yield shape.chunk("", first=True, with_usage=req.include_usage)
-            first = False
-        elif req.echo:
-            yield shape.chunk(self._echo_text(req), with_usage=req.include_usage)
-
-        def logprobs_of(lps):
-            nonlocal offset
-            if text_of is None or not lps:
-                return None
-            if req.chat:
-                return proto_shapes.chat_logprobs(lps, text_of)
-            out, offset = proto_shapes.completion_logprobs(lps, text_of, offset)
-            return out
-
-        def chunks_of(events, final: bool):
-            nonlocal first, calls
-            released = []
-            while held and (final or held[0][0] <= tools.consumed):
-                released += held.pop(0)[1]
-            out = []
-            for j, (kind, value) in enumerate(events):
-                lp = logprobs_of(released) if j == len(events) - 1 else None
-                if kind == "call":
-                    if calls and not req.parallel_tool_calls:
-                        continue
-                    out.append(shape.chunk(None, first=first, with_usage=req.include_usage, logprobs=lp,
-                                           tool_call=(calls, value)))
-                    calls += 1
-                else:
-                    out.append(shape.chunk(value, first=first, with_usage=req.include_usage, logprobs=lp))
-                first = False
-            if not events and released:
-                held.insert(0, (0, released))  # no text went out: keep them for the next chunk
-            return out
-
-        while True:
-            kind, *value = await queue.get()
-            if kind == "text":
-                text, lps = value
-                fed += len(text)
-                if lps:
-                    held.append((fed, lps))
-                for c in chunks_of(tools.push(text), False):
-                    yield c
-            elif kind == "error":
-                yield APIError(500, value[0], type="server_error").body()
-                return
-            else:
-                reason, n = value[0]
-                for c in chunks_of(tools.finish(), True):
-                    yield c
-                rest = [lp for _, lps in held for lp in lps]
-                yield shape.chunk(None if req.chat else "", reason=reason, stats=stats, with_usage=req.include_usage,
-                                  logprobs=logprobs_of(rest), called=calls > 0)
-                if req.include_usage:
-                    yield shape.usage_chunk(stats["prompt_tokens"], n)
-                return
-
-
-def _outcome(work) -> "Outcome | None":
-    """A finished worker future's Outcome (None when it was cancelled or raised)."""
-    return None if work.cancelled() or work.exception() is not None else work.result()
-
 
 def create_app(models: Engine | ModelPool, config: ServerConfig) -> Starlette:
     """The Starlette app serving an Engine (as config.model_id) or a ModelPool; `app.state.server` is the Server
