@@ -87,12 +87,10 @@ def call_from(o) -> CallSettings:
     """The per-call settings from the parsed options; a bad value is a clean CLI error naming it."""
     try:
         return CallSettings(max_tokens=o["max_tokens"], temperature=o["temperature"], top_p=o["top_p"],
-                                         top_k=o["top_k"], min_p=o["min_p"], repeat_penalty=o["repeat_penalty"],
-                                         presence_penalty=o.get("presence_penalty", 0.0),
-                                         frequency_penalty=o.get("frequency_penalty", 0.0),
-                                         logit_bias=parse_logit_bias(o.get("logit_bias") or ()),
-                                         seed=o["seed"], stop=o.get("stop") or (), grammar=grammar_from(o),
-                                         logprobs=o.get("logprobs"))
+                            top_k=o["top_k"], min_p=o["min_p"], repeat_penalty=o["repeat_penalty"],
+                            presence_penalty=o["presence_penalty"], frequency_penalty=o["frequency_penalty"],
+                            logit_bias=parse_logit_bias(o["logit_bias"]), seed=o["seed"], stop=o.get("stop") or (),
+                            grammar=grammar_from(o), logprobs=o.get("logprobs"))
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
 

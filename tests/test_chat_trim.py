@@ -6,7 +6,8 @@ import pytest
 from click.testing import CliRunner
 
 import specedge
-from specedge.apps.chat_cmd import ChatLoop, Conversation, answer_reserve, parse_option
+from specedge.apps.chat_cmd import ChatLoop
+from specedge.apps.chat_state import Conversation, answer_reserve, parse_option
 from specedge.apps.cli import cli
 from specedge.models.tiny import write_tiny_gguf
 

@@ -1,0 +1,127 @@
+"""The state of a `specedge chat` session (apps/chat_cmd.py): the conversation /save writes and --load reads, the
+per-call options /set changes, the session totals, and the answer room kept free when trimming to the context."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from ..assembly.decoder import CallSettings, parse_logit_bias
+from .api import Engine
+
+SAVE_FORMAT = "specedge-chat/1"
+
+
+def bias_option(text: str) -> dict[int, float]:
+    """/set logit_bias: llama.cpp items separated by spaces (15043+1 1234-inf); `none` clears it."""
+    if text.strip().lower() == "none":
+        return {}
+    try:
+        return parse_logit_bias(text.split())
+    except ValueError as e:
+        raise ValueError(f"{e} (several: /set logit_bias 15043+1 1234-inf; /set logit_bias none clears)") from None
+
+
+OPTION_NAMES = tuple(f.name for f in fields(CallSettings) if f.name not in ("stop", "grammar", "logprobs"))
+OPTION_TYPES = {"max_tokens": int, "temperature": float, "top_p": float, "top_k": int, "min_p": float,
+                "repeat_penalty": float, "presence_penalty": float, "frequency_penalty": float,
+                "logit_bias": bias_option, "seed": int}
+OPTIONAL = ("max_tokens", "temperature", "top_p", "top_k", "min_p")  # /set KEY none: back to the default
+RESERVE_CAP = 512  # answer room the chat keeps free when trimming: min(RESERVE_CAP, ctx // 4), or max_tokens
+
+
+@dataclass
+class Totals:
+    """Session totals over answers (shown by /stats)."""
+    answers: int = 0
+    interrupted: int = 0
+    tokens: int = 0
+    decode_s: float = 0.0
+    prefilled: int = 0
+    reused: int = 0
+
+    def add(self, stats: dict) -> None:
+        self.answers += 1
+        self.interrupted += stats.get("finish_reason") == "cancelled"
+        self.tokens += stats.get("n_generated", 0)
+        self.decode_s += stats.get("decode_s", 0.0)
+        self.prefilled += stats.get("n_prefilled", 0)
+        self.reused += stats.get("reused_prompt_tokens", 0)
+
+
+@dataclass
+class Conversation:
+    """What /save writes and --load reads: the system prompt, the turns and the per-call options."""
+    system: str | None = None
+    messages: list[dict] = field(default_factory=list)  # {"role", "content"[, "interrupted": True]}
+    options: dict = field(default_factory=dict)  # CallSettings fields (max_tokens, temperature, ...)
+    start: int = 0  # messages[:start] were dropped to fit the context: kept for /save, not shown to the model
+
+    def render(self) -> list[dict]:
+        """The messages for the chat template (system first; only role and content; the dropped ones left out)."""
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + [{"role": m["role"], "content": m["content"]} for m in self.messages[self.start:]]
+
+    def clear(self) -> None:
+        self.messages.clear()
+        self.start = 0
+
+    def save(self, path: Path, engine: Engine, totals: Totals) -> None:
+        messages = [{**m, "dropped": True} if i < self.start else m for i, m in enumerate(self.messages)]
+        doc = {"format": SAVE_FORMAT, "model": engine.name, "backend": engine.backend_kind,
+               "drafter": engine.drafter_name, "k": engine.k, "ctx": engine.context_length, "system": self.system,
+               "options": self.options, "messages": messages, "totals": asdict(totals)}
+        path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: Path) -> "Conversation":
+        """requires: a file written by /save. Raises ValueError naming what is wrong."""
+        try:
+            doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"cannot read the saved chat {path}: {e}") from None
+        if not isinstance(doc, dict) or doc.get("format") != SAVE_FORMAT:
+            raise ValueError(f"{path} is not a chat saved by /save (expected format {SAVE_FORMAT!r})")
+        msgs = doc.get("messages", [])
+        if not all(isinstance(m, dict) and m.get("role") in ("user", "assistant") and isinstance(m.get("content"), str)
+                   for m in msgs):
+            raise ValueError(f"{path}: messages must be {{'role': 'user'|'assistant', 'content': str}}")
+        opts = {k: v for k, v in doc.get("options", {}).items() if k in OPTION_NAMES}
+        # messages dropped to fit the saved chat's context come back whole: the first turn trims again to this --ctx
+        return cls(doc.get("system"), [{k: v for k, v in m.items() if k != "dropped"} for m in msgs], opts)
+
+
+def stats_line(s: dict) -> str:
+    """One line per answer: speed, tau, time to first token, prompt tokens prefilled vs reused, finish reason."""
+    ttft = s.get("ttft_s")
+    ttft_txt = "-" if ttft is None else f"{ttft:.3f} s"
+    return (f"[{s.get('tokens_per_s', 0.0):.1f} tok/s | tau {s.get('mean_accepted_length', 0.0):.2f} | "
+            f"TTFT {ttft_txt} | prompt {s.get('prompt_tokens', 0)} tokens: {s.get('n_prefilled', 0)} prefilled, "
+            f"{s.get('reused_prompt_tokens', 0)} reused | {s.get('n_generated', 0)} tokens, "
+            f"{s.get('finish_reason')} | {s.get('drafter')}]")
+
+
+def parse_option(key: str, value: str, current: dict) -> dict:
+    """The options with KEY set to VALUE (typed as CallSettings declares it; `none` for the default of max_tokens
+    and the sampling values), validated. Raises ValueError."""
+    if key not in OPTION_TYPES:
+        raise ValueError(f"unknown option {key!r}; use one of {', '.join(OPTION_NAMES)}")
+    kind = OPTION_TYPES[key]
+    if value.lower() in ("none", "default") and key in OPTIONAL:
+        return {**current, key: None}
+    try:
+        new = {**current, key: kind(value)}
+    except ValueError:
+        if kind not in (int, float):
+            raise  # a parser of its own (logit_bias) says what it takes
+        also = " or none" if key in OPTIONAL else ""
+        raise ValueError(f"{key} takes a {kind.__name__}{also}, got {value!r}") from None
+    CallSettings(**new)  # raises ValueError naming a bad value
+    return new
+
+
+def answer_reserve(ctx: int, max_tokens: int | None) -> int:
+    """Tokens kept free for the answer when trimming the conversation: min(512, ctx // 4), or max_tokens if
+    smaller (an answer that long stops there anyway)."""
+    reserve = max(1, min(RESERVE_CAP, ctx // 4))
+    return reserve if max_tokens is None else max(1, min(reserve, max_tokens))
