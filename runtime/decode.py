@@ -8,19 +8,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator
 
 import numpy as np
 
 from .backends.base import Backend
-from .constraint import Constraint
 from .draft_length import AdaptiveDraftLength
-from .drafters.base import Drafter
-from .lossy import LossyMode
+from .request import PLAIN, Request, Speculation
 from .stats import DecodeStats
 from .session import Session
 from .steppers import ChainStepper, SeqState, Stepper, TreeStepper
-from .types import FinishReason, SamplingParams, TokenLogprob, Tokens, as_tokens
+from .types import FinishReason, TokenLogprob, Tokens, as_tokens
 from .verify import VerifierKind, make_verifier
 
 
@@ -32,50 +30,38 @@ class TokenEvent:
     logprob: TokenLogprob | None = None  # when the call asked for logprobs
 
 
-def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: Drafter | None = None,
-           k: int = 4, max_tokens: int | None = 128, eos_ids: Sequence[int] = (),
-           rng: np.random.Generator | None = None, stats: DecodeStats | None = None, ctx: int | None = None,
-           adaptive_k: bool = False,
-           verifier_kind: VerifierKind = VerifierKind.CHAIN, session: Session | None = None,
-           lossy: LossyMode | None = None, constraint: Constraint | None = None,
-           logprobs: int | None = None) -> Iterator[TokenEvent]:
-    """Generate up to max_tokens tokens; yields one event per emitted token, the last one with a finish reason.
-    max_tokens None: up to the room left in the context (its limit minus the prompt), so the decode ends at EOS or
-    there (finish LENGTH). Each round drafts at most the cache room left past the committed tokens, so a draft
-    never overruns the cache, at the limit included.
+def decode(target: Backend, prompt: Tokens, spec: Speculation = PLAIN, req: Request = Request(), *,
+           session: Session | None = None, stats: DecodeStats | None = None) -> Iterator[TokenEvent]:
+    """Generate up to req.max_tokens tokens as `spec` says; yields one event per emitted token, the last one with a
+    finish reason. max_tokens None: up to the room left in the context (its limit minus the prompt), so the decode
+    ends at EOS or there (finish LENGTH). Each round drafts at most the cache room left past the committed tokens,
+    so a draft never overruns the cache, at the limit included.
 
-    adaptive_k: verify only the prefix of each draft that pays for its verification, learned online from this
-    target's call times and the drafter's acceptance (runtime/draft_length.py); k is then the maximum. Lossless
-    either way: only speed changes. verifier_kind: chain (1.1) or block (1.3) verification of sampled chain drafts.
-    A tree drafter (caps.tree) runs tree rounds (TreeStepper; its `max_nodes` bounds each tree; k is unused).
+    spec (runtime/request.py): the drafter and k; adaptive_k verifies only the prefix of each draft that pays for
+    its verification, learned online from this target's call times and the drafter's acceptance
+    (runtime/draft_length.py; k is then the maximum; lossless either way); the verifier: chain (1.1) or block (1.3)
+    for sampled chain drafts. A tree drafter (caps.tree) runs tree rounds (TreeStepper; its `max_nodes` bounds each
+    tree; k is unused). A lossy mode (runtime/lossy.py) decodes instead of speculation.
+    req: sampling, length, seed, eos ids; its constraint (runtime/constraint.py): the target's p is masked before
+    verification and a draft ends at its first forbidden token, so the output equals constrained plain decoding's
+    (greedy) or follows its distribution (sampled); logprobs n >= 0 puts each token's TokenLogprob (n alternatives)
+    on its event.
 
     session: keep the target's KV cache across calls (runtime/session.py): only the prompt tokens past the prefix
     it already holds are prefilled, and its capacity is the context limit.
-    lossy: a labelled lossy mode (runtime/lossy.py) decodes instead of speculation (no drafter then).
-    constraint: what the output must match (runtime/constraint.py): the target's p is masked before verification
-    and a draft ends at its first forbidden token, so the output equals constrained plain decoding's (greedy) or
-    follows its distribution (sampled). logprobs: n >= 0 puts each token's TokenLogprob (n alternatives) on its
-    event; None: off.
 
     Stop strings and cancellation are the caller's (it stops iterating).
     """
     prompt = as_tokens(prompt)
-    if len(prompt) == 0:
-        raise ValueError("the prompt is empty: give at least one token")
-    if max_tokens is not None and max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    stepper = make_stepper(target, params, drafter, k=k, adaptive_k=adaptive_k, verifier_kind=verifier_kind,
-                           lossy=lossy, constraint=constraint, logprobs=logprobs)
-    limit = session.capacity if session is not None else (ctx or target.config.context_length)
+    stepper = make_stepper(target, spec, req)
+    limit = session.capacity if session is not None else (req.max_context or target.config.context_length)
     limit = limit if stepper.context_limit is None else min(limit, stepper.context_limit)
-    if len(prompt) + 1 > limit:
-        raise ValueError(f"the prompt has {len(prompt)} tokens but the context holds {limit}: shorten the prompt "
-                         "or raise --ctx (up to the model's context length)")
+    check_prompt(len(prompt), limit)
     room = limit - len(prompt)
-    max_tokens = room if max_tokens is None else min(max_tokens, room)
-    rng = rng if rng is not None else np.random.default_rng(0)
+    max_tokens = room if req.max_tokens is None else min(req.max_tokens, room)
+    rng = np.random.default_rng(req.seed)
     stats = stats if stats is not None else DecodeStats()
-    eos = set(int(e) for e in eos_ids)
+    eos = set(req.eos_ids or ())
     t0 = time.perf_counter()
     if session is None:
         seq, start = SeqState(prompt, target.new_cache(min(limit, len(prompt) + max_tokens + stepper.reserve))), 0
@@ -96,7 +82,7 @@ def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: 
         while True:
             emitted, step = stepper.step(seq, seq.cache.capacity - seq.cache.length - 1, rng)
             stats.record(step)
-            lps = stepper.step_logprobs if logprobs is not None else None
+            lps = stepper.step_logprobs if req.logprobs is not None else None
             for j, tok in enumerate(emitted):
                 produced += 1
                 reason = FinishReason.EOS if tok in eos else (
@@ -111,28 +97,32 @@ def decode(target: Backend, prompt: Tokens, params: SamplingParams, *, drafter: 
             session.finish(seq.tokens)
 
 
-def make_stepper(target: Backend, params: SamplingParams, drafter: Drafter | None = None, *, k: int = 4,
-                 adaptive_k: bool = False, verifier_kind: VerifierKind = VerifierKind.CHAIN,
-                 lossy: LossyMode | None = None, constraint: Constraint | None = None,
-                 logprobs: int | None = None) -> Stepper:
+def check_prompt(n_prompt: int, limit: int) -> None:
+    """ValueError for an empty prompt, or one that leaves no room for an answer in a context of `limit` positions."""
+    if n_prompt == 0:
+        raise ValueError("the prompt is empty: give at least one token")
+    if n_prompt + 1 > limit:
+        raise ValueError(f"the prompt has {n_prompt} tokens but the context holds {limit}: shorten the prompt (or "
+                         "the conversation) or raise ctx (--ctx, up to the model's context length)")
+
+
+def make_stepper(target: Backend, spec: Speculation, req: Request) -> Stepper:
     """The Stepper for one decode call; fails here (start-up) when the target lacks what the drafter needs, or
     when a constraint or logprobs meet a mode that cannot honour them."""
-    extra = {"constraint": constraint, "logprobs": logprobs}
-    if lossy is not None:
-        if drafter is not None:
-            raise ValueError(f"{lossy.label}: a lossy mode decodes without a drafter; drop the drafter")
-        if constraint is not None or logprobs is not None:
-            raise ValueError(f"{lossy.label}: a lossy mode's output is not the model's own, so it takes no grammar "
-                             "and reports no logprobs; decode without the lossy mode")
-        return lossy.stepper(target, params)
-    if constraint is not None and verifier_kind is VerifierKind.BLOCK and not params.greedy:
+    params, drafter = req.params, spec.drafter
+    if spec.lossy is not None:
+        if req.constraint is not None or req.logprobs is not None:
+            raise ValueError(f"{spec.lossy.label}: a lossy mode's output is not the model's own, so it takes no "
+                             "grammar and reports no logprobs; decode without the lossy mode")
+        return spec.lossy.stepper(target, params)
+    if req.constraint is not None and spec.verifier is VerifierKind.BLOCK and not params.greedy:
         raise ValueError("block verification does not take a grammar constraint (its proof needs the whole draft "
                          "drawn from q, and a constrained draft ends at its first forbidden token): use the chain "
                          "verifier (--verifier chain)")
     if drafter is None:
-        return ChainStepper(target, None, params, make_verifier(params, verifier_kind), k, **extra)
+        return ChainStepper(target, None, req, make_verifier(params, spec.verifier), spec.k)
     drafter.check(target)
     if drafter.caps.tree:
-        return TreeStepper(target, drafter, params, **extra)
-    policy = AdaptiveDraftLength(k) if (adaptive_k and k > 0) else None
-    return ChainStepper(target, drafter, params, make_verifier(params, verifier_kind), k, policy, **extra)
+        return TreeStepper(target, drafter, req)
+    policy = AdaptiveDraftLength(spec.k) if (spec.adaptive_k and spec.k > 0) else None
+    return ChainStepper(target, drafter, req, make_verifier(params, spec.verifier), spec.k, policy)

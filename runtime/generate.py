@@ -1,24 +1,21 @@
-"""Text streaming on top of the token decode loop: incremental detokenization, stop strings, finish reasons.
+"""Text streaming on top of the token decode loop: incremental detokenization, stop strings, finish reasons; and
+the one collector of a Response stream (tokens without the EOS token, logprobs aligned with them).
 
-The CLI, the Python API, the server and the benchmark all consume `stream`.
+The CLI, the Python API, the server and the benchmark all consume `stream` (through assembly/decoder.py).
 """
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable, Iterable, Iterator, Sequence
 
-import numpy as np
-
 from .backends.base import Backend
-from .constraint import Constraint
 from .decode import decode
-from .drafters.base import Drafter
-from .lossy import LossyMode
+from .request import PLAIN, Request, Speculation
 from .session import Session
 from .stats import DecodeStats
-from .tokenizer import StreamDecoder, Tokenizer
-from .types import FinishReason, GenerationResult, Response, SamplingParams, Tokens
-from .verify import VerifierKind
+from .tokenizer import StreamDecoder, TextTokenizer
+from .types import FinishReason, GenerationResult, Response, TokenLogprob, Tokens
 
 
 def held_back(text: str, stops: Sequence[str]) -> int:
@@ -36,30 +33,22 @@ def held_back(text: str, stops: Sequence[str]) -> int:
     return best
 
 
-def stream(target: Backend, tokenizer: Tokenizer, prompt: Tokens, params: SamplingParams, *,
-           drafter: Drafter | None = None, k: int = 4, max_tokens: int | None = 128, stop: Sequence[str] = (),
-           rng: np.random.Generator | None = None, stats: DecodeStats | None = None,
-           eos_ids: Sequence[int] | None = None, ctx: int | None = None, adaptive_k: bool = False,
-           verifier_kind: VerifierKind = VerifierKind.CHAIN, lossy: LossyMode | None = None,
-           session: Session | None = None, constraint: Constraint | None = None,
-           logprobs: int | None = None) -> Iterator[Response]:
-    """Yield Responses as tokens are committed; the last one carries the finish reason.
+def stream(target: Backend, tokenizer: TextTokenizer, prompt: Tokens, spec: Speculation = PLAIN,
+           req: Request = Request(), *, session: Session | None = None, stats: DecodeStats | None = None
+           ) -> Iterator[Response]:
+    """Yield Responses as tokens are committed; the last one carries the finish reason. `decode` (runtime/decode.py)
+    with req.eos_ids None meaning the tokenizer's end-of-turn ids; each Response carries its token's TokenLogprob
+    when req.logprobs asks.
 
-    max_tokens None: to EOS, a stop string or the context limit (runtime/decode.py).
-    lossy: a labelled lossy mode (runtime/lossy.py) instead of speculation. session: a runtime/session.py Session
-    whose cached prefix is reused. constraint, logprobs: as runtime/decode.py's (each Response then carries its
-    token's TokenLogprob).
-
-    Text that might begin a stop string is held back until it cannot; a stop string and the EOS token
+    Text that might begin a stop string (req.stop) is held back until it cannot; a stop string and the EOS token
     are never part of the output.
     """
-    stops = [s for s in stop if s]
-    eos = tuple(tokenizer.eos_ids if eos_ids is None else eos_ids)
+    stops = list(req.stop)
+    if req.eos_ids is None:
+        req = replace(req, eos_ids=tuple(tokenizer.eos_ids))
     detok = StreamDecoder(tokenizer)
     pending, produced, t0 = "", 0, time.perf_counter()
-    events = decode(target, prompt, params, drafter=drafter, k=k, max_tokens=max_tokens, eos_ids=eos, rng=rng,
-                    stats=stats, ctx=ctx, adaptive_k=adaptive_k, verifier_kind=verifier_kind, session=session,
-                    lossy=lossy, constraint=constraint, logprobs=logprobs)
+    events = decode(target, prompt, spec, req, session=session, stats=stats)
     for ev in events:
         produced += 1
         rate = produced / max(time.perf_counter() - t0, 1e-9)
@@ -80,27 +69,49 @@ def stream(target: Backend, tokenizer: Tokenizer, prompt: Tokens, params: Sampli
         yield Response(out, ev.token, ev.from_draft, rate, None, ev.logprob)
 
 
+class Collector:
+    """A Response stream joined as it arrives, the one place that aligns tokens and logprobs: the EOS token ends
+    the answer but is not part of it (not in `tokens`, its logprob not in `logprobs`; its text is never output).
+
+    `add(r)` takes one Response; `take_logprobs()` returns the logprobs added since the last take (a streaming
+    caller sends them with the next piece of text); `result(prompt_tokens, stats)` is the GenerationResult."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.tokens: list[int] = []
+        self.logprobs: list[TokenLogprob] = []
+        self.asked = False  # a Response carried a logprob (the call asked for them)
+        self.reason = FinishReason.LENGTH
+        self._taken = 0
+
+    def add(self, r: Response) -> None:
+        self.parts.append(r.text)
+        self.reason = r.finish_reason or self.reason
+        self.asked = self.asked or r.logprob is not None
+        if r.finish_reason is FinishReason.EOS:
+            return
+        self.tokens.append(r.token)
+        if r.logprob is not None:
+            self.logprobs.append(r.logprob)
+
+    def take_logprobs(self) -> list[TokenLogprob]:
+        out, self._taken = self.logprobs[self._taken:], len(self.logprobs)
+        return out
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    def result(self, prompt_tokens: int = 0, stats=None) -> GenerationResult:
+        return GenerationResult(self.text, list(self.tokens), self.reason, prompt_tokens, stats,
+                                list(self.logprobs) if self.asked else None)
+
+
 def collect(responses: Iterable[Response], on_text: Callable[[str], None] | None = None) -> GenerationResult:
-    """Join a Response stream into one result; on_text sees each piece of text as it arrives. The EOS token is
-    dropped from the tokens (it is never in the text)."""
-    parts, tokens, lps, reason = [], [], [], FinishReason.LENGTH
+    """Join a Response stream into one result (Collector); on_text sees each piece of text as it arrives."""
+    c = Collector()
     for r in responses:
-        parts.append(r.text)
-        tokens.append(r.token)
-        lps.append(r.logprob)
-        reason = r.finish_reason or reason
+        c.add(r)
         if on_text is not None and r.text:
             on_text(r.text)
-    if reason is FinishReason.EOS:
-        tokens, lps = tokens[:-1], lps[:-1]
-    logprobs = lps if (lps and lps[0] is not None) else None
-    return GenerationResult(text="".join(parts), tokens=tokens, finish_reason=reason, logprobs=logprobs)
-
-
-def generate(target: Backend, tokenizer: Tokenizer, prompt: Tokens, params: SamplingParams,
-             **kwargs) -> GenerationResult:
-    """Collect `stream` into one result (text, tokens, finish reason, stats as a dict)."""
-    stats = kwargs.pop("stats", None) or DecodeStats()
-    result = collect(stream(target, tokenizer, prompt, params, stats=stats, **kwargs))
-    return GenerationResult(result.text, result.tokens, result.finish_reason, len(prompt), stats.to_dict(),
-                            result.logprobs)
+    return c.result()

@@ -1,8 +1,14 @@
 """Lossy decoding modes (docs/algorithms.md section 4): opt-in, and labelled "lossy" wherever they report.
 
-A mode is a typed setting, `decode(..., lossy=mode)`, that makes the decode loop (runtime/decode.py) drive the
-mode's Stepper instead of a speculative one: the same prefill, stopping, statistics and sessions; one token and one
-model forward per round, nothing verified.
+A mode is a typed setting, `Speculation(lossy=mode)` (runtime/request.py), that makes the decode loop
+(runtime/decode.py) drive the mode's Stepper instead of a speculative one: the same prefill, stopping, statistics and
+sessions; one token and one model forward per round, nothing verified.
+
+Its spec, the typed form of a `--lossy` string (a tagged union like the drafter specs; parse_lossy(str(s)) == s):
+  LoRADropLossySpec(dir)            'loradrop[:DIR]'                                   (no DIR: pure reuse, cycle 4)
+  EntropySwitchSpec(model, threshold, dwell)   'entropy-switch:<small-model>,<threshold>[,<dwell>]'
+assembly/loradrop.py builds the mode from its spec (it loads the corrections or the small model).
+
   LoRADropLossy      decodes with the LoRA-Drop cycle directly (2.5): the output is NOT the model's own.
   EntropySwitch      Entropy Adaptive Decoding: a small and a large model take turns by the active model's rolling
                      mean entropy (window 5): above the threshold the large one, below it the small one, each
@@ -22,6 +28,50 @@ from .loradrop import Corrections, Schedule
 from .sampling import logits_to_probs, sample
 from .steppers import SeqState, Stepper
 from .types import SamplingParams, StepStats, Tokens
+
+
+@dataclass(frozen=True)
+class LoRADropLossySpec:
+    """Decode with the LoRA-Drop cycle of the corrections in `dir` (None: pure reuse, cycle 4)."""
+    dir: str | None = None
+
+    def __str__(self) -> str:
+        return "loradrop" if self.dir is None else f"loradrop:{self.dir}"
+
+
+@dataclass(frozen=True)
+class EntropySwitchSpec:
+    """Entropy Adaptive Decoding between `model` (the small one, same tokenizer) and the target."""
+    model: str
+    threshold: float
+    dwell: int = 4
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("entropy-switch needs a small model: entropy-switch:<small-model>,<threshold>")
+        if self.dwell < 1:
+            raise ValueError(f"entropy-switch dwell must be >= 1 token, got {self.dwell}")
+
+    def __str__(self) -> str:
+        return f"entropy-switch:{self.model},{self.threshold:g}" + ("" if self.dwell == 4 else f",{self.dwell}")
+
+
+LossySpec = LoRADropLossySpec | EntropySwitchSpec
+
+
+def parse_lossy(text: str) -> LossySpec:
+    """'loradrop[:DIR]' | 'entropy-switch:<small-model>,<threshold>[,<dwell>]'; ValueError naming the syntax."""
+    head, _, arg = text.partition(":")
+    if head == "loradrop":
+        return LoRADropLossySpec(arg or None)
+    if head == "entropy-switch" and arg:
+        parts = arg.split(",")
+        try:
+            return EntropySwitchSpec(parts[0], float(parts[1]), int(parts[2]) if len(parts) > 2 else 4)
+        except (IndexError, ValueError):
+            raise ValueError(f"--lossy {text!r}: use entropy-switch:<small-model>,<threshold>[,<min-dwell>]") \
+                from None
+    raise ValueError(f"unknown lossy mode {text!r}; use loradrop[:DIR] or entropy-switch:<small-model>,<threshold>")
 
 
 def entropy(logits_row: np.ndarray) -> float:

@@ -1,8 +1,9 @@
 """The one `logits_to_probs` used by the target and every model drafter, and `sample`.
 
-Order (llama.cpp's logit bias and penalties first, then HF/vLLM-style warpers):
+Order (llama.cpp's logit bias and penalties first, then HF/vLLM-style warpers; typical_p where llama.cpp puts it,
+between top-k and top-p):
     logit bias -> repetition, frequency and presence penalties -> greedy one-hot (temperature == 0)
-                                                                or temperature -> top-k -> top-p -> min-p -> renormalise
+                               or temperature -> top-k -> typical-p -> top-p -> min-p -> renormalise
 Everything after the input cast is float64 (docs/algorithms.md: verify in float64).
 
 Ties are broken toward the lowest token id everywhere (greedy argmax, the top-k and top-p boundaries),
@@ -57,6 +58,9 @@ def logits_to_probs(logits: Logits, params: SamplingParams, history: Tokens | No
         ids = np.nonzero(_keep_top_n(x, kth, np.full(T, params.top_k)))[1].reshape(T, params.top_k)
         x = np.take_along_axis(x, ids, axis=1)
     p = _softmax(x)
+    if params.typical_p < 1.0:
+        p[~_typical_mask(p, params.typical_p)] = 0.0
+        p /= p.sum(axis=1, keepdims=True)
     if params.top_p < 1.0:
         p[~_top_p_mask(p, params.top_p)] = 0.0
         p /= p.sum(axis=1, keepdims=True)
@@ -130,6 +134,25 @@ def _keep_top_n(x: np.ndarray, kth: np.ndarray, n: np.ndarray) -> np.ndarray:
     if tied.any():
         at[tied] &= np.cumsum(at[tied], axis=1) <= room[tied, None]
     return above | at
+
+
+def _typical_mask(p: np.ndarray, typical_p: float) -> np.ndarray:
+    """Bool [T, V]: locally typical sampling (Meister et al. 2022, as llama.cpp's typical sampler): per row, order
+    the tokens by |-log p - H| (H the row's entropy; ties: lowest id first) and keep them in that order until their
+    mass first exceeds typical_p (at least 1).
+
+    Example: p = [0.5, 0.3, 0.2], H = 1.03 nats; |-log p - H| = [0.34, 0.17, 0.58] -> order 1, 0, 2; cumulative
+    mass 0.3, 0.8 -> with typical_p 0.6 keep {1, 0}: renormalised [0.625, 0.375, 0]."""
+    with np.errstate(divide="ignore"):
+        logp = np.log(p)  # -inf where p == 0
+    ent = -np.where(p > 0, p * logp, 0.0).sum(axis=1, keepdims=True)  # [T, 1]
+    shifted = np.where(p > 0, np.abs(-logp - ent), np.inf)  # [T, V]; impossible tokens last
+    order = np.argsort(shifted, axis=1, kind="stable")  # stable: ties keep the lower id first
+    cum = np.cumsum(np.take_along_axis(p, order, axis=1), axis=1)
+    n_keep = np.minimum((cum <= typical_p).sum(axis=1) + 1, p.shape[1])  # [T] up to the first cum > typical_p
+    keep = np.zeros(p.shape, dtype=bool)
+    np.put_along_axis(keep, order, np.arange(p.shape[1])[None, :] < n_keep[:, None], axis=1)
+    return keep
 
 
 def _top_p_mask(p: np.ndarray, top_p: float) -> np.ndarray:

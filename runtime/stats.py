@@ -6,11 +6,11 @@ one recovered or bonus token. tau (mean accepted length) = tokens emitted per ta
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from .types import StepStats
+from .types import FinishReason, SamplingParams, StepStats
 
 
 @dataclass(eq=False)  # arrays inside: compare to_dict() instead
@@ -117,6 +117,45 @@ class DecodeStats:
             line += (f", drafted {self.n_drafted}, accepted {self.n_accepted} ({100 * self.acceptance_rate:.1f}%), "
                      f"draft {self.draft_s:.2f} s, verify {self.verify_s:.2f} s")
         return line
+
+
+@dataclass(frozen=True)
+class CallStats:
+    """One call's statistics, built once when its stream ends (assembly/decoder.py Decoder.stream); `to_dict()` only
+    at the JSON edges (the CLI's --json, the server's `specedge` extension, chat /save).
+
+    decode: the call's DecodeStats; drafter: what decoded ("none" for plain decoding, the drafter spec, or the
+    lossy mode's label); sampling: the parameters the call sampled with, seed its seed, defaults where its unset
+    values came from (assembly/sampling_defaults.py)."""
+
+    decode: DecodeStats
+    prompt_tokens: int
+    finish_reason: FinishReason
+    drafter: str
+    sampling: SamplingParams
+    seed: int = 0
+    defaults: str = ""
+    reused_prompt_tokens: int = 0  # of prompt_tokens, held by the session's cache (not prefilled)
+    ttft_s: float | None = None  # from the call's start to its first token
+    wall_s: float = 0.0
+
+    def sampling_dict(self) -> dict:
+        """temperature, top_p, top_k, min_p, repeat_penalty, then every other SamplingParams field that is not at
+        its default (typical_p, the penalties, logit_bias as {id: bias}), seed, defaults."""
+        p = self.sampling
+        out = {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "min_p": p.min_p,
+               "repeat_penalty": p.repetition_penalty}
+        for f in fields(SamplingParams):
+            value = getattr(p, f.name)
+            if f.name not in out and f.name != "repetition_penalty" and value != f.default:
+                out[f.name] = {t: b for t, b in value} if f.name == "logit_bias" else value
+        return {**out, "seed": self.seed, "defaults": self.defaults}
+
+    def to_dict(self) -> dict:
+        """JSON-ready: the DecodeStats fields, then the call's facts."""
+        return {**self.decode.to_dict(), "prompt_tokens": self.prompt_tokens,
+                "reused_prompt_tokens": self.reused_prompt_tokens, "ttft_s": self.ttft_s, "wall_s": self.wall_s,
+                "drafter": self.drafter, "finish_reason": self.finish_reason.value, "sampling": self.sampling_dict()}
 
 
 def mbsu(tau: float, draft_bytes: float, target_bytes: float) -> float:

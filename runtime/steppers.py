@@ -19,10 +19,11 @@ from typing import Sequence
 
 import numpy as np
 
-from .backends.base import Backend, KVCache
+from .backends.base import Backend, Cache
 from .constraint import Constraint, mask_logits, mask_q
 from .draft_length import AdaptiveDraftLength
 from .drafters.base import Drafter, TreeDrafter
+from .request import Request
 from .sampling import logits_to_probs
 from .tree import TreeDraft
 from .types import EMPTY_DRAFT, Draft, SamplingParams, StepStats, TokenLogprob, Tokens
@@ -33,7 +34,7 @@ from .verify.base import Verifier
 class SeqState:
     """Committed tokens of one sequence in a preallocated buffer, plus its target KV cache."""
 
-    def __init__(self, prompt: Tokens, cache: KVCache) -> None:
+    def __init__(self, prompt: Tokens, cache: Cache) -> None:
         self.buf = np.zeros(cache.capacity + 1, dtype=np.int32)
         self.n = len(prompt)
         self.buf[:self.n] = prompt
@@ -85,13 +86,12 @@ def prefill(target: Backend, seq: SeqState, start: int = 0, drafter: Drafter | N
 
 class _Speculative(Stepper):
     """What chain and tree rounds share: prefill with the drafter watching, then bind and begin; the call's
-    constraint (runtime/constraint.py) and logprobs (n alternatives per token, None: off)."""
+    Request (runtime/request.py): its sampling params, constraint and logprobs (n alternatives per token, None: off)."""
 
-    def __init__(self, target: Backend, drafter: Drafter | None, params: SamplingParams, *,
-                 constraint: Constraint | None = None, logprobs: int | None = None) -> None:
+    def __init__(self, target: Backend, drafter: Drafter | None, req: Request) -> None:
         super().__init__(target)
-        self.drafter, self.params = drafter, params
-        self.constraint, self.logprobs = constraint, logprobs
+        self.drafter, self.params = drafter, req.params
+        self.constraint, self.logprobs = req.constraint, req.logprobs
         caps = drafter.caps if drafter is not None else None  # read once per decode, never in the step
         self.observer = drafter if (caps is not None and caps.observes_logits) else None
         self.binds = caps is not None and caps.binds_target
@@ -109,10 +109,9 @@ class ChainStepper(_Speculative):
     """Draft <= k tokens, keep the prefix worth verifying (policy; all without one), one target forward over
     [last, *draft], verify, commit. With no drafter: plain decoding (one token per forward)."""
 
-    def __init__(self, target: Backend, drafter: Drafter | None, params: SamplingParams, verifier: Verifier, k: int,
-                 policy: AdaptiveDraftLength | None = None, *, constraint: Constraint | None = None,
-                 logprobs: int | None = None) -> None:
-        super().__init__(target, drafter, params, constraint=constraint, logprobs=logprobs)
+    def __init__(self, target: Backend, drafter: Drafter | None, req: Request, verifier: Verifier, k: int,
+                 policy: AdaptiveDraftLength | None = None) -> None:
+        super().__init__(target, drafter, req)
         self.verifier, self.k, self.policy = verifier, k, policy
         self.reserve = k + 1
         pays = drafter is not None and drafter.caps.pays_per_token
@@ -194,9 +193,8 @@ class TreeStepper(_Speculative):
     [last, *nodes] with the tree mask, verify (1.2 / 1.4 / greedy), move the accepted path's K/V into place
     (`cache.compact`), commit. requires: a target with caps.tree_mask and a cache with `compact`."""
 
-    def __init__(self, target: Backend, drafter: TreeDrafter, params: SamplingParams, *,
-                 constraint: Constraint | None = None, logprobs: int | None = None) -> None:
-        super().__init__(target, drafter, params, constraint=constraint, logprobs=logprobs)
+    def __init__(self, target: Backend, drafter: TreeDrafter, req: Request) -> None:
+        super().__init__(target, drafter, req)
         self.max_nodes = int(drafter.max_nodes)
         self.reserve = self.max_nodes + 1
 

@@ -7,10 +7,14 @@ bonus = token sampled from the target after the last accepted draft token.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
+
+if TYPE_CHECKING:
+    from .stats import CallStats
 
 Tokens = NDArray[np.int32]  # [T] token ids
 Positions = NDArray[np.int32]  # [T] absolute positions
@@ -34,6 +38,7 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
     min_p: float = 0.0  # 0 = off
+    typical_p: float = 1.0  # 1 = off; locally typical sampling (llama.cpp's typical_p, HF's typical_p)
     repetition_penalty: float = 1.0  # 1 = off (llama.cpp / CTRL style: divide positive logits, multiply negative)
     repeat_last_n: int = 64  # window of recent tokens the penalties look at
     presence_penalty: float = 0.0  # 0 = off; subtracted once from a token seen in the window (llama.cpp / OpenAI)
@@ -48,6 +53,7 @@ class SamplingParams:
             (int(self.top_k) == self.top_k and self.top_k >= 0, "top_k must be an integer >= 0 (0 = off)"),
             (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1] (1 = off)"),
             (0.0 <= self.min_p < 1.0, "min_p must be in [0, 1) (0 = off)"),
+            (0.0 < self.typical_p <= 1.0, "typical_p must be in (0, 1] (1 = off)"),
             (np.isfinite(self.repetition_penalty) and self.repetition_penalty > 0,
              "repetition_penalty must be > 0 (1 = off)"),
             (self.repeat_last_n >= 0, "repeat_last_n must be >= 0"),
@@ -165,5 +171,5 @@ class GenerationResult:
     tokens: list[int]
     finish_reason: FinishReason
     prompt_tokens: int = 0
-    stats: dict = field(default_factory=dict)  # DecodeStats.to_dict() + the call's facts (wall_s, drafter, ttft_s...)
+    stats: "CallStats | None" = None  # runtime/stats.py: the call's statistics (None: collected without them)
     logprobs: list[TokenLogprob] | None = None  # one per token of `tokens` when the call asked for logprobs
