@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backends.base import Backend, KVCache
+from .backends.base import Backend, Cache
 from .types import Tokens, as_tokens
 
 DEFAULT_SESSION_CTX = 4096  # positions a session allocates when neither --ctx nor a smaller model context says
@@ -39,7 +39,7 @@ class Session:
             raise ValueError(f"a session of {self.capacity} positions exceeds the model's context of {limit}; "
                              f"use --ctx {limit} or less")
         self.target = target
-        self.cache: KVCache = target.new_cache(self.capacity)
+        self.cache: Cache = target.new_cache(self.capacity)
         self.tokens = np.zeros(0, dtype=np.int32)
         self.reused = 0  # prompt tokens the last call did not prefill
 

@@ -103,7 +103,10 @@ class LayerPlan:
 
 
 @runtime_checkable
-class KVCache(Protocol):
+class Cache(Protocol):
+    """What a backend's KV cache offers the decode loop (runtime/kv.py KVCache is the NumPy one; the ONNX and
+    llama.cpp backends have their own): the position is the only cursor, rollback sets it."""
+
     @property
     def length(self) -> int: ...  # committed positions held
 
@@ -119,9 +122,9 @@ class Backend(Protocol):
     config: ModelConfig
     caps: BackendCaps
 
-    def new_cache(self, max_len: int) -> KVCache: ...
+    def new_cache(self, max_len: int) -> Cache: ...
 
-    def forward(self, tokens: Tokens, cache: KVCache, *, tree_mask: Mask | None = None,
+    def forward(self, tokens: Tokens, cache: Cache, *, tree_mask: Mask | None = None,
                 plan: LayerPlan | None = None) -> Logits: ...
 
     def weight_bytes(self, plan: LayerPlan | None = None) -> int: ...  # bytes of weights one forward reads
@@ -131,7 +134,7 @@ class Backend(Protocol):
 class LayeredBackend(Backend, Protocol):
     """A backend that runs layer plans and exposes hidden states (caps.layer_plan)."""
 
-    def hidden(self, tokens: Tokens, cache: KVCache, *, plan: LayerPlan | None = None,
+    def hidden(self, tokens: Tokens, cache: Cache, *, plan: LayerPlan | None = None,
                tree_mask: Mask | None = None, taps: tuple[int, ...] = ()) -> tuple[np.ndarray, dict[int, np.ndarray]]:
         """Run the plan's layers over tokens appended at cache.length (cache.length grows by T, like forward).
         Returns (h [T, D] after the last planned layer, before the final norm; {n: h [T, D] after the first n
@@ -166,7 +169,7 @@ def require_tree(backend: Backend) -> None:
         raise ValueError(f"the {backend.name} backend cannot verify token trees: {hint}")
 
 
-def check_chain_forward(backend: str, tokens: Tokens, cache: KVCache, tree_mask, plan) -> int:
+def check_chain_forward(backend: str, tokens: Tokens, cache: Cache, tree_mask, plan) -> int:
     """The preconditions of a backend that runs chains of the full model only; returns T = len(tokens)."""
     if tree_mask is not None or plan is not None:
         raise ValueError(f"the {backend} backend runs chains of the full model (no tree masks or layer plans)")
@@ -185,7 +188,7 @@ def check_capacity(config: ModelConfig, max_len: int) -> None:
                          " (the RoPE tables end there); lower --ctx")
 
 
-def check_room(cache: KVCache, n: int) -> None:
+def check_room(cache: Cache, n: int) -> None:
     if cache.length + n > cache.capacity:
         raise ValueError(
             f"context full: {cache.length} cached + {n} new tokens exceeds the cache capacity {cache.capacity}; "

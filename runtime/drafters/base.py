@@ -29,7 +29,7 @@ import enum
 from dataclasses import dataclass
 import numpy as np
 
-from ..backends.base import Backend, KVCache, LayeredBackend, require_tree
+from ..backends.base import Backend, Cache, LayeredBackend, require_tree
 from ..loradrop import require_reuse
 from ..tree import TreeDraft
 from ..types import Draft, Logits, SamplingParams, Tokens
@@ -98,7 +98,7 @@ class Drafter(abc.ABC):
     def accept(self, n_accepted: int, next_token: int) -> None:
         """The target kept n_accepted draft tokens, then emitted next_token."""
 
-    def bind(self, target: Backend, cache: KVCache) -> None:
+    def bind(self, target: Backend, cache: Cache) -> None:
         """caps.binds_target: share the target's weights and KV cache for the next sequence."""
 
     def observe(self, tokens: Tokens, logits: Logits) -> None:

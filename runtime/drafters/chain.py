@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..backends.base import Backend, KVCache
+from ..backends.base import Backend, Cache
 from ..types import Draft, Logits, SamplingParams, Tokens
 from .base import Drafter, DrafterCaps
 
@@ -85,7 +85,7 @@ class ChainDrafter(Drafter):
         for s in self.sources:
             s.check(target)
 
-    def bind(self, target: Backend, cache: KVCache) -> None:
+    def bind(self, target: Backend, cache: Cache) -> None:
         for s in self.sources:
             if s.caps.binds_target:
                 s.bind(target, cache)

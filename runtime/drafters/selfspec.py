@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backends.base import Backend, KVCache, LayeredBackend, LayerPlan
+from ..backends.base import Backend, Cache, LayeredBackend, LayerPlan
 from ..draft_stop import DraftStop, stop_features
 from ..sampling import logits_to_probs, sample
 from ..types import Draft, SamplingParams, Tokens
 from .base import BackendNeed, Drafter, DrafterCaps, require_layered
 
 
-def draft_chain(target: LayeredBackend, cache: KVCache, plan: LayerPlan, context: Tokens, k: int,
+def draft_chain(target: LayeredBackend, cache: Cache, plan: LayerPlan, context: Tokens, k: int,
                 params: SamplingParams, rng: np.random.Generator, stop: DraftStop | None = None
                 ) -> tuple[Draft, np.ndarray]:
     """Draft up to k tokens continuing context with the plan's layers (argmax under greedy params, else sampled
@@ -60,13 +60,13 @@ class SelfSpecDrafter(Drafter):
     def __init__(self, stop: DraftStop | None = None) -> None:
         self.stop = stop
         self.target: LayeredBackend | None = None
-        self.cache: KVCache | None = None
+        self.cache: Cache | None = None
         self.weight_bytes_per_token = 0
         self._feats = np.zeros((0, 2))
         self._draft = np.zeros(0, dtype=np.int32)
         self._context = np.zeros(0, dtype=np.int32)
 
-    def bind(self, target: Backend, cache: KVCache) -> None:
+    def bind(self, target: Backend, cache: Cache) -> None:
         self.target = require_layered(target, self.name)
         self.cache = cache
         self.on_bind()

@@ -1,0 +1,171 @@
+"""The backend registry: one declared descriptor per engine, the only place that says what an engine is.
+
+    BackendKind -> BackendInfo(name, opens, package, distribution, extra, traits, open)
+    info(kind), by_name(text), installed(kind), gguf_engines(), artifact_engine(), reference_engine()
+
+The apps, the assembly layer (loading, the planner, the auto-tuner) and perf/ ask the registry instead of testing
+BackendKind values: which engines open a GGUF and which an exported artifact, which package each needs (and the
+pip extra that installs it), its display name, the package version a plan or profile depends on, whether it has
+plain-decoding kernels faster than its batch-invariant ones, whether it tokenizes files our code cannot.
+
+Adding a backend (docs/ARCHITECTURE.md, "Adding a backend"): its module under runtime/backends/ implementing the
+Backend protocol with declared BackendCaps, one BackendKind member and one BackendInfo here (`open` builds it from a
+GGUF; artifact engines are opened by their manifest in open_onnx), and its tests.
+"""
+from __future__ import annotations
+
+import enum
+import importlib.metadata
+import importlib.util
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .base import Backend
+
+
+class BackendKind(enum.Enum):
+    NUMPY = "numpy"
+    LLAMACPP = "llamacpp"
+    IK = "ik"  # ik_llama.cpp through ik-llama-cpp-python's library: batch-invariant at any thread count
+    ONNX = "onnx"  # loads an exported artifact (manifest directory), not a GGUF
+
+
+class Opens(enum.Enum):
+    GGUF = "gguf"  # a GGUF file (a catalogue name, a path, a hub GGUF)
+    ARTIFACT = "artifact"  # an exported ONNX artifact directory (manifest.json)
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """What one engine is, declared once.
+
+    name: the display name (plan tables, bench rows); package: the module its code imports (None: always there);
+    distribution: the pip distribution whose version keys plans and profiles; extra: the specedge extra installing
+    it. plain_kernels: it has faster kernels for plain decoding that are not batch-invariant (opened with
+    exact_batches=False when no drafter verifies batches). reads_any_gguf: it runs GGUFs our family modules or
+    tokenizers cannot read (its own tokenizer). reference: the speedup is stated against its plain decoding.
+    devices: it takes --device (execution providers); draft_models: catalogue draft models (separate GGUFs) are
+    planned on it; many_caches: one loaded model holds any number of KV caches (a draft of the same file shares
+    its weights); planned: the planner measures it as a target where installed; gated: each file passes a gate
+    before it runs (assembly/engine_gate.py: faithful call size, batch invariance), probe(backend, widths,
+    prefixes) -> bool its batch-invariance probe. open: (gguf, n_ctx, n_threads, exact_batches) -> Backend, for Opens.GGUF engines."""
+    kind: BackendKind
+    name: str
+    opens: Opens
+    package: str | None
+    distribution: str
+    extra: str | None
+    open: Callable[..., Backend] | None = None
+    plain_kernels: bool = False
+    reads_any_gguf: bool = False
+    reference: bool = False
+    devices: bool = False
+    draft_models: bool = False
+    many_caches: bool = False
+    planned: bool = False
+    gated: bool = False
+    probe: Callable[..., bool] | None = None
+
+    @property
+    def value(self) -> str:
+        return self.kind.value
+
+    def installed(self) -> bool:
+        return self.package is None or importlib.util.find_spec(self.package) is not None
+
+    def version(self) -> str | None:
+        try:
+            return importlib.metadata.version(self.distribution)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    def missing(self) -> str:
+        """One line: what to install for this engine."""
+        return f"{self.name} needs {self.package} (pip install 'specedge[{self.extra}]')"
+
+
+def _open_numpy(gguf, *, n_ctx=None, n_threads=None, exact_batches=True, dtype=np.float32, **_) -> Backend:
+    from .numpy_ref import NumpyBackend
+    return NumpyBackend(gguf.load_weights(), dtype=dtype)
+
+
+def _open_llamacpp(gguf, *, n_ctx=None, n_threads=None, exact_batches=True, dtype=None, **_) -> Backend:
+    from ...models.gguf_any import MetadataGGUF
+    from .llamacpp import LlamaCppBackend
+    no_weights = gguf.unsupported if isinstance(gguf, MetadataGGUF) else None
+    return LlamaCppBackend(gguf.path, gguf.config, n_ctx=n_ctx, n_threads=n_threads, flash_attn=exact_batches,
+                           no_weights=no_weights)
+
+
+def _open_ik(gguf, *, n_ctx=None, n_threads=None, max_call=None, batch_invariant=True, **_) -> Backend:
+    from ...models.gguf_any import MetadataGGUF
+    from .ik import DEFAULT_MAX_CALL, IkBackend
+    no_weights = gguf.unsupported if isinstance(gguf, MetadataGGUF) else None
+    return IkBackend(gguf.path, gguf.config, n_ctx=n_ctx, n_threads=n_threads, max_call=max_call or DEFAULT_MAX_CALL,
+                     batch_invariant=batch_invariant, no_weights=no_weights)
+
+
+def _probe_ik(backend, widths, prefixes) -> bool:
+    from .ik import batch_invariant
+    return batch_invariant(backend, widths, prefixes)
+
+
+REGISTRY: dict[BackendKind, BackendInfo] = {i.kind: i for i in (
+    BackendInfo(BackendKind.LLAMACPP, "llama.cpp", Opens.GGUF, "llama_cpp", "llama_cpp_python", "llama",
+                _open_llamacpp, plain_kernels=True, reads_any_gguf=True, reference=True, draft_models=True,
+                planned=True),
+    BackendInfo(BackendKind.IK, "ik_llama.cpp", Opens.GGUF, "ik_llama_cpp", "ik-llama-cpp-python", "ik", _open_ik,
+                reads_any_gguf=True, draft_models=True, planned=True, gated=True, probe=_probe_ik),
+    BackendInfo(BackendKind.ONNX, "onnx", Opens.ARTIFACT, "onnxruntime", "onnxruntime", "onnx", devices=True,
+                planned=True),
+    BackendInfo(BackendKind.NUMPY, "numpy", Opens.GGUF, None, "numpy", None, _open_numpy, many_caches=True),
+)}
+
+
+def info(kind: BackendKind | str) -> BackendInfo:
+    """The descriptor of a kind (or its value, as plans and --backend store it); ValueError naming the choices."""
+    try:
+        return REGISTRY[kind if isinstance(kind, BackendKind) else BackendKind(kind)]
+    except (ValueError, KeyError):
+        raise ValueError(f"unknown backend {kind!r}; choose one of {', '.join(backend_names())}") from None
+
+
+def backend_names() -> list[str]:
+    """The --backend choices."""
+    return [k.value for k in REGISTRY]
+
+
+def gguf_engines(installed: bool = True) -> list[BackendInfo]:
+    """The engines that open a GGUF, in the registry's order of preference (the default first)."""
+    return [i for i in REGISTRY.values() if i.opens is Opens.GGUF and (i.installed() or not installed)]
+
+
+def default_gguf_engine() -> BackendInfo:
+    """The engine a GGUF names when none is asked for: the first GGUF engine that reads any GGUF."""
+    return next(i for i in REGISTRY.values() if i.opens is Opens.GGUF and i.reads_any_gguf)
+
+
+def artifact_engine() -> BackendInfo:
+    """The engine an exported artifact names."""
+    return next(i for i in REGISTRY.values() if i.opens is Opens.ARTIFACT)
+
+
+def engines_found() -> dict[str, str | None]:
+    """Display name -> installed version (None: not installed), in the registry's order."""
+    return {i.name: (i.version() if i.installed() else None) for i in REGISTRY.values()}
+
+
+def engines_line() -> str:
+    """'engines: llama.cpp 0.3.36, ik_llama.cpp 0.1.5, onnx 1.32.0, numpy 2.4.6' (+ '; not installed: ...')."""
+    found = engines_found()
+    have = [f"{n} {v}" for n, v in found.items() if v is not None]
+    missing = [f"{i.name} (pip install 'specedge[{i.extra}]')" for i in REGISTRY.values()
+               if found[i.name] is None and i.extra]
+    return "engines: " + ", ".join(have) + (f"; not installed: {', '.join(missing)}" if missing else "")
+
+
+def reference_engine() -> BackendInfo:
+    """The float reference every other engine is checked against (parity gates, layer plans, LoRA-Drop fits)."""
+    return REGISTRY[BackendKind.NUMPY]
