@@ -75,7 +75,7 @@ def _model_params(**fields):
 
 
 class LlamaCppCache(LengthCursor):
-    """The KVCache protocol over llama.cpp's memory for sequence 0."""
+    """The Cache protocol (backends/base.py) over llama.cpp's memory for sequence 0."""
 
     def __init__(self, backend: "LlamaCppBackend", capacity: int) -> None:
         self._backend = backend
@@ -199,11 +199,44 @@ class LlamaCppBackend:
     def tokenizer(self, chat_template: str | None, merges: Sequence[str] = ()) -> LlamaCppTokenizer:
         """llama.cpp's own tokenizer for this model (TokenizingBackend): BOS/EOS/end-of-turn ids, add_bos and
         tokenization from llama.cpp's vocabulary; the file's chat template rendered in our sandbox."""
-        return LlamaCppTokenizer(self._llm, chat_template, merges)
+        return LlamaCppTokenizer(MainlineVocab(self._llm), chat_template, merges)
+
+
+class MainlineVocab:
+    """runtime/backends/llamacpp_tokenizer.Vocab over a llama_cpp.Llama (kept alive with it)."""
+
+    def __init__(self, llm) -> None:
+        import llama_cpp
+        self._lib, self._llm = llama_cpp, llm
+        self._vocab = llama_cpp.llama_model_get_vocab(llm.model)
+
+    def n_tokens(self) -> int:
+        return self._lib.llama_vocab_n_tokens(self._vocab)
+
+    def bos(self) -> int:
+        return self._lib.llama_vocab_bos(self._vocab)
+
+    def specials(self) -> list[int]:
+        return [int(self._lib.llama_vocab_eos(self._vocab)), int(self._lib.llama_vocab_eot(self._vocab))]
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._lib.llama_vocab_is_eog(self._vocab, token))
+
+    def add_bos(self) -> bool:
+        return bool(self._lib.llama_vocab_get_add_bos(self._vocab))
+
+    def text(self, token: int) -> bytes:
+        return self._lib.llama_vocab_get_text(self._vocab, token)
+
+    def piece(self, token: int, buf, size: int) -> int:
+        return self._lib.llama_token_to_piece(self._vocab, token, buf, size, 0, True)
+
+    def tokenize(self, text: bytes) -> list[int]:
+        return self._llm.tokenize(text, add_bos=False, special=True)
 
 
 def vocab_tokenizer(gguf_path: str | Path, chat_template: str | None, merges: Sequence[str] = ()) -> LlamaCppTokenizer:
     """llama.cpp's tokenizer for a GGUF without loading its weights (vocab_only), e.g. for benchmark prompts."""
     llama_cpp = _import_llama()
     llm = llama_cpp.Llama(model_path=str(gguf_path), vocab_only=True, verbose=False)
-    return LlamaCppTokenizer(llm, chat_template, merges)
+    return LlamaCppTokenizer(MainlineVocab(llm), chat_template, merges)

@@ -2,38 +2,50 @@
 or whose tokenizer models/tokenizer_gguf.py cannot build (assembly/load.py falls back to it on the llama.cpp
 backend only; the NumPy backend and ONNX export refuse such files).
 
-Special tokens come from llama.cpp's vocabulary (llama_vocab_bos / eos / eot / is_eog / get_add_bos), text from
+The same tokenizer serves mainline llama.cpp and the ik_llama.cpp fork, each through a `Vocab` of its library's
+functions. Special tokens come from llama.cpp's vocabulary (llama_vocab_bos / eos / eot / is_eog / get_add_bos), text from
 llama_token_to_piece per token with no leading-space strip: decoding is additive over spans, as llama.cpp's own
 streaming (common_token_to_piece) is, so StreamDecoder works unchanged.
 """
 from __future__ import annotations
 
 import ctypes
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from ..tokenizer import CHATML_TEMPLATE, render_chat, vocab_fingerprint
+from ..tokenizer import CHATML_TEMPLATE, TextTokenizer, render_chat, vocab_fingerprint
 from ..types import Tokens
 
 
-class LlamaCppTokenizer:
-    """TextTokenizer over a loaded llama_cpp.Llama (its vocabulary lives as long as the model)."""
+class Vocab(Protocol):
+    """The few vocabulary functions of a llama.cpp library the tokenizer needs (mainline through llama-cpp-python,
+    runtime/backends/llamacpp.py; the ik_llama.cpp fork through its own ctypes binding, runtime/backends/ik.py)."""
 
-    def __init__(self, llm, chat_template: str | None, merges: Sequence[str] = ()) -> None:
-        """llm: llama_cpp.Llama; chat_template: the file's tokenizer.chat_template (None: ChatML); merges: the
-        file's tokenizer.ggml.merges, part of the fingerprint (llama.cpp does not expose them)."""
-        import llama_cpp
-        self._lib = llama_cpp
-        self._llm = llm  # keeps the vocabulary alive
-        self._vocab = llama_cpp.llama_model_get_vocab(llm.model)
-        self._n = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
-        bos = int(llama_cpp.llama_vocab_bos(self._vocab))
+    def n_tokens(self) -> int: ...
+    def bos(self) -> int: ...
+    def specials(self) -> list[int]: ...  # eos, eot (ids outside the vocabulary are skipped)
+    def is_eog(self, token: int) -> bool: ...
+    def add_bos(self) -> bool: ...
+    def text(self, token: int) -> bytes: ...  # the vocabulary entry as stored
+    def piece(self, token: int, buf, size: int) -> int: ...  # llama_token_to_piece, special tokens rendered
+    def tokenize(self, text: bytes) -> list[int]: ...  # parse_special=True, no BOS
+
+
+class LlamaCppTokenizer(TextTokenizer):
+    """TextTokenizer over a loaded llama.cpp model's vocabulary (it lives as long as the model)."""
+
+    def __init__(self, vocab: Vocab, chat_template: str | None, merges: Sequence[str] = ()) -> None:
+        """vocab: the library's vocabulary functions (holding the model alive); chat_template: the file's
+        tokenizer.chat_template (None: ChatML); merges: the file's tokenizer.ggml.merges, part of the fingerprint
+        (llama.cpp does not expose them)."""
+        self._v = vocab
+        self._n = int(vocab.n_tokens())
+        bos = int(vocab.bos())
         self.bos_id: int | None = bos if 0 <= bos < self._n else None
-        self._add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
-        firsts = [int(llama_cpp.llama_vocab_eos(self._vocab)), int(llama_cpp.llama_vocab_eot(self._vocab))]
-        eog = [i for i in range(self._n) if llama_cpp.llama_vocab_is_eog(self._vocab, i)]
-        ordered = [i for i in firsts if 0 <= i < self._n] + eog
+        self._add_bos = bool(vocab.add_bos())
+        eog = [i for i in range(self._n) if vocab.is_eog(i)]
+        ordered = [i for i in vocab.specials() if 0 <= i < self._n] + eog
         self.eos_ids: tuple[int, ...] = tuple(dict.fromkeys(ordered))  # eos, eot, then every other end-of-generation
         self.chat_template = chat_template or CHATML_TEMPLATE
         self._merges = tuple(merges)
@@ -47,11 +59,11 @@ class LlamaCppTokenizer:
 
     def _text(self, token: int) -> str:
         """The token's vocabulary entry as stored (e.g. 'Ġthe', '<|im_end|>')."""
-        return self._lib.llama_vocab_get_text(self._vocab, token).decode("utf-8", errors="replace")
+        return self._v.text(token).decode("utf-8", errors="replace")
 
     def encode(self, text: str, *, add_bos: bool | None = None) -> Tokens:
         """llama.cpp's tokenization (parse_special=True, no BOS added by llama.cpp; ours per add_bos)."""
-        ids = self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True) if text else []
+        ids = self._v.tokenize(text.encode("utf-8")) if text else []
         if (self._add_bos if add_bos is None else add_bos) and self.bos_id is not None:
             ids = [self.bos_id, *ids]
         return np.asarray(ids, dtype=np.int32)
@@ -62,7 +74,7 @@ class LlamaCppTokenizer:
             size = 64
             while True:
                 buf = ctypes.create_string_buffer(size)
-                n = self._lib.llama_token_to_piece(self._vocab, token, buf, size, 0, True)
+                n = self._v.piece(token, buf, size)
                 if n >= 0:
                     break
                 size = -n  # too small: llama.cpp says how many bytes it needs
