@@ -9,7 +9,7 @@ masks). Everything else is here, once:
 
 `block` returns (h', delta) unadded: the dynamic profile fuses the add with the next layer's norm, the layered one
 hands the pair to the next segment, the static one adds then norms in primitive ops.
-A variant a profile cannot emit is refused when the graph is built (`BlockSpec.require`, UnsupportedVariant).
+A variant a profile cannot emit is refused when the graph is built (UnsupportedVariant, e.g. onnx_graph.check_dynamic).
 """
 from __future__ import annotations
 

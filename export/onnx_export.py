@@ -218,7 +218,7 @@ def gate_artifact(manifest_path: Path, weights: Weights, tokenizer: TokenizerSpe
     A failed artifact stays on disk for inspection, marked failed; the engine refuses to load it."""
     from ..runtime.tokenizer import Tokenizer
     # Until the gate's numbers replace it, the manifest says "pending": an export killed during the gate leaves an
-    # artifact the engine refuses (apps/engine.py load_onnx) instead of one that looks ungated-but-usable.
+    # artifact the loader refuses (assembly/load.py load_onnx) instead of one that looks ungated-but-usable.
     manifest = json.loads(manifest_path.read_text("utf-8"))
     manifest["parity"] = {"passed": False, "pending": True}
     manifest_path.write_text(json.dumps(manifest, indent=1) + "\n", "utf-8")

@@ -56,12 +56,12 @@ def calibrate(target, tokenizer, prompts: Sequence[str], *, max_tokens: int = 64
     Deterministic: greedy decoding, no RNG.
     """
     from ..runtime.decode import decode
-    from ..runtime.types import SamplingParams
+    from ..runtime.request import PLAIN, Request
     counts = np.zeros(target.config.vocab_size, dtype=np.int64)
     n = 0
     for text in prompts:
-        ids = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": text}]))
-        for ev in decode(target, ids, SamplingParams(), max_tokens=max_tokens, eos_ids=tokenizer.eos_ids):
+        ids = tokenizer.chat_ids(text)
+        for ev in decode(target, ids, PLAIN, Request(max_tokens=max_tokens, eos_ids=tokenizer.eos_ids)):
             counts[ev.token] += 1
             n += 1
     return counts, n

@@ -123,15 +123,6 @@ class BlockSpec:
             out.update({p + "post_attn_norm": (D,), p + "post_ffn_norm": (D,)})
         return out
 
-    def require(self, builder: str, **unsupported: bool) -> None:
-        """Raise UnsupportedVariant when a declared field is one `builder` cannot emit: `unsupported` maps a field
-        name to whether this spec uses it in a way the builder lacks."""
-        used = [k for k, v in unsupported.items() if v]
-        if used:
-            raise UnsupportedVariant(f"{builder} does not build the declared block variant(s) "
-                                     f"{', '.join(f'{k}={_show(self, k)}' for k in used)}; use another backend or "
-                                     "export profile, or add it to that builder")
-
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["norm"], d["activation"] = self.norm.value, self.activation.value
@@ -154,11 +145,6 @@ class BlockSpec:
             raise TypeError("block layers must be a list of objects")
         d["layers"] = tuple(LayerSpec(**x) for x in layers)
         return cls(**d)
-
-
-def _show(spec: BlockSpec, key: str) -> str:
-    v = getattr(spec, key, None)
-    return v.value if isinstance(v, enum.Enum) else str(v) if v is not None else "(per layer)"
 
 
 def _is_int(v: Any) -> bool:

@@ -14,7 +14,8 @@ per-layer window or RoPE pattern, the embedding scale; its layout quirks; NAMES 
 it in _FAMILIES below. The NumPy reference and every ONNX profile build any block BLOCK can
 declare; only a new kind of op (a field models/block.py does not have yet) touches the builders, once each:
 runtime/backends/numpy_ref.py, export/onnx_block.py (shared by every profile) or the profiles' attention plumbing
-(export/onnx_graph.py, export/onnx_static.py), each refusing what it cannot emit (BlockSpec.require).
+(export/onnx_graph.py, export/onnx_static.py), each refusing what it cannot emit with UnsupportedVariant
+(export/onnx_graph.py check_dynamic).
 """
 from __future__ import annotations
 

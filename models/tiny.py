@@ -61,6 +61,9 @@ def tiny_vocab() -> tuple[list[str], list[int], list[str]]:
     return tokens + list(SPECIAL_TOKENS), types, merges
 
 
+TINY_ARCHS = ("llama", "qwen2")  # the architectures the tiny test doubles are built in (one per tokenizer family)
+
+
 def tiny_config(*, arch: str = "llama", n_layers: int = 2, d_model: int = 64, n_heads: int = 4,
                 n_kv_heads: int = 2, d_ff: int = 128, context: int = 256, tied: bool = True) -> ModelConfig:
     """The ModelConfig `write_tiny_gguf` writes (qwen2 gets Q/K/V biases)."""

@@ -39,7 +39,7 @@ def droppable_layers(n_layers: int, every: int = 4) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class LoRADropSpec:
+class LoRADropFit:
     """What to fit: `rank=8,cycle=4[,ridge=1e-3,every=4]` (the --lora-drop option's syntax)."""
 
     rank: int = 8
@@ -48,7 +48,7 @@ class LoRADropSpec:
     every: int = 4
 
     @classmethod
-    def parse(cls, text: str) -> "LoRADropSpec":
+    def parse(cls, text: str) -> "LoRADropFit":
         kw: dict = {}
         for part in filter(None, (p.strip() for p in text.split(","))):
             key, _, val = part.partition("=")
@@ -175,7 +175,7 @@ def low_rank(w: np.ndarray, x: np.ndarray, rank: int) -> tuple[np.ndarray, np.nd
     return b.T @ w, b
 
 
-def fit(backend: LayeredBackend, sequences: Sequence[Tokens], spec: LoRADropSpec,
+def fit(backend: LayeredBackend, sequences: Sequence[Tokens], spec: LoRADropFit,
         provenance: dict | None = None) -> Corrections:
     """Fit every droppable layer on the drop positions of the calibration sequences (module docstring)."""
     layers = droppable_layers(backend.config.n_layers, spec.every)

@@ -65,6 +65,11 @@ class TextTokenizer(Protocol):
         text)."""
         ...
 
+    def chat_ids(self, text: str) -> Tokens:
+        """The ids of one user message in the chat template, generation prompt included: what a one-turn chat
+        feeds the model (the CLI, benchmarks, calibration, the parity gate)."""
+        return self.encode(self.apply_chat_template([{"role": "user", "content": text}]))
+
 
 RESERVED_TEMPLATE_VARIABLES = ("messages", "add_generation_prompt", "bos_token", "eos_token", "range")
 
@@ -99,7 +104,7 @@ def render_chat(template: str, compiled, messages: Sequence[dict], add_generatio
                          "unsafe: pass --raw to skip it, or re-download the model") from None
 
 
-class Tokenizer:
+class Tokenizer(TextTokenizer):
     """Text <-> int32 token ids for one model from a TokenizerSpec (HF `tokenizers`); immutable after construction."""
 
     def __init__(self, spec: TokenizerSpec) -> None:

@@ -176,7 +176,7 @@ class DelSpec(_LayeredSpec):
 @dataclass(frozen=True)
 class LoraDropSpec(DrafterSpec):
     """Self-speculative LoRA-Drop (2.5) with the corrections fitted in `dir` (None: pure reuse). Not to be confused
-    with runtime/loradrop.py's LoRADropSpec, what `export --lora-drop` fits."""
+    with runtime/loradrop.py's LoRADropFit, what `export --lora-drop` fits."""
     kind: ClassVar[DrafterKind] = DrafterKind.LORADROP
     needs_corrections: ClassVar[bool] = True
     dir: str | None = None
