@@ -16,7 +16,7 @@ def calibrate_model(target: str, *, limit: int | None = 10, max_tokens: int = 64
     llama-cpp-python is installed, else the NumPy reference. returns: (counts [V], provenance)."""
     from ..models.catalog import resolve_model
     from ..assembly.devset import default_devset, load_prompts
-    from ..runtime.backends import BackendKind, open_backend
+    from ..runtime.backends import gguf_engines, open_backend
     from ..runtime.tokenizer import Tokenizer
     from ..models.gguf_in import open_gguf
     from ..models.hf_in import is_hf_dir, open_hf
@@ -28,12 +28,8 @@ def calibrate_model(target: str, *, limit: int | None = 10, max_tokens: int = 64
     else:
         gguf = open_gguf(resolve_model(target, cache_dir))
         tokenizer = Tokenizer(gguf.tokenizer_spec())
-        try:
-            import llama_cpp  # noqa: F401
-            kind = BackendKind.LLAMACPP
-        except ImportError:
-            kind = BackendKind.NUMPY
-        longest = max(len(tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": t}])))
+        kind = gguf_engines()[0].kind  # the preferred installed GGUF engine (llama.cpp, else the NumPy reference)
+        longest = max(len(tokenizer.chat_ids(t))
                       for t in prompts)
         n_ctx = min(gguf.config.context_length, longest + max_tokens + 8)  # llama.cpp keeps [n_ctx, V] scores
         engine, backend = kind.value, open_backend(kind, gguf, n_ctx=n_ctx, n_threads=threads)

@@ -1,21 +1,22 @@
 """The one path from typed settings to a token stream.
 
-    ModelSettings  --load-->  LoadedModel  --build_decoder(DecodeSettings)-->  Decoder
-    Decoder.stream(prompt_ids, CallSettings)  -> Iterator[Response]      (the CLI, Engine, server, bench)
+    ModelSettings  --assembly/open.py-->  LoadedModel + DecodeSettings  -->  Decoder
+    Decoder.stream(prompt_ids, CallSettings)  -> CallStream of Responses; its CallStats when it ends
     Decoder.run(prompt_ids, CallSettings)     -> GenerationResult        (the same stream, collected)
 
 `specedge generate`, `specedge chat` and `specedge serve` (through apps/api.py's Engine), the Python Engine and
-`specedge bench` all build their decoder here and consume the same Response stream, so the decode arguments and the
-collect-and-strip-EOS step exist once.
+`specedge bench` all open their decoder through assembly/open.py and consume the same Response stream, so the
+decode arguments (a runtime Request and Speculation), the call statistics and the collector exist once.
 """
 from __future__ import annotations
 
 import re
+import threading
 import time
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -23,17 +24,21 @@ from ..runtime.backends import BackendKind
 from ..runtime.constraint import GRAMMAR_TYPES, Grammar, GrammarCompiler
 from ..runtime.drafters.base import Drafter
 from ..runtime.generate import collect, stream
+from ..runtime.lossy import LossySpec
+from ..runtime.request import MAX_TOP_LOGPROBS, Request, Speculation
 from ..runtime.session import Session
-from ..runtime.stats import DecodeStats
+from ..runtime.stats import CallStats, DecodeStats
 from ..runtime.tokenizer import Tokenizer
-from ..runtime.types import GenerationResult, Response, SamplingParams, Tokens
+from ..runtime.types import FinishReason, GenerationResult, Response, SamplingParams, Tokens
 from ..runtime.verify import VerifierKind
 from .environment import cpu_info
-from .load import DrafterSpec, LoadedModel, batch_invariance_warning, load_model, make_drafter, parse_drafter
+from .load import DrafterSpec, LoadedModel, batch_invariance_warning, make_drafter, parse_drafter
 from .sampling_defaults import CHAT_DEFAULTS, SamplingDefaults, model_sampling
 
+if TYPE_CHECKING:
+    from .plan import Plan
+
 Log = Callable[[str], None]
-MAX_TOP_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
 
 
 @dataclass(frozen=True)
@@ -50,33 +55,70 @@ class ModelSettings:
 
 @dataclass(frozen=True)
 class DecodeSettings:
-    """How a decoder decodes: the drafter, the draft length and its policy, the verifier, or an opt-in lossy mode."""
-    drafter: DrafterSpec = field(default_factory=lambda: parse_drafter("ngram"))
-    k: int = 4  # the draft length; its maximum with adaptive_k
+    """How a decoder decodes: the drafter, the draft length and its policy, the verifier, or an opt-in lossy mode.
+
+    drafter and k None: not given, so the plan's choice where one is made (assembly/open.py), else ngram and 4."""
+    drafter: DrafterSpec | None = None
+    k: int | None = None  # the draft length; its maximum with adaptive_k
     adaptive_k: bool = True
     verifier: VerifierKind = VerifierKind.CHAIN
-    lossy: str | None = None  # 'loradrop[:DIR]' | 'entropy-switch:<small>,<threshold>[,<dwell>]': LOSSY, labelled
+    lossy: LossySpec | None = None  # runtime/lossy.py: LoRADropLossySpec | EntropySwitchSpec; LOSSY, labelled
+
+    def __post_init__(self) -> None:
+        if self.k is not None and self.k < 0:
+            raise ValueError(f"k (the draft length) must be >= 0, got {self.k}")
+
+    @property
+    def given(self) -> bool:
+        """Whether anything says what decodes (a drafter, k or a lossy mode): then no plan replaces it."""
+        return any(x is not None for x in (self.drafter, self.k, self.lossy))
+
+    def resolved(self) -> "DecodeSettings":
+        """The settings with what was not given at its default: ngram, k = 4."""
+        return replace(self, drafter=self.drafter if self.drafter is not None else parse_drafter("ngram"),
+                       k=4 if self.k is None else self.k)
+
+
+def option(help: str, wire: str | None = None, **click) -> dict:
+    """A per-call option's declaration, as CallSettings field metadata: its CLI help (and click arguments beyond the
+    type and default its annotation gives), and `wire` "number" / "integer": an OpenAI request body field parsed as
+    such (apps/openai_protocol.py; the fields with rules of their own there have none)."""
+    return {"help": help, "wire": wire, "click": click}
 
 
 @dataclass(frozen=True)
 class CallSettings:
-    """One call's sampling and stopping, flat as the CLI, the chat's /set and the server take them. Invalid values
-    raise ValueError naming the field at construction.
+    """One call's sampling and stopping, flat as the CLI, the chat's /set, the Engine and the server take them: the
+    one declaration of the per-call options. A field with `option(...)` metadata is a CLI flag of generate and chat
+    (apps/options.py), a /set key (apps/chat_state.py) and an Engine keyword; with `wire`, an OpenAI body field too.
+    Invalid values raise ValueError naming the field at construction.
 
     max_tokens None: decode to the end of the turn (EOS or a stop string) or the context limit, whichever comes
     first (finish_reason `length` only for the limit). temperature / top_p / top_k / min_p None: the model's default
     (assembly/sampling_defaults.py: GGUF general.sampling.*, an artifact's recorded generation config, else
     CHAT_DEFAULTS temperature 0.7, top_p 0.9); temperature 0 is greedy, exactly. The seed stays 0: reproducible."""
-    max_tokens: int | None = None
-    temperature: float | None = None  # 0 = greedy; None = the model's default
-    top_p: float | None = None  # 1 = off; None = the model's default
-    top_k: int | None = None  # 0 = off; None = the model's default (off unless it states one)
-    min_p: float | None = None  # 0 = off; None = the model's default (off unless it states one)
-    repeat_penalty: float = 1.0
-    presence_penalty: float = 0.0  # 0 = off; llama.cpp's: subtracted once from a token in the last 64
-    frequency_penalty: float = 0.0  # 0 = off; subtracted per occurrence in the last 64 tokens
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs (a mapping is accepted); -inf bans
-    seed: int = 0
+    max_tokens: int | None = field(default=None, metadata=option(
+        "Most tokens to generate (default: until end of turn or the context limit).", min=1))
+    temperature: float | None = field(default=None, metadata=option(
+        "0 = greedy. Default: the model's (GGUF general.sampling.temp, an exported artifact's generation config), "
+        "else 0.7.", "number"))
+    top_p: float | None = field(default=None, metadata=option("1 = off. Default: the model's, else 0.9.", "number"))
+    top_k: int | None = field(default=None, metadata=option("0 = off. Default: the model's, else off.", "integer"))
+    min_p: float | None = field(default=None, metadata=option("0 = off. Default: the model's, else off.", "number"))
+    typical_p: float = field(default=1.0, metadata=option(
+        "Locally typical sampling (llama.cpp's --typical, HF's typical_p): keep the tokens whose surprise is closest "
+        "to the entropy, up to this mass; 1 = off.", "number"))
+    repeat_penalty: float = field(default=1.0, metadata=option("1 = off (llama.cpp's, over the last 64 tokens).",
+                                                                "number"))
+    presence_penalty: float = field(default=0.0, metadata=option(
+        "Subtracted from the logit of each token seen in the last 64 (llama.cpp's; 0 = off)."))
+    frequency_penalty: float = field(default=0.0, metadata=option(
+        "Subtracted per occurrence in the last 64 tokens (llama.cpp's; 0 = off)."))
+    logit_bias: tuple[tuple[int, float], ...] = field(default=(), metadata=option(
+        "Add BIAS to token ID's logit, as llama.cpp's --logit-bias: 15043+1, 15043-0.5, 15043-inf (bans it). "
+        "Repeatable. Lossless under speculation: the target verifies with the bias.", multiple=True,
+        metavar="ID(+|-)BIAS"))  # (token id, bias) pairs (a mapping is accepted); -inf bans
+    seed: int = field(default=0, metadata=option("The call's random seed (sampled output is reproducible per seed)."))
     stop: tuple[str, ...] = ()
     grammar: Grammar | None = None  # what the output must match (runtime/constraint.py); None: free text
     logprobs: int | None = None  # None: off; n >= 0: each token's logprob and its n most likely alternatives (<= 20)
@@ -99,16 +141,15 @@ class CallSettings:
         object.__setattr__(self, "logit_bias", bias)
         self.sampling()  # raises ValueError naming a bad value
 
-    def resolved(self, defaults: SamplingDefaults = CHAT_DEFAULTS) -> dict:
-        """temperature, top_p, top_k, min_p as this call samples: its own values, the defaults for the unset."""
-        given = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p}
-        return {k: getattr(defaults, k) if v is None else v for k, v in given.items()}
-
     def sampling(self, defaults: SamplingDefaults = CHAT_DEFAULTS) -> SamplingParams:
-        return SamplingParams(**self.resolved(defaults), repetition_penalty=self.repeat_penalty,
-                              presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-                              logit_bias=self.logit_bias)
+        """The SamplingParams of this call: every field both declare, by name (`defaults` for an unset temperature /
+        top_p / top_k / min_p), and repeat_penalty as repetition_penalty."""
+        values = {name: getattr(self, name) for name in _SHARED}
+        values = {k: getattr(defaults, k) if v is None else v for k, v in values.items()}
+        return SamplingParams(**values, repetition_penalty=self.repeat_penalty)
 
+
+_SHARED = tuple(f.name for f in fields(CallSettings) if f.name in {g.name for g in fields(SamplingParams)})
 
 
 def parse_logit_bias(items: Iterable[str]) -> dict[int, float]:
@@ -122,59 +163,68 @@ def parse_logit_bias(items: Iterable[str]) -> dict[int, float]:
         out[int(m[1])] = float(m[2] + m[3])
     return out
 
-def load(settings: ModelSettings, log: Log | None = None) -> LoadedModel:
-    return load_model(settings.model, settings.backend, ctx=settings.ctx, threads=settings.threads,
-                      cache_dir=settings.cache_dir, device=settings.device, log=log,
-                      exact_batches=settings.exact_batches)
 
+class CallStream:
+    """The Responses of one call, iterated once; `stats` (CallStats) is set when the call ends: finished, stopped,
+    cancelled, failed or closed early. `responses(out)` is the generator that fills `out.stats`."""
 
-def resolved(settings: ModelSettings, model: LoadedModel) -> ModelSettings:
-    """The settings with the engine the loaded model runs on (backend=None resolved by load)."""
-    return settings if settings.backend is model.kind else replace(settings, backend=model.kind)
+    def __init__(self, responses: Callable[["CallStream"], Iterator[Response]]) -> None:
+        self.stats: CallStats | None = None
+        self._it = responses(self)
+
+    def __iter__(self) -> "CallStream":
+        return self
+
+    def __next__(self) -> Response:
+        return next(self._it)
+
+    def close(self) -> None:
+        self._it.close()
 
 
 class Decoder:
     """A loaded target with its drafter (or lossy mode) and decode settings; stateless between calls except what a
-    caller passes in (a Session for KV reuse, a DecodeStats to accumulate)."""
+    caller passes in (a Session for KV reuse). `plan`: the plan that chose these settings (None: given)."""
 
-    def __init__(self, model: LoadedModel, settings: ModelSettings, decode: DecodeSettings) -> None:
-        settings = resolved(settings, model)  # model_settings.backend is always the engine that runs
-        self.model, self.model_settings, self.settings = model, settings, decode
+    def __init__(self, model: LoadedModel, settings: ModelSettings, decode: DecodeSettings,
+                 plan: "Plan | None" = None) -> None:
+        settings = settings if settings.backend is model.kind else replace(settings, backend=model.kind)
+        decode = decode.resolved()
+        self.model, self.model_settings, self.settings, self.plan = model, settings, decode, plan
         self.sampling_defaults = model_sampling(model)  # what a call's unset temperature/top_p/... resolve to
-        self.lossy = None
-        self.drafter: Drafter | None = None
         self._grammars: GrammarCompiler | None = None  # built on the first constrained call
-        if decode.lossy:
-            from .loradrop import lossy_decoder
-            self.lossy = lossy_decoder(decode.lossy, model, cache_dir=settings.cache_dir, ctx=settings.ctx)
+        if decode.lossy is not None:
+            from .loradrop import lossy_mode
+            lossy = lossy_mode(decode.lossy, model, cache_dir=settings.cache_dir, ctx=settings.ctx)
+            self.spec = Speculation(k=decode.k, adaptive_k=decode.adaptive_k, verifier=decode.verifier, lossy=lossy)
         else:
-            self.drafter = make_drafter(decode.drafter, model, ctx=settings.ctx, threads=settings.threads,
-                                        cache_dir=settings.cache_dir, device=settings.device)
-            note = None if self.drafter is None else batch_invariance_warning(model, cpu_info()[1])
+            drafter = make_drafter(decode.drafter, model, ctx=settings.ctx, threads=settings.threads,
+                                   cache_dir=settings.cache_dir, device=settings.device)
+            note = None if drafter is None else batch_invariance_warning(model, cpu_info()[1])
             if note is not None:
                 warnings.warn(note, RuntimeWarning, stacklevel=2)
+            self.spec = Speculation(drafter, decode.k, decode.adaptive_k, decode.verifier)
 
     @property
     def tokenizer(self):
         return self.model.tokenizer
 
     @property
+    def drafter(self) -> Drafter | None:
+        return self.spec.drafter
+
+    @property
+    def lossy(self):
+        return self.spec.lossy
+
+    @property
     def label(self) -> str:
-        """What decodes: `lossy <mode>` or the drafter spec as given."""
+        """What decodes: the lossy mode's label, or the drafter spec ("none" for plain decoding)."""
         return self.lossy.label if self.lossy is not None else str(self.settings.drafter)
 
     def draft_bytes_per_token(self) -> int:
         """Weight bytes one drafted token reads (0 for free drafters and plain decoding); for MBSU."""
         return 0 if self.drafter is None else int(self.drafter.weight_bytes_per_token)
-
-    def sampling_used(self, call: CallSettings) -> dict:
-        """What the call samples with: temperature, top_p, top_k, min_p, repeat_penalty, seed, and `defaults`
-        (where the unset ones came from)."""
-        extra = {k: getattr(call, k) for k in ("presence_penalty", "frequency_penalty") if getattr(call, k)}
-        if call.logit_bias:
-            extra["logit_bias"] = {t: b for t, b in call.logit_bias}
-        return {**call.resolved(self.sampling_defaults), "repeat_penalty": call.repeat_penalty, **extra,
-                "seed": call.seed, "defaults": self.sampling_defaults.source}
 
     def with_decode(self, decode: DecodeSettings) -> "Decoder":
         """A decoder over the same loaded target with other decode settings (a new drafter is built and checked)."""
@@ -203,57 +253,47 @@ class Decoder:
             raise ValueError(f"logit_bias names token id {bad[0]}, outside this model's vocabulary of {V} "
                              f"(ids 0..{V - 1}; `specedge tokenize` or POST /tokenize gives a text's ids)")
         if call.grammar is not None:
-            self.constraint(call)
+            self.grammar_compiler().compile(call.grammar)
 
-    def constraint(self, call: CallSettings):
-        """The call's compiled Constraint, or None (free text)."""
-        return None if call.grammar is None else self.grammar_compiler().compile(call.grammar)
+    def request(self, call: CallSettings) -> Request:
+        """The runtime Request of a call: its sampling with this model's defaults for the unset values, its grammar
+        compiled for this call, the context this decoder was opened with."""
+        constraint = None if call.grammar is None else self.grammar_compiler().compile(call.grammar)
+        return Request(call.sampling(self.sampling_defaults), call.max_tokens, call.stop, call.seed, None,
+                       constraint, call.logprobs, self.model_settings.ctx)
 
-    def stream(self, prompt_ids: Tokens | Sequence[int], call: CallSettings, *, stats: DecodeStats | None = None,
-               session: Session | None = None) -> Iterator[Response]:
-        """Decode prompt_ids (already templated and tokenized); the last Response carries the finish reason.
-        call.max_tokens None decodes to EOS / a stop string or to the room left in the context (runtime/decode.py
-        bounds the drafts by that room)."""
-        extra = {} if self.lossy is None else {"lossy": self.lossy}
-        if session is not None:
-            extra["session"] = session
-        if call.grammar is not None:
-            extra["constraint"] = self.constraint(call)
-        if call.logprobs is not None:
-            extra["logprobs"] = call.logprobs
-        s = self.settings
-        return stream(self.model.backend, self.model.tokenizer, np.asarray(prompt_ids, dtype=np.int32),
-                      call.sampling(self.sampling_defaults), drafter=self.drafter, k=s.k, max_tokens=call.max_tokens,
-                      stop=call.stop, rng=np.random.default_rng(call.seed), stats=stats, ctx=self.model_settings.ctx,
-                      adaptive_k=s.adaptive_k, verifier_kind=s.verifier, **extra)
+    def stream(self, prompt_ids: Tokens | Sequence[int], call: CallSettings, *, session: Session | None = None,
+               cancel: threading.Event | None = None) -> CallStream:
+        """Decode prompt_ids (already templated and tokenized); the last Response carries the finish reason, and
+        the stream's `stats` its CallStats. call.max_tokens None decodes to EOS / a stop string or to the room left
+        in the context. `cancel`, when set, ends the call at its next token (finish reason `cancelled`)."""
+        ids = np.asarray(prompt_ids, dtype=np.int32)
+        return CallStream(lambda out: self._responses(ids, call, session, cancel, out))
 
-    def run(self, prompt_ids: Tokens | Sequence[int], call: CallSettings, *, stats: DecodeStats | None = None,
-            session: Session | None = None, on_text: Callable[[str], None] | None = None) -> GenerationResult:
-        """`stream` collected into text, tokens (EOS stripped), finish reason and the call's statistics (DecodeStats
-        fields plus wall_s, ttft_s, reused_prompt_tokens with a session, drafter)."""
-        stats = stats if stats is not None else DecodeStats()
-        t0, first = time.perf_counter(), []
-
-        def timed(responses):
-            for r in responses:
-                if not first:
-                    first.append(time.perf_counter() - t0)
+    def _responses(self, ids: np.ndarray, call: CallSettings, session: Session | None,
+                   cancel: threading.Event | None, out: CallStream) -> Iterator[Response]:
+        """The one place a call's statistics are built (out.stats), however the call ends."""
+        req, dstats = self.request(call), DecodeStats()
+        t0, ttft, reason = time.perf_counter(), None, FinishReason.LENGTH
+        try:
+            for r in stream(self.model.backend, self.model.tokenizer, ids, self.spec, req, session=session,
+                            stats=dstats):
+                ttft = ttft if ttft is not None else time.perf_counter() - t0
+                if cancel is not None and cancel.is_set() and r.finish_reason is None:
+                    reason = FinishReason.CANCELLED
+                    yield replace(r, finish_reason=reason)
+                    return
+                reason = r.finish_reason or reason
                 yield r
+        finally:
+            out.stats = CallStats(dstats, len(ids), reason, self.label, req.params, call.seed,
+                                  self.sampling_defaults.source, 0 if session is None else session.reused, ttft,
+                                  time.perf_counter() - t0)
 
-        result = collect(timed(self.stream(prompt_ids, call, stats=stats, session=session)), on_text=on_text)
-        facts = {"wall_s": time.perf_counter() - t0, "ttft_s": first[0] if first else None, "drafter": self.label,
-                 "sampling": self.sampling_used(call)}
-        if session is not None:
-            facts["reused_prompt_tokens"] = session.reused
-        return replace(result, prompt_tokens=len(prompt_ids), stats={**stats.to_dict(), **facts})
-
-
-def build_decoder(model: LoadedModel, settings: ModelSettings, decode: DecodeSettings) -> Decoder:
-    """The decoder for a loaded target; raises ValueError/FileNotFoundError/ImportError/RuntimeError naming what is
-    wrong (a drafter the backend cannot run, a draft model with another tokenizer, a missing corrections dir)."""
-    return Decoder(model, settings, decode)
-
-
-def open_decoder(settings: ModelSettings, decode: DecodeSettings, log: Log | None = None) -> Decoder:
-    """Load the target and build its decoder."""
-    return build_decoder(load(settings, log), settings, decode)
+    def run(self, prompt_ids: Tokens | Sequence[int], call: CallSettings, *, session: Session | None = None,
+            on_text: Callable[[str], None] | None = None) -> GenerationResult:
+        """`stream` collected (runtime/generate.py collect): text, tokens (EOS stripped), logprobs aligned with
+        them, finish reason, the call's CallStats; on_text sees each piece of text as it arrives."""
+        calls = self.stream(prompt_ids, call, session=session)
+        result = collect(calls, on_text)
+        return replace(result, prompt_tokens=calls.stats.prompt_tokens, stats=calls.stats)

@@ -20,13 +20,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ..models.catalog import CATALOG, model_cache_dir, resolve_model
+from ..models.catalog import model_cache_dir, resolve_model
 from ..models.errors import ModelFileError, UnsupportedModelError
 from ..models.gguf_any import MetadataGGUF, open_any_gguf
 from ..models.manifest import MANIFEST, Manifest, PAD_ROW_ATTENTION, PAD_ROW_NONE, Profile, read_manifest
 from ..models.gguf_in import GGUFModel, open_gguf
 from ..models import hub
-from ..runtime.backends import Backend, BackendKind, TokenizingBackend, open_backend, open_onnx
+from ..models.ref import RefKind, model_ref
+from ..runtime.backends import (Backend, BackendKind, Opens, TokenizingBackend, artifact_engine, default_gguf_engine,
+                                info, open_backend, open_onnx)
 from ..runtime.drafters import (Drafter, DrafterInputs, DrafterKind, DrafterSpec, DraftModel, ModelSpec,  # noqa: F401
                                 build_drafter, check_target, parse_drafter)  # re-exported for the apps
 from ..runtime.tokenizer import TextTokenizer, Tokenizer
@@ -94,7 +96,7 @@ def load_onnx(name_or_path: str, *, device: str = "auto", threads: int | None = 
         manifest = drafter_manifest(manifest, vocab)
     tokenizer = _artifact_tokenizer(root, manifest)
     backend = open_onnx(manifest, device=device, threads=threads, log=log)  # by the manifest's format and profile
-    return LoadedModel(root, None, tokenizer, backend, BackendKind.ONNX, None if vocab is None else vocab.ids,
+    return LoadedModel(root, None, tokenizer, backend, artifact_engine().kind, None if vocab is None else vocab.ids,
                        manifest)
 
 
@@ -108,32 +110,13 @@ def _artifact_tokenizer(root: Path, manifest) -> Tokenizer:
 
 
 def engine_for(name_or_path: str, cache_dir: Path | None = None) -> BackendKind:
-    """The engine a model names: an exported artifact (a directory with manifest.json, or its cache name) runs on
-    ONNX Runtime, a catalogue name or GGUF file (a path, or a file name in the cache) on llama.cpp. ModelFileError
-    for a Hugging Face checkpoint (export it first), another directory, or a name that is neither."""
-    p = Path(name_or_path)
-    if hub.is_hub_ref(name_or_path):  # a GGUF on llama.cpp; a pulled checkpoint is exported first
-        if hub.cached_kind(str(name_or_path), cache_dir) == "checkpoint":
-            raise ModelFileError(f"{name_or_path} is a Hugging Face checkpoint: export it first with `specedge export "
-                                 f"{name_or_path} --format onnx` and run the directory it writes")
-        return BackendKind.LLAMACPP
-    if p.is_dir():
-        if (p / MANIFEST).is_file():
-            return BackendKind.ONNX
-        if (p / "config.json").is_file():
-            raise ModelFileError(f"{name_or_path} is a Hugging Face checkpoint: export it first with `specedge export "
-                                 f"{name_or_path} --format onnx` and run the directory it writes")
-        raise ModelFileError(f"{name_or_path} is a directory without {MANIFEST}: not an exported model (run "
-                             "`specedge export MODEL --format onnx`), nor a GGUF file")
-    if p.suffix == ".gguf" or str(name_or_path) in CATALOG:
-        return BackendKind.LLAMACPP  # a missing file is reported by resolve_model, naming it
-    if (model_cache_dir(cache_dir) / str(name_or_path) / MANIFEST).is_file():
-        return BackendKind.ONNX
-    cache = model_cache_dir(cache_dir)
-    artifacts = sorted(m.parent.name for m in cache.glob(f"*/{MANIFEST}")) if cache.is_dir() else []
-    raise ModelFileError(f"model {str(name_or_path)!r}: not a .gguf file, a catalogue name or an exported artifact; "
-                         f"catalogue: {', '.join(CATALOG)}"
-                         + (f"; exported artifacts in {cache}: {', '.join(artifacts)}" if artifacts else ""))
+    """The engine a model names (models/ref.py, the backend registry): an exported artifact runs on the artifact
+    engine (ONNX Runtime), a catalogue name, GGUF file or hub GGUF on the default GGUF engine (llama.cpp).
+    ModelFileError for a Hugging Face checkpoint (export it first) and for what model_ref refuses."""
+    ref = model_ref(name_or_path, cache_dir)
+    if ref.kind is RefKind.CHECKPOINT:
+        raise ModelFileError(ref.export_hint())
+    return (default_gguf_engine() if ref.gguf else artifact_engine()).kind
 
 
 def load_model(name_or_path: str, kind: BackendKind | None = None, *, ctx: int | None = None,
@@ -141,36 +124,41 @@ def load_model(name_or_path: str, kind: BackendKind | None = None, *, ctx: int |
                log=None, exact_batches: bool = True) -> LoadedModel:
     """The model on `kind`'s engine exactly as asked; kind=None: the engine the model names (engine_for).
     exact_batches=False: plain decoding only (runtime/backends open_backend); a drafter on it warns."""
-    if kind is None:
-        kind = engine_for(name_or_path, cache_dir)
-    if kind is BackendKind.ONNX:
+    engine = info(kind if kind is not None else engine_for(name_or_path, cache_dir))
+    if engine.opens is Opens.ARTIFACT:
         return load_onnx(name_or_path, device=device, threads=threads, cache_dir=cache_dir, log=log)
     if device not in ("auto", "cpu"):
-        raise ValueError(f"--device {device} applies to --backend onnx; the {kind.value} backend runs on the CPU")
-    p = Path(name_or_path)
-    if p.is_dir():
-        if (p / "config.json").is_file() and not (p / MANIFEST).is_file():
-            raise ValueError(f"{name_or_path} is a Hugging Face checkpoint: export it with `specedge export "
-                             f"{name_or_path} --format onnx` and run the directory it writes")
-        raise ValueError(f"{name_or_path} is an exported artifact directory: the {kind.value} backend runs GGUF "
-                         "files; use --backend onnx, or leave --backend out (the engine follows the model)")
-    if p.suffix != ".gguf" and str(name_or_path) not in CATALOG \
-            and (model_cache_dir(cache_dir) / str(name_or_path) / MANIFEST).is_file():
-        raise ValueError(f"{name_or_path} is an exported artifact in the cache: the {kind.value} backend runs GGUF "
+        raise ValueError(f"--device {device} applies to --backend onnx; the {engine.value} backend runs on the CPU")
+    try:
+        ref = model_ref(name_or_path, cache_dir)
+    except ModelFileError:  # nothing we know: resolve_model says what it looked for
+        ref = None
+    if ref is not None and ref.kind is RefKind.CHECKPOINT:
+        raise ValueError(ref.export_hint())
+    if ref is not None and ref.kind is RefKind.ARTIFACT:
+        where = "directory" if Path(name_or_path).is_dir() else "in the cache"
+        raise ValueError(f"{name_or_path} is an exported artifact {where}: the {engine.value} backend runs GGUF "
                          "files; use --backend onnx, or leave --backend out (the engine follows the model)")
     path = resolve_model(name_or_path, cache_dir)
-    # llama.cpp runs any GGUF it can load: without a family module the file opens as metadata only (gguf_any)
-    gguf = open_any_gguf(path) if kind is BackendKind.LLAMACPP else open_gguf(path)
+    # an engine that reads any GGUF runs files without a family module as metadata only (gguf_any)
+    gguf = open_any_gguf(path) if engine.reads_any_gguf else open_gguf(path)
     try:
         tokenizer: TextTokenizer | None = Tokenizer(gguf.tokenizer_spec())
     except UnsupportedModelError:  # no family, or a tokenizer we do not build: the engine's own, if it has one
-        if kind is not BackendKind.LLAMACPP:
+        if not engine.reads_any_gguf:
             raise
         tokenizer = None
-    backend = open_backend(kind, gguf, n_ctx=ctx, n_threads=threads, exact_batches=exact_batches)
+    tuning = {}
+    if engine.gated:  # the file's gate, measured once and cached: faithful call size, batch invariance
+        from .engine_gate import engine_gate
+        gate = engine_gate(path, engine, threads=threads, cache_dir=cache_dir, log=log or (lambda m: None))
+        if not gate.passed:
+            raise ModelFileError(gate.summary())
+        tuning = {"max_call": gate.max_call, "batch_invariant": gate.invariant}
+    backend = open_backend(engine.kind, gguf, n_ctx=ctx, n_threads=threads, exact_batches=exact_batches, **tuning)
     if tokenizer is None:
         tokenizer = _engine_tokenizer(backend, gguf)
-    return LoadedModel(path, gguf, tokenizer, backend, kind, exact_batches=exact_batches)
+    return LoadedModel(path, gguf, tokenizer, backend, engine.kind, exact_batches=exact_batches)
 
 
 def gguf_tokenizer(path: Path) -> TextTokenizer:
@@ -204,6 +192,10 @@ def batch_invariance_warning(model: LoadedModel, cpu_flags: Sequence[str]) -> st
     differently from a verify call's rows (docs/onnx.md "Batch invariance"). The GPU graph has no pad row at all: on
     any device and CPU (CUDA picks other kernels for other row counts and attends in float16; the CPU provider takes
     its one-row paths), in any weight format (docs/accelerators.md)."""
+    if model.manifest is None and model.exact_batches and not model.backend.caps.batch_invariant:
+        return (f"{model.path.name} on {info(model.kind).name} is not batch-invariant here (its verify batches round "
+                "differently from one-token calls at this thread count), so greedy speculative output may differ from "
+                "plain greedy: --backend ik is batch-invariant at any thread count, --threads 1 makes llama.cpp exact")
     if not model.exact_batches:
         return (f"{model.path.name} was opened for plain decoding (llama.cpp without flash attention, as the plan "
                 "chose): its verify batches round differently from one-token calls, so greedy speculative output "
@@ -242,10 +234,11 @@ def make_drafter(spec: DrafterSpec, target: LoadedModel, *, ctx: int | None = No
 
 
 def _draft_model(spec: ModelSpec, target: LoadedModel, *, ctx, threads, cache_dir, device) -> DraftModel:
-    if target.kind is BackendKind.NUMPY and resolve_model(spec.model, cache_dir).resolve() == target.path.resolve():
-        # The NumPy backend holds any number of caches over one copy of the weights.
+    engine = info(target.kind)
+    if engine.many_caches and resolve_model(spec.model, cache_dir).resolve() == target.path.resolve():
+        # a backend that holds any number of caches over one copy of the weights drafts with itself
         return DraftModel(target.backend, spec.model, max_len=ctx)
-    if target.kind is BackendKind.ONNX:  # a --drafter-vocab artifact drafts with its trimmed head
+    if engine.opens is Opens.ARTIFACT:  # a --drafter-vocab artifact drafts with its trimmed head
         draft = load_onnx(spec.model, device=device, threads=threads, cache_dir=cache_dir, trimmed=True)
     else:
         draft = load_model(spec.model, target.kind, ctx=ctx, threads=threads, cache_dir=cache_dir, device=device)

@@ -13,9 +13,9 @@ import numpy as np
 
 from .devset import default_devset, load_prompts
 from ..runtime.decode import decode
-from ..runtime.loradrop import Corrections, LoRADropSpec, fit, require_reuse
-from ..runtime.lossy import EntropySwitch, LoRADropLossy
-from ..runtime.types import SamplingParams
+from ..runtime.request import PLAIN, Request
+from ..runtime.loradrop import Corrections, LoRADropFit, fit, require_reuse
+from ..runtime.lossy import EntropySwitch, LoRADropLossy, LoRADropLossySpec, LossyMode, LossySpec
 
 
 def calibration_tokens(loaded, n_prompts: int = 16, completion_tokens: int = 0, offset: int = 0
@@ -26,10 +26,10 @@ def calibration_tokens(loaded, n_prompts: int = 16, completion_tokens: int = 0, 
     tok = loaded.tokenizer
     seqs = []
     for p in prompts:
-        ids = np.asarray(tok.encode(tok.apply_chat_template([{"role": "user", "content": p.text}])), dtype=np.int32)
+        ids = np.asarray(tok.chat_ids(p.text), dtype=np.int32)
         if completion_tokens:
-            out = [e.token for e in decode(loaded.backend, ids, SamplingParams(), max_tokens=completion_tokens,
-                                           eos_ids=tok.eos_ids)]
+            req = Request(max_tokens=completion_tokens, eos_ids=tok.eos_ids)  # greedy
+            out = [e.token for e in decode(loaded.backend, ids, PLAIN, req)]
             ids = np.concatenate([ids, np.asarray(out, dtype=np.int32)])
         seqs.append(ids)
     prov = {"source": "completions" if completion_tokens else "prompts", "devset": path.name,
@@ -38,29 +38,22 @@ def calibration_tokens(loaded, n_prompts: int = 16, completion_tokens: int = 0, 
     return seqs, prov
 
 
-def export_lora_drop(loaded, spec: LoRADropSpec, out: Path, n_prompts: int = 16, completion_tokens: int = 0) -> Path:
+def export_lora_drop(loaded, spec: LoRADropFit, out: Path, n_prompts: int = 16, completion_tokens: int = 0) -> Path:
     """Fit on the calibration text and save lora_drop.npz + lora_drop.json into `out`."""
     seqs, prov = calibration_tokens(loaded, n_prompts, completion_tokens)
     return fit(loaded.backend, seqs, spec, prov).save(out)
 
 
-def lossy_decoder(text: str, target, *, cache_dir: Path | None = None, ctx: int | None = None):
-    """'loradrop[:DIR]' (no DIR: pure reuse, cycle 4) or 'entropy-switch:<small-model>,<threshold>[,<dwell>]'."""
-    from .load import load_model  # engine imports this module for the drafter
-    head, _, arg = text.partition(":")
-    if head == "loradrop":
-        return LoRADropLossy(load_corrections(arg or None, target))
-    if head == "entropy-switch" and arg:
-        parts = arg.split(",")
-        try:
-            small, threshold, dwell = parts[0], float(parts[1]), int(parts[2]) if len(parts) > 2 else 4
-        except (IndexError, ValueError):
-            raise ValueError(f"--lossy {text!r}: use entropy-switch:<small-model>,<threshold>[,<min-dwell>]") from None
-        small_model = load_model(small, target.kind, ctx=ctx, cache_dir=cache_dir)
-        if small_model.tokenizer.fingerprint() != target.tokenizer.fingerprint():
-            raise ValueError(f"--lossy {text!r}: {small} has a different tokenizer from the target; pick one family")
-        return EntropySwitch(small_model.backend, threshold, min_dwell=dwell)
-    raise ValueError(f"unknown lossy mode {text!r}; use loradrop[:DIR] or entropy-switch:<small-model>,<threshold>")
+def lossy_mode(spec: LossySpec, target, *, cache_dir: Path | None = None, ctx: int | None = None) -> LossyMode:
+    """The lossy mode a spec names, with what it needs loaded (corrections, or the small model on the target's
+    engine with the target's tokenizer)."""
+    from .load import load_model  # load imports this module for the drafter
+    if isinstance(spec, LoRADropLossySpec):
+        return LoRADropLossy(load_corrections(spec.dir, target))
+    small = load_model(spec.model, target.kind, ctx=ctx, cache_dir=cache_dir)
+    if small.tokenizer.fingerprint() != target.tokenizer.fingerprint():
+        raise ValueError(f"--lossy {spec}: {spec.model} has a different tokenizer from the target; pick one family")
+    return EntropySwitch(small.backend, spec.threshold, min_dwell=spec.dwell)
 
 
 def load_corrections(path: str | None, target) -> Corrections:
