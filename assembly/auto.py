@@ -9,7 +9,6 @@ with the adaptive length), with a message on stderr saying why.
 """
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import time
@@ -18,18 +17,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..models.catalog import model_cache_dir
+from .contention import CpuWatch
 from .environment import environment
 from .profile import (PLAIN, Choice, DeviceProfile, choose, k_label, load_profile, model_fingerprint,
                             profile_key, profile_path, save_profile)
 from .profile_measure import MeasureSettings, measure
-from ..runtime.backends import BackendKind
+from ..runtime.backends import BackendKind, info
 from .load import DrafterKind, LoadedModel, load_model, make_drafter, parse_drafter
 
 if TYPE_CHECKING:
     from .decoder import DecodeSettings, ModelSettings
 
 Log = Callable[[str], None]
-_ENGINE = {BackendKind.LLAMACPP: "llama_cpp_python", BackendKind.ONNX: "onnxruntime", BackendKind.NUMPY: "numpy"}
 SELFSPEC_DEFAULT = "skip:2"  # tried on targets that run layer plans (numpy, layered ONNX artifacts)
 
 
@@ -44,10 +43,7 @@ class Tuned:
 
 
 def engine_version(kind: BackendKind) -> str | None:
-    try:
-        return importlib.metadata.version(_ENGINE.get(kind, "numpy"))
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return info(kind).version()
 
 
 def candidate_specs(target: LoadedModel, requested: Sequence[str]) -> list[str]:
@@ -92,7 +88,7 @@ def load_or_measure(target: LoadedModel, label: str, specs: Sequence[str], *, th
     """The cached profile when it is valid for this target and covers `specs`; else measure (all of `specs` plus
     what the old profile had), cache and return it. force=True always re-measures. `step` is called after each
     part of a measurement (profile_measure.measure_steps(len(specs), settings) calls; none when cached)."""
-    device = device if target.kind is BackendKind.ONNX else "cpu" if target.exact_batches else "cpu:plain-kernels"
+    device = device if info(target.kind).devices else "cpu" if target.exact_batches else "cpu:plain-kernels"
     threads = threads or min(os.cpu_count() or 1, 8)  # the backends' default: `generate` without --threads shares
     # the profile `bench --threads N` measured when N is that default
     fingerprint = model_fingerprint(target.path)
@@ -109,10 +105,15 @@ def load_or_measure(target: LoadedModel, label: str, specs: Sequence[str], *, th
         "prompts twice)")
     drafters = {s: make_drafter(parse_drafter(s), target, ctx=ctx, threads=threads, cache_dir=cache_dir,
                                 device=device) for s in specs}
-    fields = measure(target, drafters, settings, log=log, step=step)
+    with CpuWatch(threads) as watch:
+        fields = measure(target, drafters, settings, log=log, step=step)
     profile = DeviceProfile(key=key, target=label, backend=target.kind.value, model=str(target.path),
-                            fingerprint=fingerprint, threads=threads, device=device, machine=environment(threads),
+                            fingerprint=fingerprint, threads=threads, device=device,
+                            machine={**environment(threads), "load": watch.load.to_dict()},
                             created=time.strftime("%Y-%m-%d %H:%M:%S"), **fields)
+    if watch.load.busy:  # a measurement taken while another process used the CPU says nothing about the engine
+        log(f"device profile of {label} measured on a busy machine ({watch.load.describe()}): used now, not cached")
+        return profile, path
     save_profile(profile, path)
     log(f"device profile saved to {path}")
     return profile, path

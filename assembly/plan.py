@@ -34,17 +34,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from ..runtime.backends import BackendKind
+from ..runtime.backends import REGISTRY, info
 from .environment import SIMD, cpu_info
 from .profile import PLAIN, DeviceProfile, choose, k_label, predict
 from .schema import write_json_atomic
 
-PLAN_VERSION = 5  # 2: rows on the measured scale per drafter; 3: llama.cpp speculation only at 1 thread; 4: its
-#                   plain-decoding kernels; 5: targets put on one time base head to head (plan_run.head_to_head)
+PLAN_VERSION = 6  # 2: rows on the measured scale per drafter; 3: llama.cpp speculation only at 1 thread; 4: its
+#                   plain-decoding kernels; 5: targets put on one time base head to head (plan_run.head_to_head);
+#                   6: the ik_llama.cpp engine, a time budget, the machine's load while measuring
 PLAN_MARGIN = 0.03  # a speculative configuration must be predicted this much faster than the fastest plain engine
-_PACKAGES = ("specedge", "numpy", "onnxruntime", "llama_cpp_python", "tokenizers")
-ENGINE_NAMES = {BackendKind.LLAMACPP.value: "llama.cpp", BackendKind.ONNX.value: "onnx",
-                BackendKind.NUMPY.value: "numpy"}
+_PACKAGES = ("specedge", "numpy", "tokenizers", *(e.distribution for e in REGISTRY.values()))
 
 
 @dataclass(frozen=True)
@@ -89,11 +88,25 @@ class Plan:
     machine: dict = field(default_factory=dict)
     created: str = ""
     seconds: float = 0.0  # wall time the planning took (exports + measurements)
+    load: dict = field(default_factory=dict)  # contention.Load while measuring (other_cores, loadavg), busy, drift
+    budget_s: float | None = None  # the time budget it was measured within (None: measured fully)
     version: int = PLAN_VERSION
 
     @property
     def choice(self) -> PlanRow:
         return self.rows[self.chosen]
+
+    def measured(self) -> str:
+        """When and under what load: 'measured 2026-11-25 08:12:24 in 84 s (budget 90 s), quiet (other processes
+        0.02 cores, load 1.1)'."""
+        from .contention import Load
+        load = self.load
+        how = "" if not load else ", " + Load(load.get("other_cores", 0.0), load.get("loadavg", 0.0),
+                                               load.get("wall_s", 0.0)).describe()
+        if load.get("drift"):
+            how += f"; {load['drift']}"
+        budget = "measured fully" if self.budget_s is None else f"budget {self.budget_s:.0f} s"
+        return f"measured {self.created} in {self.seconds:.0f} s ({budget}){how}"
 
     @property
     def speedup(self) -> float:
@@ -179,8 +192,8 @@ def select(rows: Sequence[PlanRow], margin: float = PLAN_MARGIN) -> tuple[int, i
     best = max(range(len(rows)), key=lambda i: (rows[i].predicted_tok_s, -i))
     if not rows[best].plain and rows[best].predicted_tok_s < rows[best_plain].predicted_tok_s * (1 + margin):
         best = best_plain
-    llama = [i for i in plains if rows[i].engine == BackendKind.LLAMACPP.value]
-    reference = max(llama, key=lambda i: rows[i].predicted_tok_s) if llama else best_plain
+    ref = [i for i in plains if info(rows[i].engine).reference]
+    reference = max(ref, key=lambda i: rows[i].predicted_tok_s) if ref else best_plain
     return best, reference
 
 
@@ -232,7 +245,8 @@ def load_plan(path: Path, key: str) -> tuple[Plan | None, str]:
 
 
 def new_plan(key: str, model: str, targets: Sequence[PlanTarget], rows: Sequence[PlanRow], threads: int,
-             machine: dict, seconds: float, margin: float = PLAN_MARGIN) -> Plan:
+             machine: dict, seconds: float, margin: float = PLAN_MARGIN, load: dict | None = None,
+             budget_s: float | None = None) -> Plan:
     chosen, reference = select(rows, margin)
     return Plan(key, model, [t.path for t in targets], list(rows), chosen, reference, threads, machine,
-                time.strftime("%Y-%m-%d %H:%M:%S"), seconds)
+                time.strftime("%Y-%m-%d %H:%M:%S"), seconds, dict(load or {}), budget_s)

@@ -29,7 +29,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -40,10 +40,12 @@ from ..models.gguf_in import open_gguf
 from ..models.errors import ModelFileError, UnsupportedModelError
 from ..models.gguf_any import open_any_gguf
 from ..models.manifest import FORMAT, MANIFEST, PAD_ROW_NONE, Manifest, Profile, read_manifest
-from ..runtime.backends import BackendKind
+from ..models.ref import RefKind, model_ref
+from ..runtime.backends import artifact_engine, gguf_engines, info
 from .auto import candidate_specs, load_or_measure
+from .contention import CpuWatch, drifted
 from .environment import environment
-from .load import LoadedModel, artifact_name, engine_for, load_model, resolve_artifact
+from .load import LoadedModel, artifact_name, load_model
 from .plan import Plan, PlanRow, PlanTarget, load_plan, new_plan, plan_key, plan_path, save_plan, target_rows
 from .profile import model_fingerprint
 from .profile_measure import MeasureSettings, measure_steps
@@ -54,6 +56,11 @@ if TYPE_CHECKING:
 Log = Callable[[str], None]
 PLAN_MEASURE = MeasureSettings(k_max=8, reps=5, prompts=6, max_tokens=64, prompt_tokens=256)
 PLAN_WEIGHTS = ("int4", "int8")  # ONNX weight formats exported on demand for a GGUF model
+PLAN_BUDGET_S = 90.0  # a plan made on first use takes about this long whatever the model's size (exports included)
+EXPORT_S_PER_MPARAM = 0.12  # an ONNX export with its parity gate, seconds per million parameters (2 cores: SmolLM2
+#                             135M about 15 s); an export estimated over a quarter of the budget is not made
+HEAD_TO_HEAD_SHARE = 0.15  # of the budget, for the engines' interleaved plain runs
+MIN_DRIFT_S = 0.5  # head-to-head rounds shorter than this are not compared for drift
 _BYTES_PER_WEIGHT = {"int4": 0.6, "int8": 1.1, "fp16": 2.0, "fp32": 4.0}  # artifact bytes per parameter, about
 
 
@@ -64,6 +71,7 @@ class PlanSettings:
     export: bool = True  # export missing artifacts (False: plan over what is cached)
     measure: MeasureSettings = field(default_factory=lambda: PLAN_MEASURE)
     progress: bool = True  # a progress bar on stderr
+    budget_s: float | None = PLAN_BUDGET_S  # None: export and measure fully (`specedge plan --full`)
 
 
 def resolved_threads(threads: int | None) -> int:
@@ -75,8 +83,9 @@ def plan_for(model: str, settings: PlanSettings = PlanSettings(), *, cache_dir: 
     """The cached plan for `model` on this machine, or a new one (measured now; `refresh` always re-measures).
     Returns (plan, made_now). Raises ValueError/ModelFileError naming the problem (no engine can run the model)."""
     threads = resolved_threads(settings.threads)
-    artifact = engine_for(model, cache_dir) is BackendKind.ONNX
-    source = resolve_artifact(model, cache_dir) if artifact else resolve_model(model, cache_dir)
+    ref = model_ref(model, cache_dir)
+    artifact = ref.kind is RefKind.ARTIFACT
+    source = ref.path if artifact else resolve_model(model, cache_dir)
     key = plan_key(model_fingerprint(source), threads, () if artifact else settings.weights)
     path = plan_path(model_cache_dir(cache_dir), key)
     if not refresh:
@@ -85,11 +94,20 @@ def plan_for(model: str, settings: PlanSettings = PlanSettings(), *, cache_dir: 
             return plan, False
         log(f"plan: {why}; measuring this machine (first use; Ctrl-C skips, `--no-plan` never plans)")
     t0 = time.perf_counter()
-    targets = discover_targets(model, settings, cache_dir=cache_dir, log=log)
-    rows = measure_targets(targets, settings, threads, cache_dir=cache_dir, force=refresh, log=log)
-    plan = new_plan(key, model, targets, rows, threads, environment(threads), time.perf_counter() - t0)
+    with CpuWatch(threads) as watch:  # other processes' CPU use over the whole planning
+        targets = discover_targets(model, settings, cache_dir=cache_dir, log=log)
+        targets, rows, drift = measure_targets(targets, settings, threads, cache_dir=cache_dir, force=refresh,
+                                               log=log, started=t0)
+    load = watch.load
+    plan = new_plan(key, model, targets, rows, threads, environment(threads), time.perf_counter() - t0,
+                    load={**load.to_dict(), "busy": load.busy or bool(drift), "drift": drift},
+                    budget_s=settings.budget_s)
+    if load.busy or drift:
+        log(f"plan: measured on a busy machine ({load.describe()}{'; ' + drift if drift else ''}): used for this run "
+            f"only, not cached; `specedge plan {model} --refresh` on a quiet machine caches one")
+        return plan, True
     save_plan(plan, path)
-    log(f"plan saved to {path} ({plan.seconds:.0f} s)")
+    log(f"plan saved to {path} ({plan.seconds:.0f} s, {load.describe()})")
     return plan, True
 
 
@@ -97,17 +115,19 @@ def discover_targets(model: str, settings: PlanSettings, *, cache_dir: Path | No
                      log: Log = lambda m: None) -> list[PlanTarget]:
     """The targets worth measuring for `model` (module docstring); each engine only where its package is
     installed. Raises ValueError when none is."""
-    if engine_for(model, cache_dir) is BackendKind.ONNX:
-        root = resolve_artifact(model, cache_dir)
-        return [PlanTarget(BackendKind.ONNX.value, str(root), _artifact_label(read_manifest(root, verify=False)))]
+    ref = model_ref(model, cache_dir)
+    onnx = artifact_engine()
+    if ref.kind is RefKind.ARTIFACT:
+        return [PlanTarget(onnx.value, str(ref.path), _artifact_label(read_manifest(ref.path, verify=False)))]
     gguf = resolve_model(model, cache_dir)
     targets = []
-    if importlib.util.find_spec("llama_cpp") is not None:
-        targets.append(PlanTarget(BackendKind.LLAMACPP.value, str(gguf), f"llama.cpp {_gguf_type(gguf)}"))
-    else:
-        log("plan: llama-cpp-python is not installed (pip install 'specedge[llama]'): llama.cpp not planned")
-    if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnx") is None:
-        log("plan: onnxruntime is not installed (pip install 'specedge[onnx]'): ONNX Runtime not planned")
+    for engine in (e for e in gguf_engines(installed=False) if e.planned):
+        if engine.installed():
+            targets.append(PlanTarget(engine.value, str(gguf), f"{engine.name} {_gguf_type(gguf)}"))
+        else:
+            log(f"plan: {engine.missing()}: {engine.name} not planned")
+    if not (onnx.installed() and importlib.util.find_spec("onnx") is not None):
+        log(f"plan: {onnx.missing()} and onnx: ONNX Runtime not planned")
     else:
         targets += _onnx_targets(model, gguf, settings, cache_dir, log)
     if not targets:
@@ -123,7 +143,7 @@ def _onnx_targets(model: str, gguf: Path, settings: PlanSettings, cache_dir: Pat
     for w in settings.weights:
         out = model_cache_dir(cache_dir) / artifact_name(model, w)
         if _plannable(out, sha, (Profile.DYNAMIC,)) is None and settings.export:
-            why = _cannot_export(gguf, w)
+            why = _cannot_export(gguf, w, settings.budget_s)
             if why:
                 log(f"plan: not exporting {out.name}: {why}")
                 continue
@@ -133,11 +153,11 @@ def _onnx_targets(model: str, gguf: Path, settings: PlanSettings, cache_dir: Pat
                 log(f"plan: the {w} export failed, ONNX {w} not planned: {e}")
                 continue
         if _plannable(out, sha, (Profile.DYNAMIC,)) is not None:
-            found[out.resolve()] = PlanTarget(BackendKind.ONNX.value, str(out), f"onnx {w}")
+            found[out.resolve()] = PlanTarget(artifact_engine().value, str(out), f"onnx {w}")
     for root in sorted(m.parent for m in model_cache_dir(cache_dir).glob(f"*/{MANIFEST}")):  # other exports of it
         manifest = None if root.resolve() in found else _plannable(root, sha, (Profile.DYNAMIC, Profile.LAYERED))
         if manifest is not None:
-            found[root.resolve()] = PlanTarget(BackendKind.ONNX.value, str(root), _artifact_label(manifest))
+            found[root.resolve()] = PlanTarget(artifact_engine().value, str(root), _artifact_label(manifest))
     return list(found.values())
 
 
@@ -147,8 +167,15 @@ def _artifact_label(manifest: Manifest) -> str:
 
 
 def _gguf_type(path: Path) -> str:
-    stem = Path(path).stem
-    return stem.rpartition(".")[2].lower() if "." in stem else "gguf"
+    """The file's quantisation as its metadata states it (general.file_type: 'q4_1', 'q4_k_m'), else the file
+    name's last dotted part, else 'gguf' (a name like Qwen2.5-Coder-1.5B...-q4_k_m.gguf is not cut at its dots)."""
+    import gguf as gguf_lib
+    try:
+        kind = open_any_gguf(path).metadata.get("general.file_type")
+        return gguf_lib.LlamaFileType(int(kind)).name.removeprefix("MOSTLY_").lower()
+    except (ValueError, TypeError, OSError, ModelFileError, UnsupportedModelError):
+        stem = Path(path).stem
+        return stem.rpartition(".")[2].lower() if "." in stem else "gguf"
 
 
 def _plannable(root: Path, sha: str, profiles: tuple[Profile, ...]) -> Manifest | None:
@@ -165,9 +192,10 @@ def _plannable(root: Path, sha: str, profiles: tuple[Profile, ...]) -> Manifest 
     return m if ok else None
 
 
-def _cannot_export(gguf: Path, weights: str) -> str | None:
-    """Why `weights` should not be exported here (None: go): an architecture our builder does not emit, or an
-    artifact that would take more than half the memory available now."""
+def _cannot_export(gguf: Path, weights: str, budget_s: float | None = None) -> str | None:
+    """Why `weights` should not be exported here (None: go): an architecture our builder does not emit, an artifact
+    that would take more than half the memory available now, or an export estimated over a quarter of the plan's
+    budget (EXPORT_S_PER_MPARAM)."""
     from ..models.families import SUPPORTED_ARCHS
     try:
         model = open_gguf(gguf)
@@ -181,6 +209,10 @@ def _cannot_export(gguf: Path, weights: str) -> str | None:
     avail = _available_memory()
     if avail is not None and need > avail / 2:
         return f"it needs about {need / 1e9:.1f} GB, half the available memory is {avail / 2e9:.1f} GB"
+    seconds = n_params / 1e6 * EXPORT_S_PER_MPARAM
+    if budget_s is not None and seconds > budget_s / 4:
+        return (f"about {seconds:.0f} s for {n_params / 1e9:.2f}B parameters, beyond this plan's budget of "
+                f"{budget_s:.0f} s (`specedge plan MODEL --full` exports and measures every format)")
     return None
 
 
@@ -236,23 +268,37 @@ def draft_models(target_gguf: Path, cache_dir: Path | None) -> list[str]:
 
 
 def plain_kernels(engine: str, plain_only: bool) -> bool:
-    """Whether plain decoding on this engine runs its faster non-batch-invariant kernels: llama.cpp without flash
-    attention (8% faster one-token steps measured on 2 AVX2 cores), where no drafter will verify batches."""
-    return plain_only and engine == BackendKind.LLAMACPP.value
+    """Whether plain decoding on this engine runs its faster non-batch-invariant kernels (registry plain_kernels:
+    llama.cpp without flash attention, 8% faster one-token steps measured on 2 AVX2 cores), where no drafter will
+    verify batches."""
+    return plain_only and info(engine).plain_kernels
 
 
 def measure_targets(targets: list[PlanTarget], settings: PlanSettings, threads: int, *,
-                    cache_dir: Path | None = None, force: bool = False, log: Log = lambda m: None) -> list:
-    """Every target's plan rows (plain and the best k of each drafter), its profile measured or read from cache."""
+                    cache_dir: Path | None = None, force: bool = False, log: Log = lambda m: None,
+                    started: float | None = None) -> tuple[list[PlanTarget], list[PlanRow], str]:
+    """The targets that loaded (one that cannot: a line says why, the others go on), every one's plan rows (plain
+    and the best k of each drafter), its profile measured or read from cache, and why the head-to-head rounds say
+    the machine's speed changed while they ran ("" if they agree). With a budget (settings.budget_s, counted from
+    `started`), each target's measurement gets an equal share of what is left after a HEAD_TO_HEAD_SHARE reserve."""
+    started = time.perf_counter() if started is None else started
+    budget = settings.budget_s
     bar = _bar(settings.progress)
     say = (lambda m: bar.write(m, file=sys.stderr)) if settings.progress else log
     per_target: list[list[PlanRow]] = []
     models: list[LoadedModel] = []  # kept for the head-to-head runs
+    kept: list[PlanTarget] = []
     try:
-        for t in targets:
-            loaded = load_model(t.path, BackendKind(t.engine), threads=threads, cache_dir=cache_dir, device="cpu")
+        for n_left, t in zip(range(len(targets), 0, -1), targets):
+            engine = info(t.engine)
+            try:
+                loaded = load_model(t.path, engine.kind, threads=threads, cache_dir=cache_dir, device="cpu",
+                                    log=say)
+            except (ValueError, RuntimeError, ImportError, ModelFileError) as e:  # e.g. a file its gate refuses
+                say(f"plan: {t.label} not planned: {e}")
+                continue
             specs = candidate_specs(loaded, [])
-            if t.engine == BackendKind.LLAMACPP.value:
+            if engine.draft_models:
                 specs += draft_models(Path(t.path), cache_dir)
             if not loaded.backend.caps.batch_invariant:  # the plan is lossless: speculation only where it is exact
                 say(f"plan: {t.label} at {threads} threads is not batch-invariant (speculation would not be "
@@ -261,56 +307,78 @@ def measure_targets(targets: list[PlanTarget], settings: PlanSettings, threads: 
                 specs = []
                 if plain_kernels(t.engine, True):
                     del loaded
-                    loaded = load_model(t.path, BackendKind(t.engine), threads=threads, cache_dir=cache_dir,
+                    loaded = load_model(t.path, engine.kind, threads=threads, cache_dir=cache_dir,
                                         device="cpu", exact_batches=False)
             bar.total = (bar.total or 0) + measure_steps(len(specs), settings.measure)
             bar.set_description(f"plan: measuring {t.label}")
             bar.refresh()
+            measure = settings.measure
+            if budget is not None:
+                left = budget * (1 - HEAD_TO_HEAD_SHARE) - (time.perf_counter() - started)
+                share = max(left, 5.0) / n_left
+                measure = replace(measure, budget_s=share)
             profile, _ = load_or_measure(loaded, t.label, specs, threads=threads, device="cpu", cache_dir=cache_dir,
-                                         force=force, settings=settings.measure, log=lambda m: None,
+                                         force=force, settings=measure, log=lambda m: None,
                                          step=lambda _: bar.update(1))
             models.append(loaded)
+            kept.append(t)
             per_target.append(target_rows(t, profile, specs))
             bar.n = bar.total
             bar.refresh()
-        if len(targets) > 1:
+        drift = ""
+        if len(kept) > 1:
             bar.set_description("plan: engines head to head")
-            per_target = head_to_head(targets, models, per_target, say)
+            seconds = None if budget is None else budget * HEAD_TO_HEAD_SHARE
+            per_target, drift = head_to_head(kept, models, per_target, say, seconds)
     finally:
         models.clear()
         bar.close()
-    for t, target_rows_ in zip(targets, per_target):
+    if not kept:
+        raise ValueError("no engine could run this model here (each target's reason is above)")
+    for t, target_rows_ in zip(kept, per_target):
         best = max(target_rows_, key=lambda r: r.predicted_tok_s)
         say(f"plan: {t.label}: plain {target_rows_[0].predicted_tok_s:.1f} tok/s, best {best.describe()} "
             f"{best.predicted_tok_s:.1f} tok/s")
-    return [r for target_rows_ in per_target for r in target_rows_]
+    return kept, [r for target_rows_ in per_target for r in target_rows_], drift
 
 
 HEAD_TO_HEAD = MeasureSettings(prompts=3, max_tokens=48, prompt_tokens=256)  # plain runs, 2 rounds
 
 
-def head_to_head(targets: list[PlanTarget], models: list[LoadedModel], per_target: list[list[PlanRow]], say: Log
-                 ) -> list[list[PlanRow]]:
+def head_to_head(targets: list[PlanTarget], models: list[LoadedModel], per_target: list[list[PlanRow]], say: Log,
+                 seconds: float | None = None) -> tuple[list[list[PlanRow]], str]:
     """Put the targets on one time base: profiles measured minutes apart (or cached from another day) see a shared
     machine at different speeds, so every target decodes the same prompts plainly, interleaved, in two rounds (the
     second in reverse order, so a drift hits all alike), and each target's rows are scaled by its head-to-head
     plain speed over its profile's. Example: llama.cpp's profile says plain 97 tok/s, ONNX int4's 76; head to head
-    they run 80 and 70: llama.cpp's rows x 0.82, ONNX's x 0.92."""
-    from dataclasses import replace
+    they run 80 and 70: llama.cpp's rows x 0.82, ONNX's x 0.92. The two rounds of a target disagreeing by more than
+    contention.DRIFT means the machine's speed changed while they ran: returned as the second value (why), "" if
+    none did. `seconds`: about how long the rounds may take (the tokens per prompt shrink for slow targets)."""
     from .profile_measure import dev_prompts, run_rounds
     prompts = dev_prompts(HEAD_TO_HEAD.prompts)
+    tokens = [HEAD_TO_HEAD.max_tokens] * len(targets)
+    prompt_tokens = HEAD_TO_HEAD.prompt_tokens
+    if seconds is not None:  # each target's share of the rounds at its profiled plain speed
+        prompt_tokens = min(prompt_tokens, 96)
+        per = seconds / (2 * len(targets) * len(prompts))
+        tokens = [int(min(HEAD_TO_HEAD.max_tokens, max(8, per * rows[0].predicted_tok_s / 1.5)))
+                  for rows in per_target]
     speeds: list[list[float]] = [[] for _ in targets]
+    timed: list[float] = [float("inf")] * len(targets)  # the shorter round's decode time per target
     for order in (range(len(targets)), reversed(range(len(targets)))):
         for i in order:
-            run = run_rounds(models[i], None, prompts, 0, HEAD_TO_HEAD.max_tokens, HEAD_TO_HEAD.prompt_tokens)
+            run = run_rounds(models[i], None, prompts, 0, tokens[i], prompt_tokens)
             speeds[i].append(float(run.tokens_per_s))
-    out = []
-    for t, rows, s in zip(targets, per_target, speeds):
+            timed[i] = min(timed[i], run.decode_s)
+    out, drift = [], []
+    for t, rows, s, secs in zip(targets, per_target, speeds, timed):
         now, profiled = float(np.mean(s)), rows[0].predicted_tok_s
         scale = now / profiled if profiled > 0 and now > 0 else 1.0
         say(f"plan: {t.label}: plain {now:.1f} tok/s head to head (profile {profiled:.1f}; rows x {scale:.2f})")
         out.append([replace(r, predicted_tok_s=r.predicted_tok_s * scale) for r in rows])
-    return out
+        if secs >= MIN_DRIFT_S and drifted(*s):  # rounds of a few ms (tiny models) are all noise
+            drift.append(f"{t.label} ran {s[0]:.1f} then {s[1]:.1f} tok/s")
+    return out, ("the engines' rounds disagree: " + ", ".join(drift)) if drift else ""
 
 
 def _bar(enabled: bool):
@@ -319,17 +387,10 @@ def _bar(enabled: bool):
                 bar_format="{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}]")
 
 
-def wants_plan(*, backend=None, drafter=None, k=None, lossy=None, device: str = "auto", auto: bool = False,
-               no_plan: bool = False) -> bool:
-    """Plan only when nothing says what to run: any given backend, drafter, k, lossy mode, device (the plan
-    measures the CPU), --auto (one engine's tuner) or no_plan is honoured instead."""
-    return not no_plan and not auto and device == "auto" and all(x is None for x in (backend, drafter, k, lossy))
-
-
 def planned(model: "ModelSettings", decode: "DecodeSettings", *, progress: bool = True, log: Log = lambda m: None
             ) -> tuple[Plan, "ModelSettings", "DecodeSettings"]:
     """The plan for model.model at model.threads (cached, or measured now) and the settings that run its choice:
-    what generate/chat/serve and Engine(MODEL) do by default."""
+    what generate/chat/serve and Engine.open(MODEL) do by default (assembly/open.py)."""
     plan, _ = plan_for(model.model, PlanSettings(threads=model.threads, progress=progress),
                        cache_dir=model.cache_dir, log=log)
     return (plan, *apply_plan(plan, model, decode))
@@ -339,11 +400,9 @@ def apply_plan(plan: Plan, model: "ModelSettings", decode: "DecodeSettings"
                ) -> tuple["ModelSettings", "DecodeSettings"]:
     """The settings that run the plan's choice: its engine and artifact (ONNX on the CPU: the plan measured the
     CPU), its drafter, k and length policy; the caller's ctx, threads, cache and verifier are kept."""
-    from dataclasses import replace
     from ..runtime.drafters import parse_drafter
-    row = plan.choice
-    model = replace(model, model=row.path, backend=BackendKind(row.engine),
-                    device="cpu" if row.engine == BackendKind.ONNX.value else model.device,
+    row, engine = plan.choice, info(plan.choice.engine)
+    model = replace(model, model=row.path, backend=engine.kind, device="cpu" if engine.devices else model.device,
                     exact_batches=not plain_kernels(row.engine, row.plain))
     decode = replace(decode, drafter=parse_drafter(row.drafter), k=max(row.k, 1), adaptive_k=row.adaptive)
     return model, decode

@@ -9,12 +9,13 @@ once more with the adaptive draft length (k <= k_max), whose tokens/s is the ada
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
 
 from ..runtime.decode import decode
+from ..runtime.request import Request, Speculation
 from ..runtime.stats import DecodeStats
 from ..runtime.types import SamplingParams, StepStats
 from .devset import Prompt, load_prompts
@@ -34,6 +35,46 @@ class MeasureSettings:
     max_tokens: int = 128  # generated per prompt and drafter (as the benchmark; n-gram matches grow with length)
     prompt_tokens: int = 384  # a longer prompt keeps its last this many tokens (bounds the prefill time)
     adaptive: bool = True  # also run each drafter with the adaptive draft length (doubles the drafters' time)
+    budget_s: float | None = None  # about this many seconds for the whole measurement (fit_budget); None: as set
+
+
+# The least a budgeted measurement keeps (fit_budget shrinks towards these, in this order)
+FLOOR = {"prompt_tokens": 64, "reps": 2, "ctx": 32, "max_tokens": 16, "adaptive": False, "prompts": 2}
+
+
+def estimate_s(s: MeasureSettings, t1: float, n_drafters: float) -> float:
+    """Seconds `measure` takes with one-token calls of t1 s: the T(n) curve (a prefill of ctx, reps calls of every
+    width at about 2.5 t1 each) and the decode runs (plain, each drafter once or twice: a prefill of prompt_tokens at
+    about 0.4 t1 a token, then max_tokens at about 1.2 t1). Rough, but it scales with the model: a 10x slower model
+    is predicted 10x longer. Example: t1 10 ms, PLAN_MEASURE, one drafter: 0.4*256*0.01 + 5*9*2.5*0.01 = 2.1 s,
+    runs 3 * 6 * (256*0.4 + 64*1.2) * 0.01 = 32 s."""
+    runs = 1 + n_drafters * (2 if s.adaptive else 1)
+    curve = 0.4 * s.ctx * t1 + s.reps * (s.k_max + 1) * 2.5 * t1
+    return curve + runs * s.prompts * (0.4 * s.prompt_tokens + 1.2 * s.max_tokens) * t1
+
+
+def fit_budget(s: MeasureSettings, t1: float, n_drafters: float) -> MeasureSettings:
+    """The settings shrunk, field by field towards FLOOR (shorter prompts, fewer T(n) reps, a shorter curve prefix,
+    fewer generated tokens, no adaptive-length runs, fewer prompts), until estimate_s fits s.budget_s; as given
+    without a budget or when they fit. Example: t1 90 ms (a 1.5B model on 2 cores), PLAN_MEASURE with n-gram, budget
+    25 s -> prompt_tokens 64, reps 2, ctx 32, max_tokens 16, fixed k only, 2 prompts (about 21 s, where the full
+    settings take 310 s)."""
+    if s.budget_s is None:
+        return s
+    for name, low in FLOOR.items():
+        if estimate_s(s, t1, n_drafters) <= s.budget_s:
+            break
+        value = getattr(s, name)
+        if isinstance(low, bool):  # a switch: off is the cheaper
+            s = replace(s, **{name: low})
+            continue
+        if value <= low:
+            continue
+        # the value that would fit, everything else kept (estimate_s is linear in each field), not below the floor
+        per_unit = (estimate_s(s, t1, n_drafters) - estimate_s(replace(s, **{name: 0}), t1, n_drafters)) / value
+        fit = int((s.budget_s - estimate_s(replace(s, **{name: 0}), t1, n_drafters)) / max(per_unit, 1e-12))
+        s = replace(s, **{name: max(low, min(value, fit))})
+    return s
 
 
 class RoundLog(DecodeStats):
@@ -118,12 +159,11 @@ def run_rounds(target, drafter, prompts: Sequence[Prompt], k: int, max_tokens: i
     at fixed k (adaptive: k is the maximum of the adaptive draft length); the merged log."""
     log, tok, params = RoundLog(), target.tokenizer, SamplingParams()
     for p in prompts:
-        ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": p.text}]))
+        ids = tok.chat_ids(p.text)
         room = min(prompt_tokens, context_of(target.backend) - max_tokens - k - 2)
         ids = ids[-room:]  # a small-context model sees the end of a long prompt (the chat template's tail)
-        for _ in decode(target.backend, ids, params, drafter=drafter, k=max(k, 1), max_tokens=max_tokens,
-                        eos_ids=tok.eos_ids, stats=log, rng=np.random.default_rng(0),
-                        adaptive_k=adaptive):
+        for _ in decode(target.backend, ids, Speculation(drafter, k=max(k, 1), adaptive_k=adaptive),
+                        Request(params, max_tokens=max_tokens, eos_ids=tok.eos_ids, seed=0), stats=log):
             pass
     return log
 
@@ -139,8 +179,14 @@ def measure(target, drafters: dict[str, object], settings: MeasureSettings = Mea
     target: an assembly.load.LoadedModel; drafters: spec string -> built drafter (tree drafters are not tuned here).
     `step` is called after each of the measure_steps(...) parts (a progress bar)."""
     backend = target.backend
-    ctx = max(8, min(settings.ctx, context_of(backend) // 2))
     rng = np.random.default_rng(0)
+    if settings.budget_s is not None:  # one call of one token tells how slow this target is, then fit the budget
+        t1 = verify_curve(backend, 1, 8, 1, rng)[0]
+        settings = fit_budget(settings, t1, sum(1.5 if d is not None and d.caps.pays_per_token else 1.0
+                                                for d in drafters.values()))
+        log(f"budget {settings.budget_s:.0f} s at {1e3 * t1:.1f} ms a token: {settings.prompts} prompts x "
+            f"{settings.max_tokens} tokens (prompts cut to {settings.prompt_tokens}), T(n) x {settings.reps}")
+    ctx = max(8, min(settings.ctx, context_of(backend) // 2))
     t0 = time.perf_counter()
     verify_s = verify_curve(backend, settings.k_max + 1, ctx, settings.reps, rng)
     log(f"T(n) for n = 1..{settings.k_max + 1} at cache length {ctx}: "
