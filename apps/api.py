@@ -1,14 +1,18 @@
-"""The embeddable Python API: `specedge.Engine` loads a model and its drafter once and serves `generate`, `stream`
-and `chat` calls from any thread.
+"""The embeddable Python API: `specedge.Engine` holds one decoder (a loaded model and its drafter) and serves
+`generate`, `stream` and `chat` calls from any thread.
 
     from specedge import Engine
-    engine = Engine("smollm2-135m")  # the plan for this machine; Engine("smollm2-135m", plan=False): llama.cpp
-    # (the engine the model names: llama.cpp for a GGUF; Engine("smollm2-135m-onnx-int4", plan=False): ONNX Runtime)
+    engine = Engine.open("smollm2-135m")  # the plan for this machine; Engine.open("smollm2-135m", plan=False):
+    # the engine the model names (llama.cpp for a GGUF; "smollm2-135m-onnx-int4": ONNX Runtime) + ngram k<=4
     print(engine.chat([{"role": "user", "content": "Hi!"}], max_tokens=64).text)
     for chunk in engine.stream("Once upon a time", max_tokens=32, temperature=0.8, seed=1):
         print(chunk.text, end="", flush=True)
 
-Structured output, tools and logprobs are keyword arguments of every call (docs/api.md):
+`Engine(decoder)` wraps a decoder opened by assembly/open.py (what the CLI and the server do); `Engine.open(model,
+**settings)` opens one, the settings named as ModelSettings and DecodeSettings fields. Per-call options are the
+CallSettings fields, as keywords or as one `call=CallSettings(...)` (the server passes its parsed request's).
+
+Structured output, tools and logprobs are options of every call (docs/api.md):
 
     from specedge import Engine, JsonSchema, Tool
     engine.generate(prompt, grammar=JsonSchema({"type": "object", ...}), logprobs=2)  # .logprobs: TokenLogprob
@@ -22,21 +26,18 @@ repeated system prompt) prefills only the rest.
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
 
-from ..assembly.decoder import CallSettings, DecodeSettings, Decoder, ModelSettings, load
+from ..assembly.decoder import CallSettings, CallStream, DecodeSettings, Decoder
 from ..assembly.load import LoadedModel, parse_drafter
-from ..runtime.backends import BackendKind
+from ..assembly.open import open_decoder, settings_from
+from ..runtime.decode import check_prompt
 from ..runtime.generate import collect
 from ..runtime.session import Session
-from ..runtime.stats import DecodeStats
-from ..runtime.types import FinishReason, GenerationResult, Response
-from ..runtime.verify import VerifierKind
+from ..runtime.types import GenerationResult, Response
 from .tools import Tool, ToolCall, ToolChoice, forced_grammar, parse_tool_calls, render_messages, resolve_choice, \
     tools_of
 
@@ -50,50 +51,41 @@ class ChatResult(GenerationResult):
 
 
 class Engine:
-    """One loaded target (+ drafter); thread-safe calls, one at a time.
+    """One decoder (a loaded target + drafter); thread-safe calls, one at a time.
 
-    model: a catalogue name or GGUF path, or an exported ONNX artifact directory or cache name. With none of
-    backend, drafter, k and device given and plan=True (the default), the engine runs the plan for this model and
-    machine (assembly/plan.py: engine, weight format, drafter and k measured fastest; measured on first use, then
-    cached; `self.plan` holds it); otherwise backend (default: the engine the model names), drafter (as `specedge
-    generate --drafter`; default ngram) and k (default 4) are honoured exactly. ctx: positions the engine's KV
-    cache holds (prompt + answer); default min(model context, 4096).
-    `stream` yields runtime Responses (text, token, from_draft, tokens_per_s, finish_reason); `generate` and
-    `chat` return a GenerationResult (text, tokens, finish_reason, prompt_tokens, stats).
+    `stream` yields runtime Responses (text, token, from_draft, tokens_per_s, finish_reason, logprob); `generate`
+    and `chat` return a GenerationResult (text, tokens, finish_reason, prompt_tokens, stats: CallStats, logprobs).
 
-    Call defaults: max_tokens None = to the end of the turn (EOS, a stop string) or the context limit; temperature,
-    top_p, top_k, min_p None = the model's own defaults (`sampling_defaults`: GGUF general.sampling.*, an artifact's
-    recorded generation config, else temperature 0.7, top_p 0.9); temperature=0 is greedy; seed 0.
+    Call options (CallSettings): max_tokens None = to the end of the turn (EOS, a stop string) or the context limit;
+    temperature, top_p, top_k, min_p None = the model's own defaults (`sampling_defaults`: GGUF general.sampling.*,
+    an artifact's recorded generation config, else temperature 0.7, top_p 0.9); temperature=0 is greedy; typical_p
+    1 (off); repeat_penalty, presence_penalty, frequency_penalty (llama.cpp's, over the last 64 tokens); logit_bias
+    ({token id: bias}, -inf bans); seed 0; stop; grammar (a JsonSchema, JsonObject, Regex, Lark or Gbnf the output
+    must match); logprobs (None; n: each Response's `logprob` with the n most likely alternatives, 0..20).
     """
 
-    def __init__(self, model: str = "smollm2-135m", *, backend: str | None = None, drafter: str | None = None,
-                 k: int | None = None, adaptive_k: bool = True, verifier: str = "chain", ctx: int | None = None,
-                 threads: int | None = None, device: str = "auto", cache_dir: str | Path | None = None,
-                 log=None, plan: bool = True) -> None:
-        decode = DecodeSettings(parse_drafter(drafter or "ngram"), 4 if k is None else k, adaptive_k,
-                                VerifierKind(verifier))
-        settings = ModelSettings(model, BackendKind(backend) if backend else None, ctx=ctx, threads=threads,
-                                 device=device, cache_dir=Path(cache_dir) if cache_dir is not None else None)
-        self.plan = None
-        from ..assembly.plan_run import planned, wants_plan
-        if wants_plan(backend=backend, drafter=drafter, k=k, device=device, no_plan=not plan):
-            self.plan, settings, decode = planned(settings, decode, progress=False, log=log or (lambda m: None))
-        decoder = Decoder(load(settings, log), settings, decode)
-        self._init(decoder, model, str(decoder.settings.drafter))
-
-    @classmethod
-    def from_decoder(cls, decoder: Decoder, name: str) -> "Engine":
-        """An Engine over an already built decoder (the CLI builds one from its options)."""
-        engine = cls.__new__(cls)
-        engine.plan = None
-        engine._init(decoder, name, str(decoder.settings.drafter))
-        return engine
-
-    def _init(self, decoder: Decoder, name: str, drafter_name: str) -> None:
-        self.decoder, self.name, self.drafter_name = decoder, name, drafter_name
-        self.backend_kind = decoder.model.kind.value
+    def __init__(self, decoder: Decoder, name: str | None = None) -> None:
+        if not isinstance(decoder, Decoder):
+            raise TypeError(f"Engine(decoder) takes a Decoder (assembly/open.py open_decoder); to open a model by "
+                            f"name use Engine.open({decoder!r}, ...)")
+        self.decoder, self.name = decoder, name or decoder.model_settings.model
+        self.plan = decoder.plan  # the plan that chose the decoder's settings (None: they were given)
         self.session = Session(decoder.model.backend, decoder.model_settings.ctx)
         self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, model: str = "smollm2-135m", *, plan: bool = True, auto: bool = False, log=None,
+             **settings) -> "Engine":
+        """Open `model` (a catalogue name or GGUF path, or an exported ONNX artifact directory or cache name).
+
+        settings: ModelSettings and DecodeSettings fields (backend, ctx, threads, device, cache_dir; drafter, k,
+        adaptive_k, verifier, lossy), text or typed. With none of backend, device, drafter, k and lossy given and
+        plan=True, the engine runs the plan for this model and machine (assembly/plan.py: engine, weight format,
+        drafter and k measured fastest; measured on first use, then cached; `self.plan` holds it); otherwise they
+        are honoured exactly (defaults: the engine the model names, ngram, k 4). auto=True: the device profile picks
+        the drafter and k. ctx: positions the KV cache holds (prompt + answer); default min(model context, 4096)."""
+        model_s, decode_s = settings_from(model, **settings)
+        return cls(open_decoder(model_s, decode_s, plan=plan, auto=auto, log=log), model)
 
     @property
     def model(self) -> LoadedModel:
@@ -103,6 +95,15 @@ class Engine:
     def drafter(self):
         """The running drafter (None for plain decoding)."""
         return self.decoder.drafter
+
+    @property
+    def drafter_name(self) -> str:
+        """What decodes: the drafter spec ("none": plain decoding) or the lossy mode's label."""
+        return self.decoder.label
+
+    @property
+    def backend_kind(self) -> str:
+        return self.decoder.model.kind.value
 
     @property
     def sampling_defaults(self):
@@ -140,102 +141,72 @@ class Engine:
     def encode(self, text: str) -> list[int]:
         return [int(t) for t in self.tokenizer.encode(text)]
 
-    def stream(self, prompt: str | Sequence[int], *, cancel: threading.Event | None = None, stats: dict | None = None,
-               **options) -> Iterator[Response]:
-        """Decode a raw prompt (text, no chat template; or token ids) and yield Responses. Options: max_tokens
-        (default: to the end of the turn or the context limit), temperature, top_p, top_k, min_p (default: the
-        model's, see `sampling_defaults`; temperature 0 = greedy), repeat_penalty, presence_penalty, frequency_penalty
-        (llama.cpp's, over the last 64 tokens), logit_bias ({token id: bias}, -inf bans), seed (0), stop, grammar (a
-        JsonSchema, JsonObject, Regex, Lark or Gbnf the output must match), logprobs (None; n: each Response's
-        `logprob` with the n most likely alternatives, 0..20). Invalid values
-        raise ValueError here, before anything runs. `stats`, if given, is filled with the call's statistics when it
-        ends, `sampling` (the values used) included."""
-        call = CallSettings(**options)
+    def stream(self, prompt: str | Sequence[int], call: CallSettings | None = None, *,
+               cancel: threading.Event | None = None, **options) -> CallStream:
+        """Decode a raw prompt (text, no chat template; or token ids) and yield Responses; the stream's `stats`
+        (CallStats) is set when it ends. The call: `call`, with `options` (CallSettings fields, see the class)
+        over it. Invalid values raise ValueError here, before anything runs; `cancel`, when set, ends the call at
+        its next token (finish reason `cancelled`)."""
+        call = replace(call or CallSettings(), **options)
         self.decoder.check(call)  # a bad logit_bias id or a grammar llguidance refuses: ValueError before anything runs
         ids = np.asarray(self.encode(prompt) if isinstance(prompt, str) else list(prompt), dtype=np.int32)
-        self._check_length(len(ids))
-        return self._run(ids, call, cancel, stats if stats is not None else {})
+        check_prompt(len(ids), self.session.capacity)
+        return CallStream(lambda out: self._locked(ids, call, cancel, out))
 
-    def generate(self, prompt: str | Sequence[int], **options) -> GenerationResult:
-        """Decode a raw prompt to the end (see `stream` for the options, including cancel)."""
-        return self._collect(prompt, options)
+    def generate(self, prompt: str | Sequence[int], call: CallSettings | None = None, *,
+                 cancel: threading.Event | None = None, **options) -> GenerationResult:
+        """Decode a raw prompt to the end (see `stream`)."""
+        calls = self.stream(prompt, call, cancel=cancel, **options)
+        result = collect(calls)
+        return replace(result, prompt_tokens=calls.stats.prompt_tokens, stats=calls.stats)
 
-    def chat(self, messages: Sequence[dict], *, stream: bool = False, tools: Sequence[Tool] = (),
-             tool_choice: ToolChoice = "auto", parallel_tool_calls: bool = True, **options):
-        """Render messages with the chat template and decode: a ChatResult (content and tool_calls parsed), or an
-        iterator of Responses with stream=True (raw text, call markup included: apps.tools.ToolStream parses it).
+    def chat(self, messages: Sequence[dict], call: CallSettings | None = None, *, stream: bool = False,
+             tools: Sequence[Tool] = (), tool_choice: ToolChoice = "auto", parallel_tool_calls: bool = True,
+             cancel: threading.Event | None = None, **options):
+        """Render messages with the chat template and decode: a ChatResult (content and tool_calls parsed), or a
+        CallStream of Responses with stream=True (raw text, call markup included: apps.tools.ToolStream parses it).
         tools: Tool objects (or OpenAI dicts); tool_choice "auto" (the model decides), "none" (tools not offered,
         nothing parsed), "required" (the output is forced to be calls of the given tools) or a tool's name /
         ForceTool (forced to call it); parallel_tool_calls=False forces exactly one call. A forced choice sets the
-        grammar: passing grammar= too is a ValueError."""
+        grammar: passing a grammar too is a ValueError."""
+        call = replace(call or CallSettings(), **options)
         tools = tools_of(tools)
         choice = resolve_choice(tool_choice, tools)
         if choice not in ("auto", "none"):
-            if options.get("grammar") is not None:
+            if call.grammar is not None:
                 raise ValueError("grammar cannot be combined with a forced tool_choice (the call's grammar is the "
                                  "tool's parameter schema): drop one of them")
-            options["grammar"] = forced_grammar(tools, choice, parallel=parallel_tool_calls)
+            call = replace(call, grammar=forced_grammar(tools, choice, parallel=parallel_tool_calls))
         text = render_messages(self.tokenizer, messages, tools, choice)
         if stream:
-            return self.stream(text, **options)
-        result = self._collect(text, options)
+            return self.stream(text, call, cancel=cancel)
+        result = self.generate(text, call, cancel=cancel)
         content, calls = parse_tool_calls(result.text, tools if choice != "none" else [])
         if calls and not parallel_tool_calls:
             calls = calls[:1]
-        fields = {f: getattr(result, f) for f in GenerationResult.__dataclass_fields__}
-        return ChatResult(**fields, content=content, tool_calls=calls)
+        fields_ = {f: getattr(result, f) for f in GenerationResult.__dataclass_fields__}
+        return ChatResult(**fields_, content=content, tool_calls=calls)
 
     def set_drafter(self, drafter: str) -> None:
-        """Switch the drafter between calls (waits for a running call). requires: a spec as for the constructor;
-        it is parsed and built with the same start-up checks as at load (tokenizer match, tree masks, layered
-        artifact), and on any error (ValueError, FileNotFoundError, ImportError, RuntimeError) the old drafter
-        stays. The target and its cached conversation prefix are kept."""
+        """Switch the drafter between calls (waits for a running call). requires: a spec as for `open`; it is
+        parsed and built with the same start-up checks as at load (tokenizer match, tree masks, layered artifact),
+        and on any error (ValueError, FileNotFoundError, ImportError, RuntimeError) the old drafter stays. The
+        target and its cached conversation prefix are kept."""
         spec = parse_drafter(drafter)
         with self._lock:
             s = self.decoder.settings
             self.decoder = self.decoder.with_decode(DecodeSettings(spec, s.k, s.adaptive_k, s.verifier))
-            self.drafter_name = drafter
 
     def reset(self) -> None:
         """Forget the cached conversation prefix (the next call prefills its whole prompt)."""
         with self._lock:
             self.session.reset()
 
-    def _collect(self, prompt, options) -> GenerationResult:
-        stats: dict = {}
-        logprobs: list = []
-
-        def kept(responses):
-            for r in responses:
-                if r.logprob is not None and r.finish_reason is not FinishReason.EOS:  # EOS is not in `tokens`
-                    logprobs.append(r.logprob)
-                yield r
-
-        result = collect(kept(self.stream(prompt, stats=stats, **options)))
-        return replace(GenerationResult(result.text, result.tokens, result.finish_reason, stats["prompt_tokens"],
-                                        stats), logprobs=logprobs if options.get("logprobs") is not None else None)
-
-    def _check_length(self, n_prompt: int) -> None:
-        if n_prompt == 0:
-            raise ValueError("the prompt is empty: give at least one token")
-        if n_prompt + 1 > self.session.capacity:
-            raise ValueError(f"the prompt has {n_prompt} tokens but the context holds {self.session.capacity}: "
-                             "shorten the prompt (or the conversation) or raise ctx (--ctx)")
-
-    def _run(self, ids: np.ndarray, call: CallSettings, cancel, out: dict) -> Iterator[Response]:
+    def _locked(self, ids: np.ndarray, call: CallSettings, cancel, out: CallStream) -> Iterator[Response]:
         with self._lock:
-            dstats, t0, ttft = DecodeStats(), time.perf_counter(), None
-            reason = FinishReason.LENGTH
+            inner = self.decoder.stream(ids, call, session=self.session, cancel=cancel)
             try:
-                for r in self.decoder.stream(ids, call, stats=dstats, session=self.session):
-                    ttft = ttft if ttft is not None else time.perf_counter() - t0
-                    if cancel is not None and cancel.is_set() and r.finish_reason is None:
-                        reason = FinishReason.CANCELLED
-                        yield Response(r.text, r.token, r.from_draft, r.tokens_per_s, reason)
-                        return
-                    reason = r.finish_reason or reason
-                    yield r
+                yield from inner
             finally:
-                out.update(dstats.to_dict(), prompt_tokens=len(ids), reused_prompt_tokens=self.session.reused,
-                           ttft_s=ttft, wall_s=time.perf_counter() - t0, drafter=self.drafter_name,
-                           finish_reason=reason.value, sampling=self.decoder.sampling_used(call))
+                inner.close()
+                out.stats = inner.stats

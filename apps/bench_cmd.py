@@ -17,6 +17,7 @@ from ..perf.bench_llama import llama_available, llama_configs
 from ..perf.bench_report import SCHEMA_VERSION, environment, verify_cost_plot, write_reports
 from ..assembly.auto import choice_table, profile_rows, tune_targets
 from ..assembly.profile import PLAIN
+from .options import CACHE_DIR, CTX, MAX_TOKENS, THREADS
 
 
 def _write_profiles(tuned, out: Path) -> None:
@@ -144,17 +145,17 @@ def _command_line() -> str:
 @click.option("--categories", default=None, help="Comma-separated categories or Spec-Bench tasks to keep.")
 @click.option("--group", type=click.Choice(["task", "category"]), default="task", show_default=True,
               help="Report by Spec-Bench task or by raw category.")
-@click.option("--max-tokens", type=click.IntRange(1, None), default=128, show_default=True)
+@MAX_TOKENS(128)
 @click.option("--warmup", type=click.IntRange(0, None), default=1, show_default=True,
               help="Prompts run through every configuration and discarded first.")
 @click.option("--trials", type=click.IntRange(1, None), default=1, show_default=True)
-@click.option("--threads", type=click.IntRange(1, None), default=2, show_default=True)
-@click.option("--ctx", type=click.IntRange(64, None), default=2048, show_default=True)
+@THREADS(2)
+@CTX(2048, low=64)
 @click.option("--baselines/--no-baselines", default=True, show_default=True,
               help="llama-cpp-python plain decoding and LlamaPromptLookupDecoding (k from --k) on MODEL's GGUF.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("bench-out"),
               show_default=True)
-@click.option("--cache-dir", type=click.Path(path_type=Path), default=None, help="Model cache.")
+@CACHE_DIR()
 @click.option("--profile-device", is_flag=True,
               help="Measure each target's device profile (verify-cost curve T(n), drafter costs and acceptance), "
                    "cache it, write profiles.json and verify_cost.png, and print the chosen drafter and k. With "

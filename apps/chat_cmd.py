@@ -30,8 +30,11 @@ from pathlib import Path
 import click
 
 from ..assembly.decoder import CallSettings, parse_logit_bias
+from ..runtime.stats import CallStats
+from ..runtime.types import FinishReason
 from .api import Engine
 from .chat_state import OPTION_NAMES, Conversation, Totals, answer_reserve, parse_option, stats_line
+from .options import STOP, call_options, call_settings, engine_options, open_from
 
 COMMANDS = {
     "/reset": "clear the conversation (keeps the system prompt)",
@@ -100,17 +103,17 @@ class ChatLoop:
             self.conv.messages.pop()
             self.conv.start = before
             return
-        cancel, stats = threading.Event(), {}
+        cancel = threading.Event()
         previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())
         try:
-            text = self.stream(cancel, stats)
+            text, stats = self.stream(cancel)
         finally:
             signal.signal(signal.SIGINT, previous)
         if text is None:  # failed: the question goes too, the conversation stays as it was
             self.conv.messages.pop()
             return
         reply = {"role": "assistant", "content": text}
-        if stats.get("finish_reason") == "cancelled":
+        if stats.finish_reason is FinishReason.CANCELLED:
             reply["interrupted"] = True
             say("[stopped]")
         if text or not reply.get("interrupted"):
@@ -120,7 +123,7 @@ class ChatLoop:
         self.last = stats
         self.totals.add(stats)
         say(stats_line(stats))
-        if stats.get("prompt_tokens", 0) + stats.get("n_generated", 0) + 1 >= self.engine.context_length:
+        if stats.prompt_tokens + stats.decode.n_generated + 1 >= self.engine.context_length:
             say(f"(the answer reached the context limit of {self.engine.context_length} tokens; the next message "
                 "drops the oldest turns to make room, or restart with a larger --ctx)")
 
@@ -155,21 +158,22 @@ class ChatLoop:
         """Tokens of the conversation as the model will see it (chat template and generation prompt included)."""
         return len(self.engine.encode(self.engine.render_chat(self.conv.render())))
 
-    def stream(self, cancel: threading.Event, stats: dict) -> str | None:
-        """Print the answer as it streams; returns its text, or None after printing what went wrong."""
+    def stream(self, cancel: threading.Event) -> tuple[str | None, CallStats | None]:
+        """Print the answer as it streams; returns its text and statistics, or None after printing what went
+        wrong."""
         parts = []
         try:
-            for c in self.engine.chat(self.conv.render(), stream=True, cancel=cancel, stats=stats,
-                                      **self.conv.options):
+            calls = self.engine.chat(self.conv.render(), stream=True, cancel=cancel, **self.conv.options)
+            for c in calls:
                 if c.text:
                     parts.append(c.text)
                     click.echo(c.text, nl=False)
         except (ValueError, RuntimeError) as e:  # too long for the context, or the backend failed mid-answer
             say(("\n" if parts else "") + f"error: {e}\n(type /reset to start a new conversation, /save PATH "
                 "first to keep it)")
-            return None
+            return None, None
         click.echo("")
-        return "".join(parts)
+        return "".join(parts), calls.stats
 
     def command(self, text: str) -> str | None:
         name, _, arg = text.partition(" ")
@@ -212,7 +216,7 @@ class ChatLoop:
             click.echo("(no answer yet)")
         else:
             click.echo("last answer:")
-            for key, value in self.last.items():
+            for key, value in self.last.to_dict().items():
                 click.echo(f"  {key}: {round(value, 4) if isinstance(value, float) else value}")
         t = self.totals
         rate = t.tokens / t.decode_s if t.decode_s > 0 else 0.0
@@ -234,13 +238,13 @@ class ChatLoop:
         if not value.strip():
             call = CallSettings(**{k: self.conv.options.get(k) for k in OPTION_NAMES
                                    if self.conv.options.get(k) is not None})
-            used, source = call.resolved(self.engine.sampling_defaults), self.engine.sampling_defaults.source
+            used, source = call.sampling(self.engine.sampling_defaults), self.engine.sampling_defaults.source
             for k in OPTION_NAMES:
                 value = getattr(call, k)
                 if k == "max_tokens" and value is None:
                     value = "none (to the end of the turn or the context limit)"
-                elif k in used and value is None:
-                    value = f"{used[k]} (the model's default: {source})"
+                elif value is None:  # a sampling value the model's defaults fill
+                    value = f"{getattr(used, k)} (the model's default: {source})"
                 click.echo(f"  {k} = {value}")
             return
         try:
@@ -263,39 +267,33 @@ def enable_history() -> None:
             pass
 
 
-def chat_command(decoding_options, engine_from):
-    """Build the click command (decoding_options and engine_from come from apps/cli.py)."""
-
-    @click.command("chat")
-    @click.argument("model")
-    @decoding_options
-    @click.option("--system", default=None, help="System prompt.")
-    @click.option("--stop", multiple=True, help="Stop string (repeatable).")
-    @click.option("--load", "load_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-                  help="Resume a conversation saved with /save (its system prompt, messages and options; options "
-                       "given on this command line win).")
-    def chat(**o) -> None:
-        """Chat with MODEL in the terminal: streaming answers, multi-turn with KV-cache reuse, slash commands
-        (/help), Ctrl-C stops an answer."""
+@click.command("chat")
+@click.argument("model")
+@engine_options
+@call_options
+@STOP
+@click.option("--system", default=None, help="System prompt.")
+@click.option("--load", "load_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Resume a conversation saved with /save (its system prompt, messages and options; options "
+                   "given on this command line win).")
+def chat_cmd(**o) -> None:
+    """Chat with MODEL in the terminal: streaming answers, multi-turn with KV-cache reuse, slash commands
+    (/help), Ctrl-C stops an answer."""
+    call_settings(o)  # a bad sampling value fails before the model loads
+    bias = parse_logit_bias(o["logit_bias"])
+    conv = Conversation(o["system"], [], {**{k: o[k] for k in OPTION_NAMES}, "logit_bias": bias})
+    if o["load_path"] is not None:
         try:
-            bias = parse_logit_bias(o["logit_bias"])
+            loaded = Conversation.load(o["load_path"])
         except ValueError as e:
-            raise click.BadParameter(str(e)) from None
-        conv = Conversation(o["system"], [], {**{k: o[k] for k in OPTION_NAMES}, "logit_bias": bias})
-        if o["load_path"] is not None:
-            try:
-                loaded = Conversation.load(o["load_path"])
-            except ValueError as e:
-                raise click.ClickException(str(e)) from None
-            ctx = click.get_current_context()
-            given = {k for k in (*OPTION_NAMES, "system")
-                     if ctx.get_parameter_source(k) is click.core.ParameterSource.COMMANDLINE}
-            conv.messages = loaded.messages
-            conv.system = o["system"] if "system" in given else loaded.system
-            conv.options.update({k: v for k, v in loaded.options.items() if k not in given})
-        conv.options["stop"] = list(o["stop"])
-        engine = engine_from(o)
-        enable_history()
-        ChatLoop(engine, conv).run()
-
-    return chat
+            raise click.ClickException(str(e)) from None
+        ctx = click.get_current_context()
+        given = {k for k in (*OPTION_NAMES, "system")
+                 if ctx.get_parameter_source(k) is click.core.ParameterSource.COMMANDLINE}
+        conv.messages = loaded.messages
+        conv.system = o["system"] if "system" in given else loaded.system
+        conv.options.update({k: v for k, v in loaded.options.items() if k not in given})
+    conv.options["stop"] = list(o["stop"])
+    engine = Engine(open_from(o), o["model"])
+    enable_history()
+    ChatLoop(engine, conv).run()

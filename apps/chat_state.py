@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import get_type_hints
 
 from ..assembly.decoder import CallSettings, parse_logit_bias
+from ..runtime.stats import CallStats
+from ..runtime.types import FinishReason
 from .api import Engine
 
 SAVE_FORMAT = "specedge-chat/1"
@@ -23,10 +26,18 @@ def bias_option(text: str) -> dict[int, float]:
 
 
 OPTION_NAMES = tuple(f.name for f in fields(CallSettings) if f.name not in ("stop", "grammar", "logprobs"))
-OPTION_TYPES = {"max_tokens": int, "temperature": float, "top_p": float, "top_k": int, "min_p": float,
-                "repeat_penalty": float, "presence_penalty": float, "frequency_penalty": float,
-                "logit_bias": bias_option, "seed": int}
-OPTIONAL = ("max_tokens", "temperature", "top_p", "top_k", "min_p")  # /set KEY none: back to the default
+
+
+def _parser(name: str):
+    """How /set reads a value of CallSettings field `name`: its declared type (int or float), logit_bias's own."""
+    if name == "logit_bias":
+        return bias_option
+    hint = str(get_type_hints(CallSettings)[name])
+    return int if "int" in hint else float
+
+
+OPTION_TYPES = {name: _parser(name) for name in OPTION_NAMES}
+OPTIONAL = tuple(f.name for f in fields(CallSettings) if f.default is None and f.name in OPTION_NAMES)  # /set K none
 RESERVE_CAP = 512  # answer room the chat keeps free when trimming: min(RESERVE_CAP, ctx // 4), or max_tokens
 
 
@@ -40,13 +51,13 @@ class Totals:
     prefilled: int = 0
     reused: int = 0
 
-    def add(self, stats: dict) -> None:
+    def add(self, stats: CallStats) -> None:
         self.answers += 1
-        self.interrupted += stats.get("finish_reason") == "cancelled"
-        self.tokens += stats.get("n_generated", 0)
-        self.decode_s += stats.get("decode_s", 0.0)
-        self.prefilled += stats.get("n_prefilled", 0)
-        self.reused += stats.get("reused_prompt_tokens", 0)
+        self.interrupted += stats.finish_reason is FinishReason.CANCELLED
+        self.tokens += stats.decode.n_generated
+        self.decode_s += stats.decode.decode_s
+        self.prefilled += stats.decode.n_prefilled
+        self.reused += stats.reused_prompt_tokens
 
 
 @dataclass
@@ -91,14 +102,13 @@ class Conversation:
         return cls(doc.get("system"), [{k: v for k, v in m.items() if k != "dropped"} for m in msgs], opts)
 
 
-def stats_line(s: dict) -> str:
+def stats_line(s: CallStats) -> str:
     """One line per answer: speed, tau, time to first token, prompt tokens prefilled vs reused, finish reason."""
-    ttft = s.get("ttft_s")
-    ttft_txt = "-" if ttft is None else f"{ttft:.3f} s"
-    return (f"[{s.get('tokens_per_s', 0.0):.1f} tok/s | tau {s.get('mean_accepted_length', 0.0):.2f} | "
-            f"TTFT {ttft_txt} | prompt {s.get('prompt_tokens', 0)} tokens: {s.get('n_prefilled', 0)} prefilled, "
-            f"{s.get('reused_prompt_tokens', 0)} reused | {s.get('n_generated', 0)} tokens, "
-            f"{s.get('finish_reason')} | {s.get('drafter')}]")
+    d = s.decode
+    ttft_txt = "-" if s.ttft_s is None else f"{s.ttft_s:.3f} s"
+    return (f"[{d.tokens_per_s:.1f} tok/s | tau {d.mean_accepted_length:.2f} | TTFT {ttft_txt} | prompt "
+            f"{s.prompt_tokens} tokens: {d.n_prefilled} prefilled, {s.reused_prompt_tokens} reused | "
+            f"{d.n_generated} tokens, {s.finish_reason} | {s.drafter}]")
 
 
 def parse_option(key: str, value: str, current: dict) -> dict:

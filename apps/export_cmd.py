@@ -30,6 +30,7 @@ from ..models.catalog import model_cache_dir, resolve_model
 from ..models import hub
 from ..assembly.load import artifact_name
 from ..export.publish import publish, stage_dir
+from .options import CACHE_DIR
 
 ONNX_WEIGHTS = ("fp32", "fp16", "int8", "int4", "int8-dynamic")
 GGUF_DTYPES = {"fp32": "f32", "fp16": "f16", "keep": "keep"}
@@ -92,7 +93,7 @@ def parse_layers(text: str, n_layers: int) -> list[int]:
 @click.option("--lora-drop", "lora_drop", default=None,
               help="Fit LoRA-Drop corrections instead (e.g. rank=8,cycle=4; NumPy reference, dev-set prompts) into "
                    "--out or <cache>/<model>-loradrop-r<rank>-c<cycle>/.")
-@click.option("--cache-dir", type=click.Path(path_type=Path), default=None, help="Model cache.")
+@CACHE_DIR()
 def export_cmd(model, fmt, weights, out, layers, profile, gpu, verify_width, max_context, threads, min_top1, max_dlogit,
                via, lora_drop, drafter_vocab, calib_limit, calib_tokens, calib_target, cache_dir) -> None:
     """Export MODEL (catalogue name, .gguf path, or a Hugging Face checkpoint directory with config.json and
@@ -255,13 +256,13 @@ def _static_shape(profile, weights, verify_width, max_context, config):
 
 
 def _export_lora_drop(model, text, out, cache_dir) -> None:
-    from ..runtime.backends import BackendKind
-    from ..runtime.loradrop import LoRADropSpec
+    from ..runtime.backends import reference_engine
+    from ..runtime.loradrop import LoRADropFit
     from ..assembly.load import load_model
     from ..assembly.loradrop import export_lora_drop
     try:
-        spec = LoRADropSpec.parse(text)
-        loaded = load_model(model, BackendKind.NUMPY, cache_dir=cache_dir)
+        spec = LoRADropFit.parse(text)
+        loaded = load_model(model, reference_engine().kind, cache_dir=cache_dir)
         out = out or model_cache_dir(cache_dir) / f"{loaded.path.stem}-loradrop-r{spec.rank}-c{spec.cycle}"
         click.echo(str(export_lora_drop(loaded, spec, out)))
     except (ValueError, FileNotFoundError) as e:

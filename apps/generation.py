@@ -8,6 +8,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..assembly.decoder import CallStream
+from ..runtime.generate import Collector
+from ..runtime.types import FinishReason
 from . import openai_shapes as proto_shapes
 from .api import Engine
 from .openai_protocol import APIError, GenRequest, Shape
@@ -17,10 +20,11 @@ from .tools import ToolStream, parse_tool_calls
 
 @dataclass
 class Outcome:
-    text: str
+    text: str  # the answer, or the error message when `error`
     completion_tokens: int
-    reason: str  # the Engine's finish reason, or "error" (text is then the message)
+    reason: FinishReason
     logprobs: list = field(default_factory=list)  # TokenLogprob per completion token, when the call asked
+    error: bool = False  # the backend failed: the client gets a 500 / an error event
 
 
 def echo_text(req: GenRequest, engine: Engine) -> str:
@@ -63,39 +67,32 @@ def drive(chunks, cancel: threading.Event, loop, queue: asyncio.Queue, stream: b
         if stream:
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
-    parts, n, reason, started, lps, pending = [], 0, "length", False, [], []
+    got, started = Collector(), False  # the one collector: the EOS token and its logprob are not the completion's
     try:
         if cancel.is_set():  # the client left while the call waited for a thread: never take the lock
             chunks.close()
-            return Outcome("", 0, "cancelled")
+            return Outcome("", 0, FinishReason.CANCELLED)
         for c in chunks:
             if not started:
                 started = True
                 running(+1)
-            n += 1
-            reason = c.finish_reason or reason
-            if c.finish_reason == "eos":
-                n -= 1  # the EOS token is not part of the completion
-            elif c.logprob is not None:
-                lps.append(c.logprob)
-                pending.append(c.logprob)
-            parts.append(c.text)
+            got.add(c)
             if c.text:
-                put(("text", c.text, pending))
-                pending = []
-        if pending:
-            put(("text", "", pending))
-        put(("end", (reason, n)))
-        return Outcome("".join(parts), n, reason, lps)
+                put(("text", c.text, got.take_logprobs()))
+        rest = got.take_logprobs()
+        if rest:
+            put(("text", "", rest))
+        put(("end", (got.reason, len(got.tokens))))
+        return Outcome(got.text, len(got.tokens), got.reason, got.logprobs)
     except Exception as e:  # a backend failure: the client gets a 500 / an error event, the server lives on
         put(("error", f"generation failed: {type(e).__name__}: {e}"))
-        return Outcome(f"generation failed: {type(e).__name__}: {e}", n, "error")
+        return Outcome(f"generation failed: {type(e).__name__}: {e}", len(got.tokens), got.reason, error=True)
     finally:
         if started:
             running(-1)
 
 
-async def events(shape: Shape, req: GenRequest, queue: asyncio.Queue, stats: dict, engine: Engine):
+async def events(shape: Shape, req: GenRequest, queue: asyncio.Queue, call: CallStream, engine: Engine):
     """SSE payloads for a streamed call: a first chunk (chat: the role; completions with echo: the prompt),
     content chunks and tool-call chunks (apps/tools.py ToolStream: text that may begin a <tool_call> is held
     back, a call is sent whole when its block closes), each with the logprobs of the tokens whose text it
@@ -158,10 +155,10 @@ async def events(shape: Shape, req: GenRequest, queue: asyncio.Queue, stats: dic
             for c in chunks_of(tools.finish(), True):
                 yield c
             rest = [lp for _, lps in held for lp in lps]
-            yield shape.chunk(None if req.chat else "", reason=reason, stats=stats, with_usage=req.include_usage,
+            yield shape.chunk(None if req.chat else "", reason=reason, stats=call.stats, with_usage=req.include_usage,
                               logprobs=logprobs_of(rest), called=calls > 0)
             if req.include_usage:
-                yield shape.usage_chunk(stats["prompt_tokens"], n)
+                yield shape.usage_chunk(call.stats.prompt_tokens, n)
             return
 
 

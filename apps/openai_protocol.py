@@ -7,9 +7,8 @@ an unknown field is refused the same way (COMMON_FIELDS, CHAT_FIELDS, COMPLETION
 their JSON type here and for their range by specedge.Engine (apps/api.py), whose ValueError messages the client
 sees unchanged.
 
-Extension fields (llama.cpp's server uses the same names): request `top_k`, `min_p`, `repeat_penalty`, `grammar`
-(GBNF) and `json_schema` (a schema object), and our `regex`; response
-`specedge` with the speculative-decoding statistics of the call (see docs/server.md for its schema).
+Extension fields (llama.cpp's server uses the same names): request `top_k`, `min_p`, `typical_p`, `repeat_penalty`,
+`grammar` (GBNF) and `json_schema` (a schema object), and our `regex`; response `specedge` with the speculative-decoding statistics of the call (see docs/server.md for its schema).
 
 Omitted fields take specedge's defaults, the same as the CLI and the Engine: no max_tokens / max_completion_tokens
 decodes to the end of the turn (EOS, a stop string) or the context limit, for both routes (finish_reason "length"
@@ -50,9 +49,9 @@ def engine_error(e: ValueError) -> APIError:
     """A 400 from an Engine ValueError (a value out of range, a prompt longer than the context); param is the
     first request field the message names."""
     msg = str(e)
-    fields = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "repetition_penalty",
-              "presence_penalty", "frequency_penalty", "logit_bias", "prompt", "messages")
-    hits = [(msg.find(f), f) for f in fields if f in msg]
+    sampling = (f.name for f in fields(CallSettings) if f.name not in ("seed", "stop", "grammar", "logprobs"))
+    names = (*sampling, "repetition_penalty", "prompt", "messages")
+    hits = [(msg.find(f), f) for f in names if f in msg]
     param = min(hits)[1] if hits else None
     param = "repeat_penalty" if param == "repetition_penalty" else param
     code = "context_length_exceeded" if "context holds" in msg else None
@@ -73,19 +72,20 @@ class GenRequest:
     parallel_tool_calls: bool = True
     echo: bool = False  # completions: the prompt's text precedes the completion
 
-    def call_options(self, i: int = 0) -> dict:
-        """The Engine keyword arguments of choice i, shallow (grammar specs stay dataclasses)."""
-        opts = {f.name: getattr(self.options, f.name) for f in fields(CallSettings)}
-        opts["seed"] = self.options.seed + i
-        return opts
+    def call(self, i: int = 0) -> CallSettings:
+        """The CallSettings of choice i: the request's, with seed + i."""
+        return replace(self.options, seed=self.options.seed + i) if i else self.options
 
 
 # Every documented request field, and how it is honoured (docs/server.md's table). A field not listed in its route's
 # set is refused with a 400 naming it; a listed field with a value we cannot honour is refused the same way.
+# the CallSettings fields declared with a `wire` type (assembly/decoder.py option): temperature, top_p and the
+# extensions llama.cpp's server names (top_k, min_p, typical_p, repeat_penalty), parsed alike in _common
+WIRE_FIELDS = {f.name: f.metadata["wire"] for f in fields(CallSettings) if f.metadata.get("wire")}
 COMMON_FIELDS = {"model", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n", "presence_penalty", "seed",
-                 "stop", "stream", "stream_options", "temperature", "top_p", "user",
-                 # extensions (llama.cpp's server names): sampling, grammars
-                 "top_k", "min_p", "repeat_penalty", "response_format", "grammar", "json_schema", "regex"}
+                 "stop", "stream", "stream_options", "user",
+                 # extensions (llama.cpp's server names): grammars
+                 "response_format", "grammar", "json_schema", "regex", *WIRE_FIELDS}
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "audio", "function_call", "functions", "max_completion_tokens", "metadata",
                                "modalities", "parallel_tool_calls", "prediction", "prompt_cache_key",
                                "reasoning_effort", "safety_identifier", "service_tier", "store", "tool_choice",
@@ -302,10 +302,9 @@ def _common(body: dict, chat: bool) -> tuple[CallSettings, bool, bool, bool, int
     if extra or so.get("include_obfuscation"):
         raise invalid(f"stream_options supports include_usage (include_obfuscation: false only), got {so!r}",
                       "stream_options")
+    wire = {name: (_integer if kind == "integer" else _number)(body, name, None) for name, kind in WIRE_FIELDS.items()}
     try:  # a value out of range is a 400 naming the field (CallSettings validates at construction)
-        opts = CallSettings(max_tokens=max_tokens, temperature=_number(body, "temperature", None),
-                            top_p=_number(body, "top_p", None), top_k=_integer(body, "top_k"),
-                            min_p=_number(body, "min_p", None), repeat_penalty=_number(body, "repeat_penalty", 1.0),
+        opts = CallSettings(max_tokens=max_tokens, **{k: v for k, v in wire.items() if v is not None},
                             presence_penalty=_penalty(body, "presence_penalty"),
                             frequency_penalty=_penalty(body, "frequency_penalty"), logit_bias=_logit_bias(body),
                             seed=seed, stop=_stop(body), grammar=grammar_of(body), logprobs=_logprobs(body, chat))

@@ -12,27 +12,27 @@ import uuid
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..runtime.types import TokenLogprob
+from ..runtime.stats import CallStats
+from ..runtime.types import FinishReason, TokenLogprob
 from .tools import ToolCall
 
 
-def openai_finish(reason: str, tool_calls: bool = False) -> str:
+def openai_finish(reason: FinishReason, tool_calls: bool = False) -> str:
     """OpenAI's finish_reason: "tool_calls" when the answer is tool calls; eos and stop strings are "stop", length
     is "length"; a cancelled call (its client went away, or the server is shutting down) reports "stop" since no
     more text follows."""
-    if tool_calls and reason != "length":
+    if tool_calls and reason is not FinishReason.LENGTH:
         return "tool_calls"
-    return "length" if reason == "length" else "stop"
+    return "length" if reason is FinishReason.LENGTH else "stop"
 
 
-def extension(stats: dict) -> dict:
+def extension(stats: CallStats) -> dict:
     """The `specedge` field: the call's speculative-decoding statistics (docs/server.md)."""
     keys = ("drafter", "n_generated", "n_drafted", "n_accepted", "acceptance_rate", "n_target_forwards",
             "tokens_per_s", "ttft_s", "prompt_tokens", "reused_prompt_tokens", "n_prefilled", "prefill_s",
             "decode_s", "wall_s", "finish_reason", "sampling")
-    out = {k: stats.get(k) for k in keys}
-    out["tau"] = stats.get("mean_accepted_length")
-    return out
+    d = stats.to_dict()
+    return {**{k: d[k] for k in keys}, "tau": d["mean_accepted_length"]}
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -95,7 +95,7 @@ class Shape:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "system_fingerprint": None}
 
-    def choice(self, index: int, text: str, reason: str, *, tool_calls: Sequence[ToolCall] = (),
+    def choice(self, index: int, text: str, reason: FinishReason, *, tool_calls: Sequence[ToolCall] = (),
                logprobs: dict | None = None) -> dict:
         """A non-streamed choice: chat {"message": {"role", "content", "tool_calls"?}} (content None when the answer
         is only calls), completions {"text"}."""
@@ -107,12 +107,12 @@ class Shape:
             message["tool_calls"] = [c.openai() for c in tool_calls]
         return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
 
-    def completion(self, choices: list[dict], prompt_tokens: int, completion_tokens: int, stats: dict) -> dict:
+    def completion(self, choices: list[dict], prompt_tokens: int, completion_tokens: int, stats: CallStats) -> dict:
         obj = "chat.completion" if self.chat else "text_completion"
         return {**self._head(obj), "choices": choices, "usage": usage(prompt_tokens, completion_tokens),
                 "specedge": extension(stats)}
 
-    def chunk(self, text: str | None, *, first: bool = False, reason: str | None = None, stats: dict | None = None,
+    def chunk(self, text: str | None, *, first: bool = False, reason: FinishReason | None = None, stats: CallStats | None = None,
               with_usage: bool = False, logprobs: dict | None = None, tool_call: tuple[int, ToolCall] | None = None,
               called: bool = False) -> dict:
         """One streamed chunk: text (chat: delta.content; None: an empty delta), or a whole tool call as

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
 from ..assembly.plan_run import PlanSettings, plan_for
+from ..runtime.backends.registry import engines_line
+from .options import CACHE_DIR
 
 
 @click.command("plan")
@@ -18,19 +19,22 @@ from ..assembly.plan_run import PlanSettings, plan_for
 @click.option("--weights", default="int4,int8", show_default=True,
               help="ONNX weight formats to export (on first use) and measure, comma-separated; '' for none.")
 @click.option("--no-export", is_flag=True, help="Plan over what is already in the cache; export nothing.")
+@click.option("--full", is_flag=True,
+              help="Measure without the time budget of a first-use plan (90 s): every export, full-length runs.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-@click.option("--cache-dir", type=click.Path(path_type=Path), default=None, help="Model cache.")
-def plan_cmd(model, refresh, threads, weights, no_export, as_json, cache_dir) -> None:
+@CACHE_DIR()
+def plan_cmd(model, refresh, threads, weights, no_export, full, as_json, cache_dir) -> None:
     """Measure (first use, --refresh) or show the fastest lossless configuration for MODEL on this machine: engine
-    (llama.cpp, ONNX Runtime), weight format, drafter and draft length. generate/chat/serve and Engine(MODEL) run
-    it by default."""
+    (llama.cpp, ONNX Runtime), weight format, drafter and draft length. generate/chat/serve and Engine.open(MODEL)
+    run it by default."""
     formats = tuple(w for w in weights.replace(" ", "").split(",") if w)
     bad = [w for w in formats if w not in ("int4", "int8", "fp16", "fp32")]
     if bad:
         raise click.BadParameter(f"{bad}: use int4, int8, fp16 or fp32", param_hint="--weights")
-    settings = PlanSettings(threads=threads, weights=formats, export=not no_export)
+    settings = PlanSettings(threads=threads, weights=formats, export=not no_export,
+                            **({"budget_s": None} if full else {}))
     try:
-        plan, made = plan_for(model, settings, cache_dir=cache_dir, refresh=refresh,
+        plan, made = plan_for(model, settings, cache_dir=cache_dir, refresh=refresh or full,
                               log=lambda m: click.echo(m, err=True))
     except KeyboardInterrupt:
         raise click.ClickException("planning stopped (Ctrl-C); the targets measured so far are cached") from None
@@ -40,7 +44,8 @@ def plan_cmd(model, refresh, threads, weights, no_export, as_json, cache_dir) ->
         click.echo(json.dumps(plan.to_dict(), indent=2))
         return
     cpu = plan.machine.get("cpu_model", "?")
-    click.echo(f"plan for {model} on {cpu}, {plan.threads} threads ({'made now' if made else 'cached'}, "
-               f"{plan.created}; `--refresh` re-measures):\n")
+    click.echo(f"plan for {model} on {cpu}, {plan.threads} threads ({'made now' if made else 'cached'}; "
+               f"`--refresh` re-measures, `--full` without a time budget): {plan.measured()}\n")
     click.echo(plan.table())
     click.echo(f"chosen: {plan.summary()}")
+    click.echo(engines_line())

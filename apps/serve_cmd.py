@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import ipaddress
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
 from ..models.manifest import MANIFEST
-from ..runtime.backends import BackendKind
-from ..runtime.backends.onnx_providers import DEVICE_CHOICES
-from ..runtime.verify import VerifierKind
+from ..assembly.open import open_decoder
+from .options import engine_options, engine_settings
 
 LOOPBACK_NAMES = ("localhost",)
 
@@ -83,15 +83,15 @@ def model_sources(models: tuple[str, ...], models_dir: Path | None) -> list[str]
 
 def estimate_bytes(model: str, cache_dir: Path | None) -> int:
     """A model's weight bytes on disk before loading (0 when it is not on disk yet: a catalogue model to pull)."""
-    from ..models.catalog import model_cache_dir, resolve_model
+    from ..models.catalog import resolve_model
+    from ..models.ref import RefKind, model_ref
     from .model_pool import disk_bytes
-    p = Path(model)
-    if p.exists():
-        return disk_bytes(p)
-    if (model_cache_dir(cache_dir) / model / MANIFEST).is_file():
-        return disk_bytes(model_cache_dir(cache_dir) / model)
     try:
-        return disk_bytes(resolve_model(model, cache_dir, pull_if_missing=False))
+        ref = model_ref(model, cache_dir)
+        if ref.path is not None and ref.path.exists():
+            return disk_bytes(ref.path)
+        return disk_bytes(resolve_model(model, cache_dir, pull_if_missing=False)) if ref.kind is not \
+            RefKind.CHECKPOINT else 0
     except Exception:  # noqa: BLE001 - any lookup failure means "unknown yet"; loading reports the real error
         return 0
 
@@ -115,21 +115,7 @@ def parse_max_memory(ctx, param, value: str | None) -> int | None:
                    "recently used idle ones. Default: no limit.")
 @click.option("--cors-origin", "cors_origins", multiple=True,
               help="Let browser pages from ORIGIN call the server (repeatable; '*' for any). Default: no CORS.")
-@click.option("--backend", type=click.Choice([k.value for k in BackendKind]), default=None,
-              help="Default: the plan's (else the engine the model names).")
-@click.option("--drafter", default=None, help="As in `specedge generate --drafter` (default: the plan's, else ngram).")
-@click.option("--k", "k", type=click.IntRange(0, 64), default=None,
-              help="Draft length, the maximum with --adaptive-k (default: the plan's, else 4).")
-@click.option("--no-plan", "no_plan", is_flag=True,
-              help="Do not plan (without it, and without --backend/--drafter/--k/--device, the server runs the plan "
-                   "for this model and machine, measured on first use: `specedge plan MODEL`).")
-@click.option("--adaptive-k/--fixed-k", default=True, show_default=True)
-@click.option("--verifier", type=click.Choice([v.value for v in VerifierKind]), default="chain", show_default=True)
-@click.option("--ctx", type=click.IntRange(16, None), default=None,
-              help="KV positions (prompt + answer) per request; default min(model context, 4096).")
-@click.option("--threads", type=click.IntRange(1, None), default=None, help="CPU threads for the backend.")
-@click.option("--device", type=click.Choice(DEVICE_CHOICES), default="auto", show_default=True)
-@click.option("--cache-dir", type=click.Path(path_type=Path), default=None, help="Model cache.")
+@engine_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @click.option("--api-key", envvar="SPECEDGE_API_KEY", default=None,
@@ -160,14 +146,13 @@ def serve_cmd(**o) -> None:
     except ImportError as e:
         raise click.ClickException(f"{e}: install the server extra, pip install 'specedge[serve]'") from None
     log = lambda m: click.echo(m, err=True)  # noqa: E731
+    model_s, decode_s = engine_settings({**o, "model": sources[0]})  # a bad --drafter / --lossy fails here
 
     def loader(model: str, model_id: str):
-        def load() -> Engine:
-            engine = Engine(model, backend=o["backend"], drafter=o["drafter"], k=o["k"], adaptive_k=o["adaptive_k"],
-                            verifier=o["verifier"], ctx=o["ctx"], threads=o["threads"], device=o["device"],
-                            cache_dir=o["cache_dir"], log=log, plan=not o["no_plan"])
-            if engine.plan is not None:
-                log(f"plan ({model_id}): {engine.plan.summary()}")
+        def load() -> Engine:  # errors reach the pool: at start a CLI error, later a 500 naming the model
+            decoder = open_decoder(replace(model_s, model=model), decode_s, plan=not o["no_plan"], auto=o["auto"],
+                                   log=lambda m: log(f"{model_id}: {m}"))
+            engine = Engine(decoder, model)
             log(f"model {model_id}: {engine.backend_kind}, drafter {engine.drafter_name}, ctx {engine.context_length}")
             return engine
         return load

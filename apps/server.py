@@ -22,7 +22,7 @@ import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from starlette.applications import Starlette
@@ -33,6 +33,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ..runtime.stats import CallStats, DecodeStats
+from ..runtime.types import FinishReason
 from . import openai_protocol as proto
 from .api import Engine
 from .generation import Outcome, choices_of, drive, events, outcome_of
@@ -300,10 +302,9 @@ class Server:
             raise APIError(429, f"the server is busy: {self.admission.limit - 1} requests are already waiting and "
                            "one is running; retry after a moment, or start the server with a larger --max-queue",
                            type="rate_limit_error", code="queue_full", headers={"Retry-After": "1"})
-        cancel, stats = threading.Event(), {}
+        cancel = threading.Event()
         try:
-            chunks = await asyncio.to_thread(lambda: engine.stream(req.prompt, cancel=cancel, stats=stats,
-                                                                   **req.call_options(0)))
+            chunks = await asyncio.to_thread(lambda: engine.stream(req.prompt, req.call(0), cancel=cancel))
         except ValueError as e:
             self.admission.release()
             raise proto.engine_error(e) from None
@@ -316,51 +317,62 @@ class Server:
         lease.handed_off = True  # from here the call's end releases the lease
         if req.stream:
             work = loop.run_in_executor(self.pool, drive, chunks, cancel, loop, queue, True, self._running)
-            work.add_done_callback(lambda w: self._finished(req, cancel, stats, lease, outcome_of(w)))
-            return SSEResponse(events(shape, req, queue, stats, engine), cancel)
+            work.add_done_callback(lambda w: self._finished(req, cancel, chunks.stats, lease, outcome_of(w)))
+            return SSEResponse(events(shape, req, queue, chunks, engine), cancel)
         watcher = asyncio.ensure_future(watch_disconnect(request.receive, cancel))
-        outcomes, all_stats = [], []
+        outcomes, calls = [], []
         try:
             for i in range(req.n):
-                st = stats if i == 0 else {}
                 if i > 0:
-                    chunks = engine.stream(req.prompt, cancel=cancel, stats=st, **req.call_options(i))
+                    chunks = engine.stream(req.prompt, req.call(i), cancel=cancel)
                 outcome = await loop.run_in_executor(self.pool, drive, chunks, cancel, loop, queue, False,
                                                      self._running)
                 outcomes.append(outcome)
-                all_stats.append(st)
-                if outcome.reason in ("error", "cancelled"):
+                calls.append(chunks)
+                if outcome.error or outcome.reason is FinishReason.CANCELLED:
                     break
         finally:
             watcher.cancel()
-            total = dict(stats, n_generated=sum(int(st.get("n_generated", 0)) for st in all_stats))
-            worst = next((o for o in outcomes if o.reason == "error"), outcomes[-1] if outcomes else None)
+            worst = next((o for o in outcomes if o.error), outcomes[-1] if outcomes else None)
             if worst is not None and len(outcomes) > 1:
-                worst = Outcome(worst.text, sum(o.completion_tokens for o in outcomes), worst.reason)
-            self._finished(req, cancel, total, lease, worst)
-        bad = [o for o in outcomes if o.reason == "error"]
+                worst = replace(worst, completion_tokens=sum(o.completion_tokens for o in outcomes))
+            self._finished(req, cancel, merged([c.stats for c in calls]), lease, worst)
+        bad = [o for o in outcomes if o.error]
         if bad:
             raise APIError(500, bad[0].text, type="server_error")
-        return JSONResponse(shape.completion(choices_of(req, outcomes, shape, engine), stats["prompt_tokens"],
-                                             sum(o.completion_tokens for o in outcomes), stats))
+        first = calls[0].stats
+        return JSONResponse(shape.completion(choices_of(req, outcomes, shape, engine), first.prompt_tokens,
+                                             sum(o.completion_tokens for o in outcomes), first))
 
-    def _finished(self, req: GenRequest, cancel: threading.Event, stats: dict, lease: Lease,
+    def _finished(self, req: GenRequest, cancel: threading.Event, stats: CallStats | None, lease: Lease,
                   outcome: "Outcome | None") -> None:
         self.active.discard(cancel)
         self.admission.release()
         lease.release()
-        if stats:
+        if stats is not None:
             self.metrics.record(req, stats, lease.model_id)
         route = "/v1/chat/completions" if req.chat else "/v1/completions"
-        if outcome is None or outcome.reason == "error":
+        if outcome is None or outcome.error:
             self.prom.request(lease.model_id, route, "server_error")
-        elif stats:
+        elif stats is not None:
             self.prom.finished(lease.model_id, route, stats, outcome.completion_tokens,
                                time.perf_counter() - lease.t0)
 
     def _running(self, delta: int) -> None:
         with self.metrics.lock:
             self.metrics.running += delta
+
+def merged(stats: list[CallStats | None]) -> CallStats | None:
+    """The n choices of one request as one call for the metrics: the first choice's facts with every choice's
+    decoding counts added (DecodeStats.merge)."""
+    got = [s for s in stats if s is not None]
+    if not got:
+        return None
+    total = DecodeStats()
+    for s in got:
+        total.merge(s.decode)
+    return replace(got[0], decode=total)
+
 
 def create_app(models: Engine | ModelPool, config: ServerConfig) -> Starlette:
     """The Starlette app serving an Engine (as config.model_id) or a ModelPool; `app.state.server` is the Server

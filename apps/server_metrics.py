@@ -2,8 +2,7 @@
 CollectorRegistry per Server, so that several servers live in one process).
 
 Every series carries a `model` label (the served id; "" for a request refused before its model was known).
-Counters and histograms are fed once per finished call from the call's statistics (apps/api.py fills them from
-runtime/stats.py DecodeStats.to_dict); the gauges (waiting, running, loaded, bytes) are read from the model pool
+Counters and histograms are fed once per finished call from the call's statistics (runtime/stats.py CallStats); the gauges (waiting, running, loaded, bytes) are read from the model pool
 at scrape time. Names are listed in docs/server.md.
 """
 from __future__ import annotations
@@ -14,6 +13,9 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
+
+from ..runtime.stats import CallStats
+from ..runtime.types import FinishReason
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300)
@@ -34,16 +36,15 @@ class Metrics:
     recent: deque = field(default_factory=lambda: deque(maxlen=64))
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def record(self, req, stats: dict, model: str = "") -> None:
+    def record(self, req, stats: CallStats, model: str = "") -> None:
         with self.lock:
-            self.generated_tokens += int(stats.get("n_generated", 0))
-            cancelled = stats.get("finish_reason") == "cancelled"
+            self.generated_tokens += stats.decode.n_generated
+            cancelled = stats.finish_reason is FinishReason.CANCELLED
             self.cancelled += cancelled
             self.completed += not cancelled
-            self.recent.append({"model": model, "finish_reason": stats.get("finish_reason"),
-                                "max_tokens": req.options.max_tokens,
-                                "n_generated": stats.get("n_generated", 0), "stream": req.stream,
-                                "wall_s": stats.get("wall_s")})
+            self.recent.append({"model": model, "finish_reason": stats.finish_reason.value,
+                                "max_tokens": req.options.max_tokens, "n_generated": stats.decode.n_generated,
+                                "stream": req.stream, "wall_s": stats.wall_s})
 
     def to_dict(self) -> dict:
         with self.lock:
@@ -111,26 +112,25 @@ class PromMetrics:
     def request(self, model: str, route: str, outcome: str) -> None:
         self.requests.labels(model, route, outcome).inc()
 
-    def finished(self, model: str, route: str, stats: dict, completion_tokens: int, latency_s: float) -> None:
-        """Feed one finished call: its `stats` (Engine.stream's), usage.completion_tokens and its latency."""
-        cancelled = stats.get("finish_reason") == "cancelled"
-        self.request(model, route, "cancelled" if cancelled else "completed")
-        self.prompt_tokens.labels(model).inc(int(stats.get("prompt_tokens") or 0))
+    def finished(self, model: str, route: str, stats: CallStats, completion_tokens: int, latency_s: float) -> None:
+        """Feed one finished call: its CallStats, usage.completion_tokens and its latency."""
+        d = stats.decode
+        self.request(model, route, "cancelled" if stats.finish_reason is FinishReason.CANCELLED else "completed")
+        self.prompt_tokens.labels(model).inc(stats.prompt_tokens)
         self.generated_tokens.labels(model).inc(completion_tokens)
-        self.drafted.labels(model).inc(int(stats.get("n_drafted") or 0))
-        self.accepted.labels(model).inc(int(stats.get("n_accepted") or 0))
-        for i, (p, a) in enumerate(zip(stats.get("proposed_at") or (), stats.get("accepted_at") or ())):
+        self.drafted.labels(model).inc(d.n_drafted)
+        self.accepted.labels(model).inc(d.n_accepted)
+        for i, (p, a) in enumerate(zip(d.proposed_at, d.accepted_at)):
             if p:
                 self.position_proposed.labels(model, str(i)).inc(int(p))
                 self.position_accepted.labels(model, str(i)).inc(int(a))
-        if stats.get("n_target_forwards"):
-            self.tau.labels(model).observe(float(stats["mean_accepted_length"]))
+        if d.n_target_forwards:
+            self.tau.labels(model).observe(float(d.mean_accepted_length))
         self.latency.labels(model).observe(latency_s)
-        ttft, wall = stats.get("ttft_s"), stats.get("wall_s")
-        if ttft is not None and wall is not None:  # the engine's ttft plus the time the call waited for its turn
-            self.ttft.labels(model).observe(max(0.0, latency_s - wall) + ttft)
-        if stats.get("tokens_per_s"):
-            self.tokens_per_s.labels(model).observe(float(stats["tokens_per_s"]))
+        if stats.ttft_s is not None:  # the engine's ttft plus the time the call waited for its turn
+            self.ttft.labels(model).observe(max(0.0, latency_s - stats.wall_s) + stats.ttft_s)
+        if d.tokens_per_s:
+            self.tokens_per_s.labels(model).observe(float(d.tokens_per_s))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

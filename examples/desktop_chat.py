@@ -66,20 +66,20 @@ class ChatWindow(QWidget):
         if not text or self.busy:
             return
         self.output.clear()
-        self.finish_reason, self.cancel, stats = None, threading.Event(), {}
+        self.finish_reason, self.cancel = None, threading.Event()
         try:  # bad options raise here, on the UI thread, before anything runs
             chunks = self.engine.stream(self.engine.render_chat([{"role": "user", "content": text}]),
-                                        cancel=self.cancel, stats=stats, **self.options)
+                                        cancel=self.cancel, **self.options)
         except ValueError as e:
             self.status.setText(f"error: {e}")
             return
         self.send_button.setEnabled(False)
         self.stop_button.setEnabled(True)
         self.status.setText("answering...")
-        self.worker = threading.Thread(target=self._work, args=(chunks, stats), daemon=True)
+        self.worker = threading.Thread(target=self._work, args=(chunks,), daemon=True)
         self.worker.start()
 
-    def _work(self, chunks, stats: dict) -> None:
+    def _work(self, chunks) -> None:
         """Worker thread: no widget calls here, only signal emits."""
         reason = "length"
         try:
@@ -90,10 +90,9 @@ class ChatWindow(QWidget):
         except Exception as e:  # shown in the status line; the Engine stays usable
             self.bridge.done.emit("error", f"error: {e}")
             return
-        self.bridge.done.emit(reason, f"{reason}: {stats.get('n_generated', 0)} tokens, "
-                                      f"{stats.get('tokens_per_s', 0.0):.1f} tok/s, "
-                                      f"tau {stats.get('mean_accepted_length', 0.0):.2f}, "
-                                      f"TTFT {stats.get('ttft_s') or 0.0:.3f} s")
+        s = chunks.stats  # CallStats, set when the stream ends
+        self.bridge.done.emit(reason, f"{reason}: {s.decode.n_generated} tokens, {s.decode.tokens_per_s:.1f} tok/s, "
+                                      f"tau {s.decode.mean_accepted_length:.2f}, TTFT {s.ttft_s or 0.0:.3f} s")
 
     @Slot(str)
     def on_chunk(self, text: str) -> None:
@@ -124,7 +123,7 @@ def main(argv=None) -> int:
     ap.add_argument("--temperature", type=float, default=None, help="default: the model's; 0 = greedy")
     a = ap.parse_args(argv)
     app = QApplication.instance() or QApplication(sys.argv[:1])
-    window = ChatWindow(Engine(a.model, backend=a.backend, drafter=a.drafter), a.max_tokens,
+    window = ChatWindow(Engine.open(a.model, backend=a.backend, drafter=a.drafter), a.max_tokens,
                         temperature=a.temperature)
     window.show()
     return app.exec()

@@ -1,0 +1,168 @@
+"""The click options that several commands share, each declared once, and the typed settings they build.
+
+    model_options    --backend --ctx --threads --device --cache-dir          -> ModelSettings   (generate chat serve)
+    decode_options   --drafter --k --adaptive-k/--fixed-k --verifier --lossy -> DecodeSettings  (generate chat serve)
+    plan_options     --auto --no-plan                                         -> open_decoder's plan / auto
+    call_options     one flag per CallSettings field declared with option(...) (assembly/decoder.py): --max-tokens
+                     --temperature --top-p --top-k --min-p --typical-p --repeat-penalty --presence-penalty
+                     --frequency-penalty --logit-bias --seed                  -> CallSettings    (generate chat)
+    STOP                                                                      (generate chat)
+    THREADS, CTX, MAX_TOKENS, CACHE_DIR(...)   single options `specedge bench` takes with its own defaults
+
+The call options are not declared here: each is its CallSettings field (name, type, default, help), as are the
+chat's /set keys and the Engine's keywords, so a new per-call field is that field, the SamplingParams field and the
+runtime rule it feeds.
+"""
+from __future__ import annotations
+
+from dataclasses import Field, fields
+from pathlib import Path
+from typing import Callable, get_type_hints
+
+import click
+
+from ..assembly.decoder import CallSettings, DecodeSettings, ModelSettings, parse_logit_bias
+from ..assembly.open import open_decoder, settings_from
+from ..runtime.backends import backend_names
+from ..runtime.backends.onnx_providers import DEVICE_CHOICES
+from ..runtime.verify import VerifierKind
+
+
+def THREADS(default: int | None = None):  # noqa: N802 - option factories, named like the options
+    return click.option("--threads", type=click.IntRange(1, None), default=default, show_default=default is not None,
+                        help="CPU threads (llama.cpp, ONNX Runtime intra-op)"
+                             + ("." if default is not None else "; default: the plan's, else min(cores, 8)."))
+
+
+def CTX(default: int | None = None, low: int = 16):  # noqa: N802
+    return click.option("--ctx", type=click.IntRange(low, None), default=default, show_default=default is not None,
+                        help="KV positions (prompt + answer) per call"
+                             + ("." if default is not None else "; default: min(model context, 4096)."))
+
+
+def MAX_TOKENS(default: int):  # noqa: N802 - bench's (generate's and chat's come from CallSettings.max_tokens)
+    return click.option("--max-tokens", type=click.IntRange(1, None), default=default, show_default=True,
+                        help="Most tokens to generate.")
+
+
+STOP = click.option("--stop", multiple=True, help="Stop string (repeatable).")
+
+
+def CACHE_DIR():  # noqa: N802
+    return click.option("--cache-dir", type=click.Path(path_type=Path), default=None,
+                        help="Model cache (default: $SPECEDGE_CACHE or the platform cache dir).")
+
+
+_MODEL = [
+    click.option("--backend", type=click.Choice(backend_names()), default=None,
+                 help="Inference engine (default: the plan's; without a plan the engine the model names: "
+                      "llama.cpp for a GGUF, ONNX Runtime for an exported artifact)."),
+    CTX(), THREADS(),
+    click.option("--device", type=click.Choice(DEVICE_CHOICES), default="auto", show_default=True,
+                 help="ONNX Runtime execution provider (--backend onnx); auto says what it picked; openvino takes "
+                      "a target (openvino:CPU|GPU|NPU, CPU when none)."),
+    CACHE_DIR(),
+]
+_DECODE = [
+    click.option("--drafter", default=None,
+                 help="Default: the plan's (else ngram). "
+                      "none | ngram | recycle[:nodes] (token-recycling trees; tree backends) | "
+                      "model:<catalogue-name-or-gguf-path> (with --backend onnx: model:<exported-dir-or-name>), "
+                      "optionally +tree[:<nodes>] (dynamic draft trees) or +lookup[:<n>] (prompt lookup first, the "
+                      "model when no n-token match) | "
+                      "skip:<R> | swift | exit:<layer> | del (self-speculative: the target's own layers; numpy or "
+                      "a layered ONNX artifact), optionally +conf[:<t>] or +logistic[:<h>] to stop drafting early"),
+    click.option("--k", "k", type=click.IntRange(0, 64), default=None,
+                 help="Draft length, the maximum with --adaptive-k (default: the plan's, else 4)."),
+    click.option("--adaptive-k/--fixed-k", default=True, show_default=True,
+                 help="Verify only the part of each draft that pays for its verification, learned online from "
+                      "the target's call times and the drafter's acceptance (lossless either way)."),
+    click.option("--verifier", type=click.Choice([v.value for v in VerifierKind]), default="chain",
+                 show_default=True, help="Sampled chain drafts: token-by-token (chain) or block verification "
+                 "(block; accepts at least as much, exactly as lossless). Greedy is prefix match either way."),
+    click.option("--lossy", default=None,
+                 help="LOSSY opt-in (output is not the model's own): loradrop[:DIR] decodes with the LoRA-Drop "
+                      "cycle; entropy-switch:<small-model>,<threshold>[,<dwell>] switches models by entropy. "
+                      "Ignores --drafter."),
+]
+_PLAN = [
+    click.option("--auto", is_flag=True,
+                 help="Pick the drafter and k with the most expected tokens/s within one engine (--backend) from "
+                      "its device profile (measured and cached on first use); the choice goes to stderr."),
+    click.option("--no-plan", "no_plan", is_flag=True,
+                 help="Do not plan: run --backend/--drafter/--k as given, else the model's engine + ngram k<=4. "
+                      "(Without this, and without --backend/--drafter/--k/--lossy/--auto/--device, the command "
+                      "runs the plan for this model and machine: `specedge plan MODEL`, measured on first use.)"),
+]
+def _call_option(f: Field, hint) -> Callable:
+    """The CLI flag of a CallSettings field declared with `option(...)` (assembly/decoder.py): --name-with-dashes,
+    its type from the annotation (int or float; text for a repeatable one), its default, help and click extras."""
+    extra = dict(f.metadata["click"])
+    low = extra.pop("min", None)
+    kind = int if "int" in str(hint).split("|")[0] else float
+    if extra.get("multiple"):
+        kind, default = str, ()
+    else:
+        default = f.default
+    if low is not None:
+        kind = click.IntRange(low, None) if kind is int else click.FloatRange(low, None)
+    return click.option("--" + f.name.replace("_", "-"), f.name, type=kind, default=default,
+                        show_default=default is not None and default != (), help=f.metadata["help"], **extra)
+
+
+_HINTS = get_type_hints(CallSettings)
+# the CallSettings fields call_options sets (stop, grammar and logprobs are each command's own flags)
+CALL_FIELDS = tuple(f.name for f in fields(CallSettings) if "help" in f.metadata)
+_CALL = [_call_option(f, _HINTS[f.name]) for f in fields(CallSettings) if f.name in CALL_FIELDS]
+MODEL_FIELDS = ("backend", "ctx", "threads", "device", "cache_dir")
+DECODE_FIELDS = ("drafter", "k", "adaptive_k", "verifier", "lossy")
+
+
+def _apply(opts):
+    def decorate(f):
+        for o in reversed(opts):
+            f = o(f)
+        return f
+    return decorate
+
+
+model_options, decode_options, plan_options, call_options = _apply(_MODEL), _apply(_DECODE), _apply(_PLAN), \
+    _apply(_CALL)
+
+
+def engine_options(f):
+    """model, decode and plan options: what opens a decoder (generate, chat, serve)."""
+    return model_options(decode_options(plan_options(f)))
+
+
+def call_settings(o: dict, **extra) -> CallSettings:
+    """The per-call settings from the parsed options (and `extra` CallSettings fields: stop, grammar, logprobs); a
+    bad value is a clean CLI error naming it."""
+    try:
+        values = {name: o[name] for name in CALL_FIELDS if name in o}
+        if "logit_bias" in values:
+            values["logit_bias"] = parse_logit_bias(values["logit_bias"])
+        return CallSettings(**values, **extra)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def engine_settings(o: dict) -> tuple[ModelSettings, DecodeSettings]:
+    """ModelSettings and DecodeSettings from the parsed options (a bad --drafter or --lossy fails here, before any
+    load)."""
+    try:
+        return settings_from(o["model"], **{name: o[name] for name in (*MODEL_FIELDS, *DECODE_FIELDS)})
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+
+
+def open_from(o: dict):
+    """The Decoder the parsed options describe (assembly/open.py: the plan unless they say what runs; --auto),
+    interactively: a progress bar while a plan is measured (Ctrl-C skips it), what was chosen on stderr. Load and
+    start-up errors become clean CLI errors."""
+    model_s, decode_s = engine_settings(o)
+    try:
+        return open_decoder(model_s, decode_s, plan=not o["no_plan"], auto=o["auto"],
+                            log=lambda m: click.echo(m, err=True), interactive=True)
+    except (ValueError, FileNotFoundError, ImportError, RuntimeError) as e:
+        raise click.ClickException(str(e)) from None
