@@ -23,6 +23,7 @@ import numpy as np
 from ..assembly.load import load_onnx
 from ..assembly.timing import time_forward
 from ..runtime.decode import decode
+from ..runtime.request import PLAIN, Request, Speculation
 from ..runtime.drafters.ngram import NgramDrafter
 from ..runtime.stats import DecodeStats
 from ..runtime.types import SamplingParams
@@ -47,9 +48,10 @@ def speculative(model, prompts, k: int, max_tokens: int) -> dict:
     params, plain_s, spec_s, same, tau = SamplingParams(), 0.0, 0.0, True, []
     for p in prompts:
         ps, ss = DecodeStats(), DecodeStats()
-        plain = [e.token for e in decode(model.backend, p, params, max_tokens=max_tokens, stats=ps, eos_ids=())]
-        spec = [e.token for e in decode(model.backend, p, params, drafter=NgramDrafter(), k=k, max_tokens=max_tokens,
-                                        stats=ss, eos_ids=())]
+        plain = [e.token for e in decode(model.backend, p, PLAIN, Request(params, max_tokens=max_tokens, eos_ids=()),
+                                         stats=ps)]
+        spec = [e.token for e in decode(model.backend, p, Speculation(NgramDrafter(), k=k),
+                                        Request(params, max_tokens=max_tokens, eos_ids=()), stats=ss)]
         plain_s += ps.decode_s
         spec_s += ss.decode_s
         same &= plain == spec

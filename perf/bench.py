@@ -267,8 +267,9 @@ def specedge_configs(targets: Sequence[str], drafters: Sequence[str], ks: Sequen
                      cache_dir: Path | None = None, exact_batches: bool = True) -> list[Config]:
     """Greedy configurations: each target plain first, then each drafter x k x adaptive mode on it. Chat template
     applied as in chat use. exact_batches=False opens the targets with plain-decoding kernels (ModelSettings)."""
-    from ..assembly.decoder import CallSettings, DecodeSettings, Decoder, ModelSettings, load
+    from ..assembly.decoder import CallSettings, DecodeSettings, Decoder, ModelSettings
     from ..assembly.load import parse_drafter
+    from ..assembly.open import load
 
     call = CallSettings(max_tokens=max_tokens, temperature=0.0)  # greedy, seed 0
     drafters = [PLAIN] + [d for d in drafters if d != PLAIN]
@@ -285,7 +286,7 @@ def specedge_configs(targets: Sequence[str], drafters: Sequence[str], ks: Sequen
 
         def prompt_ids(p: Prompt, tok=tok, ids_of=ids_of):
             if p.text not in ids_of:
-                ids_of[p.text] = tok.encode(tok.apply_chat_template([{"role": "user", "content": p.text}]))
+                ids_of[p.text] = tok.chat_ids(p.text)
             return ids_of[p.text]
 
         for d in (x for x in (drafter_for(d, kind, t) for d in drafters) if x is not None):
@@ -294,8 +295,8 @@ def specedge_configs(targets: Sequence[str], drafters: Sequence[str], ks: Sequen
                 decoder = Decoder(target, settings, DecodeSettings(parse_drafter(d), max(k, 1), adapt))
 
                 def run(p: Prompt, decoder=decoder, prompt_ids=prompt_ids):
-                    s = DecodeStats()
-                    return decoder.run(prompt_ids(p), call, stats=s).tokens, s
+                    result = decoder.run(prompt_ids(p), call)
+                    return result.tokens, result.stats.decode
 
                 configs.append(Config(t, d, k, adapt, run, int(target.backend.weight_bytes()),
                                       decoder.draft_bytes_per_token, rss_mb() - before))

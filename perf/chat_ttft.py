@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..assembly.decoder import CallSettings, DecodeSettings, Decoder, ModelSettings, load
+from ..assembly.decoder import CallSettings, DecodeSettings, Decoder, ModelSettings
+from ..assembly.open import load
 from ..assembly.load import parse_drafter
 from ..runtime.backends import BackendKind
 from ..runtime.session import Session
@@ -57,8 +58,8 @@ def conversation(engine: Chat, turns: int, max_tokens: int, reuse: bool) -> list
         if not reuse:
             engine.reset()
         c = engine.chat(messages, max_tokens)
-        rows.append(dict(ttft_s=c.stats["ttft_s"], prompt_tokens=c.prompt_tokens, n_prefilled=c.stats["n_prefilled"],
-                         reused=c.stats["reused_prompt_tokens"]))
+        rows.append(dict(ttft_s=c.stats.ttft_s, prompt_tokens=c.prompt_tokens, n_prefilled=c.stats.decode.n_prefilled,
+                         reused=c.stats.reused_prompt_tokens))
         messages.append({"role": "assistant", "content": c.text})
     return rows
 

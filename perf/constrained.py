@@ -17,13 +17,14 @@ import time
 
 import numpy as np
 
-from ..assembly.decoder import DecodeSettings, ModelSettings, load, Decoder
+from ..assembly.decoder import DecodeSettings, Decoder, ModelSettings
+from ..assembly.open import load
 from ..assembly.environment import cpu_info
 from ..assembly.load import parse_drafter
 from ..runtime.backends import BackendKind
 from ..runtime.generate import stream
+from ..runtime.request import Request
 from ..runtime.stats import DecodeStats
-from ..runtime.types import SamplingParams
 from .bench import read_prompts
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["title", "category", "steps", "difficulty"],
@@ -60,8 +61,8 @@ def main(argv=None) -> None:
         for c, d in configs:
             constraint = compiler.compile(JsonSchema(SCHEMA)) if c == "json" else None
             st, dec = DecodeStats(), decoders[d]
-            toks = [r.token for r in stream(model.backend, tok, ids, SamplingParams(), drafter=dec.drafter, k=a.k,
-                                            max_tokens=a.max_tokens, stats=st, constraint=constraint)]
+            toks = [r.token for r in stream(model.backend, tok, ids, dec.spec,
+                                            Request(max_tokens=a.max_tokens, constraint=constraint), stats=st)]
             r = acc[(c, d)]
             r["s"] += st.decode_s
             r["n"] += st.n_generated

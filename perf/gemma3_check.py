@@ -16,9 +16,8 @@ from ..assembly.devset import load_prompts
 from ..assembly.load import DrafterSpec, load_model, load_onnx, make_drafter
 from ..runtime.backends import BackendKind
 from ..runtime.decode import decode
+from ..runtime.request import Request, Speculation
 from ..runtime.stats import DecodeStats
-from ..runtime.types import SamplingParams
-
 CTX = 1024
 
 
@@ -26,8 +25,9 @@ def check(model, prompts, tokens: int, **kw) -> tuple[list[int], DecodeStats, fl
     drafter = make_drafter(DrafterSpec.parse("ngram"), model, ctx=CTX, **kw)
     stats, differ, t0 = DecodeStats(), [], time.perf_counter()
     for i, p in enumerate(prompts):
-        run = lambda d, s=None: [e.token for e in decode(model.backend, p, SamplingParams(), drafter=d, k=4,  # noqa
-                                                         max_tokens=tokens, eos_ids=(), stats=s, ctx=CTX)]
+        run = lambda d, s=None: [e.token for e in decode(model.backend, p, Speculation(d, k=4),
+                                                         Request(max_tokens=tokens, eos_ids=(), max_context=CTX),
+                                                         stats=s)]
         if run(drafter, stats) != run(None):
             differ.append(i)
     return differ, stats, time.perf_counter() - t0
@@ -47,7 +47,7 @@ def main(argv=None) -> None:
             threads = 1 if name == "llamacpp" else None
             model, kw = load_model("gemma3-270m", BackendKind(name), ctx=CTX, threads=threads), {"threads": threads}
         tok = model.tokenizer
-        prompts = [np.asarray(tok.encode(tok.apply_chat_template([{"role": "user", "content": p.text}]))[:400],
+        prompts = [np.asarray(tok.chat_ids(p.text)[:400],
                           np.int32) for p in load_prompts(limit=a.prompts)]
         differ, stats, secs = check(model, prompts, a.tokens, **kw)
         print(f"{name}: {len(prompts)} prompts x {a.tokens} tokens, differing prompts {differ}; {stats.summary()}; "

@@ -35,7 +35,8 @@ import numpy as np
 from ..assembly.decoder import CallSettings, DecodeSettings, Decoder, ModelSettings
 from ..assembly.load import LoadedModel, artifact_name, load_model, parse_drafter
 from ..models.catalog import CATALOG
-from ..runtime.backends import BackendKind
+from ..runtime.backends import BackendKind, reference_engine
+from ..runtime.lossy import parse_lossy
 from ..models.manifest import Profile
 from .bench import read_prompts
 
@@ -86,7 +87,7 @@ def split_key(backend: str, key: str) -> tuple[Target, str]:
 def golden_prompts(tokenizer, n: int) -> tuple[list[int], list[list[int]]]:
     """The benchmark's first n dev prompts (qids) and their chat-formatted token ids."""
     prompts = read_prompts(limit=n)
-    ids = [list(tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p.text}])))
+    ids = [list(tokenizer.chat_ids(p.text))
            for p in prompts]
     return [p.qid for p in prompts], ids
 
@@ -141,7 +142,7 @@ def decode_config(backend: str, model: LoadedModel, config: str, prompts: list[l
     config = config.replace("{golden}", str(golden_dir))
     for name, path in (artifacts or {}).items():
         config = config.replace(f"model:{name}", f"model:{path}")
-    lossy = config[len("lossy:"):] if config.startswith("lossy:") else None
+    lossy = parse_lossy(config[len("lossy:"):]) if config.startswith("lossy:") else None
     decode = DecodeSettings(parse_drafter("none" if lossy else config), K, ADAPTIVE_K, lossy=lossy)
     settings = ModelSettings(str(model.path), model.kind, threads=threads,
                              device="cpu" if backend == "onnx" else "auto")
@@ -155,8 +156,8 @@ def ensure_corrections(golden_dir: Path) -> Path:
     out = golden_dir / CORRECTIONS
     if not (out / "lora_drop.json").is_file():
         from ..assembly.loradrop import export_lora_drop
-        from ..runtime.loradrop import LoRADropSpec
-        export_lora_drop(load_model(MODEL, BackendKind.NUMPY), LoRADropSpec.parse("rank=8,cycle=4"), out)
+        from ..runtime.loradrop import LoRADropFit
+        export_lora_drop(load_model(MODEL, reference_engine().kind), LoRADropFit.parse("rank=8,cycle=4"), out)
     return out
 
 
@@ -176,15 +177,38 @@ def mark_equals_plain(backend: str, data: dict) -> None:
         data["equals_plain"][key] = None if plain is None else seqs == plain
 
 
+# CPU features that select different quantised kernels in ONNX Runtime's MLAS and in llama.cpp (built for this CPU's
+# SIMD by scripts/install.sh): their greedy outputs differ by them, so their recordings are kept per signature:
+# <backend>.json (avx2: AMD EPYC, where they were first recorded) and <backend>@<signature>.json for the others.
+KERNEL_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
+CPU_DEPENDENT = ("onnx", "llamacpp")
+
+
+def kernel_signature(flags=None) -> str:
+    """"avx2" | "avx2-avx512f-avx512_vnni-avx_vnni-amx_int8" (this CPU's, or the given flags')."""
+    from ..assembly.environment import cpu_info
+    flags = set(cpu_info()[1] if flags is None else flags)
+    return "-".join(f for f in KERNEL_FLAGS if f in flags)
+
+
+def golden_file(backend: str, out_dir: Path, signature: str | None = None) -> Path:
+    """Where a backend's recording lives; CPU-dependent backends have one per kernel signature."""
+    sig = kernel_signature() if signature is None else signature
+    if backend not in CPU_DEPENDENT or sig == "avx2":
+        return out_dir / f"{backend}.json"
+    return out_dir / f"{backend}@{sig}.json"
+
+
 def record(backend: str, out_dir: Path, n_prompts: int, tokens: int, only: set[str] | None = None,
            threads: int | None = None, log=print) -> dict:
     threads = threads or THREADS[backend]
-    path = out_dir / f"{backend}.json"
+    path = golden_file(backend, out_dir)
     loaded = {t.name: load_target(backend, t, threads=threads) for t in PLAN[backend]}
     first = next(iter(loaded.values()))
     qids, prompts = golden_prompts(first.tokenizer, n_prompts)
     head = {"backend": backend, **inputs_of(backend, loaded), "prompts": n_prompts, "tokens": tokens, "k": K,
-            "adaptive_k": ADAPTIVE_K, "threads": threads, "prompt_qids": qids, "prompt_ids_sha256": ids_sha256(prompts)}
+            "adaptive_k": ADAPTIVE_K, "threads": threads, "prompt_qids": qids, "prompt_ids_sha256": ids_sha256(prompts),
+            "kernels": kernel_signature()}
     data = {**head, "configs": {}, "equals_plain": {}, "seconds": {}, "refused": {}}
     if only is not None and path.is_file():
         old = json.loads(path.read_text())

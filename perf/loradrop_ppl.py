@@ -18,7 +18,7 @@ import numpy as np
 from ..assembly.load import load_model
 from ..assembly.loradrop import calibration_tokens
 from ..runtime.backends import BackendKind
-from ..runtime.loradrop import LoRADropSpec, Schedule, droppable_layers, fit, pure_reuse
+from ..runtime.loradrop import LoRADropFit, Schedule, droppable_layers, fit, pure_reuse
 
 
 def nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -78,7 +78,7 @@ def main(argv=None) -> None:
     layers = droppable_layers(cfg.n_layers)
     for c in cycles:
         t0 = time.perf_counter()
-        big = fit(backend, fit_seqs, LoRADropSpec(rank=max(ranks), cycle=c, ridge=a.ridge), prov)
+        big = fit(backend, fit_seqs, LoRADropFit(rank=max(ranks), cycle=c, ridge=a.ridge), prov)
         print(f"{c:>5}", end="", flush=True)
         for r in ranks:  # one cell at a time: a row takes minutes on a busy CPU
             corr = pure_reuse(cfg.d_model, layers, c) if r == 0 else big.truncated(r)

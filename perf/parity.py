@@ -44,7 +44,7 @@ class Parity:
 
 def prompt_prefixes(tokenizer: Tokenizer, limit: int, max_len: int) -> list[np.ndarray]:
     """Chat-formatted dev prompts, truncated to max_len tokens."""
-    return [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p.text}]))[:max_len]
+    return [tokenizer.chat_ids(p.text)[:max_len]
             for p in load_prompts(limit=limit)]
 
 

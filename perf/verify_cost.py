@@ -25,8 +25,8 @@ import numpy as np
 from ..assembly.load import load_model
 from ..assembly.timing import heap_tree_mask, time_forward  # noqa: F401  (heap_tree_mask: tests)
 from ..runtime.decode import decode
+from ..runtime.request import PLAIN, Request
 from ..runtime.stats import DecodeStats
-from ..runtime.types import SamplingParams
 from .greedy_table import parse_target
 
 
@@ -34,7 +34,7 @@ def plain_tok_s(backend, n_decode: int, rng: np.random.Generator) -> float:
     """Decode-phase tokens/s (prefill excluded) of plain greedy decoding after a 32-token random prompt."""
     prompt = rng.integers(0, backend.config.vocab_size, 32).astype(np.int32)
     stats = DecodeStats()
-    for _ in decode(backend, prompt, SamplingParams(), max_tokens=n_decode, eos_ids=(), stats=stats):
+    for _ in decode(backend, prompt, PLAIN, Request(max_tokens=n_decode, eos_ids=()), stats=stats):
         pass
     return stats.tokens_per_s
 

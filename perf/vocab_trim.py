@@ -31,6 +31,7 @@ from ..models.catalog import resolve_model
 from ..models.manifest import MANIFEST, read_manifest
 from ..runtime.backends import open_onnx
 from ..runtime.decode import decode
+from ..runtime.request import Request, Speculation
 from ..runtime.drafters.model import ModelDrafter
 from ..runtime.stats import DecodeStats
 from ..runtime.types import SamplingParams
@@ -70,9 +71,9 @@ def run(target, tokenizer, drafter, prompts, params, k, max_tokens) -> dict:
     stats = DecodeStats()
     t0 = time.perf_counter()
     for i, text in enumerate(prompts):
-        ids = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": text}]))
-        for _ in decode(target, ids, params, drafter=drafter, k=k, max_tokens=max_tokens, stats=stats,
-                        eos_ids=tokenizer.eos_ids, rng=np.random.default_rng(i)):
+        ids = tokenizer.chat_ids(text)
+        for _ in decode(target, ids, Speculation(drafter, k=k),
+                        Request(params, max_tokens=max_tokens, eos_ids=tokenizer.eos_ids, seed=i), stats=stats):
             pass
     wall = time.perf_counter() - t0
     d = max(stats.n_drafted, 1)

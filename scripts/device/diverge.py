@@ -3,6 +3,7 @@ import numpy as np
 from specedge.assembly.load import load_onnx
 from specedge.perf.accel_bench import dev_prompts
 from specedge.runtime.decode import decode
+from specedge.runtime.request import PLAIN, Request, Speculation
 from specedge.runtime.drafters.ngram import NgramDrafter
 from specedge.runtime.types import SamplingParams
 m = load_onnx("/tmp/a/smol-gpu", device="cuda")
@@ -11,8 +12,9 @@ P = SamplingParams()
 for k in (1, 2, 4, 8):
     firsts = []
     for p in ps:
-        a = [e.token for e in decode(m.backend, p, P, max_tokens=128, eos_ids=())]
-        b = [e.token for e in decode(m.backend, p, P, drafter=NgramDrafter(), k=k, max_tokens=128, eos_ids=())]
+        a = [e.token for e in decode(m.backend, p, PLAIN, Request(P, max_tokens=128, eos_ids=()))]
+        b = [e.token for e in decode(m.backend, p, Speculation(NgramDrafter(), k=k),
+                                     Request(P, max_tokens=128, eos_ids=()))]
         firsts.append(next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None))
     print(f"k={k}: first divergence per prompt (None = identical over 128 tokens): {firsts}", flush=True)
 be = m.backend
