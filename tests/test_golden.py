@@ -18,7 +18,11 @@ from specedge.perf import golden
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 GOLDEN = Path(__file__).resolve().parent / "golden"
 DEPENDS = {"onnx": "onnxruntime", "llamacpp": "llama_cpp"}  # importorskip, as the other real tests do
-DATA = {b: json.loads((GOLDEN / f"{b}.json").read_text()) for b in golden.PLAN if (GOLDEN / f"{b}.json").is_file()}
+# ONNX Runtime's int4/int8 kernels differ by CPU features (perf/golden.py kernel_signature): its recording is the
+# one made on a CPU of this one's signature; where none was made, its cases are skipped saying so
+DATA = {b: json.loads(golden.golden_file(b, GOLDEN).read_text()) for b in golden.PLAN
+        if golden.golden_file(b, GOLDEN).is_file()}
+UNRECORDED = sorted(b for b in golden.PLAN if not golden.golden_file(b, GOLDEN).is_file())
 CASES = [pytest.param(b, key, id=f"{b}-{key.replace('{golden}/', '')}") for b, d in DATA.items()
          for key in d["configs"]]
 _MODELS: dict = {}  # (backend, target) -> LoadedModel, shared by the configurations
@@ -55,11 +59,16 @@ def loaded(backend: str, target, data: dict, tmp_path_factory):
 
 
 def test_every_backend_and_planned_configuration_is_recorded():
-    assert sorted(DATA) == sorted(golden.PLAN)
+    recorded = {p.name for p in GOLDEN.glob("*.json")}
+    assert all(f"{b}.json" in recorded for b in golden.PLAN)  # every backend, on the first recording's CPU
     for backend, data in DATA.items():
         planned = {golden.config_key(backend, t, c) for t in golden.PLAN[backend] for c in t.configs}
         assert planned == set(data["configs"]) | set(data["refused"]), backend
         assert all(len(seqs) == data["prompts"] for seqs in data["configs"].values()), backend
+    if UNRECORDED:
+        pytest.skip(f"no golden recording of {UNRECORDED} for this CPU's kernels ({golden.kernel_signature()}): "
+                    "record one with `python -m specedge.perf.golden --out tests/golden --backend "
+                    f"{' '.join(UNRECORDED)}` on the commit the recordings were made with")
 
 
 def test_recorded_lossless_configurations_equal_plain():
