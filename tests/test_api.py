@@ -8,18 +8,19 @@ import specedge
 from specedge.models.tiny import write_tiny_gguf
 from specedge.runtime.backends.numpy_ref import NumpyBackend
 from specedge.runtime.decode import decode
+from specedge.runtime.request import PLAIN, Request
 from specedge.runtime.types import SamplingParams
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     path = write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "t.gguf", seed=0, n_layers=2)
-    return specedge.Engine(str(path), backend="numpy", drafter="ngram", ctx=256)
+    return specedge.Engine.open(str(path), backend="numpy", drafter="ngram", ctx=256)
 
 
 def plain(engine, ids, params, max_tokens, seed=0):
     backend: NumpyBackend = engine.model.backend
-    return [e.token for e in decode(backend, ids, params, max_tokens=max_tokens, rng=np.random.default_rng(seed))]
+    return [e.token for e in decode(backend, ids, PLAIN, Request(params, max_tokens=max_tokens, seed=seed))]
 
 
 def test_generate_equals_plain_decoding_and_reports_stats(engine):
@@ -27,8 +28,8 @@ def test_generate_equals_plain_decoding_and_reports_stats(engine):
     c = engine.generate(ids, max_tokens=20, temperature=0)
     want = plain(engine, ids, SamplingParams(), 20)
     assert c.tokens == (want[:-1] if c.finish_reason == "eos" else want)
-    assert c.prompt_tokens == len(ids) and c.stats["n_generated"] == len(want)
-    assert c.stats["drafter"] == "ngram" and c.stats["ttft_s"] > 0
+    assert c.prompt_tokens == len(ids) and c.stats.decode.n_generated == len(want)
+    assert c.stats.drafter == "ngram" and c.stats.ttft_s > 0
 
 
 def test_concurrent_calls_equal_sequential_ones(engine):
@@ -76,11 +77,11 @@ def test_chat_turns_reuse_the_cached_prefix(engine):
     first = engine.chat(messages, max_tokens=8)
     messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "more"}]
     second = engine.chat(messages, max_tokens=8)
-    assert second.stats["reused_prompt_tokens"] > first.prompt_tokens // 2
-    assert second.stats["n_prefilled"] == second.prompt_tokens - 1 - second.stats["reused_prompt_tokens"]
+    assert second.stats.reused_prompt_tokens > first.prompt_tokens // 2
+    assert second.stats.decode.n_prefilled == second.prompt_tokens - 1 - second.stats.reused_prompt_tokens
     engine.reset()
     again = engine.chat(messages, max_tokens=8)
-    assert again.stats["reused_prompt_tokens"] == 0 and again.tokens == second.tokens
+    assert again.stats.reused_prompt_tokens == 0 and again.tokens == second.tokens
 
 
 @pytest.mark.parametrize("bad, match", [(dict(temperature=-1), "temperature"), (dict(top_p=0), "top_p"),
@@ -100,7 +101,7 @@ def test_a_prompt_longer_than_the_context_names_the_fix(engine):
 
 def test_set_drafter_switches_live_and_a_bad_spec_keeps_the_old_one(tmp_path):
     path = write_tiny_gguf(tmp_path / "t.gguf", seed=0, n_layers=2)
-    eng = specedge.Engine(str(path), backend="numpy", drafter="ngram", ctx=256)
+    eng = specedge.Engine.open(str(path), backend="numpy", drafter="ngram", ctx=256)
     ids = eng.encode("the cat sat on the mat")
     want = eng.generate(ids, max_tokens=16, temperature=0).tokens
     for bad, match in [("magic", "unknown drafter"), (f"model:{tmp_path / 'missing.gguf'}", "missing.gguf")]:
@@ -110,7 +111,7 @@ def test_set_drafter_switches_live_and_a_bad_spec_keeps_the_old_one(tmp_path):
     for spec in (f"model:{path}", "recycle:8", "exit:1", "none"):
         eng.set_drafter(spec)
         c = eng.generate(ids, max_tokens=16, temperature=0)
-        assert c.tokens == want and c.stats["drafter"] == spec  # lossless whichever drafter runs
+        assert c.tokens == want and c.stats.drafter == spec  # lossless whichever drafter runs
     assert eng.drafter is None
     other = write_tiny_gguf(tmp_path / "o.gguf", seed=1, n_layers=1)
     eng.set_drafter(f"model:{other}")  # same tiny vocabulary: accepted; the target's output is unchanged
@@ -129,7 +130,7 @@ def test_engine_lookup_hybrid_drafts_from_the_calls_sampled_q(tmp_path):
     art = tmp_path / "t-int4"
     export_gguf_to_onnx(open_gguf(write_tiny_gguf(tmp_path / "t.gguf", seed=4, dtype="q4_1")), art,
                         WeightFormat.INT4, gate=False)
-    eng = specedge.Engine(str(art), backend="onnx", drafter=f"model:{art}+lookup", ctx=128, threads=1)
+    eng = specedge.Engine.open(str(art), backend="onnx", drafter=f"model:{art}+lookup", ctx=128, threads=1)
     model, seen = eng.drafter.model, []
     propose = model.propose
 

@@ -46,14 +46,14 @@ def test_set_penalties_and_logit_bias():
 
 
 def test_a_long_conversation_keeps_going_dropping_the_oldest_turns(tiny, tmp_path, capsys):
-    engine = specedge.Engine(str(tiny), backend="numpy", drafter="ngram", ctx=CTX)
+    engine = specedge.Engine.open(str(tiny), backend="numpy", drafter="ngram", ctx=CTX)
     conv = Conversation("You are terse.", [], {"max_tokens": 8, "temperature": 0})
     loop = ChatLoop(engine, conv)
     reserve = answer_reserve(CTX, 8)
     for i in range(14):
         loop.answer(f"message {i}: tell me about the cat and the mat")
         assert conv.render()[0] == {"role": "system", "content": "You are terse."}
-        assert loop.last["prompt_tokens"] + reserve <= CTX  # what the model saw fit with room for the answer
+        assert loop.last.prompt_tokens + reserve <= CTX  # what the model saw fit with room for the answer
         assert conv.messages[-2]["content"].startswith(f"message {i}:") and conv.messages[-1]["role"] == "assistant"
     err = capsys.readouterr().err
     assert err.count("[") == 14 and "error" not in err  # every message was answered
@@ -70,7 +70,7 @@ def test_a_long_conversation_keeps_going_dropping_the_oldest_turns(tiny, tmp_pat
 
 
 def test_a_message_too_long_alone_is_refused_and_the_conversation_stays(tiny, capsys):
-    engine = specedge.Engine(str(tiny), backend="numpy", drafter="ngram", ctx=CTX)
+    engine = specedge.Engine.open(str(tiny), backend="numpy", drafter="ngram", ctx=CTX)
     conv = Conversation(None, [], {"max_tokens": 8, "temperature": 0})
     loop = ChatLoop(engine, conv)
     loop.answer("hello there")

@@ -14,6 +14,7 @@ from specedge.runtime.backends.fake import MarkovBackend, random_markov_table
 from specedge.runtime.backends.numpy_ref import NumpyBackend
 from specedge.runtime.constraint import (GrammarCompiler, Gbnf, JsonObject, JsonSchema, Lark, Regex, mask_q)
 from specedge.runtime.decode import decode
+from specedge.runtime.request import PLAIN, Request, Speculation
 from specedge.runtime.drafters.base import Drafter
 from specedge.runtime.drafters.dytree import DynamicTreeDrafter
 from specedge.runtime.drafters.early_exit import DelDrafter, EarlyExitDrafter
@@ -75,8 +76,8 @@ def drafters(target, other):
 
 def run(target, tok, grammars, spec, prompt, drafter=None, params=GREEDY, n=40, seed=0, stats=None, k=4):
     c = grammars.compile(spec)
-    return [e.token for e in decode(target, tok.encode(prompt), params, drafter=drafter, k=k, max_tokens=n,
-                                    eos_ids=tok.eos_ids, rng=np.random.default_rng(seed), constraint=c,
+    return [e.token for e in decode(target, tok.encode(prompt), Speculation(drafter, k=k),
+                                    Request(params, max_tokens=n, eos_ids=tok.eos_ids, seed=seed, constraint=c),
                                     stats=stats)]
 
 
@@ -125,8 +126,8 @@ def test_free_text_is_not_the_constrained_text(tiny):
     """The constraint really acts: the unconstrained greedy output breaks the regex the constrained one follows."""
     target, _, tok, grammars = tiny
     spec = GRAMMARS["regex"]
-    free = [e.token for e in decode(target, tok.encode("the cat sat on the mat"), GREEDY, max_tokens=40,
-                                    eos_ids=tok.eos_ids)]
+    free = [e.token for e in decode(target, tok.encode("the cat sat on the mat"), PLAIN,
+                                    Request(GREEDY, max_tokens=40, eos_ids=tok.eos_ids))]
     constrained = run(target, tok, grammars, spec, "the cat sat on the mat", n=40)
     assert free != constrained
     assert tok.decode(constrained[:1]).strip() in ("the", "cat", "sat", "t", "c", "s", "th", "ca", "sa")
@@ -140,8 +141,8 @@ def test_matcher_holds_exactly_the_committed_tokens_after_every_round(tiny):
     words = [int(tok.encode(w)[0]) for w in ("ab", "cd", "the", "cat")]
     for drafter in (RandomDrafter(target.config.vocab_size), CycleDrafter(words)):
         c, st, out, checked = grammars.compile(spec), DecodeStats(), [], 0
-        for ev in decode(target, tok.encode("ab cd the cat"), GREEDY, drafter=drafter, k=4, max_tokens=100,
-                         eos_ids=tok.eos_ids, constraint=c, stats=st):
+        for ev in decode(target, tok.encode("ab cd the cat"), Speculation(drafter, k=4),
+                         Request(GREEDY, max_tokens=100, eos_ids=tok.eos_ids, constraint=c), stats=st):
             out.append(ev.token)
             if len(out) == st.n_emitted and ev.finish_reason is None:  # the last token of its round
                 fresh = grammars.compile(spec)
@@ -239,8 +240,8 @@ def test_constrained_sampling_preserves_the_constrained_distribution(params, dra
     rng, counts = np.random.default_rng(321), Counter()
     for _ in range(trials):
         drafter = ModelDrafter(MarkovBackend(Q)) if drafter_kind == "model" else NgramDrafter()
-        seq = tuple(e.token for e in decode(target, prompt, params, drafter=drafter, k=2, max_tokens=n, rng=rng,
-                                            constraint=DfaConstraint()))
+        seq = tuple(e.token for e in decode(target, prompt, Speculation(drafter, k=2),
+                                            Request(params, max_tokens=n, seed=int(rng.integers(1 << 62)), constraint=DfaConstraint())))
         counts[seq] += 1
     assert_counts_match(counts, exact_constrained(P, int(prompt[-1]), params, n), trials)
 
@@ -248,8 +249,8 @@ def test_constrained_sampling_preserves_the_constrained_distribution(params, dra
 def test_logprobs_are_the_targets_log_softmax_under_speculation(tiny):
     target, _, tok, _ = tiny
     prompt = tok.encode("the cat sat on the mat and the cat")
-    plain = list(decode(target, prompt, GREEDY, max_tokens=20, logprobs=3))
-    spec = list(decode(target, prompt, GREEDY, drafter=NgramDrafter(), k=4, max_tokens=20, logprobs=3))
+    plain = list(decode(target, prompt, PLAIN, Request(GREEDY, max_tokens=20, logprobs=3)))
+    spec = list(decode(target, prompt, Speculation(NgramDrafter(), k=4), Request(GREEDY, max_tokens=20, logprobs=3)))
     assert [e.token for e in spec] == [e.token for e in plain]
     for a, b in zip(plain, spec):
         assert a.logprob.token == a.token and len(a.logprob.top) == 3
@@ -278,8 +279,8 @@ def test_bad_grammars_are_clear_errors(tiny):
 def test_block_verifier_and_lossy_modes_refuse_a_constraint(tiny):
     target, _, tok, grammars = tiny
     with pytest.raises(ValueError, match="block verification"):
-        next(iter(decode(target, tok.encode("a b"), SamplingParams(temperature=1.0), drafter=NgramDrafter(),
-                         verifier_kind=VerifierKind.BLOCK, constraint=grammars.compile(Regex("a+")))))
+        next(iter(decode(target, tok.encode("a b"), Speculation(NgramDrafter(), verifier=VerifierKind.BLOCK),
+                         Request(SamplingParams(temperature=1.0), constraint=grammars.compile(Regex("a+")), max_tokens=128))))
 
 
 def test_cli_generate_constrains_output_and_matches_plain(tmp_path):

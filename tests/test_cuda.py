@@ -18,11 +18,12 @@ from specedge.export.onnx_export import GPU, export_gguf_to_onnx  # noqa: E402
 from specedge.export.onnx_linear import WeightFormat  # noqa: E402
 from specedge.models.gguf_in import open_gguf  # noqa: E402
 from specedge.models.manifest import CHAIN_FORMAT_VERSION, PAD_ROW_NONE, read_manifest  # noqa: E402
-from specedge.models.tiny import write_tiny_gguf  # noqa: E402
+from specedge.models.tiny import TINY_ARCHS, write_tiny_gguf  # noqa: E402
 from specedge.runtime.backends import open_onnx  # noqa: E402
 from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
 from specedge.runtime.backends.onnx_providers import Device, select_providers  # noqa: E402
 from specedge.runtime.decode import decode  # noqa: E402
+from specedge.runtime.request import PLAIN, Request, Speculation
 from specedge.runtime.drafters.ngram import NgramDrafter  # noqa: E402
 from specedge.runtime.types import SamplingParams  # noqa: E402
 from verify_walk import walk_verify_steps  # noqa: E402  (tests/ is on the path)
@@ -30,7 +31,7 @@ from verify_walk import walk_verify_steps  # noqa: E402  (tests/ is on the path)
 TOL = 5e-2  # float16 attention and cache against the float32 reference (logits of the tiny models are O(1))
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+@pytest.fixture(scope="module", params=TINY_ARCHS)
 def gpu_pair(request, tmp_path_factory):
     """(the GPU graph on CUDA, NumPy float32 reference) over one tiny GGUF (qwen2: q/k/v biases, untied head)."""
     d = tmp_path_factory.mktemp(f"cuda-{request.param}")
@@ -66,9 +67,9 @@ def test_speculative_greedy_equals_plain_greedy_on_cuda(gpu_pair):
     be, _, _ = gpu_pair
     params = SamplingParams()
     prompt = np.array([5, 9, 14, 5, 9, 14, 5, 9, 30, 31, 5, 9], dtype=np.int32)
-    plain = [e.token for e in decode(be, prompt, params, max_tokens=60)]
+    plain = [e.token for e in decode(be, prompt, PLAIN, Request(params, max_tokens=60))]
     for k in (1, 4, 8, 16):
-        spec = [e.token for e in decode(be, prompt, params, drafter=NgramDrafter(), k=k, max_tokens=60)]
+        spec = [e.token for e in decode(be, prompt, Speculation(NgramDrafter(), k=k), Request(params, max_tokens=60))]
         assert spec == plain, f"k={k}"
 
 

@@ -11,10 +11,11 @@ from specedge.models.tiny import write_tiny_gguf
 from specedge.runtime.backends.fake import MarkovBackend, random_markov_table
 from specedge.runtime.backends.numpy_ref import NumpyBackend
 from specedge.runtime.decode import decode
+from specedge.runtime.request import PLAIN, Request, Speculation
 from specedge.runtime.drafters.base import Drafter
 from specedge.runtime.drafters.model import ModelDrafter
 from specedge.runtime.drafters.ngram import NgramDrafter
-from specedge.runtime.generate import generate, held_back
+from specedge.runtime.generate import collect, held_back, stream
 from specedge.runtime.sampling import logits_to_probs
 from specedge.runtime.stats import DecodeStats
 from specedge.runtime.tokenizer import Tokenizer
@@ -44,8 +45,8 @@ def tiny(tmp_path_factory):
 
 
 def tokens_of(backend, prompt, drafter=None, k=4, n=40, params=GREEDY, seed=0, stats=None):
-    return [e.token for e in decode(backend, prompt, params, drafter=drafter, k=k, max_tokens=n,
-                                    rng=np.random.default_rng(seed), stats=stats)]
+    return [e.token for e in decode(backend, prompt, Speculation(drafter, k=k),
+                                    Request(params, max_tokens=n, seed=seed), stats=stats)]
 
 
 PROMPTS = ["the cat sat on the mat and the cat", "hello world", "a"]
@@ -139,7 +140,9 @@ def assert_counts_match(counts, exact, trials, alpha=1e-3):
 
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0),
                                     SamplingParams(temperature=0.8, top_p=0.9),
-                                    SamplingParams(temperature=1.2, top_k=3)], ids=["t1", "t0.8p0.9", "t1.2k3"])
+                                    SamplingParams(temperature=1.2, top_k=3),
+                                    SamplingParams(temperature=1.0, typical_p=0.9)],
+                         ids=["t1", "t0.8p0.9", "t1.2k3", "t1typ0.9"])
 @pytest.mark.parametrize("drafter_kind", ["model", "ngram"])
 def test_sampled_decode_loop_preserves_the_target_distribution(params, drafter_kind):
     """Through decode(): draft model with its own cache (lifecycle, rollback) or a deterministic drafter."""
@@ -151,7 +154,8 @@ def test_sampled_decode_loop_preserves_the_target_distribution(params, drafter_k
     counts = Counter()
     for _ in range(trials):
         drafter = ModelDrafter(MarkovBackend(Q)) if drafter_kind == "model" else NgramDrafter()
-        seq = tuple(e.token for e in decode(target, prompt, params, drafter=drafter, k=2, max_tokens=n, rng=rng))
+        seq = tuple(e.token for e in decode(target, prompt, Speculation(drafter, k=2),
+                                            Request(params, max_tokens=n, seed=int(rng.integers(1 << 62)))))
         counts[seq] += 1
     exact = exact_joint(P, Q, int(prompt[-1]), params, n)
     assert all(exact[s] > 0 for s in counts), "emitted a sequence the target cannot produce"
@@ -179,8 +183,8 @@ def test_sampled_speculation_under_penalties_and_bias_follows_the_target(drafter
     rng, counts = np.random.default_rng(77), Counter()
     for _ in range(trials):
         drafter = ModelDrafter(MarkovBackend(Q)) if drafter_kind == "model" else NgramDrafter()
-        counts[tuple(e.token for e in decode(target, prompt, params, drafter=drafter, k=2, max_tokens=n,
-                                             rng=rng))] += 1
+        counts[tuple(e.token for e in decode(target, prompt, Speculation(drafter, k=2),
+                                             Request(params, max_tokens=n, seed=int(rng.integers(1 << 62)))))] += 1
     exact = exact_joint_with_history(P, prompt, params, n)
     assert exact != exact_joint(P, None, int(prompt[-1]), SamplingParams(temperature=1.0), n)
     assert_counts_match(counts, exact, trials)
@@ -189,23 +193,23 @@ def test_sampled_speculation_under_penalties_and_bias_follows_the_target(drafter
 def test_stop_strings_and_finish_reasons(tiny):
     target, _, tok = tiny
     prompt = tok.encode("the cat sat")
-    full = generate(target, tok, prompt, GREEDY, max_tokens=30)
+    full = collect(stream(target, tok, prompt, PLAIN, Request(GREEDY, max_tokens=30)))
     assert full.finish_reason in (FinishReason.LENGTH, FinishReason.EOS)
     assert full.text == tok.decode(full.tokens)
     stop = full.text[5:8]
     assert stop
-    cut = generate(target, tok, prompt, GREEDY, max_tokens=30, stop=[stop], drafter=NgramDrafter())
+    cut = collect(stream(target, tok, prompt, Speculation(NgramDrafter()), Request(GREEDY, max_tokens=30, stop=(stop,))))
     assert cut.finish_reason is FinishReason.STOP
     assert cut.text == full.text[:full.text.find(stop)]
-    assert generate(target, tok, prompt, GREEDY, max_tokens=3).finish_reason in (FinishReason.LENGTH,
-                                                                                   FinishReason.EOS)
+    short = collect(stream(target, tok, prompt, PLAIN, Request(GREEDY, max_tokens=3)))
+    assert short.finish_reason in (FinishReason.LENGTH, FinishReason.EOS)
 
 
 def test_eos_ends_generation_and_is_not_emitted(tiny):
     target, _, tok = tiny
     prompt = tok.encode("the cat")
     first = tokens_of(target, prompt, n=1)[0]
-    r = generate(target, tok, prompt, GREEDY, max_tokens=10, eos_ids=[first])
+    r = collect(stream(target, tok, prompt, PLAIN, Request(GREEDY, max_tokens=10, eos_ids=(first,))))
     assert r.finish_reason is FinishReason.EOS and r.tokens == [] and r.text == ""
 
 
@@ -218,15 +222,16 @@ def test_held_back_prefixes():
 def test_prompt_longer_than_context_is_a_clear_error(tiny):
     target, _, tok = tiny
     with pytest.raises(ValueError, match="shorten the prompt"):
-        list(decode(target, np.zeros(300, np.int32), GREEDY, max_tokens=4))
+        list(decode(target, np.zeros(300, np.int32), PLAIN, Request(GREEDY, max_tokens=4)))
     with pytest.raises(ValueError, match="empty"):
-        list(decode(target, np.zeros(0, np.int32), GREEDY))
+        list(decode(target, np.zeros(0, np.int32), PLAIN, Request(GREEDY, max_tokens=128)))
 
 
 def test_generation_near_the_context_end_stops_at_length(tiny):
     target, _, tok = tiny
     ctx = target.config.context_length
-    ev = list(decode(target, np.ones(ctx - 3, np.int32), GREEDY, drafter=NgramDrafter(), k=8, max_tokens=50))
+    ev = list(decode(target, np.ones(ctx - 3, np.int32), Speculation(NgramDrafter(), k=8),
+                     Request(GREEDY, max_tokens=50)))
     assert len(ev) == 3 and ev[-1].finish_reason is FinishReason.LENGTH
 
 

@@ -35,7 +35,7 @@ def engine(tmp_path_factory):
     w = tiny_weights(cfg, seed=0)
     w["lm_head"][cfg.eos_ids[0]] = 0.0
     path = write_tiny_gguf(tmp_path_factory.mktemp("gui") / "t.gguf", weights=w, **SHAPE)
-    return specedge.Engine(str(path), backend="numpy", drafter="ngram", ctx=4096)
+    return specedge.Engine.open(str(path), backend="numpy", drafter="ngram", ctx=4096)
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from specedge.runtime.decode import decode
+from specedge.runtime.request import Request, Speculation
 from specedge.runtime.draft_length import AcceptanceModel, AdaptiveDraftLength, VerifyCost, best_prefix
 from specedge.runtime.drafters.base import DrafterCaps
 from specedge.runtime.drafters.model import ModelDrafter
@@ -96,8 +97,8 @@ def test_adaptive_length_never_changes_greedy_output(tiny, which):  # noqa: F811
         prompt = tok.encode(text)
         drafter = {"ngram": NgramDrafter(), "random": RandomDrafter(target.config.vocab_size),
                    "self": ModelDrafter(target)}[which]
-        got = [e.token for e in decode(target, prompt, GREEDY, drafter=drafter, k=4, max_tokens=40,
-                                       adaptive_k=True)]
+        got = [e.token for e in decode(target, prompt, Speculation(drafter, k=4, adaptive_k=True),
+                                       Request(GREEDY, max_tokens=40))]
         assert got == tokens_of(target, prompt), (which, text)
 
 
@@ -109,8 +110,8 @@ def test_adaptive_length_stops_verifying_a_drafter_that_is_always_wrong(tiny, mo
     prompt = tok.encode(PROMPTS[0])
     fixed, adaptive = DecodeStats(), DecodeStats()
     for stats, flag in ((fixed, False), (adaptive, True)):
-        for _ in decode(target, prompt, GREEDY, drafter=RandomDrafter(target.config.vocab_size), k=4,
-                        max_tokens=60, stats=stats, adaptive_k=flag):
+        for _ in decode(target, prompt, Speculation(RandomDrafter(target.config.vocab_size), k=4, adaptive_k=flag),
+                        Request(GREEDY, max_tokens=60), stats=stats):
             pass
     assert fixed.n_drafted == 4 * fixed.n_target_forwards
     assert adaptive.n_drafted < 0.3 * fixed.n_drafted
@@ -149,7 +150,8 @@ def test_a_drafter_that_pays_per_token_drafts_only_what_would_be_verified(tiny, 
     plain = tokens_of(target, prompt, n=60)
     for paid in (True, False):
         d = AskedDrafter(target.config.vocab_size, paid)
-        got = [e.token for e in decode(target, prompt, GREEDY, drafter=d, k=6, max_tokens=60, adaptive_k=True)]
+        got = [e.token for e in decode(target, prompt, Speculation(d, k=6, adaptive_k=True),
+                                       Request(GREEDY, max_tokens=60))]
         assert got == plain
         later = d.asked[10:]
         assert (max(later) == 1) if paid else (min(later) == 6), (paid, d.asked)

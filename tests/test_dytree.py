@@ -15,6 +15,7 @@ from specedge.models.tiny import write_tiny_gguf
 from specedge.runtime.backends.fake import MarkovBackend, random_markov_table
 from specedge.runtime.backends.numpy_ref import NumpyBackend
 from specedge.runtime.decode import decode
+from specedge.runtime.request import Request, Speculation
 from specedge.runtime.drafters.dytree import DynamicTreeDrafter
 from specedge.runtime.drafters.model import ModelDrafter
 from specedge.runtime.stats import DecodeStats
@@ -33,8 +34,8 @@ def models(tmp_path_factory):
 
 
 def run(target, prompt, drafter=None, n=40, params=GREEDY, stats=None, seed=0):
-    return [e.token for e in decode(target, prompt, params, drafter=drafter, max_tokens=n, stats=stats,
-                                    rng=np.random.default_rng(seed))]
+    return [e.token for e in decode(target, prompt, Speculation(drafter), Request(params, max_tokens=n, seed=seed),
+                                    stats=stats)]
 
 
 @pytest.mark.parametrize("nodes", [1, 5, 16])

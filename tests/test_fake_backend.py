@@ -2,19 +2,17 @@
 import numpy as np
 import pytest
 
-from specedge.runtime.backends.base import Backend, KVCache
+from specedge.runtime.backends.base import Backend, Cache
 from specedge.runtime.backends.fake import MarkovBackend, random_markov_table
 from specedge.runtime.decode import decode
+from specedge.runtime.request import PLAIN, Request, Speculation
 from specedge.runtime.drafters.ngram import NgramDrafter
 from specedge.runtime.stats import DecodeStats
-from specedge.runtime.types import SamplingParams
-
-
 def test_protocols_and_forward():
     table = random_markov_table(7, seed=3)
     b = MarkovBackend(table)
     cache = b.new_cache(8)
-    assert isinstance(b, Backend) and isinstance(cache, KVCache)
+    assert isinstance(b, Backend) and isinstance(cache, Cache)
     assert b.config.vocab_size == 7 and b.weight_bytes() == table.nbytes
     out = b.forward(np.array([2, 5], np.int32), cache)
     np.testing.assert_array_equal(out, table[[2, 5]])
@@ -32,9 +30,8 @@ def test_greedy_with_ngram_drafter_equals_plain_greedy():
     # a peaked chain that falls into cycles, so prompt lookup finds matches
     b = MarkovBackend(random_markov_table(11, seed=4, scale=4.0))
     prompt = np.array([1, 2, 3, 1, 2], np.int32)
-    plain = [e.token for e in decode(b, prompt, SamplingParams(), max_tokens=40)]
+    plain = [e.token for e in decode(b, prompt, PLAIN, Request(max_tokens=40))]
     stats = DecodeStats()
-    spec = [e.token for e in decode(b, prompt, SamplingParams(), drafter=NgramDrafter(), k=4, max_tokens=40,
-                                    stats=stats)]
+    spec = [e.token for e in decode(b, prompt, Speculation(NgramDrafter(), k=4), Request(max_tokens=40), stats=stats)]
     assert spec == plain
     assert stats.n_accepted > 0 and stats.n_target_forwards < 40

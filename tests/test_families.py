@@ -135,16 +135,16 @@ def test_tokenizer_matches_llama_cpp(built):
 
 def test_greedy_speculative_equals_plain(built):
     from specedge.runtime.decode import decode
+    from specedge.runtime.request import Request, Speculation
     from specedge.runtime.drafters.early_exit import EarlyExitDrafter
     from specedge.runtime.drafters.ngram import NgramDrafter
     from specedge.runtime.stats import DecodeStats
-    from specedge.runtime.types import SamplingParams
     target = NumpyBackend(built.gguf.load_weights(), dtype=np.float64)
     prompt = np.concatenate([_prompt_ids(built)[:20], np.tile(_prompt_ids(built)[5:11], 3)]).astype(np.int32)
 
     def run(drafter, stats=None):
-        return [e.token for e in decode(target, prompt, SamplingParams(), drafter=drafter, k=4, max_tokens=32,
-                                        rng=np.random.default_rng(0), stats=stats)]
+        return [e.token for e in decode(target, prompt, Speculation(drafter, k=4), Request(max_tokens=32, seed=0),
+                                        stats=stats)]
     plain = run(None)
     drafted = []
     # exit:1 drafts with the first layer only (a layer skip keeps at least 2 layers: all of a 2-layer model)

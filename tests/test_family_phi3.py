@@ -13,8 +13,8 @@ from specedge.models.hf_in import open_hf
 from specedge.models.rope import default_rope, inv_freq
 from specedge.runtime.backends.numpy_ref import NumpyBackend
 from specedge.runtime.decode import decode
+from specedge.runtime.request import Request, Speculation
 from specedge.runtime.drafters.ngram import NgramDrafter
-from specedge.runtime.types import SamplingParams
 from phi3_models import CASES, canonical_weights, hf_config, save_hf, write_gguf  # noqa: E402  (tests/ on the path)
 from verify_walk import walk_verify_steps  # noqa: E402
 
@@ -107,8 +107,7 @@ def test_greedy_speculative_equals_plain(case):
     prompt = np.concatenate([_tokens(12), _tokens(12)])  # a repeat, so the n-gram drafter proposes something
 
     def run(drafter=None):
-        return [e.token for e in decode(target, prompt, SamplingParams(), drafter=drafter, k=4, max_tokens=20,
-                                        rng=np.random.default_rng(0))]
+        return [e.token for e in decode(target, prompt, Speculation(drafter, k=4), Request(max_tokens=20, seed=0))]
     assert run(NgramDrafter()) == run()
 
 

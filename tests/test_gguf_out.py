@@ -6,7 +6,7 @@ import pytest
 
 from specedge.export.gguf_out import write_gguf
 from specedge.models.gguf_in import open_gguf
-from specedge.models.tiny import write_tiny_gguf
+from specedge.models.tiny import TINY_ARCHS, write_tiny_gguf
 from specedge.runtime.backends.base import LayerPlan
 from specedge.runtime.backends.numpy_ref import NumpyBackend
 from specedge.runtime.tokenizer import Tokenizer
@@ -14,7 +14,7 @@ from specedge.runtime.tokenizer import Tokenizer
 TEXT = "<|im_start|>user\nThe cat is in the hat, and it is on the mat.<|im_end|>\n<|im_start|>assistant\n"
 
 
-@pytest.fixture(params=["llama", "qwen2"])
+@pytest.fixture(params=TINY_ARCHS)
 def source(request, tmp_path):
     arch = request.param
     return open_gguf(write_tiny_gguf(tmp_path / f"src-{arch}.gguf", arch=arch, tied=arch == "llama"))

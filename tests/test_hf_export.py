@@ -26,6 +26,7 @@ from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
 from specedge.runtime.backends.onnx_optimum import OptimumBackend  # noqa: E402
 from specedge.runtime.backends.onnxrt import OnnxBackend  # noqa: E402
 from specedge.runtime.decode import decode  # noqa: E402
+from specedge.runtime.request import PLAIN, Request, Speculation
 from specedge.runtime.drafters.ngram import NgramDrafter  # noqa: E402
 from specedge.runtime.types import SamplingParams  # noqa: E402
 
@@ -154,9 +155,10 @@ def test_optimum_backend_speculative_greedy_equals_plain_greedy(case):
     backend = case[2]["optimum"]
     params = SamplingParams()
     prompt = np.array([5, 9, 14, 5, 9, 14, 5, 9, 30, 31, 5, 9], dtype=np.int32)
-    plain = [e.token for e in decode(backend, prompt, params, max_tokens=40)]
+    plain = [e.token for e in decode(backend, prompt, PLAIN, Request(params, max_tokens=40))]
     for k in (1, 3, 5):
-        assert [e.token for e in decode(backend, prompt, params, drafter=NgramDrafter(), k=k, max_tokens=40)] == plain
+        assert [e.token for e in decode(backend, prompt, Speculation(NgramDrafter(), k=k),
+                                        Request(params, max_tokens=40))] == plain
 
 
 def test_optimum_manifest_and_engine(case):

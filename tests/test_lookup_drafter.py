@@ -15,6 +15,7 @@ from specedge.models.tiny import write_tiny_gguf
 from specedge.runtime.backends.fake import MarkovBackend, random_markov_table
 from specedge.runtime.backends.numpy_ref import NumpyBackend
 from specedge.runtime.decode import decode
+from specedge.runtime.request import Request, Speculation
 from specedge.runtime.drafters.lookup import LookupModelDrafter
 from specedge.runtime.drafters.model import ModelDrafter
 from specedge.runtime.stats import DecodeStats
@@ -33,8 +34,8 @@ def models(tmp_path_factory):
 
 
 def run(target, prompt, drafter=None, n=48, params=GREEDY, stats=None, seed=0):
-    return [e.token for e in decode(target, np.asarray(prompt, np.int32), params, drafter=drafter, max_tokens=n,
-                                    stats=stats, rng=np.random.default_rng(seed))]
+    return [e.token for e in decode(target, np.asarray(prompt, np.int32), Speculation(drafter),
+                                    Request(params, max_tokens=n, seed=seed), stats=stats)]
 
 
 @pytest.mark.parametrize("min_n", [1, 2])
@@ -221,8 +222,8 @@ def test_the_hybrid_drafts_from_the_calls_tempered_q(models):
     drafter = LookupModelDrafter(ModelDrafter(draft), 2)
     calls: list = []
     _spy_model_drafts(drafter.model, calls)
-    list(decode(target, np.array([1, 5, 9, 2], np.int32), params, drafter=drafter, max_tokens=24,
-                rng=np.random.default_rng(0)))
+    list(decode(target, np.array([1, 5, 9, 2], np.int32), Speculation(drafter),
+                Request(params, max_tokens=24, seed=0)))
     _assert_tempered_first_rows(calls, params)
 
 
@@ -232,7 +233,7 @@ def test_engine_passes_each_calls_params_to_a_lookup_hybrid(models):
     params in `propose` (issue 17)."""
     from specedge.apps.api import Engine
     target_path, draft_path, _, _ = models
-    engine = Engine(str(target_path), backend="numpy", drafter=f"model:{draft_path}+lookup:2", ctx=256)
+    engine = Engine.open(str(target_path), backend="numpy", drafter=f"model:{draft_path}+lookup:2", ctx=256)
     calls: list = []
     _spy_model_drafts(engine.drafter.model, calls)
     engine.generate([1, 5, 9, 2], temperature=0.8, top_p=1.0, max_tokens=24, seed=0)

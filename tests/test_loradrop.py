@@ -8,8 +8,9 @@ import pytest
 from specedge.runtime.backends.base import LayerPlan, LowRankReuse
 from specedge.runtime.backends.numpy_ref import NumpyBackend
 from specedge.runtime.decode import decode
+from specedge.runtime.request import PLAIN, Request, Speculation
 from specedge.runtime.drafters.loradrop import LoRADropDrafter
-from specedge.runtime.loradrop import (Corrections, LoRADropSpec, Schedule, droppable_layers, drop_pairs, fit,
+from specedge.runtime.loradrop import (Corrections, LoRADropFit, Schedule, droppable_layers, drop_pairs, fit,
                                        low_rank, pure_reuse, residual_streams, solve_w)
 from specedge.runtime.lossy import EntropySwitch, LoRADropLossy
 from specedge.runtime.stats import DecodeStats
@@ -28,16 +29,16 @@ def model():
 def corrections(model):
     rng = np.random.default_rng(3)
     seqs = [rng.integers(0, 97, 40).astype(np.int32) for _ in range(4)]
-    return fit(model, seqs, LoRADropSpec(rank=4, cycle=3))
+    return fit(model, seqs, LoRADropFit(rank=4, cycle=3))
 
 
 def test_droppable_rule_and_spec_parse():
     assert droppable_layers(10) == (1, 2, 3, 5, 6, 7, 9)
-    assert LoRADropSpec.parse("rank=8,cycle=4,ridge=0.001") == LoRADropSpec(8, 4, 1e-3)
+    assert LoRADropFit.parse("rank=8,cycle=4,ridge=0.001") == LoRADropFit(8, 4, 1e-3)
     with pytest.raises(ValueError, match="key=value"):
-        LoRADropSpec.parse("r=8")
+        LoRADropFit.parse("r=8")
     with pytest.raises(ValueError, match="cycle >= 2"):
-        LoRADropSpec.parse("cycle=1")
+        LoRADropFit.parse("cycle=1")
 
 
 def test_closed_form_matches_least_squares():
@@ -130,10 +131,10 @@ def test_fitted_beats_pure_reuse_on_calibration(model, corrections):
 def test_drafter_is_lossless(model, corrections, k, rank):
     corr = corrections.truncated(rank) if rank else pure_reuse(model.config.d_model, corrections.layers, 3)
     prompt = np.array([1, 5, 9, 2], dtype=np.int32)
-    plain = [e.token for e in decode(model, prompt, GREEDY, max_tokens=30)]
+    plain = [e.token for e in decode(model, prompt, PLAIN, Request(GREEDY, max_tokens=30))]
     stats = DecodeStats()
-    drafted = [e.token for e in decode(model, prompt, GREEDY, drafter=LoRADropDrafter(corr), k=k,
-                                       max_tokens=30, stats=stats)]
+    drafted = [e.token for e in decode(model, prompt, Speculation(LoRADropDrafter(corr), k=k),
+                                       Request(GREEDY, max_tokens=30), stats=stats)]
     assert drafted == plain
     assert stats.n_drafted > 0 and stats.n_accepted > 0  # the first draft token is the full model's: accepted
 
@@ -155,21 +156,21 @@ def test_lossy_mode_is_labelled_and_differs_from_full_only_through_drops(model, 
     prompt = np.array([1, 5, 9, 2], dtype=np.int32)
     lossy = LoRADropLossy(corrections)
     assert "lossy" in lossy.label
-    out = [e.token for e in decode(model, prompt, GREEDY, lossy=lossy, max_tokens=20)]
+    out = [e.token for e in decode(model, prompt, Speculation(lossy=lossy), Request(GREEDY, max_tokens=20))]
     assert len(out) == 20
     # cycle 1 would be all refresh steps: a cycle longer than the output with no droppable layers is the full model
-    full = [e.token for e in decode(model, prompt, GREEDY, max_tokens=20)]
+    full = [e.token for e in decode(model, prompt, PLAIN, Request(GREEDY, max_tokens=20))]
     same = LoRADropLossy(Corrections(3, (), (), ()))
-    assert [e.token for e in decode(model, prompt, GREEDY, lossy=same, max_tokens=20)] == full
+    assert [e.token for e in decode(model, prompt, Speculation(lossy=same), Request(GREEDY, max_tokens=20))] == full
     assert out[0] == full[0]  # step 0 is a refresh: the full model
 
 
 def test_entropy_switch_threshold_zero_is_plain_large(model):
     small = NumpyBackend(random_weights(7, n_layers=1), dtype=np.float64)
     prompt = np.array([1, 5, 9, 2], dtype=np.int32)
-    plain = [e.token for e in decode(model, prompt, GREEDY, max_tokens=25)]
+    plain = [e.token for e in decode(model, prompt, PLAIN, Request(GREEDY, max_tokens=25))]
     sw = EntropySwitch(small, threshold=0.0)
-    assert [e.token for e in decode(model, prompt, GREEDY, lossy=sw, max_tokens=25)] == plain
+    assert [e.token for e in decode(model, prompt, Speculation(lossy=sw), Request(GREEDY, max_tokens=25))] == plain
     assert sw.switches == 0 and sw.large_tokens == 25
 
 
@@ -177,15 +178,16 @@ def test_entropy_switch_switches_and_catches_up(model):
     small = NumpyBackend(random_weights(7, n_layers=1), dtype=np.float64)
     prompt = np.array([1, 5, 9, 2], dtype=np.int32)
     high = EntropySwitch(small, threshold=1e9, min_dwell=1)  # never uncertain enough: the small model after 1 token
-    out = [e.token for e in decode(model, prompt, GREEDY, lossy=high, max_tokens=25)]
+    out = [e.token for e in decode(model, prompt, Speculation(lossy=high), Request(GREEDY, max_tokens=25))]
     assert high.trace == ["L"] + ["S"] * 24 and high.switches == 1
-    assert out[0] == [e.token for e in decode(model, prompt, GREEDY, max_tokens=1)][0]
+    assert out[0] == [e.token for e in decode(model, prompt, PLAIN, Request(GREEDY, max_tokens=1))][0]
     # the small model prefilled the prompt and the large model's token it missed: its continuation is its own
-    cont = [e.token for e in decode(small, np.concatenate([prompt, out[:1]]).astype(np.int32), GREEDY, max_tokens=24)]
+    cont = [e.token for e in decode(small, np.concatenate([prompt, out[:1]]).astype(np.int32), PLAIN,
+                                    Request(GREEDY, max_tokens=24))]
     assert out[1:] == cont
     other = NumpyBackend(random_weights(1, n_layers=2), dtype=np.float64)
     sw = EntropySwitch(other, threshold=0.5, min_dwell=2)
-    list(decode(model, prompt, GREEDY, lossy=sw, max_tokens=30))
+    list(decode(model, prompt, Speculation(lossy=sw), Request(GREEDY, max_tokens=30)))
     runs = "".join(sw.trace).replace("LS", "L S").replace("SL", "S L").split()
     assert sw.switches >= 2 and len(runs) == sw.switches + 1, sw.trace  # back and forth
     assert all(len(r) >= 2 for r in runs[1:-1])  # the minimum dwell holds between switches
@@ -197,3 +199,16 @@ def test_ppl_script_schedule_without_drops_is_the_full_model(model, corrections)
     full = score_full(model, seqs, 4)
     assert np.isclose(score_schedule(model, Corrections(3, (), (), ()), seqs, 4), full)
     assert score_schedule(model, corrections, seqs, 4) != full
+
+
+def test_lossy_specs_are_a_typed_union_that_round_trips():
+    from specedge.runtime.lossy import EntropySwitchSpec, LoRADropLossySpec, parse_lossy
+    for text in ("loradrop", "loradrop:/tmp/corr", "entropy-switch:smollm2-135m,0.5", "entropy-switch:m.gguf,1.25,6"):
+        spec = parse_lossy(text)
+        assert str(spec) == text and parse_lossy(str(spec)) == spec
+    assert parse_lossy("loradrop") == LoRADropLossySpec(None)
+    assert parse_lossy("entropy-switch:small,0.5") == EntropySwitchSpec("small", 0.5, 4)
+    for bad in ("sometimes", "entropy-switch:", "entropy-switch:small", "entropy-switch:small,x",
+                "entropy-switch:small,0.5,0"):
+        with pytest.raises(ValueError, match="lossy|entropy-switch"):
+            parse_lossy(bad)

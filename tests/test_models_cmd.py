@@ -108,7 +108,7 @@ def test_generate_an_artifact_without_backend(cache):
 
 
 def test_engine_follows_the_model(cache):
-    engine = Engine(ART, drafter="ngram", cache_dir=cache, threads=1, device="cpu")
+    engine = Engine.open(ART, drafter="ngram", cache_dir=cache, threads=1, device="cpu")
     assert engine.backend_kind == "onnx" and engine.decoder.model_settings.backend is BackendKind.ONNX
     assert engine.generate("the cat", max_tokens=4).tokens
 

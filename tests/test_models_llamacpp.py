@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from specedge.models.gguf_in import open_gguf
-from specedge.models.tiny import write_tiny_gguf
+from specedge.models.tiny import TINY_ARCHS, write_tiny_gguf
 from specedge.runtime.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.llamacpp
@@ -12,7 +12,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 TEXT = "<|im_start|>user\nThe cat is in the hat, and it's 12345 things 中文 😀!<|im_end|>\n<|im_start|>assistant\n"
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_tiny_model_matches_llama_cpp(tmp_path, arch):
     from specedge.runtime.backends.numpy_ref import NumpyBackend
     path = write_tiny_gguf(tmp_path / f"{arch}.gguf", arch=arch, tied=arch == "llama")
@@ -29,7 +29,7 @@ def test_tiny_model_matches_llama_cpp(tmp_path, arch):
     assert (ours.argmax(-1) == theirs.argmax(-1)).mean() > 0.95
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_tiny_tokenizer_matches_llama_cpp_on_devset(tmp_path, arch):
     """Both pre-tokenizers (smollm, qwen2) on real prompts; the tiny merges make splits visible."""
     import json

@@ -8,12 +8,13 @@ pytest.importorskip("onnxruntime")
 from specedge.models.gguf_in import open_gguf  # noqa: E402
 from specedge.export.onnx_export import export_gguf_to_onnx  # noqa: E402
 from specedge.export.onnx_linear import WeightFormat  # noqa: E402
-from specedge.models.tiny import write_tiny_gguf  # noqa: E402
+from specedge.models.tiny import TINY_ARCHS, write_tiny_gguf  # noqa: E402
 from specedge.runtime.backends.base import LayerPlan  # noqa: E402
 from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
 from specedge.runtime.backends.onnx_providers import Device, select_providers  # noqa: E402
 from specedge.runtime.backends.onnxrt import OnnxBackend  # noqa: E402
 from specedge.runtime.decode import decode  # noqa: E402
+from specedge.runtime.request import PLAIN, Request, Speculation
 from specedge.runtime.drafters.ngram import NgramDrafter  # noqa: E402
 from specedge.runtime.types import SamplingParams  # noqa: E402
 from verify_walk import walk_verify_steps  # noqa: E402  (tests/ is on the path)
@@ -21,7 +22,7 @@ from verify_walk import walk_verify_steps  # noqa: E402  (tests/ is on the path)
 TOL = 1e-4
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+@pytest.fixture(scope="module", params=TINY_ARCHS)
 def pair(request, tmp_path_factory):
     """(ONNX fp32 backend, NumPy float32 backend) over the same tiny GGUF; llama with 3 layers, untied qwen2."""
     d = tmp_path_factory.mktemp(f"onnx-{request.param}")
@@ -55,9 +56,10 @@ def test_speculative_greedy_equals_plain_greedy(pair):
     onnx_b, _ = pair
     params = SamplingParams()
     prompt = np.array([5, 9, 14, 5, 9, 14, 5, 9, 30, 31, 5, 9], dtype=np.int32)
-    plain = [e.token for e in decode(onnx_b, prompt, params, max_tokens=40)]
+    plain = [e.token for e in decode(onnx_b, prompt, PLAIN, Request(params, max_tokens=40))]
     for k in (1, 3, 5):
-        spec = [e.token for e in decode(onnx_b, prompt, params, drafter=NgramDrafter(), k=k, max_tokens=40)]
+        spec = [e.token for e in decode(onnx_b, prompt, Speculation(NgramDrafter(), k=k),
+                                        Request(params, max_tokens=40))]
         assert spec == plain
 
 

@@ -22,9 +22,9 @@ from specedge.models.tiny import write_tiny_gguf  # noqa: E402
 from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
 from specedge.runtime.backends.onnxrt import OnnxBackend  # noqa: E402
 from specedge.runtime.decode import decode  # noqa: E402
+from specedge.runtime.request import PLAIN, Request, Speculation
 from specedge.runtime.drafters.ngram import NgramDrafter  # noqa: E402
 from specedge.runtime.tokenizer import Tokenizer  # noqa: E402
-from specedge.runtime.types import SamplingParams  # noqa: E402
 
 Q = GGMLQuantizationType
 
@@ -165,8 +165,8 @@ def test_int4_speculative_equals_plain(tiny_dir):
     export_gguf_to_onnx(gguf, tiny_dir / "spec-int4", WeightFormat.INT4, gate=False)
     b = OnnxBackend(tiny_dir / "spec-int4", threads=1)
     prompt = np.array([3, 4, 5, 3, 4, 5, 3, 4], np.int32)
-    plain = [e.token for e in decode(b, prompt, SamplingParams(), max_tokens=32)]
-    spec = [e.token for e in decode(b, prompt, SamplingParams(), drafter=NgramDrafter(), k=4, max_tokens=32)]
+    plain = [e.token for e in decode(b, prompt, PLAIN, Request(max_tokens=32))]
+    spec = [e.token for e in decode(b, prompt, Speculation(NgramDrafter(), k=4), Request(max_tokens=32))]
     assert spec == plain
 
 

@@ -21,7 +21,7 @@ from specedge.models.block import UnsupportedVariant  # noqa: E402
 from specedge.models.gguf_in import open_gguf  # noqa: E402
 from specedge.models.manifest import CHAIN_FORMAT_VERSION, PAD_ROW_NETWORK, PAD_ROW_NONE, Profile, \
     read_manifest  # noqa: E402
-from specedge.models.tiny import write_tiny_gguf  # noqa: E402
+from specedge.models.tiny import TINY_ARCHS, write_tiny_gguf  # noqa: E402
 from specedge.runtime.backends import BackendKind, open_onnx  # noqa: E402
 from specedge.runtime.backends.base import require_tree  # noqa: E402
 from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
@@ -33,7 +33,7 @@ TOL = 5e-2  # float16 attention and cache against the float32 reference (logits 
 AVX2 = ("avx2", "fma")  # a CPU without AVX-512
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+@pytest.fixture(scope="module", params=TINY_ARCHS)
 def gpu_pair(request, tmp_path_factory):
     """(the GPU graph fp16 on the CPU provider, NumPy float32 reference, directory) over one tiny GGUF (qwen2: q/k/v
     biases, untied head); the CPU fp32 graph of the same GGUF is exported into directory/cpu."""

@@ -12,7 +12,7 @@ from specedge.models.gguf_in import open_gguf  # noqa: E402
 from specedge.export.onnx_export import LAYERED, export_gguf_to_onnx  # noqa: E402
 from specedge.export.onnx_linear import WeightFormat  # noqa: E402
 from specedge.models.manifest import read_manifest  # noqa: E402
-from specedge.models.tiny import write_tiny_gguf  # noqa: E402
+from specedge.models.tiny import TINY_ARCHS, write_tiny_gguf  # noqa: E402
 from specedge.runtime.backends import LayerPlan, open_onnx  # noqa: E402
 from specedge.runtime.backends.base import LayeredBackend  # noqa: E402
 from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
@@ -24,7 +24,7 @@ PLANS = [LayerPlan(layers=(0, 2, 3)), LayerPlan(exit_layer=2), LayerPlan(layers=
          LayerPlan(layers=(3,))]
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+@pytest.fixture(scope="module", params=TINY_ARCHS)
 def trio(request, tmp_path_factory):
     """(layered fp32, monolithic fp32, NumPy float32) over one tiny GGUF: llama 4 layers tied, qwen2 untied."""
     d = tmp_path_factory.mktemp(f"layered-{request.param}")

@@ -18,8 +18,9 @@ from specedge.runtime.backends import LayerPlan, open_onnx  # noqa: E402
 from specedge.runtime.backends.base import LowRankReuse  # noqa: E402
 from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
 from specedge.runtime.decode import decode  # noqa: E402
+from specedge.runtime.request import PLAIN, Request, Speculation
 from specedge.runtime.drafters.loradrop import LoRADropDrafter  # noqa: E402
-from specedge.runtime.loradrop import Corrections, LoRADropSpec, Schedule, fit  # noqa: E402
+from specedge.runtime.loradrop import Corrections, LoRADropFit, Schedule, fit  # noqa: E402
 from specedge.runtime.stats import DecodeStats  # noqa: E402
 from specedge.runtime.types import SamplingParams  # noqa: E402
 
@@ -123,7 +124,7 @@ def corrections(pair):
     lay, _ = pair
     rng = np.random.default_rng(3)
     seqs = [rng.integers(0, lay.config.vocab_size, 30).astype(np.int32) for _ in range(3)]
-    return fit(lay, seqs, LoRADropSpec(rank=4, cycle=3))  # fitted through the layered backend's taps
+    return fit(lay, seqs, LoRADropFit(rank=4, cycle=3))  # fitted through the layered backend's taps
 
 
 def test_schedule_steps_equal_the_numpy_reference(pair, corrections):
@@ -140,10 +141,10 @@ def test_schedule_steps_equal_the_numpy_reference(pair, corrections):
 def test_loradrop_drafter_is_lossless_on_onnx_runtime(pair, corrections, k):
     lay, _ = pair
     prompt = np.array([1, 5, 9, 2], dtype=np.int32)
-    plain = [e.token for e in decode(lay, prompt, GREEDY, max_tokens=30)]
+    plain = [e.token for e in decode(lay, prompt, PLAIN, Request(GREEDY, max_tokens=30))]
     stats = DecodeStats()
-    drafted = [e.token for e in decode(lay, prompt, GREEDY, drafter=LoRADropDrafter(corrections), k=k,
-                                       max_tokens=30, stats=stats)]
+    drafted = [e.token for e in decode(lay, prompt, Speculation(LoRADropDrafter(corrections), k=k),
+                                       Request(GREEDY, max_tokens=30), stats=stats)]
     assert drafted == plain and stats.n_accepted > 0
 
 

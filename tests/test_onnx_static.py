@@ -17,13 +17,14 @@ from specedge.export.onnx_export import ExportProfile, StaticShape, export_gguf_
 from specedge.export.onnx_linear import WeightFormat  # noqa: E402
 from specedge.models.errors import ModelFileError  # noqa: E402
 from specedge.models.manifest import Profile, read_manifest  # noqa: E402
-from specedge.models.tiny import write_tiny_gguf  # noqa: E402
+from specedge.models.tiny import TINY_ARCHS, write_tiny_gguf  # noqa: E402
 from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
 from specedge.runtime.backends.onnx_providers import select_providers  # noqa: E402
 from specedge.runtime.backends.onnx_static import StaticOnnxBackend  # noqa: E402
 from specedge.runtime.backends import open_onnx  # noqa: E402
 from specedge.runtime.backends.onnxrt import OnnxBackend  # noqa: E402
 from specedge.runtime.decode import decode  # noqa: E402
+from specedge.runtime.request import PLAIN, Request, Speculation
 from specedge.runtime.drafters.ngram import NgramDrafter  # noqa: E402
 from specedge.runtime.types import SamplingParams  # noqa: E402
 from verify_walk import walk_verify_steps  # noqa: E402  (tests/ is on the path)
@@ -36,7 +37,7 @@ def run(*args):
     return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+@pytest.fixture(scope="module", params=TINY_ARCHS)
 def pair(request, tmp_path_factory):
     """(static fp32 backend, NumPy float32 backend) over one tiny GGUF; llama with 3 layers and a tied head, qwen2
     with q/k/v biases and an untied head."""
@@ -85,9 +86,10 @@ def test_speculative_greedy_equals_plain_greedy(pair):
     static, _ = pair
     params = SamplingParams()
     prompt = np.array([5, 9, 14, 5, 9, 14, 5, 9, 30, 31, 5, 9], dtype=np.int32)
-    plain = [e.token for e in decode(static, prompt, params, max_tokens=40)]
+    plain = [e.token for e in decode(static, prompt, PLAIN, Request(params, max_tokens=40))]
     for k in (1, 4, 6):  # k = 6 verifies 7 positions: more than W, in two pieces
-        spec = [e.token for e in decode(static, prompt, params, drafter=NgramDrafter(), k=k, max_tokens=40)]
+        spec = [e.token for e in decode(static, prompt, Speculation(NgramDrafter(), k=k),
+                                        Request(params, max_tokens=40))]
         assert spec == plain
 
 
@@ -160,7 +162,7 @@ def test_errors_are_clear(tiny):
         be.forward(np.arange(5, dtype=np.int32), cache)
     prompt = np.arange(40, dtype=np.int32)
     with pytest.raises(ValueError, match="re-export with a larger --max-context"):
-        list(decode(be, prompt, SamplingParams(), max_tokens=30))  # 40 + 30 + k + 1 > 64
+        list(decode(be, prompt, PLAIN, Request(max_tokens=30)))  # 40 + 30 + k + 1 > 64
     with pytest.raises(ValueError, match="tree masks"):
         be.forward(np.arange(2, dtype=np.int32), be.new_cache(8), tree_mask=np.ones((2, 2), bool))
     with pytest.raises(ValueError, match="open_onnx"):

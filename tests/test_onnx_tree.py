@@ -13,7 +13,7 @@ from specedge.models.gguf_in import open_gguf  # noqa: E402
 from specedge.export.onnx_export import export_gguf_to_onnx  # noqa: E402
 from specedge.export.onnx_linear import WeightFormat  # noqa: E402
 from specedge.models.manifest import MANIFEST  # noqa: E402
-from specedge.models.tiny import write_tiny_gguf  # noqa: E402
+from specedge.models.tiny import TINY_ARCHS, write_tiny_gguf  # noqa: E402
 from specedge.runtime.backends.base import require_tree  # noqa: E402
 from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
 from specedge.runtime.backends.onnxrt import OnnxBackend  # noqa: E402
@@ -35,7 +35,7 @@ def ancestor_mask(parents: list[int]) -> np.ndarray:
     return mask
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+@pytest.fixture(scope="module", params=TINY_ARCHS)
 def pair(request, tmp_path_factory):
     """(ONNX fp32 backend, NumPy float32 backend, artifact dir) over one tiny GGUF; untied qwen2 has q/k/v biases."""
     d = tmp_path_factory.mktemp(f"onnx-tree-{request.param}")

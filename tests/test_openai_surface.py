@@ -17,7 +17,9 @@ from specedge.apps.serve_cmd import ServerThread
 from specedge.apps.server import ServerConfig, create_app
 from specedge.models.tiny import write_tiny_gguf
 from specedge.runtime.constraint import Gbnf, JsonObject, JsonSchema, Regex
-from specedge.runtime.types import FinishReason, Response, TokenLogprob
+from specedge.assembly.decoder import CallStream
+from specedge.runtime.stats import CallStats, DecodeStats
+from specedge.runtime.types import FinishReason, Response, SamplingParams, TokenLogprob
 
 HI = [{"role": "user", "content": "hi"}]
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
@@ -48,8 +50,8 @@ COMPLETION_SWEEP = {
     "max_completion_tokens": (3, OK),  # the chat API's name, accepted here too
     "response_format": ({"type": "json_object"}, OK),  # an extension here (llama.cpp's server takes it too)
 }
-EXTENSIONS = {"top_k": (5, OK), "min_p": (0.1, OK), "repeat_penalty": (1.1, OK), "grammar": ('root ::= "a" "b"', OK),
-              "json_schema": ({"type": "object"}, OK), "regex": ("[a-c]+", OK), "no_such_field": (1, REFUSED)}
+EXTENSIONS = {"top_k": (5, OK), "min_p": (0.1, OK), "typical_p": (0.9, OK), "repeat_penalty": (1.1, OK),
+              "grammar": ('root ::= "a" "b"', OK), "json_schema": ({"type": "object"}, OK), "regex": ("[a-c]+", OK), "no_such_field": (1, REFUSED)}
 NEEDS = {"top_logprobs": {"logprobs": True}, "stream_options": {"stream": True}, "tool_choice": {"tools": [WEATHER]},
          "parallel_tool_calls": {"tools": [WEATHER]}}
 
@@ -57,7 +59,7 @@ NEEDS = {"top_logprobs": {"logprobs": True}, "stream_options": {"stream": True},
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     path = write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "t.gguf", seed=0, n_layers=2, context=4096)
-    return specedge.Engine(str(path), backend="numpy", drafter="ngram", ctx=4096)
+    return specedge.Engine.open(str(path), backend="numpy", drafter="ngram", ctx=4096)
 
 
 @pytest.fixture(scope="module")
@@ -76,15 +78,16 @@ class Scripted:
     def __getattr__(self, name):
         return getattr(self._engine, name)
 
-    def stream(self, prompt, *, cancel=None, stats=None, **options):
-        n = options.get("logprobs")
-        stats.update(prompt_tokens=3, n_generated=len(self.pieces), finish_reason="eos")
+    def stream(self, prompt, call, *, cancel=None):
+        n = call.logprobs
 
-        def responses():
+        def responses(out):
             for i, (text, token) in enumerate(self.pieces):
                 lp = None if n is None else TokenLogprob(token, -0.25 * i, tuple((t, -1.0 - t) for t in range(n)))
                 yield Response(text, token, False, 1.0, FinishReason.EOS if i == len(self.pieces) - 1 else None, lp)
-        return responses()
+            out.stats = CallStats(DecodeStats(n_generated=len(self.pieces)), 3, FinishReason.EOS, "ngram",
+                                  SamplingParams())
+        return CallStream(responses)
 
 
 TOOL_PIECES = [("Sure. ", 40), ("<tool", 41), ('_call>\n{"name": "get_weather", ', 42),

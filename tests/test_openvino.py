@@ -21,8 +21,8 @@ from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
 from specedge.runtime.backends.onnx_providers import Device, parse_device, select_providers  # noqa: E402
 from specedge.runtime.backends.onnxrt import choose_providers  # noqa: E402
 from specedge.runtime.decode import decode  # noqa: E402
+from specedge.runtime.request import PLAIN, Request, Speculation
 from specedge.runtime.drafters.ngram import NgramDrafter  # noqa: E402
-from specedge.runtime.types import SamplingParams  # noqa: E402
 from verify_walk import walk_verify_steps  # noqa: E402  (tests/ is on the path)
 
 OV = "OpenVINOExecutionProvider"
@@ -100,9 +100,9 @@ def test_openvino_speculative_greedy_equals_plain_greedy(artifacts, profile):
     d, _ = artifacts
     be = open_onnx(d / profile, device="openvino:CPU", threads=1)
     prompt = np.array([5, 9, 14, 5, 9, 14, 5, 9, 30, 31, 5, 9], dtype=np.int32)
-    plain = [e.token for e in decode(be, prompt, SamplingParams(), max_tokens=40)]
+    plain = [e.token for e in decode(be, prompt, PLAIN, Request(max_tokens=40))]
     for k in (1, 4, 6):  # static W=5: k = 6 verifies in two pieces
-        spec = [e.token for e in decode(be, prompt, SamplingParams(), drafter=NgramDrafter(), k=k, max_tokens=40)]
+        spec = [e.token for e in decode(be, prompt, Speculation(NgramDrafter(), k=k), Request(max_tokens=40))]
         assert spec == plain, f"k={k}"
 
 

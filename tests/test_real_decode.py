@@ -13,6 +13,7 @@ from specedge.assembly.load import DrafterSpec, load_model, make_drafter
 from specedge.assembly.devset import load_prompts
 from specedge.runtime.backends import BackendKind
 from specedge.runtime.decode import decode
+from specedge.runtime.request import Request, Speculation
 from specedge.runtime.stats import DecodeStats
 from specedge.runtime.types import SamplingParams
 
@@ -34,16 +35,16 @@ def greedy(model, prompt, drafter=None, stats=None):
     if drafter is None:
         key = (str(model.path), model.kind, tuple(int(t) for t in prompt))
         if key not in _PLAIN:
-            _PLAIN[key] = [e.token for e in decode(model.backend, prompt, GREEDY, k=4, max_tokens=N_TOKENS,
-                                                   eos_ids=(), ctx=CTX)]
+            _PLAIN[key] = [e.token for e in decode(model.backend, prompt, Speculation(k=4),
+                                                   Request(GREEDY, max_tokens=N_TOKENS, eos_ids=(), max_context=CTX))]
         return _PLAIN[key]
-    return [e.token for e in decode(model.backend, prompt, GREEDY, drafter=drafter, k=4, max_tokens=N_TOKENS,
-                                    eos_ids=(), stats=stats, ctx=CTX)]
+    return [e.token for e in decode(model.backend, prompt, Speculation(drafter, k=4),
+                                    Request(GREEDY, max_tokens=N_TOKENS, eos_ids=(), max_context=CTX), stats=stats)]
 
 
 def prompts_for(model):
     tok = model.tokenizer
-    return [tok.encode(tok.apply_chat_template([{"role": "user", "content": p.text}]))[:400]
+    return [tok.chat_ids(p.text)[:400]
             for p in load_prompts(limit=N_PROMPTS)]
 
 

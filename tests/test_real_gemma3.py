@@ -20,6 +20,7 @@ from specedge.perf.parity import compare, f32_rewrite
 from specedge.runtime.backends import BackendKind
 from specedge.runtime.backends.numpy_ref import NumpyBackend
 from specedge.runtime.decode import decode
+from specedge.runtime.request import Request, Speculation
 from specedge.runtime.tokenizer import Tokenizer
 from specedge.runtime.types import SamplingParams
 
@@ -38,7 +39,7 @@ def source():
 def prompts(source):
     """Chat-formatted dev prompts (the family's default Gemma template: the file has none), BOS first."""
     tok = Tokenizer(source.tokenizer_spec())
-    return [np.asarray(tok.encode(tok.apply_chat_template([{"role": "user", "content": p.text}]))[:MAX_PROMPT],
+    return [np.asarray(tok.chat_ids(p.text)[:MAX_PROMPT],
                        np.int32) for p in load_prompts(limit=N_PROMPTS)]
 
 
@@ -75,8 +76,8 @@ def test_numpy_vs_llamacpp(source, prompts, reference, tmp_path):
 
 
 def greedy(backend, prompt, drafter=None):
-    return [e.token for e in decode(backend, prompt, GREEDY, drafter=drafter, k=4, max_tokens=N_TOKENS, eos_ids=(),
-                                    ctx=CTX)]
+    return [e.token for e in decode(backend, prompt, Speculation(drafter, k=4),
+                                    Request(GREEDY, max_tokens=N_TOKENS, eos_ids=(), max_context=CTX))]
 
 
 def speculative_equals_plain(model, prompts, **kw):

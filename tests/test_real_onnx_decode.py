@@ -21,6 +21,7 @@ from specedge.export.onnx_export import export_gguf_to_onnx  # noqa: E402
 from specedge.export.onnx_linear import WeightFormat  # noqa: E402
 from specedge.models.catalog import resolve_model  # noqa: E402
 from specedge.runtime.decode import decode  # noqa: E402
+from specedge.runtime.request import Request, Speculation
 from specedge.runtime.stats import DecodeStats  # noqa: E402
 from specedge.runtime.types import SamplingParams  # noqa: E402
 
@@ -45,8 +46,8 @@ def greedy(model, prompt, drafter=None, stats=None):
     key = (str(model.path), tuple(int(t) for t in prompt))
     if drafter is None and key in _PLAIN:
         return _PLAIN[key]
-    out = [e.token for e in decode(model.backend, prompt, GREEDY, drafter=drafter, k=4, max_tokens=N_TOKENS,
-                                   eos_ids=(), stats=stats, ctx=CTX)]
+    out = [e.token for e in decode(model.backend, prompt, Speculation(drafter, k=4),
+                                   Request(GREEDY, max_tokens=N_TOKENS, eos_ids=(), max_context=CTX), stats=stats)]
     if drafter is None:
         _PLAIN[key] = out
     return out

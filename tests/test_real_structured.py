@@ -30,7 +30,7 @@ WEATHER = {"type": "function", "function": {
 
 
 def engine(drafter: str) -> Engine:
-    return Engine("smollm2-135m", backend="llamacpp", drafter=drafter, k=4, threads=1, ctx=1024, plan=False)
+    return Engine.open("smollm2-135m", backend="llamacpp", drafter=drafter, k=4, threads=1, ctx=1024, plan=False)
 
 
 @pytest.fixture(scope="module")

@@ -63,6 +63,41 @@ def test_min_p():
     np.testing.assert_allclose(p[0], [0.625, 0.375, 0, 0], rtol=1e-12)
 
 
+@pytest.mark.parametrize("typical_p, kept", [(0.2, [1]), (0.3, [1, 0]), (0.6, [1, 0]), (0.8, [1, 0, 2]),
+                                             (1.0, [0, 1, 2])])
+def test_typical_p_keeps_the_tokens_closest_to_the_entropy(typical_p, kept):
+    """The worked example of docs/algorithms.md: p = [0.5, 0.3, 0.2], H = 1.03 nats, |-log p - H| =
+    [0.34, 0.17, 0.58] -> order 1, 0, 2 with cumulative mass 0.3, 0.8, 1.0; keep until the mass first exceeds
+    typical_p (llama.cpp's `cum > p`); 1 is off."""
+    probs = np.array([0.5, 0.3, 0.2])
+    h = -(probs * np.log(probs)).sum()
+    assert np.argsort(np.abs(-np.log(probs) - h)).tolist() == [1, 0, 2]
+    p = logits_to_probs(np.log(probs)[None], SamplingParams(temperature=1.0, typical_p=typical_p))
+    want = np.zeros(3)
+    want[kept] = probs[kept] / probs[kept].sum()
+    np.testing.assert_allclose(p[0], want, rtol=1e-12, atol=1e-15)
+
+
+def test_typical_p_after_top_k_and_before_top_p():
+    """top-k first (the typical set is taken on what top-k kept), then typical-p, then top-p on its result."""
+    logits = np.log(np.array([[0.4, 0.3, 0.2, 0.1]]))
+    p = logits_to_probs(logits, SamplingParams(temperature=1.0, top_k=3, typical_p=0.5))
+    q = np.array([0.4, 0.3, 0.2]) / 0.9  # top-k's renormalised three; H over them
+    h = -(q * np.log(q)).sum()
+    order = np.argsort(np.abs(-np.log(q) - h), kind="stable")
+    n = int((np.cumsum(q[order]) <= 0.5).sum()) + 1
+    want = np.zeros(4)
+    want[order[:n]] = q[order[:n]] / q[order[:n]].sum()
+    np.testing.assert_allclose(p[0], want, rtol=1e-12)
+    both = logits_to_probs(logits, SamplingParams(temperature=1.0, top_k=3, typical_p=0.5, top_p=0.01))
+    assert (both[0] > 0).sum() == 1 and both[0].argmax() == np.argmax(np.where(want > 0, want, -1))
+
+
+def test_typical_p_ties_go_to_the_lowest_id():
+    p = logits_to_probs(np.zeros((1, 4)), SamplingParams(temperature=1.0, typical_p=0.3))  # uniform: all equal
+    np.testing.assert_allclose(p[0], [0.5, 0.5, 0, 0], rtol=1e-12)  # 0.25, 0.5 > 0.3 -> ids 0 and 1
+
+
 def test_order_temperature_topk_topp_minp():
     # T=0.5 doubles the logits; top_k=3 drops id 3; top_p over the renormalised 3; min_p on what remains.
     logits = row(2.0, 1.0, 0.0, -5.0)
@@ -147,6 +182,7 @@ def test_input_not_modified_and_rows_normalised():
 @pytest.mark.parametrize("kwargs, word", [
     (dict(temperature=-0.1), "temperature"), (dict(top_k=-1), "top_k"), (dict(top_k=2.5), "top_k"),
     (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(min_p=1.0), "min_p"), (dict(min_p=-0.1), "min_p"),
+    (dict(typical_p=0.0), "typical_p"), (dict(typical_p=1.2), "typical_p"),
     (dict(repetition_penalty=0.0), "repetition_penalty"), (dict(repeat_last_n=-1), "repeat_last_n"),
     (dict(temperature=float("nan")), "temperature"), (dict(presence_penalty=float("inf")), "presence_penalty"),
     (dict(frequency_penalty=float("nan")), "frequency_penalty"), (dict(logit_bias={-1: 1.0}), "logit_bias"),

@@ -9,6 +9,7 @@ from specedge.runtime.drafters.spec import ExitSpec, ModelSpec, SkipSpec
 from specedge.runtime.backends.fake import MarkovBackend, random_markov_table
 from specedge.runtime.backends.numpy_ref import NumpyBackend
 from specedge.runtime.decode import decode
+from specedge.runtime.request import Request, Speculation
 from specedge.runtime.draft_stop import (ConfidenceStop, LogisticStop, fit_logistic, fit_threshold, parse_stop,
                                          stop_features)
 from specedge.runtime.drafters.early_exit import DelDrafter, EarlyExitDrafter, best_exit, tokens_per_layer
@@ -33,8 +34,8 @@ def prompts():
 
 
 def run(target, prompt, drafter=None, k=4, n=36, stats=None, params=GREEDY):
-    return [e.token for e in decode(target, prompt, params, drafter=drafter, k=k, max_tokens=n,
-                                    rng=np.random.default_rng(0), stats=stats, adaptive_k=False)]
+    return [e.token for e in decode(target, prompt, Speculation(drafter, k=k, adaptive_k=False),
+                                    Request(params, max_tokens=n, seed=0), stats=stats)]
 
 
 DRAFTERS = {

@@ -21,8 +21,7 @@ from specedge.apps.server import ServerConfig, create_app
 from specedge.models.tiny import write_tiny_gguf
 from specedge.perf.load_test import free_port, reference, run_load, wait_ready
 from specedge.runtime.decode import decode
-from specedge.runtime.types import SamplingParams
-
+from specedge.runtime.request import PLAIN, Request
 KEY = "sekret"
 HI = [{"role": "user", "content": "hi there"}]
 
@@ -35,7 +34,7 @@ def tiny_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(tiny_path):
-    return specedge.Engine(str(tiny_path), backend="numpy", drafter="ngram", ctx=4096)
+    return specedge.Engine.open(str(tiny_path), backend="numpy", drafter="ngram", ctx=4096)
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +56,8 @@ def client(s, key="none"):
 
 
 def plain(engine, ids, max_tokens):
-    events = decode(engine.model.backend, np.asarray(ids, np.int32), SamplingParams(), max_tokens=max_tokens,
-                    eos_ids=engine.tokenizer.eos_ids)
+    events = decode(engine.model.backend, np.asarray(ids, np.int32), PLAIN,
+                    Request(max_tokens=max_tokens, eos_ids=engine.tokenizer.eos_ids))
     return [e.token for e in events]
 
 
@@ -262,7 +261,7 @@ def test_specedge_serve_command_serves(tiny_path):
 @pytest.mark.real
 @pytest.mark.slow
 def test_real_smollm2_server_matches_the_engine():
-    eng = specedge.Engine("smollm2-135m", backend="llamacpp", drafter="ngram", ctx=1024)
+    eng = specedge.Engine.open("smollm2-135m", backend="llamacpp", drafter="ngram", ctx=1024)
     messages = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
     want = eng.chat(messages, max_tokens=32, temperature=0)
     with ServerThread(create_app(eng, ServerConfig("smollm2-135m"))) as s:

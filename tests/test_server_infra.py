@@ -26,7 +26,7 @@ def paths(tmp_path_factory):
 
 
 def make_engine(path):
-    return specedge.Engine(str(path), backend="numpy", drafter="ngram", ctx=512)
+    return specedge.Engine.open(str(path), backend="numpy", drafter="ngram", ctx=512)
 
 
 @pytest.fixture(scope="module")
@@ -365,3 +365,22 @@ def test_serve_command_parses_several_models(paths, monkeypatch, tmp_path):
     assert two_ids.exit_code == 2 and "--model-id" in two_ids.output
     none = CliRunner().invoke(cli, ["serve"])
     assert none.exit_code == 2 and "--models-dir" in none.output
+
+
+def test_serve_takes_the_shared_engine_options_lossy_and_auto_included(paths, monkeypatch):
+    """serve, generate and chat share their engine options (apps/options.py): --lossy serves the labelled lossy mode
+    (each call's `specedge.drafter` says so), a bad --lossy or --drafter fails before anything loads."""
+    import uvicorn
+    ran = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: ran.update(app=app, **kw))
+    r = CliRunner().invoke(cli, ["serve", str(paths["a"]), "--backend", "numpy", "--lossy", "loradrop", "--ctx",
+                                 "256"])
+    assert r.exit_code == 0, r.output
+    engine = ran["app"].state.server.models.lease("a.gguf").engine
+    assert "lossy loradrop" in engine.drafter_name
+    with TestClient(ran["app"]) as client:
+        body = client.post("/v1/completions", json={"prompt": "the cat", "max_tokens": 4, "temperature": 0}).json()
+        assert "lossy loradrop" in body["specedge"]["drafter"]
+    for bad in (["--lossy", "sometimes"], ["--drafter", "nonsense"]):
+        out = CliRunner().invoke(cli, ["serve", str(paths["a"]), "--backend", "numpy", *bad])
+        assert out.exit_code != 0 and ("lossy mode" in out.output or "unknown drafter" in out.output), out.output

@@ -7,6 +7,7 @@ from specedge.models.gguf_in import open_gguf
 from specedge.models.tiny import write_tiny_gguf
 from specedge.runtime.backends.numpy_ref import NumpyBackend
 from specedge.runtime.decode import decode
+from specedge.runtime.request import Request, Speculation
 from specedge.runtime.drafters.early_exit import EarlyExitDrafter
 from specedge.runtime.drafters.model import ModelDrafter
 from specedge.runtime.drafters.ngram import NgramDrafter
@@ -27,8 +28,8 @@ def backends(tmp_path_factory):
 
 
 def run(target, prompt, params=GREEDY, *, seed=0, session=None, drafter=None, max_tokens=12, stats=None):
-    events = decode(target, prompt, params, drafter=drafter, k=3, max_tokens=max_tokens, session=session,
-                    rng=np.random.default_rng(seed), stats=stats)
+    events = decode(target, prompt, Speculation(drafter, k=3), Request(params, max_tokens=max_tokens, seed=seed),
+                    session=session, stats=stats)
     return [e.token for e in events]
 
 
@@ -94,7 +95,8 @@ def test_an_abandoned_generation_leaves_the_session_consistent(backends):
     """Stopping mid-answer (Ctrl-C, a client that disconnects) keeps what was committed; the next call is exact."""
     target = backends[0]
     session = Session(target, 128)
-    events = decode(target, [4, 6, 8, 10], GREEDY, drafter=NgramDrafter(), k=3, max_tokens=40, session=session)
+    events = decode(target, [4, 6, 8, 10], Speculation(NgramDrafter(), k=3), Request(GREEDY, max_tokens=40),
+                    session=session)
     taken = [next(events).token for _ in range(5)]
     events.close()
     assert session.cache.length == len(session.tokens) and len(session.tokens) >= 4

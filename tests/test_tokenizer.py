@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from specedge.models.gguf_in import open_gguf
-from specedge.models.tiny import tiny_vocab, write_tiny_gguf
+from specedge.models.tiny import TINY_ARCHS, tiny_vocab, write_tiny_gguf
 from specedge.models.tokenizer_gguf import build_hf_tokenizer
 from specedge.runtime.tokenizer import CHATML_TEMPLATE, StreamDecoder, Tokenizer
 
@@ -17,7 +17,7 @@ TEXTS = [
 ]
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+@pytest.fixture(scope="module", params=TINY_ARCHS)
 def tok(request, tmp_path_factory):
     path = write_tiny_gguf(tmp_path_factory.mktemp("t") / "m.gguf", arch=request.param)
     return Tokenizer(open_gguf(path).tokenizer_spec())

@@ -27,7 +27,7 @@ TOOLS_TEMPLATE = ("{% if tools %}TOOLS:{% for t in tools %}{{ t['function']['nam
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     path = write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "t.gguf", seed=0, n_layers=2, context=4096)
-    return specedge.Engine(str(path), backend="numpy", drafter="ngram", ctx=4096)
+    return specedge.Engine.open(str(path), backend="numpy", drafter="ngram", ctx=4096)
 
 
 def matcher(engine, grammar):

@@ -13,6 +13,7 @@ from specedge.runtime.backends.base import BackendCaps
 from specedge.runtime.backends.fake import FakeCache, MarkovBackend, random_markov_table
 from specedge.runtime.backends.numpy_ref import NumpyBackend
 from specedge.runtime.decode import decode
+from specedge.runtime.request import Request, Speculation
 from specedge.runtime.drafters.model import ModelDrafter
 from specedge.runtime.drafters.recycle import RecycleDrafter, tree_template
 from specedge.runtime.stats import DecodeStats
@@ -32,9 +33,9 @@ def tiny(tmp_path_factory):
     return NumpyBackend(g.load_weights(), np.float64), Tokenizer(g.tokenizer_spec())
 
 
-def run(backend, prompt, drafter=None, n=40, params=GREEDY, seed=0, stats=None, **kw):
-    return [e.token for e in decode(backend, prompt, params, drafter=drafter, max_tokens=n,
-                                    rng=np.random.default_rng(seed), stats=stats, **kw)]
+def run(backend, prompt, drafter=None, n=40, params=GREEDY, seed=0, stats=None):
+    return [e.token for e in decode(backend, prompt, Speculation(drafter), Request(params, max_tokens=n, seed=seed),
+                                    stats=stats)]
 
 
 PROMPTS = ["the cat sat on the mat and the cat", "hello world", "a", "one two one two one two"]
@@ -99,7 +100,8 @@ def test_sampled_tree_decode_preserves_the_target_distribution(params):
     prompt = np.array([0, 1, 0, 1, 0], dtype=np.int32)
     drafter, rng, counts = RecycleDrafter(V, 8), np.random.default_rng(7), Counter()
     for _ in range(trials):  # one drafter: its adj fills up and the trees get real
-        counts[tuple(e.token for e in decode(target, prompt, params, drafter=drafter, max_tokens=n, rng=rng))] += 1
+        counts[tuple(e.token for e in decode(target, prompt, Speculation(drafter),
+                                             Request(params, max_tokens=n, seed=int(rng.integers(1 << 62)))))] += 1
     assert_matches_target(counts, P, prompt, params, n, trials)
 
 
@@ -108,16 +110,18 @@ def test_sampled_decode_with_block_verification_preserves_the_target_distributio
     P, Q = random_markov_table(5, seed=3, scale=1.0), random_markov_table(5, seed=4, scale=1.0)
     prompt = np.array([0, 1, 0], dtype=np.int32)
     counts = sampled_counts(MarkovBackend(P), prompt, params, lambda: ModelDrafter(MarkovBackend(Q)),
-                            trials=8000, seed=8, k=2, verifier_kind=VerifierKind.BLOCK)
+                            trials=8000, seed=8, k=2, verifier=VerifierKind.BLOCK)
     assert_matches_target(counts, P, prompt, params, 3, 8000)
 
 
-def sampled_counts(target, prompt, params, new_drafter, *, trials, seed, n=3, **kw) -> Counter:
-    """Counts of the first n tokens over `trials` decodes, a fresh drafter each time."""
+def sampled_counts(target, prompt, params, new_drafter, *, trials, seed, n=3, k=4,
+                   verifier=VerifierKind.CHAIN) -> Counter:
+    """Counts of the first n tokens over `trials` decodes, a fresh drafter each time (seeds drawn from `seed`)."""
     rng, counts = np.random.default_rng(seed), Counter()
     for _ in range(trials):
-        counts[tuple(e.token for e in decode(target, prompt, params, drafter=new_drafter(), max_tokens=n, rng=rng,
-                                             **kw))] += 1
+        spec = Speculation(new_drafter(), k=k, verifier=verifier)
+        counts[tuple(e.token for e in decode(target, prompt, spec,
+                                             Request(params, max_tokens=n, seed=int(rng.integers(1 << 62)))))] += 1
     return counts
 
 
@@ -128,7 +132,7 @@ def assert_matches_target(counts, P, prompt, params, n, trials):
 def test_tree_drafter_on_a_chain_backend_fails_at_start_up():
     target = MarkovBackend(random_markov_table(5, seed=0))
     with pytest.raises(ValueError, match="markov backend cannot verify token trees.*numpy"):
-        next(iter(decode(target, [0, 1], GREEDY, drafter=RecycleDrafter(5, 8), max_tokens=3)))
+        next(iter(decode(target, [0, 1], Speculation(RecycleDrafter(5, 8)), Request(GREEDY, max_tokens=3))))
 
 
 def test_recycle_fills_the_template_from_adj_and_learns_from_every_node():

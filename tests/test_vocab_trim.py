@@ -19,6 +19,7 @@ from specedge.runtime.backends.fake import MarkovBackend, random_markov_table  #
 from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
 from specedge.runtime.backends.onnxrt import OnnxBackend  # noqa: E402
 from specedge.runtime.decode import decode  # noqa: E402
+from specedge.runtime.request import PLAIN, Request, Speculation
 from specedge.runtime.drafters.model import ModelDrafter  # noqa: E402
 from specedge.runtime.stats import DecodeStats  # noqa: E402
 from specedge.runtime.tokenizer import Tokenizer  # noqa: E402
@@ -50,7 +51,7 @@ def trimmed(tmp_path_factory):
     tok = Tokenizer(gguf.tokenizer_spec())
     counts, n = calibrate(NumpyBackend(gguf.load_weights()), tok, ["the cat sat", "a dog and the man"], max_tokens=12)
     assert counts.sum() == n > 0
-    plain = [e.token for e in decode(OnnxBackend(art, threads=1), PROMPT, SamplingParams(), max_tokens=24)]
+    plain = [e.token for e in decode(OnnxBackend(art, threads=1), PROMPT, PLAIN, Request(max_tokens=24))]
     counts[plain[::2]] += 1000  # on the list: every other greedy token; the rest only if calibration put them there
     counts[plain[1::2]] = -1
     V = gguf.config.vocab_size
@@ -99,7 +100,7 @@ def test_greedy_with_a_trimmed_drafter_equals_plain(trimmed):
     drafter = make_drafter(DrafterSpec.parse(f"model:{art}"), target, device="cpu", threads=1)
     assert np.array_equal(drafter.vocab_ids, ids) and "vocab 48" in drafter.name
     stats = DecodeStats()
-    spec = [e.token for e in decode(target.backend, PROMPT, SamplingParams(), drafter=drafter, k=3, max_tokens=24,
+    spec = [e.token for e in decode(target.backend, PROMPT, Speculation(drafter, k=3), Request(max_tokens=24),
                                     stats=stats)]
     assert spec == plain
     assert 0 < stats.n_accepted < stats.n_drafted  # on-list tokens accepted, off-list ones recovered from p
@@ -132,8 +133,8 @@ def test_sampling_with_a_trimmed_q_reproduces_the_target_distribution(params):
         d = drafter.propose(prompt, 2, params, rng)
         drafted.update(d.tokens.tolist())
         assert np.all(d.q[:, [1, 4]] == 0) and np.allclose(d.q.sum(1), 1)
-        counts[tuple(e.token for e in decode(target, prompt, params, drafter=drafter, k=2, max_tokens=n,
-                                             rng=rng))] += 1
+        counts[tuple(e.token for e in decode(target, prompt, Speculation(drafter, k=2),
+                                             Request(params, max_tokens=n, seed=int(rng.integers(1 << 62)))))] += 1
     assert drafted <= {0, 2, 3}
     assert sum(c for s, c in counts.items() if {1, 4} & set(s)) > 0.02 * trials  # off-list tokens emitted
     assert_counts_match(counts, exact_joint(P, Q, int(prompt[-1]), params, n), trials)

@@ -1,0 +1,16 @@
+"""Tests of the planner's flow (what is measured, cached, chosen) must not depend on what else the test machine is
+running: they patch the CPU watch (assembly/contention.py) to report a quiet machine. The contention test
+(tests/test_plan.py, CPU-burning children) watches for real."""
+from specedge.assembly import auto, contention, plan_run
+
+
+class QuietWatch(contention.CpuWatch):
+    def stop(self) -> contention.Load:
+        self.load = contention.Load(0.0, 0.0, 0.0)
+        return self.load
+
+
+def assume_quiet(monkeypatch) -> None:
+    monkeypatch.setattr(plan_run, "CpuWatch", QuietWatch)
+    monkeypatch.setattr(auto, "CpuWatch", QuietWatch)
+    monkeypatch.setattr(plan_run, "MIN_DRIFT_S", float("inf"))

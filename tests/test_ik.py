@@ -1,0 +1,191 @@
+"""The ik_llama.cpp engine (runtime/backends/ik.py): its binding checks the ABI it relies on, it computes what the
+NumPy reference computes on tiny models, its verify batches equal one-token calls (so speculation on it is
+token-identical to its plain decoding at any thread count), and its per-file gate (assembly/engine_gate.py)
+admits files and bounds their call size. Real-model checks are marked `real` (SmolLM2's Q4_1 file: calls of 32+
+rows are wrong, the gate keeps them at 16; gemma3-270m is admitted)."""
+import ctypes
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ik_llama_cpp")
+
+import specedge  # noqa: E402
+from specedge.assembly import engine_gate  # noqa: E402
+from specedge.models.catalog import resolve_model  # noqa: E402
+from specedge.models.errors import ModelFileError  # noqa: E402
+from specedge.models.gguf_in import open_gguf  # noqa: E402
+from specedge.models.tiny import TINY_ARCHS, write_tiny_gguf  # noqa: E402
+from specedge.runtime.backends import BackendKind, backend_names, info  # noqa: E402
+from specedge.runtime.backends import ik  # noqa: E402
+from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
+
+PROMPTS = ["the cat sat on the mat and the cat sat on the", "one two three one two three one two",
+           "hello world, hello world", "a b c d e f g a b c"]
+
+
+@pytest.fixture(scope="module", params=TINY_ARCHS)
+def tiny(request, tmp_path_factory):
+    path = write_tiny_gguf(tmp_path_factory.mktemp("ik") / f"{request.param}.gguf", arch=request.param, seed=0,
+                           n_layers=2)
+    return path, open_gguf(path)
+
+
+def test_the_library_loads_with_its_abi_checked():
+    lib = ik.load_library()
+    assert "AVX2 = 1" in ik.system_info()
+    ik.check_abi(lib, Path("libllama.so"))  # passes on the pinned wheel
+
+
+def test_a_struct_layout_that_is_not_the_library_s_is_refused():
+    """A ctypes struct missing a field: the library writes past its end, and the probe refuses it."""
+    lib = ik.load_library()
+
+    class Short(ctypes.Structure):
+        _fields_ = ik.ContextParams._fields_[:-1]
+
+    assert ik._sret_extent(lib, "llama_context_default_params") > ctypes.sizeof(Short)
+    saved = dict(ik.SIZES)
+    try:
+        ik.SIZES[ik.ContextParams] = ctypes.sizeof(ik.ContextParams) + 8
+        with pytest.raises(ImportError, match="ik-llama-cpp-python==0.1.5"):
+            ik.check_abi(lib, Path("libllama.so"))
+    finally:
+        ik.SIZES.clear()
+        ik.SIZES.update(saved)
+
+
+def test_registered_as_one_backend():
+    engine = info("ik")
+    assert engine.kind is BackendKind.IK and engine.gated and engine.planned and engine.installed()
+    assert "ik" in backend_names()
+
+
+def test_logits_match_the_numpy_reference_on_tiny_models(tiny):
+    path, gguf = tiny
+    backend = ik.IkBackend(path, gguf.config, n_ctx=256, n_threads=2)
+    ref = NumpyBackend(gguf.load_weights())
+    ids = np.arange(3, 60, dtype=np.int32)
+    got, want = backend.forward(ids, backend.new_cache(64)), ref.forward(ids, ref.new_cache(64))
+    assert np.abs(got - want).max() < 0.05 and (got.argmax(1) == want.argmax(1)).all()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_verify_batches_equal_one_token_calls_at_every_width(tiny, threads):
+    path, gguf = tiny
+    backend = ik.IkBackend(path, gguf.config, n_ctx=256, n_threads=threads)
+    assert ik.batch_invariant(backend, range(2, 10), (8, 60))
+
+
+def test_rollback_then_the_same_tokens_give_the_same_logits(tiny):
+    path, gguf = tiny
+    backend = ik.IkBackend(path, gguf.config, n_ctx=256, n_threads=2)
+    cache = backend.new_cache(64)
+    backend.forward(np.arange(3, 20, dtype=np.int32), cache)
+    first = backend.forward(np.array([7, 8, 9], np.int32), cache)
+    cache.rollback(17)
+    assert np.array_equal(backend.forward(np.array([7, 8, 9], np.int32), cache), first) and cache.length == 20
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "model:{path}", "model:{path}+lookup"])
+def test_speculation_on_ik_equals_its_plain_decoding(tiny, tmp_path, drafter):
+    path, _ = tiny
+    common = dict(backend="ik", threads=2, ctx=256, cache_dir=tmp_path)
+    spec = specedge.Engine.open(str(path), drafter=drafter.format(path=path), **common)
+    plain = specedge.Engine.open(str(path), drafter="none", **common)
+    assert spec.model.backend.caps.batch_invariant  # the gate's probe found it so
+    for text in PROMPTS:
+        want = plain.generate(text, temperature=0, max_tokens=40).tokens
+        got = spec.generate(text, temperature=0, max_tokens=40)
+        assert got.tokens == want, (drafter, text)
+
+
+def test_the_gate_is_cached_per_file_and_threads(tiny, tmp_path):
+    path, _ = tiny
+    first = engine_gate.engine_gate(path, info("ik"), threads=2, cache_dir=tmp_path)
+    assert first.passed and first.invariant and first.reference == "numpy"
+    again = engine_gate.engine_gate(path, info("ik"), threads=2, cache_dir=tmp_path)
+    assert again == first  # read back, not re-measured
+    assert len(list((tmp_path / "gates").glob("*.json"))) == 1
+    engine_gate.engine_gate(path, info("ik"), threads=1, cache_dir=tmp_path)
+    assert len(list((tmp_path / "gates").glob("*.json"))) == 2
+
+
+def test_a_file_no_call_size_computes_faithfully_is_refused_with_its_figures(tiny, tmp_path, monkeypatch):
+    """As if ik computed every call size wrongly (its argmax off by one id): the load names the engine, the file,
+    the figures and the fix."""
+    path, _ = tiny
+    real = engine_gate._argmax
+
+    def wrong_on_ik(backend, sequences, call=None):
+        got = real(backend, sequences, call)
+        return [(g + 1) % backend.config.vocab_size for g in got] if isinstance(backend, ik.IkBackend) else got
+
+    monkeypatch.setattr(engine_gate, "_argmax", wrong_on_ik)
+    key = engine_gate.gate_key(path, info("ik"), 2)
+    gate = engine_gate.measure_gate(path, info("ik"), 2, key)  # in this process (the patch does not reach a child)
+    assert not gate.passed and gate.agreement == {"256": 0.0, "16": 0.0}
+    engine_gate.write_json_atomic(engine_gate.asdict(gate), engine_gate.gate_path(tmp_path, key))  # as if cached
+    with pytest.raises(ModelFileError, match="refuses .*0.0% at 16-token calls.*--backend llamacpp"):
+        specedge.Engine.open(str(path), backend="ik", drafter="none", threads=2, cache_dir=tmp_path)
+
+
+def test_an_engine_that_dies_on_a_file_fails_its_gate_not_the_caller(tiny, tmp_path, monkeypatch):
+    """The gate measures in a child process: an abort there (as ik's on a GGUF it mishandles) is a refused file."""
+    path, _ = tiny
+    monkeypatch.setattr(engine_gate, "_child_command",
+                        lambda *a: [engine_gate.sys.executable, "-c", "import os, sys; sys.stderr.write('GGML_ASSERT"
+                                    "(eps > 0.0f) failed'); sys.stderr.flush(); os.abort()"])
+    gate = engine_gate.engine_gate(path, info("ik"), threads=2, cache_dir=tmp_path)
+    assert not gate.passed and gate.crashed.startswith("signal 6") and "GGML_ASSERT" in gate.summary()
+    assert engine_gate.engine_gate(path, info("ik"), threads=2, cache_dir=tmp_path) == gate  # cached: refused
+
+
+# ---- the real models ----------------------------------------------------------------------------------------------
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_the_gate_limits_smollm2_q4_1_to_16_token_calls_and_admits_gemma3(tmp_path):
+    """SmolLM2's Q4_1 file: ik's GEMM for 32+ rows drops the tail blocks of its 576-wide rows, so a 32-token call
+    already agrees with the reference at about a third of the positions; the gate keeps its calls at 16 (as
+    faithful as mainline). Gemma 3 270M (Q4_K_M, 640-wide) is faithful at 256-token calls."""
+    engine = info("ik")
+    smol = engine_gate.engine_gate(resolve_model("smollm2-135m"), engine, threads=2, cache_dir=tmp_path)
+    assert smol.max_call == 16 and smol.invariant, smol.summary()
+    assert smol.agreement["256"] < 0.6 and smol.agreement["16"] >= smol.baseline - engine_gate.GATE_MARGIN
+    gguf = open_gguf(resolve_model("smollm2-135m"))
+    seqs = engine_gate._sequences(gguf, engine, 2)
+    ref, _ = engine_gate._reference(gguf.path, gguf, seqs, engine, 2)
+    at32 = engine.open(gguf, n_ctx=engine_gate._ctx(seqs), n_threads=2, max_call=32)
+    assert engine_gate._agreement(engine_gate._argmax(at32, seqs), ref) < engine_gate.GATE_FLOOR  # would fail
+    gemma = engine_gate.engine_gate(resolve_model("gemma3-270m"), engine, threads=2, cache_dir=tmp_path)
+    assert gemma.passed and gemma.invariant and gemma.max_call >= 16, gemma.summary()
+    assert max(gemma.prefixes) > 512  # probed past the sliding window, where ik's flash attention is not exact
+
+
+@pytest.mark.real
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_real_models_are_batch_invariant_on_ik(model, threads, tmp_path):
+    gguf = open_gguf(resolve_model(model))
+    backend = ik.IkBackend(gguf.path, gguf.config, n_ctx=1024, n_threads=threads)
+    window = max(gguf.config.block.windows(), default=0)
+    assert ik.batch_invariant(backend, range(2, 10), (40, 200) + ((window + 24,) if window else ()))
+
+
+@pytest.mark.real
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
+def test_real_speculation_on_ik_equals_plain_on_dev_prompts(model, tmp_path):
+    from specedge.assembly.devset import load_prompts
+    common = dict(backend="ik", threads=2, ctx=1024)
+    plain = specedge.Engine.open(model, drafter="none", **common)
+    drafters = ["ngram", f"model:{model}+lookup"]
+    for d in drafters:
+        spec = specedge.Engine.open(model, drafter=d, **common)
+        for p in load_prompts(limit=6, by="task"):
+            ids = plain.tokenizer.chat_ids(p.text)
+            want = plain.generate(ids, temperature=0, max_tokens=48).tokens
+            assert spec.generate(ids, temperature=0, max_tokens=48).tokens == want, (model, d, p.qid)
