@@ -79,7 +79,7 @@ def _plan_configs(plan, model, max_tokens, threads, ctx, cache_dir) -> list:
     chosen = bench.specedge_configs([f"{c.engine}:{c.path}"], [] if c.plain else [c.drafter], [max(c.k, 1)],
                                     [c.adaptive], model=model, max_tokens=max_tokens, threads=threads, ctx=ctx,
                                     cache_dir=cache_dir, exact_batches=not plain_kernels(c.engine, c.plain))
-    return configs + [replace(chosen[-1], target=f"plan: {c.engine}:{c.path}")]
+    return configs + [replace(chosen[-1], target=f"{bench.PLAN_PREFIX}{c.engine}:{c.path}")]
 
 
 def _split(values) -> list[str]:

@@ -7,8 +7,8 @@ planner and the auto-tuner watch every measurement and never cache one taken on 
 
 other_cores: the cores other processes kept busy on average during the window: the machine's busy time over the
 window (/proc/stat: user, nice, system, irq and softirq; a VM's steal time, the hypervisor's share for other guests,
-is not counted: it is not another process of this machine) minus this process's own CPU time (all its threads),
-over the wall time. Example: 2 cores, a 10 s window, 14 s of busy CPU of
+is not counted: it is not another process of this machine) minus this process's own CPU time (all its threads, and
+its children that finished: assembly/engine_gate.py measures in one), over the wall time. Example: 2 cores, a 10 s window, 14 s of busy CPU of
 which 9 s were ours -> other_cores 0.5: busy (BUSY_CORES = 0.25). Without /proc/stat (macOS, Windows) the 1-minute
 load average minus our own threads stands in.
 """
@@ -55,8 +55,9 @@ def _machine_busy_s() -> float | None:
 
 
 def _own_cpu_s() -> float:
+    """This process's CPU time and its finished children's (a gate measured in a child process is ours too)."""
     t = os.times()
-    return t.user + t.system
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def _loadavg() -> float:

@@ -51,7 +51,7 @@ def open_decoder(model: ModelSettings, decode: DecodeSettings = DecodeSettings()
     planning for this run (the model's engine + ngram k<=4).
     Raises ValueError / FileNotFoundError / ImportError / RuntimeError naming what is wrong."""
     log = log or _quiet
-    chosen = None
+    chosen, name = None, model.model
     if plan and not auto and wants_plan(model, decode):
         from .plan_run import planned
         try:
@@ -59,10 +59,10 @@ def open_decoder(model: ModelSettings, decode: DecodeSettings = DecodeSettings()
         except KeyboardInterrupt:
             if not interactive:
                 raise
-            log(f"plan: skipped (Ctrl-C); running the model's engine + ngram k<=4 (`specedge plan {model.model}` "
-                "plans later, `--no-plan` never plans)")
+            log(f"plan: skipped (Ctrl-C); running the model's engine + ngram k<=4 (`specedge plan {name}` plans "
+                "later, `--no-plan` never plans)")
         else:
-            hint = f"  [`specedge plan {model.model}` shows the table; --no-plan opts out]" if interactive else ""
+            hint = f"  [`specedge plan {name}` shows the table; --no-plan opts out]" if interactive else ""
             log(f"plan: {chosen.summary()}{hint}")
     target = load(model, log)
     model = replace(model, backend=target.kind)  # --backend left out: the engine the model named

@@ -177,6 +177,9 @@ def _ratio(a: float, b: float | None) -> float | None:
     return a / b if b else None
 
 
+PLAN_PREFIX = "plan: "  # apps/bench_cmd.py labels the plan's chosen configuration "plan: <engine>:<path>"
+
+
 def summarize(measured: list[Measured]) -> list[dict]:
     """One JSON-ready row per configuration (schema: perf/bench_report.py RESULTS_SCHEMA)."""
     rows = []
@@ -184,7 +187,8 @@ def summarize(measured: list[Measured]) -> list[dict]:
     llama = next((m for m in measured if m.config.family == "llama.cpp" and m.config.drafter == PLAIN), None)
     cats = list(measured[0].stats[0]) if measured else []
     for m in measured:
-        c, base = m.config, plain.get(m.config.target)
+        c = m.config
+        base = plain.get(c.target) or plain.get(c.target.removeprefix(PLAN_PREFIX))  # the plan row: its engine's plain
         if base is None and c.family == "llama.cpp":
             base = plain.get("llamacpp") or next(iter(plain.values()), None)
         rows.append(_row(m, base if c.family == "specedge" else llama, base, llama, cats))

@@ -92,6 +92,17 @@ def test_summarize_speedups_identity_and_schema():
     assert any("missing 'mbsu'" in e for e in errors) and any("configs[0].k" in e for e in errors)
 
 
+def test_the_plan_row_is_compared_with_its_engine_s_plain_row():
+    """bench --plan labels the chosen configuration `plan: <engine>:<path>`: its speedup and identity are against
+    that engine's plain row."""
+    prompts = [Prompt(0, "summarization", "a")]
+    plain = bench.Config("onnx:/m/int4", "none", 0, False, _fixed({0: [1, 2]}, [(0, 0)] * 4, 2.0), target_bytes=100)
+    chosen = bench.Config(f"{bench.PLAN_PREFIX}onnx:/m/int4", "ngram", 4, True,
+                          _fixed({0: [1, 2]}, [(2, 2), (2, 1)], 1.0), target_bytes=100)
+    rows = bench.summarize(bench.run_bench([plain, chosen], prompts, trials=1, warmup=0))
+    assert rows[1]["speedup_vs_plain"] == pytest.approx(2.5) and rows[1]["identical_to_plain"] == 1
+
+
 def test_read_prompts_text_and_categories(tmp_path):
     f = tmp_path / "p.txt"
     f.write_text("first prompt\n\nsecond prompt\nthird\n")

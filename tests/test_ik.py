@@ -177,15 +177,15 @@ def test_real_models_are_batch_invariant_on_ik(model, threads, tmp_path):
 
 @pytest.mark.real
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
-def test_real_speculation_on_ik_equals_plain_on_dev_prompts(model, tmp_path):
+@pytest.mark.parametrize("model,drafter", [("smollm2-135m", "ngram"), ("smollm2-135m", "model:smollm2-135m+lookup"),
+                                           ("gemma3-270m", "ngram")])
+def test_real_speculation_on_ik_equals_plain_on_dev_prompts(model, drafter):
+    """At 2 threads (where mainline llama.cpp's speculation is not exact): 4 dev prompts x 40 tokens, greedy."""
     from specedge.assembly.devset import load_prompts
     common = dict(backend="ik", threads=2, ctx=1024)
     plain = specedge.Engine.open(model, drafter="none", **common)
-    drafters = ["ngram", f"model:{model}+lookup"]
-    for d in drafters:
-        spec = specedge.Engine.open(model, drafter=d, **common)
-        for p in load_prompts(limit=6, by="task"):
-            ids = plain.tokenizer.chat_ids(p.text)
-            want = plain.generate(ids, temperature=0, max_tokens=48).tokens
-            assert spec.generate(ids, temperature=0, max_tokens=48).tokens == want, (model, d, p.qid)
+    spec = specedge.Engine.open(model, drafter=drafter, **common)
+    for p in load_prompts(limit=4, by="task"):
+        ids = plain.tokenizer.chat_ids(p.text)
+        want = plain.generate(ids, temperature=0, max_tokens=40).tokens
+        assert spec.generate(ids, temperature=0, max_tokens=40).tokens == want, (model, drafter, p.qid)

@@ -13,8 +13,11 @@ Settings that make it exact (measured; docs/ik.md "Why these settings"):
                    of any size is split into ubatches by llama_decode; `max_call` comes from the per-file gate
                    (assembly/engine_gate.py), 16 by default.
   flash_attn off   ik's flash attention takes a one-token shortcut over sliding windows (Gemma 3) that batches do not
-  OMP_WAIT_POLICY=PASSIVE   set before the library loads: its OpenMP threads otherwise spin and collapse when
-                   another process shares the cores.
+  GOMP_SPINCOUNT=3000   its OpenMP threads spin that long before they sleep (set for the library's own libgomp
+                   while it loads, then restored): the default spin (300000) collapses one-token calls when another
+                   process shares the cores (13 -> 330 ms on SmolLM2, 2 threads, one CPU-burning process; 47 ms
+                   with 3000), and never spinning (OMP_WAIT_POLICY=PASSIVE) costs 3.7x on a quiet machine
+                   (47 ms; 12.7 with 3000). docs/ik.md has the table.
 One context holds one sequence: `new_cache` clears it, so a backend serves one live cache.
 """
 from __future__ import annotations
@@ -39,6 +42,7 @@ from .llamacpp_tokenizer import LlamaCppTokenizer
 DISTRIBUTION = "ik-llama-cpp-python"
 SUPPORTED = ("0.1.5",)  # the versions whose struct layouts this module declares (an ABI probe checks them at load)
 DEFAULT_MAX_CALL = 16  # n_ubatch: the Q4_1/Q5_1 GEMM fault starts at 32 rows
+OMP_SPINCOUNT = "3000"  # OpenMP spin before sleeping (module docstring)
 
 c_bool, c_int, c_int8, c_int32, c_uint32, c_float, c_void_p, c_char_p, c_size_t = (
     ctypes.c_bool, ctypes.c_int, ctypes.c_int8, ctypes.c_int32, ctypes.c_uint32, ctypes.c_float,
@@ -171,8 +175,7 @@ def load_library():
     if platform.machine() not in ("x86_64", "AMD64") or os.name != "posix":
         raise ImportError("the ik backend binds the Linux x86-64 build of ik_llama.cpp (the only wheel published)")
     path = library_path()
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read by its OpenMP runtime when the library loads
-    lib = ctypes.CDLL(str(path))
+    lib = _load_with(path, {"GOMP_SPINCOUNT": OMP_SPINCOUNT})
     missing = [n for n in _SIGS if not hasattr(lib, n)]
     if missing:
         raise ImportError(f"{path} lacks {', '.join(missing)}: not the ik_llama.cpp build specedge binds "
@@ -187,6 +190,21 @@ def load_library():
     lib.llama_backend_init()
     _LIB = lib
     return lib
+
+
+def _load_with(path: Path, env: dict[str, str]):
+    """CDLL(path) with `env` in the environment while it loads (its bundled libgomp reads them then), each only
+    where the user set none; the environment is restored after, so another OpenMP runtime loaded later (mainline
+    llama.cpp's) keeps its own defaults."""
+    saved = {k: os.environ.get(k) for k in env}
+    for k, v in env.items():
+        os.environ.setdefault(k, v)
+    try:
+        return ctypes.CDLL(str(path))
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
 
 
 def _sret_extent(lib, symbol: str) -> int:
