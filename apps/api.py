@@ -78,11 +78,11 @@ class Engine:
              **settings) -> "Engine":
         """Open `model` (a catalogue name or GGUF path, or an exported ONNX artifact directory or cache name).
 
-        settings: ModelSettings and DecodeSettings fields (backend, ctx, threads, device, cache_dir; drafter, k,
-        adaptive_k, verifier, lossy), text or typed. With none of backend, device, drafter, k and lossy given and
-        plan=True, the engine runs the plan for this model and machine (assembly/plan.py: engine, weight format,
-        drafter and k measured fastest; measured on first use, then cached; `self.plan` holds it); otherwise they
-        are honoured exactly (defaults: the engine the model names, ngram, k 4). auto=True: the device profile picks
+        settings: ModelSettings and DecodeSettings fields (backend, ctx, threads, device, gpu_layers, cache_dir;
+        drafter, k, adaptive_k, verifier, lossy), text or typed. With none of backend, device, gpu_layers, drafter,
+        k and lossy given and plan=True, the engine runs the plan for this model and machine (assembly/plan.py:
+        engine, weight format, drafter and k measured fastest; measured on first use, then cached; `self.plan` holds
+        it); otherwise they are honoured exactly (defaults: the engine the model names, ngram, k 4). auto=True: the device profile picks
         the drafter and k. ctx: positions the KV cache holds (prompt + answer); default min(model context, 4096)."""
         model_s, decode_s = settings_from(model, **settings)
         return cls(open_decoder(model_s, decode_s, plan=plan, auto=auto, log=log), model)

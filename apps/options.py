@@ -1,6 +1,6 @@
 """The click options that several commands share, each declared once, and the typed settings they build.
 
-    model_options    --backend --ctx --threads --device --cache-dir          -> ModelSettings   (generate chat serve)
+    model_options    --backend --ctx --threads --device --gpu-layers --cache-dir -> ModelSettings (generate chat serve)
     decode_options   --drafter --k --adaptive-k/--fixed-k --verifier --lossy -> DecodeSettings  (generate chat serve)
     plan_options     --auto --no-plan                                         -> open_decoder's plan / auto
     call_options     one flag per CallSettings field declared with option(...) (assembly/decoder.py): --max-tokens
@@ -23,7 +23,7 @@ import click
 
 from ..assembly.decoder import CallSettings, DecodeSettings, ModelSettings, parse_logit_bias
 from ..assembly.open import open_decoder, settings_from
-from ..runtime.backends import backend_names
+from ..runtime.backends import backend_names, parse_gpu_layers
 from ..runtime.backends.onnx_providers import DEVICE_CHOICES
 from ..runtime.verify import VerifierKind
 
@@ -53,6 +53,17 @@ def CACHE_DIR():  # noqa: N802
                         help="Model cache (default: $SPECEDGE_CACHE or the platform cache dir).")
 
 
+class GpuLayers(click.ParamType):
+    """--gpu-layers N|all (runtime/backends/registry.py parse_gpu_layers)."""
+    name = "N|all"
+
+    def convert(self, value, param, ctx):
+        try:
+            return parse_gpu_layers(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
 _MODEL = [
     click.option("--backend", type=click.Choice(backend_names()), default=None,
                  help="Inference engine (default: the plan's; without a plan the engine the model names: "
@@ -61,6 +72,9 @@ _MODEL = [
     click.option("--device", type=click.Choice(DEVICE_CHOICES), default="auto", show_default=True,
                  help="ONNX Runtime execution provider (--backend onnx); auto says what it picked; openvino takes "
                       "a target (openvino:CPU|GPU|NPU, CPU when none)."),
+    click.option("--gpu-layers", "gpu_layers", type=GpuLayers(), default=None, metavar="N|all",
+                 help="llama.cpp engines: layers offloaded to the GPU, a number or 'all' (default: all where the "
+                      "installed llama-cpp-python build offloads, Metal/CUDA/Vulkan; else 0, the CPU)."),
     CACHE_DIR(),
 ]
 _DECODE = [
@@ -114,7 +128,7 @@ _HINTS = get_type_hints(CallSettings)
 # the CallSettings fields call_options sets (stop, grammar and logprobs are each command's own flags)
 CALL_FIELDS = tuple(f.name for f in fields(CallSettings) if "help" in f.metadata)
 _CALL = [_call_option(f, _HINTS[f.name]) for f in fields(CallSettings) if f.name in CALL_FIELDS]
-MODEL_FIELDS = ("backend", "ctx", "threads", "device", "cache_dir")
+MODEL_FIELDS = ("backend", "ctx", "threads", "device", "gpu_layers", "cache_dir")
 DECODE_FIELDS = ("drafter", "k", "adaptive_k", "verifier", "lossy")
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..runtime.backends import BackendKind
+from ..runtime.backends import BackendKind, parse_gpu_layers
 from ..runtime.constraint import GRAMMAR_TYPES, Grammar, GrammarCompiler
 from ..runtime.drafters.base import Drafter
 from ..runtime.generate import collect, stream
@@ -51,6 +51,11 @@ class ModelSettings:
     device: str = "auto"  # ONNX Runtime execution provider (runtime/backends/onnx_providers.py)
     cache_dir: Path | None = None
     exact_batches: bool = True  # False: plain decoding only, faster kernels (llama.cpp without flash attention)
+    gpu_layers: int | None = None  # llama.cpp engines' layers on a GPU (-1: all); None: all where the build offloads
+
+    def __post_init__(self) -> None:
+        if self.gpu_layers is not None:
+            parse_gpu_layers(self.gpu_layers)  # ValueError naming the accepted forms
 
 
 @dataclass(frozen=True)

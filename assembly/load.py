@@ -28,7 +28,7 @@ from ..models.gguf_in import GGUFModel, open_gguf
 from ..models import hub
 from ..models.ref import RefKind, model_ref
 from ..runtime.backends import (Backend, BackendKind, Opens, TokenizingBackend, artifact_engine, default_gguf_engine,
-                                info, open_backend, open_onnx)
+                                describe_gpu_layers, info, open_backend, open_onnx)
 from ..runtime.drafters import (Drafter, DrafterInputs, DrafterKind, DrafterSpec, DraftModel, ModelSpec,  # noqa: F401
                                 build_drafter, check_target, parse_drafter)  # re-exported for the apps
 from ..runtime.tokenizer import TextTokenizer, Tokenizer
@@ -121,10 +121,12 @@ def engine_for(name_or_path: str, cache_dir: Path | None = None) -> BackendKind:
 
 def load_model(name_or_path: str, kind: BackendKind | None = None, *, ctx: int | None = None,
                threads: int | None = None, cache_dir: Path | None = None, device: str = "auto",
-               log=None, exact_batches: bool = True) -> LoadedModel:
+               log=None, exact_batches: bool = True, gpu_layers: int | None = None) -> LoadedModel:
     """The model on `kind`'s engine exactly as asked; kind=None: the engine the model names (engine_for).
-    exact_batches=False: plain decoding only (runtime/backends open_backend); a drafter on it warns."""
+    exact_batches=False: plain decoding only (runtime/backends open_backend); a drafter on it warns.
+    gpu_layers: llama.cpp's layers on a GPU (None: all where the build offloads, else 0; BackendInfo.gpu_layers)."""
     engine = info(kind if kind is not None else engine_for(name_or_path, cache_dir))
+    layers = engine.gpu_layers(gpu_layers)  # a request it cannot honour fails here, before anything loads
     if engine.opens is Opens.ARTIFACT:
         return load_onnx(name_or_path, device=device, threads=threads, cache_dir=cache_dir, log=log)
     if device not in ("auto", "cpu"):
@@ -155,7 +157,11 @@ def load_model(name_or_path: str, kind: BackendKind | None = None, *, ctx: int |
         if not gate.passed:
             raise ModelFileError(gate.summary())
         tuning = {"max_call": gate.max_call, "batch_invariant": gate.invariant}
-    backend = open_backend(engine.kind, gguf, n_ctx=ctx, n_threads=threads, exact_batches=exact_batches, **tuning)
+    backend = open_backend(engine.kind, gguf, n_ctx=ctx, n_threads=threads, exact_batches=exact_batches,
+                           gpu_layers=layers, **tuning)
+    if layers and log:
+        log(f"{engine.name}: {describe_gpu_layers(layers, gguf.config.n_layers)} (--gpu-layers 0 keeps them on the "
+            "CPU)")
     if tokenizer is None:
         tokenizer = _engine_tokenizer(backend, gguf)
     return LoadedModel(path, gguf, tokenizer, backend, engine.kind, exact_batches=exact_batches)
@@ -192,6 +198,10 @@ def batch_invariance_warning(model: LoadedModel, cpu_flags: Sequence[str]) -> st
     differently from a verify call's rows (docs/onnx.md "Batch invariance"). The GPU graph has no pad row at all: on
     any device and CPU (CUDA picks other kernels for other row counts and attends in float16; the CPU provider takes
     its one-row paths), in any weight format (docs/accelerators.md)."""
+    if model.manifest is None and getattr(model.backend, "gpu_layers", 0):
+        return (f"{model.path.name} runs on the GPU ({info(model.kind).name}, --gpu-layers): GPU kernels are chosen "
+                "by batch width, so greedy speculative output may differ from plain greedy; --gpu-layers 0 runs it on "
+                "the CPU")
     if model.manifest is None and model.exact_batches and not model.backend.caps.batch_invariant:
         return (f"{model.path.name} on {info(model.kind).name} is not batch-invariant here (its verify batches round "
                 "differently from one-token calls at this thread count), so greedy speculative output may differ from "

@@ -14,7 +14,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Callable
 
-from ..runtime.backends import info
+from ..runtime.backends import info, parse_gpu_layers
 from ..runtime.lossy import parse_lossy
 from ..runtime.verify import VerifierKind
 from .decoder import DecodeSettings, Decoder, ModelSettings
@@ -31,13 +31,13 @@ def load(settings: ModelSettings, log: Log | None = None) -> LoadedModel:
     """The target the settings name, on their engine (None: the engine the model names)."""
     return load_model(settings.model, settings.backend, ctx=settings.ctx, threads=settings.threads,
                       cache_dir=settings.cache_dir, device=settings.device, log=log,
-                      exact_batches=settings.exact_batches)
+                      exact_batches=settings.exact_batches, gpu_layers=settings.gpu_layers)
 
 
 def wants_plan(model: ModelSettings, decode: DecodeSettings) -> bool:
-    """Whether nothing says what runs: no backend, no device (the plan measures the CPU), no drafter, k or lossy
-    mode. Then the plan for this model and machine chooses them."""
-    return model.backend is None and model.device == "auto" and not decode.given
+    """Whether nothing says what runs: no backend, no device or GPU layers (the plan measures the engines as they
+    run by default), no drafter, k or lossy mode. Then the plan for this model and machine chooses them."""
+    return model.backend is None and model.device == "auto" and model.gpu_layers is None and not decode.given
 
 
 def open_decoder(model: ModelSettings, decode: DecodeSettings = DecodeSettings(), *, plan: bool = True,
@@ -73,13 +73,13 @@ def open_decoder(model: ModelSettings, decode: DecodeSettings = DecodeSettings()
 
 
 _PARSE = {"backend": lambda v: info(v).kind, "drafter": parse_drafter, "verifier": VerifierKind,
-          "lossy": parse_lossy, "cache_dir": Path}
+          "lossy": parse_lossy, "cache_dir": Path, "gpu_layers": parse_gpu_layers}
 
 
 def settings_from(model: str, **values) -> tuple[ModelSettings, DecodeSettings]:
     """ModelSettings and DecodeSettings from keyword values named as their fields (backend, ctx, threads, device,
-    cache_dir; drafter, k, adaptive_k, verifier, lossy); text is parsed for the typed ones (backend "onnx",
-    drafter "ngram", verifier "block", lossy "loradrop"); None is the field's default. TypeError names an unknown
+    gpu_layers, cache_dir; drafter, k, adaptive_k, verifier, lossy); text is parsed for the typed ones (backend
+    "onnx", gpu_layers "all", drafter "ngram", verifier "block", lossy "loradrop"); None is the field's default. TypeError names an unknown
     keyword."""
     model_names = {f.name for f in fields(ModelSettings)} - {"model"}
     decode_names = {f.name for f in fields(DecodeSettings)}

@@ -200,7 +200,8 @@ def select(rows: Sequence[PlanRow], margin: float = PLAN_MARGIN) -> tuple[int, i
 # -- key and cache ------------------------------------------------------------------------------------------------
 
 def device_fingerprint() -> dict:
-    """What the plan depends on besides the model: the CPU and the versions of specedge and the engines."""
+    """What the plan depends on besides the model: the CPU, the versions of specedge and the engines, and which
+    engines offload layers to a GPU by default."""
     model, flags = cpu_info()
     versions = {}
     for name in _PACKAGES:
@@ -208,7 +209,11 @@ def device_fingerprint() -> dict:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
-    return {"cpu_model": model, "simd": sorted(f for f in flags if f in SIMD), "packages": versions}
+    device = {"cpu_model": model, "simd": sorted(f for f in flags if f in SIMD), "packages": versions}
+    offload = [e.value for e in REGISTRY.values() if e.offloads()]
+    if offload:  # engines whose build puts layers on a GPU by default (a CPU build's key is unchanged)
+        device["gpu_offload"] = offload
+    return device
 
 
 def plan_key(model_fingerprint: str, threads: int, weights: Sequence[str], device: dict | None = None) -> str:

@@ -123,7 +123,8 @@ def discover_targets(model: str, settings: PlanSettings, *, cache_dir: Path | No
     targets = []
     for engine in (e for e in gguf_engines(installed=False) if e.planned):
         if engine.installed():
-            targets.append(PlanTarget(engine.value, str(gguf), f"{engine.name} {_gguf_type(gguf)}"))
+            where = " GPU" if engine.offloads() else ""  # a build that offloads runs all layers there
+            targets.append(PlanTarget(engine.value, str(gguf), f"{engine.name} {_gguf_type(gguf)}{where}"))
         else:
             log(f"plan: {engine.missing()}: {engine.name} not planned")
     if not (onnx.installed() and importlib.util.find_spec("onnx") is not None):

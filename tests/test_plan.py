@@ -238,11 +238,11 @@ def test_the_plan_key_covers_model_threads_formats_cpu_and_packages():
 def test_wants_plan_only_when_nothing_says_what_to_run():
     """The options as the CLI parses them -> typed settings -> wants_plan (--auto and --no-plan are open_decoder's
     plan=False / auto=True, which skip it too)."""
-    o = {"model": "m", "backend": None, "ctx": None, "threads": None, "device": "auto", "cache_dir": None,
-         "drafter": None, "k": None, "adaptive_k": True, "verifier": "chain", "lossy": None}
+    o = {"model": "m", "backend": None, "ctx": None, "threads": None, "device": "auto", "gpu_layers": None,
+         "cache_dir": None, "drafter": None, "k": None, "adaptive_k": True, "verifier": "chain", "lossy": None}
     assert wants_plan(*engine_settings(o))
     for override in ({"backend": "llamacpp"}, {"drafter": "none"}, {"k": 0}, {"device": "cpu"},
-                     {"lossy": "loradrop"}):
+                     {"lossy": "loradrop"}, {"gpu_layers": 0}):
         assert not wants_plan(*engine_settings({**o, **override})), override
     assert wants_plan(*engine_settings({**o, "threads": 1, "ctx": 256, "verifier": "block"}))
 

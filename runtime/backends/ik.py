@@ -303,8 +303,10 @@ class IkBackend:
 
     def __init__(self, gguf_path: str | Path, config: ModelConfig, *, n_ctx: int | None = None,
                  n_threads: int | None = None, max_call: int = DEFAULT_MAX_CALL, batch_invariant: bool = True,
-                 no_weights: str | None = None) -> None:
-        """max_call: the ubatch size (<= 31 unless the file's gate found larger calls faithful); batch_invariant:
+                 no_weights: str | None = None, gpu_layers: int = 0) -> None:
+        """gpu_layers: n_gpu_layers (-1: all) where the build offloads (the published wheel does not, so the
+        registry resolves it to 0 there; offloaded layers are not claimed batch-invariant); max_call: the ubatch
+        size (<= 31 unless the file's gate found larger calls faithful); batch_invariant:
         what the file's probe found at these threads (assembly/engine_gate.py); no_weights: why our code cannot
         read this file's weights (drafters that run the target's own layers are refused with it)."""
         self._lib = lib = load_library()
@@ -313,7 +315,7 @@ class IkBackend:
         self.threads = int(n_threads or min(os.cpu_count() or 1, 8))
         self.max_call = int(max_call)
         mp = lib.llama_model_default_params()
-        mp.n_gpu_layers = 0
+        mp.n_gpu_layers = self.gpu_layers = int(gpu_layers)
         self._model = lib.llama_model_load_from_file(os.fsencode(str(gguf_path)), mp)
         if not self._model:
             raise RuntimeError(f"ik_llama.cpp could not load {gguf_path} (an architecture or quantisation it does "
@@ -345,7 +347,8 @@ class IkBackend:
         hint = None if no_weights is None else (
             f"only llama.cpp engines run this file ({no_weights}), and they run chains of the full model; use a "
             "drafter that needs only token ids (ngram, lookup) or a draft model with the same vocabulary")
-        self.caps = replace(type(self).caps, max_context=self.n_ctx, batch_invariant=batch_invariant,
+        self.caps = replace(type(self).caps, max_context=self.n_ctx,
+                            batch_invariant=batch_invariant and not self.gpu_layers,
                             layer_hint=hint, reuse_hint=hint, tree_hint=hint)
 
     def new_cache(self, max_len: int) -> IkCache:

@@ -97,8 +97,11 @@ class LlamaCppBackend:
 
     def __init__(self, gguf_path: str | Path, config: ModelConfig, *, n_ctx: int | None = None,
                  n_threads: int | None = None, n_batch: int = 512, f32_kv: bool = False,
-                 flash_attn: bool = True, no_weights: str | None = None) -> None:
+                 flash_attn: bool = True, no_weights: str | None = None, gpu_layers: int = 0) -> None:
         """f32_kv + flash_attn=False: K/V in float32 and float32 attention, for exact parity checks.
+        gpu_layers: llama.cpp's n_gpu_layers (-1: all), for builds with GPU offload (Metal, CUDA, Vulkan); a GPU's
+        kernels are chosen by batch width, so an offloaded model is not claimed batch-invariant (speculation on it
+        is not token-identical to plain greedy; the planner then plans it plain).
         no_weights: why our code cannot read this file's weights (a GGUF without a family module, models/gguf_any.py):
         drafters that run the target's own layers (layer skip, early exit, LoRA-Drop) and tree drafters are refused
         with it.
@@ -120,7 +123,9 @@ class LlamaCppBackend:
             f"only llama.cpp runs this file ({no_weights}), and llama.cpp runs chains of the full model; use a "
             "drafter that needs only token ids (ngram, lookup) or a draft model with the same vocabulary "
             "(model:<gguf>)")
-        self.caps = replace(type(self).caps, max_context=self.n_ctx, batch_invariant=flash_attn and threads == 1,
+        self.gpu_layers = int(gpu_layers)
+        self.caps = replace(type(self).caps, max_context=self.n_ctx,
+                            batch_invariant=flash_attn and threads == 1 and self.gpu_layers == 0,
                             layer_hint=hint, reuse_hint=hint, tree_hint=hint)
         # Repacked weights (llama.cpp's CPU "extra buffer types": Q4_0/Q4_K/IQ4_NL rows interleaved for AVX2/AVX-512)
         # take one kernel for a single token and another for a batch, so a verify batch's logits differ from one-token
@@ -128,7 +133,8 @@ class LlamaCppBackend:
         # thread) the weights stay as stored: measured on Gemma 3 at 1 thread, one-token steps 33 tok/s either way.
         with _model_params(use_extra_bufts=not (flash_attn and threads == 1)):
             self._llm = llama_cpp.Llama(
-                model_path=str(gguf_path), n_ctx=self.n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=threads,
+                model_path=str(gguf_path), n_gpu_layers=self.gpu_layers, n_ctx=self.n_ctx, n_batch=n_batch,
+                n_ubatch=n_batch, n_threads=threads,
                 n_threads_batch=threads, logits_all=False, type_k=kv_type, type_v=kv_type, flash_attn=flash_attn,
                 verbose=False)
         self._n_vocab = self._llm.n_vocab()

@@ -50,7 +50,8 @@ class BackendInfo:
     planned on it; many_caches: one loaded model holds any number of KV caches (a draft of the same file shares
     its weights); planned: the planner measures it as a target where installed; gated: each file passes a gate
     before it runs (assembly/engine_gate.py: faithful call size, batch invariance), probe(backend, widths,
-    prefixes) -> bool its batch-invariance probe. open: (gguf, n_ctx, n_threads, exact_batches) -> Backend, for Opens.GGUF engines."""
+    prefixes) -> bool its batch-invariance probe. open: (gguf, n_ctx, n_threads, exact_batches, gpu_layers) -> Backend,
+    for Opens.GGUF engines. gpu_offload: () -> whether the installed build offloads layers (--gpu-layers)."""
     kind: BackendKind
     name: str
     opens: Opens
@@ -58,6 +59,8 @@ class BackendInfo:
     distribution: str
     extra: str | None
     open: Callable[..., Backend] | None = None
+    gpu_offload: Callable[[], bool] | None = None  # whether the installed build can put layers on a GPU (None: the
+    #                                                engine takes no --gpu-layers)
     plain_kernels: bool = False
     reads_any_gguf: bool = False
     reference: bool = False
@@ -81,9 +84,79 @@ class BackendInfo:
         except importlib.metadata.PackageNotFoundError:
             return None
 
+    def offloads(self) -> bool:
+        """Whether the installed build can put layers on a GPU (False where the engine or its library is missing;
+        loading that library refuses it with its own message)."""
+        if self.gpu_offload is None or not self.installed():
+            return False
+        try:
+            return self.gpu_offload()
+        except (ImportError, OSError):
+            return False
+
+    def gpu_layers(self, requested: int | None) -> int:
+        """The layers this engine puts on a GPU for a request (--gpu-layers; None: not given): all (ALL_LAYERS)
+        where the installed build can offload (llama_supports_gpu_offload: Metal, CUDA, Vulkan builds), else 0.
+        ValueError naming the fix when a request cannot be honoured (a CPU-only build, an engine without layers)."""
+        can = self.offloads()
+        if requested is None:
+            return ALL_LAYERS if can else 0
+        if requested == 0 or can:
+            return requested
+        if self.gpu_offload is None:
+            raise ValueError(f"--gpu-layers applies to the llama.cpp engines; the {self.name} backend "
+                             + ("takes --device for its execution provider" if self.devices else "runs on the CPU")
+                             + ": leave --gpu-layers out")
+        return _no_offload(self, requested)
+
     def missing(self) -> str:
         """One line: what to install for this engine."""
         return f"{self.name} needs {self.package} (pip install 'specedge[{self.extra}]')"
+
+
+ALL_LAYERS = -1  # --gpu-layers all: every layer on the GPU (llama.cpp's n_gpu_layers -1)
+
+
+def parse_gpu_layers(text: str | int) -> int:
+    """--gpu-layers N|all -> N (>= 0) or ALL_LAYERS; ValueError naming the accepted forms."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    elif str(text).strip().lower() == "all":
+        return ALL_LAYERS
+    else:
+        try:
+            value = int(str(text).strip())
+        except ValueError:
+            value = -2
+    if value < 0 and value != ALL_LAYERS:
+        raise ValueError(f"--gpu-layers takes a number of layers (0 or more) or 'all', not {text!r}")
+    return value
+
+
+def describe_gpu_layers(layers: int, total: int | None = None) -> str:
+    """Where the layers run, for one line: 'on the CPU' | 'all layers on the GPU' | '12 of 30 layers on the GPU'."""
+    if layers == 0:
+        return "on the CPU"
+    if layers == ALL_LAYERS or (total is not None and layers >= total):
+        return "all layers on the GPU"
+    return f"{layers} of {total} layers on the GPU" if total else f"{layers} layers on the GPU"
+
+
+def _no_offload(engine: "BackendInfo", requested: int) -> int:
+    what = "all layers" if requested == ALL_LAYERS else f"{requested} layers"
+    raise ValueError(f"--gpu-layers asks for {what} on a GPU, but this {engine.name} build ({engine.distribution} "
+                     f"{engine.version()}) has no GPU offload (llama_supports_gpu_offload() is false): install a "
+                     "GPU build (CMAKE_ARGS=\"-DGGML_CUDA=on\", Metal is the default on macOS), or use --gpu-layers 0")
+
+
+def _llamacpp_offloads() -> bool:
+    import llama_cpp
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def _ik_offloads() -> bool:
+    from .ik import load_library
+    return bool(load_library().llama_supports_gpu_offload())
 
 
 def _open_numpy(gguf, *, n_ctx=None, n_threads=None, exact_batches=True, dtype=np.float32, **_) -> Backend:
@@ -91,20 +164,22 @@ def _open_numpy(gguf, *, n_ctx=None, n_threads=None, exact_batches=True, dtype=n
     return NumpyBackend(gguf.load_weights(), dtype=dtype)
 
 
-def _open_llamacpp(gguf, *, n_ctx=None, n_threads=None, exact_batches=True, dtype=None, **_) -> Backend:
+def _open_llamacpp(gguf, *, n_ctx=None, n_threads=None, exact_batches=True, dtype=None, gpu_layers=0, **_
+                   ) -> Backend:
     from ...models.gguf_any import MetadataGGUF
     from .llamacpp import LlamaCppBackend
     no_weights = gguf.unsupported if isinstance(gguf, MetadataGGUF) else None
     return LlamaCppBackend(gguf.path, gguf.config, n_ctx=n_ctx, n_threads=n_threads, flash_attn=exact_batches,
-                           no_weights=no_weights)
+                           no_weights=no_weights, gpu_layers=gpu_layers)
 
 
-def _open_ik(gguf, *, n_ctx=None, n_threads=None, max_call=None, batch_invariant=True, **_) -> Backend:
+def _open_ik(gguf, *, n_ctx=None, n_threads=None, max_call=None, batch_invariant=True, gpu_layers=0, **_
+             ) -> Backend:
     from ...models.gguf_any import MetadataGGUF
     from .ik import DEFAULT_MAX_CALL, IkBackend
     no_weights = gguf.unsupported if isinstance(gguf, MetadataGGUF) else None
     return IkBackend(gguf.path, gguf.config, n_ctx=n_ctx, n_threads=n_threads, max_call=max_call or DEFAULT_MAX_CALL,
-                     batch_invariant=batch_invariant, no_weights=no_weights)
+                     batch_invariant=batch_invariant, no_weights=no_weights, gpu_layers=gpu_layers)
 
 
 def _probe_ik(backend, widths, prefixes) -> bool:
@@ -114,10 +189,10 @@ def _probe_ik(backend, widths, prefixes) -> bool:
 
 REGISTRY: dict[BackendKind, BackendInfo] = {i.kind: i for i in (
     BackendInfo(BackendKind.LLAMACPP, "llama.cpp", Opens.GGUF, "llama_cpp", "llama_cpp_python", "llama",
-                _open_llamacpp, plain_kernels=True, reads_any_gguf=True, reference=True, draft_models=True,
+                _open_llamacpp, _llamacpp_offloads, plain_kernels=True, reads_any_gguf=True, reference=True, draft_models=True,
                 planned=True),
     BackendInfo(BackendKind.IK, "ik_llama.cpp", Opens.GGUF, "ik_llama_cpp", "ik-llama-cpp-python", "ik", _open_ik,
-                reads_any_gguf=True, draft_models=True, planned=True, gated=True, probe=_probe_ik),
+                _ik_offloads, reads_any_gguf=True, draft_models=True, planned=True, gated=True, probe=_probe_ik),
     BackendInfo(BackendKind.ONNX, "onnx", Opens.ARTIFACT, "onnxruntime", "onnxruntime", "onnx", devices=True,
                 planned=True),
     BackendInfo(BackendKind.NUMPY, "numpy", Opens.GGUF, None, "numpy", None, _open_numpy, many_caches=True),
