@@ -64,17 +64,21 @@ def _plan(model, threads, cache_dir):
     return plan
 
 
+def plain_targets(plan) -> list[str]:
+    """`engine:path` of every target the plan measured plain, once each: two engines on one GGUF are two targets
+    (the plan's chosen row is compared with its own engine's plain row)."""
+    return list(dict.fromkeys(f"{r.engine}:{r.path}" for r in plan.rows if r.plain))
+
+
 def _plan_configs(plan, model, max_tokens, threads, ctx, cache_dir) -> list:
     """Plain decoding on every engine/artifact the plan measured, then the plan's choice exactly as generate runs it
     (labelled `plan: <target>`; a plain llama.cpp choice with its plain-decoding kernels)."""
     from dataclasses import replace
     from ..assembly.plan_run import plain_kernels
-    configs, seen = [], set()
-    for r in plan.rows:
-        if r.plain and r.path not in seen:
-            seen.add(r.path)
-            configs += bench.specedge_configs([f"{r.engine}:{r.path}"], [], [1], [False], model=model,
-                                              max_tokens=max_tokens, threads=threads, ctx=ctx, cache_dir=cache_dir)
+    configs = []
+    for target in plain_targets(plan):
+        configs += bench.specedge_configs([target], [], [1], [False], model=model, max_tokens=max_tokens,
+                                          threads=threads, ctx=ctx, cache_dir=cache_dir)
     c = plan.choice
     chosen = bench.specedge_configs([f"{c.engine}:{c.path}"], [] if c.plain else [c.drafter], [max(c.k, 1)],
                                     [c.adaptive], model=model, max_tokens=max_tokens, threads=threads, ctx=ctx,

@@ -103,6 +103,19 @@ def test_the_plan_row_is_compared_with_its_engine_s_plain_row():
     assert rows[1]["speedup_vs_plain"] == pytest.approx(2.5) and rows[1]["identical_to_plain"] == 1
 
 
+def test_bench_plan_runs_plain_on_every_engine_the_plan_measured_even_on_one_file():
+    """llama.cpp and ik_llama.cpp plan the same GGUF: both plain rows run, so the plan's ik row has its baseline
+    (a per-path dedup once dropped ik's, leaving the chosen row without a speedup or identity check)."""
+    from specedge.apps.bench_cmd import plain_targets
+    from specedge.assembly.plan import PLAIN, Plan, PlanRow
+    rows = [PlanRow("llama.cpp q4_k_m", "llamacpp", "/m/g.gguf", PLAIN, 0, False, 70.0, 70.0),
+            PlanRow("ik_llama.cpp q4_k_m", "ik", "/m/g.gguf", PLAIN, 0, False, 69.0, 69.0),
+            PlanRow("ik_llama.cpp q4_k_m", "ik", "/m/g.gguf", "ngram", 6, False, 120.0, None),
+            PlanRow("onnx int4", "onnx", "/m/g-onnx-int4", PLAIN, 0, False, 60.0, 60.0)]
+    plan = Plan("key", "gemma3-270m", ["/m/g.gguf"], rows, chosen=2, reference=0, threads=2)
+    assert plain_targets(plan) == ["llamacpp:/m/g.gguf", "ik:/m/g.gguf", "onnx:/m/g-onnx-int4"]
+
+
 def test_read_prompts_text_and_categories(tmp_path):
     f = tmp_path / "p.txt"
     f.write_text("first prompt\n\nsecond prompt\nthird\n")
