@@ -148,6 +148,89 @@ def test_forced_grammar_compiles_and_accepts_exactly_calls(engine, choice, paral
         assert m.is_error() or not m.is_accepting()
 
 
+def _pydantic_tools():
+    """What instructor, pydantic-ai and openai's pydantic_function_tool send: nested models and enums as $defs/$ref;
+    two tools whose definitions share a name (Color) with different meanings; a draft-7 `definitions` schema with a
+    recursive root reference."""
+    import enum
+    pydantic = pytest.importorskip("pydantic")
+
+    class Color(str, enum.Enum):
+        red = "red"
+        green = "green"
+
+    class Size(pydantic.BaseModel):
+        w: int
+        h: int
+
+    class Paint(pydantic.BaseModel):
+        color: Color
+        size: Size
+
+    class Shade(str, enum.Enum):
+        dark = "dark"
+
+    class Mood(pydantic.BaseModel):
+        color: Shade
+
+    tree = {"type": "object", "properties": {"label": {"$ref": "#/definitions/Label"},
+                                            "kids": {"type": "array", "maxItems": 2, "items": {"$ref": "#"}}},
+            "required": ["label", "kids"], "definitions": {"Label": {"type": "string", "maxLength": 4}}}
+    return [Tool("paint", "Paint", Paint.model_json_schema()), Tool("mood", "Mood", Mood.model_json_schema()),
+            Tool("tree", "A tree", tree)]
+
+
+def _call(name, arguments):
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments)}}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("choice", ["required", ForceTool("paint"), ForceTool("tree")])
+def test_forced_grammar_compiles_any_client_schema_with_defs_refs_and_colliding_names(engine, choice):
+    """Issue 29: the wrapper once left `#/$defs/Color` pointing at a root without $defs (a 400 for every nested
+    pydantic model). Valid calls pass; a wrong enum value, a missing nested field or an invented key do not."""
+    tools = _pydantic_tools()
+    grammar = forced_grammar(tools, choice, parallel=False)
+    good = {"paint": _call("paint", {"color": "green", "size": {"w": 1, "h": 2}}),
+            "tree": _call("tree", {"label": "a", "kids": [{"label": "b", "kids": []}]})}
+    bad = {"paint": [_call("paint", {"color": "blue", "size": {"w": 1, "h": 2}}),
+                     _call("paint", {"color": "red", "size": {"w": 1}}),
+                     _call("paint", {"color": "red", "size": {"w": 1, "h": 2}, "junk": 1}),
+                     _call("paint", {"color": "red", "size": {"w": 1, "h": 2, "d": 3}})],
+           "tree": [_call("tree", {"label": "a", "kids": [{"label": 1, "kids": []}]}),
+                    _call("tree", {"label": "a", "kids": [], "x": 0})]}
+    names = ["paint", "tree"] if choice == "required" else [choice.name]
+    for name in names:
+        tok, m = matcher(engine, grammar)
+        assert not m.is_error(), m.get_error()
+        assert m.consume_tokens(tok.tokenize_str(good[name])) and m.is_accepting(), name
+        for wrong in bad[name]:
+            _, m = matcher(engine, grammar)
+            m.consume_tokens(tok.tokenize_str(wrong))
+            assert m.is_error() or not m.is_accepting(), wrong
+    if choice == "required":  # the other tool's Color is not this one's
+        tok, m = matcher(engine, grammar)
+        assert m.consume_tokens(tok.tokenize_str(_call("mood", {"color": "dark"}))) and m.is_accepting()
+        _, m = matcher(engine, grammar)
+        m.consume_tokens(tok.tokenize_str(_call("mood", {"color": "red"})))
+        assert m.is_error() or not m.is_accepting()
+
+
+def test_embedded_arguments_reroots_references_and_closes_objects():
+    from specedge.apps.tools import embedded_arguments
+    params = {"type": "object", "properties": {"properties": {"type": "string"}, "c": {"$ref": "#/$defs/C"},
+                                               "me": {"$ref": "#"}, "o": {"type": "object", "properties": {},
+                                                                          "additionalProperties": True}},
+              "$defs": {"C": {"type": "object", "properties": {"x": {"$ref": "#/properties/c"}}}}}
+    args, defs = embedded_arguments(params)
+    assert "$defs" not in args and defs["$defs"]["C"]["additionalProperties"] is False
+    assert args["properties"]["c"] == {"$ref": "#/$defs/C"} and args["properties"]["me"]["$ref"] == \
+        "#/properties/arguments"
+    assert defs["$defs"]["C"]["properties"]["x"]["$ref"] == "#/properties/arguments/properties/c"
+    assert args["additionalProperties"] is False and args["properties"]["o"]["additionalProperties"] is True
+    assert args["properties"]["properties"] == {"type": "string"}  # a property named "properties" stays a property
+    assert params["$defs"]["C"]["properties"]["x"]["$ref"] == "#/properties/c"  # the tool's own schema untouched
+
+
 def test_engine_chat_refuses_grammar_with_a_forced_tool(engine):
     with pytest.raises(ValueError, match="forced tool_choice"):
         engine.chat([{"role": "user", "content": "hi"}], tools=[WEATHER], tool_choice="required",
