@@ -45,15 +45,30 @@ def invalid(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param=param)
 
 
-def engine_error(e: ValueError) -> APIError:
-    """A 400 from an Engine ValueError (a value out of range, a prompt longer than the context); param is the
-    first request field the message names."""
+_GRAMMAR_ERRORS = ("the JSON schema", "the GBNF grammar", "the Lark grammar", "the JsonSchema grammar",
+                   "the JsonObject grammar", "the Regex grammar", "the Gbnf grammar")
+
+
+def engine_error(e: ValueError, req: "GenRequest | None" = None) -> APIError:
+    """A 400 from an Engine ValueError (a value out of range, a prompt longer than the context, a grammar llguidance
+    refuses); param is the request field it is about: the constraint's field for a grammar error (`tools` for a
+    forced call, whose message then keeps llguidance's reason, not the internal grammar it was embedded in), else
+    the first field the message names (`messages` for a chat prompt)."""
     msg = str(e)
+    if req is not None and req.constraint and msg.startswith(_GRAMMAR_ERRORS):
+        reason = msg.split("\n", 1)[0]
+        if req.constraint == "tools":
+            reason = reason.split("failed to compile JSON schema: ", 1)[-1].split(": ", 1)[-1] \
+                if "JSON schema" in reason else reason
+            reason = f"a forced tool's parameters are not a JSON Schema llguidance can enforce: {reason}"
+        return APIError(400, reason, param=req.constraint)
     sampling = (f.name for f in fields(CallSettings) if f.name not in ("seed", "stop", "grammar", "logprobs"))
     names = (*sampling, "repetition_penalty", "prompt", "messages")
     hits = [(msg.find(f), f) for f in names if f in msg]
     param = min(hits)[1] if hits else None
     param = "repeat_penalty" if param == "repetition_penalty" else param
+    if param == "prompt" and req is not None and req.chat:
+        param = "messages"
     code = "context_length_exceeded" if "context holds" in msg else None
     return APIError(400, msg, param=param, code=code)
 
@@ -71,6 +86,7 @@ class GenRequest:
     tools: tuple[Tool, ...] = ()  # chat: offered (and parsed) tools; empty with tool_choice "none"
     parallel_tool_calls: bool = True
     echo: bool = False  # completions: the prompt's text precedes the completion
+    constraint: str | None = None  # the field that set the grammar (response_format, ..., tools): errors name it
 
     def call(self, i: int = 0) -> CallSettings:
         """The CallSettings of choice i: the request's, with seed + i."""
@@ -81,6 +97,8 @@ class GenRequest:
 # set is refused with a 400 naming it; a listed field with a value we cannot honour is refused the same way.
 # the CallSettings fields declared with a `wire` type (assembly/decoder.py option): temperature, top_p and the
 # extensions llama.cpp's server names (top_k, min_p, typical_p, repeat_penalty), parsed alike in _common
+MAX_TOKENS = 2**31 - 1  # a token count llama.cpp's int32 positions can hold; larger is a client error
+OPENAI_RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0)}
 WIRE_FIELDS = {f.name: f.metadata["wire"] for f in fields(CallSettings) if f.metadata.get("wire")}
 COMMON_FIELDS = {"model", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n", "presence_penalty", "seed",
                  "stop", "stream", "stream_options", "user",
@@ -160,6 +178,30 @@ def _stop(body: dict) -> tuple[str, ...]:
     raise invalid(f"stop must be a string or a list of strings, got {v!r}", "stop")
 
 
+# the keys each response_format type takes: OpenAI's, and llama-server's {"type": "json_object", "schema": {...}}
+# (instructor's JSON_SCHEMA mode sends it); any other key is refused naming it, never ignored
+_RESPONSE_FORMAT_KEYS = {"text": {"type"}, "json_object": {"type", "schema"}, "json_schema": {"type", "json_schema"}}
+_JSON_SCHEMA_KEYS = {"name", "schema", "strict", "description"}
+
+
+def _unknown_keys(value: dict, allowed: set[str], where: str) -> None:
+    extra = sorted(set(value) - allowed)
+    if extra:
+        raise invalid(f"{where} does not take {', '.join(map(repr, extra))} (it takes {', '.join(sorted(allowed))})",
+                      f"{where}.{extra[0]}")
+
+
+def constraint_field(body: dict) -> str | None:
+    """The request field that sets the output constraint (response_format unless it is text, json_schema, grammar,
+    regex), for errors that name it."""
+    rf = body.get("response_format")
+    if isinstance(rf, dict) and rf.get("type") == "text":
+        rf = None
+    given = [k for k in ("response_format", "json_schema", "grammar", "regex")
+             if (rf if k == "response_format" else body.get(k)) is not None]
+    return given[0] if given else None
+
+
 def grammar_of(body: dict) -> Grammar | None:
     """The output constraint: response_format (OpenAI), or one of the extensions `json_schema` (a schema object),
     `grammar` (GBNF; llama.cpp's server names both) and `regex`; at most one of them."""
@@ -168,6 +210,8 @@ def grammar_of(body: dict) -> Grammar | None:
     if rf is not None and (not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema")):
         raise invalid(f'response_format must be {{"type": "text" | "json_object" | "json_schema", ...}}, got {rf!r}',
                       "response_format")
+    if rf is not None:
+        _unknown_keys(rf, _RESPONSE_FORMAT_KEYS[rf["type"]], "response_format")
     if rf is not None and rf["type"] == "text":
         given.remove("response_format")
         rf = None
@@ -178,11 +222,18 @@ def grammar_of(body: dict) -> Grammar | None:
     name = given[0]
     if name == "response_format":
         if rf["type"] == "json_object":
-            return JsonObject()
+            schema = rf.get("schema")
+            if schema is None:
+                return JsonObject()
+            if not isinstance(schema, dict):  # llama-server's form: an object that follows this schema
+                raise invalid(f"response_format.schema must be a JSON Schema object, got {schema!r}",
+                              "response_format.schema")
+            return JsonSchema(schema, strict=False)
         js = rf.get("json_schema")
         if not isinstance(js, dict) or not isinstance(js.get("schema", {}), dict):
             raise invalid('response_format json_schema must be {"name", "schema": {...}, "strict"}',
                           "response_format")
+        _unknown_keys(js, _JSON_SCHEMA_KEYS, "response_format.json_schema")
         strict = js.get("strict")
         if strict is not None and not isinstance(strict, bool):
             raise invalid(f"response_format.json_schema.strict must be true or false, got {strict!r}",
@@ -283,8 +334,9 @@ def _common(body: dict, chat: bool) -> tuple[CallSettings, bool, bool, bool, int
     # max_completion_tokens (the chat API's current name) wins over max_tokens (the older one) when both are set
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _integer(body, name)  # None: to the end of the turn or the context limit
-    if max_tokens is not None and max_tokens < 1:
-        raise invalid(f"{name} must be >= 1, got {max_tokens}", name)
+    if max_tokens is not None and not 1 <= max_tokens <= MAX_TOKENS:
+        raise invalid(f"{name} must be in [1, {MAX_TOKENS}], got {max_tokens} (leave it out to answer to the end "
+                      "of the turn)", name)
     seed = _integer(body, "seed", 0)
     stream = body.get("stream", False)
     if not isinstance(stream, bool) and stream is not None:
@@ -303,6 +355,9 @@ def _common(body: dict, chat: bool) -> tuple[CallSettings, bool, bool, bool, int
         raise invalid(f"stream_options supports include_usage (include_obfuscation: false only), got {so!r}",
                       "stream_options")
     wire = {name: (_integer if kind == "integer" else _number)(body, name, None) for name, kind in WIRE_FIELDS.items()}
+    for name, (low, high) in OPENAI_RANGES.items():  # OpenAI's own ranges (the CLI and Engine allow more)
+        if wire.get(name) is not None and not low <= wire[name] <= high:
+            raise invalid(f"{name} must be in [{low}, {high}], got {wire[name]}", name)
     try:  # a value out of range is a 400 naming the field (CallSettings validates at construction)
         opts = CallSettings(max_tokens=max_tokens, **{k: v for k, v in wire.items() if v is not None},
                             presence_penalty=_penalty(body, "presence_penalty"),
@@ -335,7 +390,8 @@ def parse_completion(body: dict, *, vocab_size: int) -> GenRequest:
     if echo and opts.logprobs is not None:
         raise invalid("echo with logprobs is not supported (the prompt's logprobs are not computed): drop one",
                       "echo")
-    return GenRequest(False, prompt, opts, stream, usage_, given, n=n, echo=bool(echo))
+    return GenRequest(False, prompt, opts, stream, usage_, given, n=n, echo=bool(echo),
+                      constraint=constraint_field(body))
 
 
 def chat_messages(body: dict) -> list[dict]:
@@ -387,7 +443,9 @@ def parse_chat(body: dict, rendered: str) -> GenRequest:
                           "tool_choice: the call's arguments follow the tool's parameters", "tool_choice")
         opts = replace(opts, grammar=forced_grammar(tools, choice, parallel=parallel))
     offered = tuple(tools) if choice != "none" else ()
-    return GenRequest(True, rendered, opts, stream, usage_, given, n=n, tools=offered, parallel_tool_calls=parallel)
+    constraint = constraint_field(body) if choice in ("auto", "none") else "tools"
+    return GenRequest(True, rendered, opts, stream, usage_, given, n=n, tools=offered, parallel_tool_calls=parallel,
+                      constraint=constraint)
 
 
 # ---- responses (apps/openai_shapes.py; re-exported for the server) ------------------------------------------------

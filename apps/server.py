@@ -307,7 +307,7 @@ class Server:
             chunks = await asyncio.to_thread(lambda: engine.stream(req.prompt, req.call(0), cancel=cancel))
         except ValueError as e:
             self.admission.release()
-            raise proto.engine_error(e) from None
+            raise proto.engine_error(e, req) from None
         except BaseException:
             self.admission.release()
             raise

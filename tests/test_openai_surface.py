@@ -162,7 +162,10 @@ def test_logit_bias_and_penalties_are_honoured_as_the_engine_honours_them(server
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
      JsonSchema({}, strict=False, name="x")),
     ({"grammar": 'root ::= "a"'}, Gbnf('root ::= "a"')), ({"regex": "a+"}, Regex("a+")),
-    ({"json_schema": {"type": "string"}}, JsonSchema({"type": "string"}, strict=False))])
+    ({"json_schema": {"type": "string"}}, JsonSchema({"type": "string"}, strict=False)),
+    # llama-server's form, which instructor's JSON_SCHEMA mode sends: honoured, not ignored
+    ({"response_format": {"type": "json_object", "schema": {"type": "object", "required": ["a"]}}},
+     JsonSchema({"type": "object", "required": ["a"]}, strict=False))])
 def test_output_constraints_map_to_grammar_specs(body, want):
     assert proto.grammar_of(body) == want
 
@@ -174,10 +177,32 @@ def test_output_constraints_map_to_grammar_specs(body, want):
     ({"tool_choice": "auto"}, "tool_choice"), ({"tools": [{"type": "retrieval"}]}, "tools"),
     ({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"n": 2, "stream": True}, "n"), ({"n": 0}, "n"), ({"stream_options": {"include_obfuscation": True}},
-                                                       "stream_options")])
+                                                       "stream_options"),
+    # unknown keys inside response_format are refused naming them (issue 29), never silently ignored
+    ({"response_format": {"type": "json_object", "bogus": 1}}, "response_format.bogus"),
+    ({"response_format": {"type": "text", "schema": {}}}, "response_format.schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}, "extra": 1}}},
+     "response_format.json_schema.extra"),
+    ({"response_format": {"type": "json_object", "schema": "not an object"}}, "response_format.schema"),
+    # OpenAI's ranges
+    ({"temperature": 3}, "temperature"), ({"top_p": 1.5}, "top_p"), ({"max_tokens": 10**30}, "max_tokens"),
+    ({"max_completion_tokens": 2**31}, "max_completion_tokens"),
+    # a grammar llguidance refuses names its field, and a forced tool's the tools
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"$ref": "#/$defs/Missing"}}}}}}, "response_format"),
+    ({"regex": "(unclosed"}, "regex"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"$ref": "#/$defs/Missing"}}}}}], "tool_choice": "required"}, "tools"),
+])
 def test_bad_combinations_get_400_naming_the_field(server, body, param):
     r = post(server, "chat/completions", {"messages": HI, "max_tokens": 2, **body})
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert "%json" not in r.text and "body0" not in r.text  # no internal grammar in the message
+
+
+def test_a_chat_prompt_over_the_context_names_messages(server):
+    r = post(server, "chat/completions", {"messages": [{"role": "user", "content": "hi " * 5000}], "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
 
 
 def test_completion_logprobs_above_five_and_echo_with_logprobs_are_refused(server):
