@@ -255,7 +255,8 @@ def _block_call(inner: str, names: set[str]) -> ToolCall | None:
 def parse_tool_calls(text: str, tools: Sequence[Tool]) -> tuple[str, list[ToolCall]]:
     """(content, calls): every <tool_call>{json}</tool_call> block naming a given tool becomes a ToolCall (ids
     call_<hex>); a whole output that is one JSON object {"name", "arguments" | "parameters"} is one call too. Blocks
-    that do not parse or name no given tool stay in the content. Content is the rest, stripped."""
+    that do not parse or name no given tool stay in the content; an unclosed block at the end (a call cut by
+    max_tokens) is dropped, never content. Content is the rest, stripped."""
     names = {t.name for t in tools}
     if not names:
         return text, []
@@ -266,7 +267,7 @@ def parse_tool_calls(text: str, tools: Sequence[Tool]) -> tuple[str, list[ToolCa
             kept.append(text[at:m.start()])
             at = m.end()
             calls.append(call)
-    kept.append(text[at:])
+    kept.append(_without_unclosed(text[at:]))
     content = "".join(kept).strip()
     if not calls and content.startswith("{"):
         try:
@@ -276,6 +277,12 @@ def parse_tool_calls(text: str, tools: Sequence[Tool]) -> tuple[str, list[ToolCa
         if call is not None:
             return "", [call]
     return content, calls
+
+
+def _without_unclosed(tail: str) -> str:
+    """The text before an unclosed <tool_call> block at the end of the output (all of it when none)."""
+    i = tail.rfind(OPEN)
+    return tail if i < 0 or CLOSE in tail[i:] else tail[:i]
 
 
 def _held(text: str, marker: str) -> int:
@@ -322,14 +329,19 @@ class ToolStream:
             self.buf = self.buf[end:]
 
     def finish(self) -> list[tuple[str, object]]:
-        """The events left at the end: a bare JSON call, an unclosed block as content, held-back text."""
+        """The events left at the end: a bare JSON call, held-back text; an unclosed block (a call cut by
+        max_tokens) is dropped, as parse_tool_calls drops it."""
         if not self.started and self.buf.strip():
             content, calls = parse_tool_calls(self.buf, [Tool(n) for n in self.names])
             if calls:
                 self.consumed += len(self.buf)
                 self.buf = ""
                 return ([("content", content)] if content else []) + [("call", c) for c in calls]
-        return self._emit_content(len(self.buf))
+        keep = len(_without_unclosed(self.buf)) if self.names else len(self.buf)
+        events = self._emit_content(keep)
+        self.consumed += len(self.buf)
+        self.buf = ""
+        return events
 
     def _emit_content(self, n: int) -> list[tuple[str, object]]:
         if n <= 0:

@@ -59,8 +59,9 @@ def test_parse_blocks_bare_json_and_leftover_content():
     assert all(c.id.startswith("call_") and len(c.id) > 10 for c in calls) and calls[0].id != calls[1].id
     content, calls = parse_tool_calls(' {"name": "get_weather", "parameters": {"city": "Oslo"}} ', [WEATHER])
     assert content == "" and calls[0].name == "get_weather" and calls[0].args == {"city": "Oslo"}
-    for text in (CALL.replace("get_weather", "unknown"), "<tool_call>{not json}</tool_call>", "<tool_call>{\"na"):
+    for text in (CALL.replace("get_weather", "unknown"), "<tool_call>{not json}</tool_call>"):
         assert parse_tool_calls(text, [WEATHER]) == (text.strip(), [])
+    assert parse_tool_calls("<tool_call>{\"na", [WEATHER]) == ("", [])  # cut by max_tokens: not content
     assert parse_tool_calls(CALL, []) == (CALL, [])  # no tools: nothing is a call
 
 
@@ -79,6 +80,22 @@ def test_tool_stream_equals_whole_parse_at_any_split(step):
     assert content.replace(" ", "") == want_content.replace(" ", "")
     assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in want_calls]
     assert stream.consumed == len(text)
+
+
+@pytest.mark.parametrize("step", [1, 5, 1000])
+def test_a_call_cut_by_max_tokens_never_reaches_content(step):
+    """tool_choice "required" with parallel calls: a small model repeats calls until max_tokens, and the cut-off
+    last block was returned as content beside the parsed call (issue 29)."""
+    text = "Here. " + CALL + "\n<tool_call>\n{\"name\": \"get_weather\", \"argu"
+    content, calls = parse_tool_calls(text, [WEATHER])
+    assert content == "Here." and [c.args for c in calls] == [{"city": "Paris"}]
+    stream, events = ToolStream([WEATHER]), []
+    for i in range(0, len(text), step):
+        events += stream.push(text[i:i + step])
+    events += stream.finish()
+    assert "".join(v for k, v in events if k == "content").strip() == "Here."
+    assert [v.args for k, v in events if k == "call"] == [{"city": "Paris"}] and stream.consumed == len(text)
+    assert parse_tool_calls("no calls, just <tool_call> talk", [WEATHER])[0] == "no calls, just"
 
 
 def test_tool_stream_holds_a_bare_json_call_to_the_end():
