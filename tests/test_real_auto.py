@@ -11,7 +11,9 @@ from specedge.runtime.backends import BackendKind
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
 
-def test_smollm2_profile_is_measured_cached_and_reused(tmp_path):
+def test_smollm2_profile_is_measured_cached_and_reused(tmp_path, monkeypatch):
+    from quiet_machine import assume_quiet
+    assume_quiet(monkeypatch)  # caching, not this machine's load (a profile measured while busy is not cached)
     model = load_model("smollm2-135m", BackendKind.LLAMACPP, ctx=1024, threads=1)
     settings = MeasureSettings(k_max=3, reps=3, prompts=1, max_tokens=24, prompt_tokens=128)
     messages = []
