@@ -183,6 +183,28 @@ def generate(**o) -> None:
                 line += " (sampled: lossless in distribution, not token for token; --temperature 0 compares tokens)"
         click.echo(line, err=True)
 
+@cli.command("tokenize")
+@click.argument("model")
+@click.argument("text")
+@click.option("--chat", is_flag=True, help="Apply the model's chat template to TEXT as one user message first.")
+@click.option("--json", "as_json", is_flag=True, help="A JSON list of {id, piece} instead of the ids.")
+@CACHE_OPT
+def tokenize_cmd(model: str, text: str, chat: bool, as_json: bool, cache_dir: Path | None) -> None:
+    """Print TEXT's token ids in MODEL's vocabulary (what --logit-bias and the server's logit_bias take; POST
+    /tokenize on a running server gives the same)."""
+    from ..assembly.load import model_tokenizer
+    from ..models.errors import ModelFileError
+    try:
+        tok = model_tokenizer(model, cache_dir)
+    except (ValueError, FileNotFoundError, ModelFileError) as e:
+        raise click.ClickException(str(e)) from None
+    ids = [int(i) for i in (tok.chat_ids(text) if chat else tok.encode(text, add_bos=False))]
+    if as_json:
+        click.echo(json.dumps([{"id": i, "piece": tok.decode([i])} for i in ids], ensure_ascii=False))
+    else:
+        click.echo(" ".join(map(str, ids)))
+
+
 cli.add_command(export_cmd)
 cli.add_command(chat_cmd)
 cli.add_command(bench_cmd)

@@ -167,6 +167,18 @@ def load_model(name_or_path: str, kind: BackendKind | None = None, *, ctx: int |
     return LoadedModel(path, gguf, tokenizer, backend, engine.kind, exact_batches=exact_batches)
 
 
+def model_tokenizer(name_or_path: str, cache_dir: Path | None = None) -> TextTokenizer:
+    """The tokenizer a model runs with, without loading its weights: an exported artifact's, or a GGUF's
+    (gguf_tokenizer). ModelFileError / FileNotFoundError naming what is missing."""
+    ref = model_ref(name_or_path, cache_dir)
+    if ref.kind is RefKind.ARTIFACT:
+        root = resolve_artifact(name_or_path, cache_dir)
+        return _artifact_tokenizer(root, read_manifest(root, verify=False))
+    if ref.kind is RefKind.CHECKPOINT:
+        raise ValueError(ref.export_hint())
+    return gguf_tokenizer(resolve_model(name_or_path, cache_dir))
+
+
 def gguf_tokenizer(path: Path) -> TextTokenizer:
     """The tokenizer load_model gives a GGUF on llama.cpp, without loading the weights: ours, or llama.cpp's
     (vocabulary only) for a file our code cannot tokenize."""

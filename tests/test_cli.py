@@ -114,3 +114,18 @@ def test_recycle_trees_and_block_verifier_from_the_cli(tiny_path):
             "--verifier", "block", "--temperature", 0.8, "--max-tokens", 12, "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout.strip().splitlines()[-1])["stats"]["verifier"] == "block"
+
+
+def test_tokenize_prints_the_ids_generate_and_logit_bias_use(tiny_path):
+    """`specedge tokenize` (the command the logit_bias error points to; it did not exist): the model's own ids,
+    plain or in the chat template; a missing model is a clean error."""
+    from specedge.models.gguf_in import open_gguf
+    from specedge.runtime.tokenizer import Tokenizer
+    tok = Tokenizer(open_gguf(tiny_path).tokenizer_spec())
+    r = run("tokenize", tiny_path, "the cat sat")
+    assert r.exit_code == 0 and [int(i) for i in r.output.split()] == tok.encode("the cat sat").tolist()
+    r = run("tokenize", tiny_path, "hi", "--chat", "--json")
+    pieces = json.loads(r.output)
+    assert [p["id"] for p in pieces] == tok.chat_ids("hi").tolist() and "".join(p["piece"] for p in pieces)
+    r = run("tokenize", tiny_path.parent / "missing.gguf", "x")
+    assert r.exit_code == 1 and "missing.gguf" in r.output
