@@ -84,11 +84,14 @@ def test_a_request_a_cpu_build_cannot_honour_is_refused_with_the_fix(tiny):
 
 
 def test_engines_without_layers_to_offload_refuse_the_option(tiny):
-    with pytest.raises(ValueError, match="applies to the llama.cpp engines; the numpy backend runs on the CPU"):
+    with pytest.raises(ValueError, match=r"the numpy backend has no layers to put on a GPU \(its build runs on"):
         load_model(str(tiny), BackendKind.NUMPY, gpu_layers=2)
-    with pytest.raises(ValueError, match="the onnx backend takes --device"):
+    with pytest.raises(ValueError, match=r"the onnx backend has no layers to put on a GPU \(it takes --device"):
         info(BackendKind.ONNX).gpu_layers(ALL_LAYERS)
+    with pytest.raises(ValueError, match="the ik_llama.cpp backend has no layers"):  # its pinned wheel: a CPU build
+        info(BackendKind.IK).gpu_layers(4)
     assert info(BackendKind.NUMPY).gpu_layers(None) == info(BackendKind.ONNX).gpu_layers(0) == 0
+    assert info(BackendKind.IK).gpu_layers(None) == 0
 
 
 def test_on_an_offloading_build_all_layers_reach_llama_cpp_by_default(tiny, offloading_build):

@@ -104,10 +104,14 @@ class BackendInfo:
         if requested == 0 or can:
             return requested
         if self.gpu_offload is None:
-            raise ValueError(f"--gpu-layers applies to the llama.cpp engines; the {self.name} backend "
-                             + ("takes --device for its execution provider" if self.devices else "runs on the CPU")
-                             + ": leave --gpu-layers out")
-        return _no_offload(self, requested)
+            raise ValueError(f"--gpu-layers: the {self.name} backend has no layers to put on a GPU ("
+                             + ("it takes --device for its execution provider" if self.devices else
+                                "its build runs on the CPU") + "); leave --gpu-layers out")
+        what = "all layers" if requested == ALL_LAYERS else f"{requested} layers"
+        raise ValueError(f"--gpu-layers asks for {what} on a GPU, but this {self.name} build ({self.distribution} "
+                         f"{self.version()}) has no GPU offload (llama_supports_gpu_offload() is false): install a "
+                         "GPU build (CMAKE_ARGS=\"-DGGML_CUDA=on\", Metal is the default on macOS), or use "
+                         "--gpu-layers 0")
 
     def missing(self) -> str:
         """One line: what to install for this engine."""
@@ -142,21 +146,9 @@ def describe_gpu_layers(layers: int, total: int | None = None) -> str:
     return f"{layers} of {total} layers on the GPU" if total else f"{layers} layers on the GPU"
 
 
-def _no_offload(engine: "BackendInfo", requested: int) -> int:
-    what = "all layers" if requested == ALL_LAYERS else f"{requested} layers"
-    raise ValueError(f"--gpu-layers asks for {what} on a GPU, but this {engine.name} build ({engine.distribution} "
-                     f"{engine.version()}) has no GPU offload (llama_supports_gpu_offload() is false): install a "
-                     "GPU build (CMAKE_ARGS=\"-DGGML_CUDA=on\", Metal is the default on macOS), or use --gpu-layers 0")
-
-
 def _llamacpp_offloads() -> bool:
     import llama_cpp
     return bool(llama_cpp.llama_supports_gpu_offload())
-
-
-def _ik_offloads() -> bool:
-    from .ik import load_library
-    return bool(load_library().llama_supports_gpu_offload())
 
 
 def _open_numpy(gguf, *, n_ctx=None, n_threads=None, exact_batches=True, dtype=np.float32, **_) -> Backend:
@@ -189,10 +181,11 @@ def _probe_ik(backend, widths, prefixes) -> bool:
 
 REGISTRY: dict[BackendKind, BackendInfo] = {i.kind: i for i in (
     BackendInfo(BackendKind.LLAMACPP, "llama.cpp", Opens.GGUF, "llama_cpp", "llama_cpp_python", "llama",
-                _open_llamacpp, _llamacpp_offloads, plain_kernels=True, reads_any_gguf=True, reference=True, draft_models=True,
-                planned=True),
+                _open_llamacpp, _llamacpp_offloads, plain_kernels=True, reads_any_gguf=True, reference=True,
+                draft_models=True, planned=True),
+    # ik: gpu_offload None, the pinned wheel (SUPPORTED in ik.py) is a CPU build (llama_supports_gpu_offload false)
     BackendInfo(BackendKind.IK, "ik_llama.cpp", Opens.GGUF, "ik_llama_cpp", "ik-llama-cpp-python", "ik", _open_ik,
-                _ik_offloads, reads_any_gguf=True, draft_models=True, planned=True, gated=True, probe=_probe_ik),
+                reads_any_gguf=True, draft_models=True, planned=True, gated=True, probe=_probe_ik),
     BackendInfo(BackendKind.ONNX, "onnx", Opens.ARTIFACT, "onnxruntime", "onnxruntime", "onnx", devices=True,
                 planned=True),
     BackendInfo(BackendKind.NUMPY, "numpy", Opens.GGUF, None, "numpy", None, _open_numpy, many_caches=True),
