@@ -11,6 +11,7 @@ from typing import Callable
 from ..assembly.decoder import CallStream
 from ..runtime.generate import Collector
 from ..runtime.types import FinishReason
+from . import openai_responses as responses_api
 from . import openai_shapes as proto_shapes
 from .api import Engine
 from .openai_protocol import APIError, GenRequest, Shape
@@ -165,3 +166,62 @@ async def events(shape: Shape, req: GenRequest, queue: asyncio.Queue, call: Call
 def outcome_of(work) -> "Outcome | None":
     """A finished worker future's Outcome (None when it was cancelled or raised)."""
     return None if work.cancelled() or work.exception() is not None else work.result()
+
+
+def response_of(shape, req: GenRequest, outcome: Outcome, stats, engine: Engine) -> dict:
+    """The non-streamed Response object of a /v1/responses call (apps/openai_responses.py)."""
+    content, calls = parse_tool_calls(outcome.text, req.tools)
+    calls = calls if req.parallel_tool_calls else calls[:1]
+    text_of = TokenText(engine.tokenizer) if req.options.logprobs is not None else None
+    lps = responses_api.logprobs_of(outcome.logprobs, text_of)
+    output = shape.output(content if req.tools else outcome.text, calls, lps)
+    return shape.response("completed", output, reason=outcome.reason, stats=stats,
+                          completion_tokens=outcome.completion_tokens)
+
+
+async def response_events(shape, req: GenRequest, queue: asyncio.Queue, call: CallStream, engine: Engine):
+    """The events of a streamed /v1/responses call: created and in_progress, text deltas (each with the logprobs
+    of the tokens whose text it carries, when asked), whole function calls when their blocks close (ToolStream, as
+    on the chat route), then completed or incomplete with usage."""
+    es = responses_api.EventStream(shape)
+    tools = ToolStream(req.tools)
+    text_of = TokenText(engine.tokenizer) if req.options.logprobs is not None else None
+    calls, pending = 0, []  # pending: logprobs of tokens whose text ToolStream holds back
+    blank = ""  # with tools: whitespace (between calls) held until text follows it, dropped at the end
+    for e in es.start():
+        yield e
+
+    def out(events, lps):
+        nonlocal calls, pending, blank
+        got, lps = [], pending + lps
+        for kind, value in events:
+            if kind == "call":
+                limit = req.responses.max_tool_calls
+                if (calls and not req.parallel_tool_calls) or (limit and calls >= limit):
+                    continue
+                got += es.call(value)
+                calls += 1
+            elif value and req.tools and not (blank + value).strip():
+                blank += value
+            elif value:
+                got += es.delta(blank + value, responses_api.logprobs_of(lps, text_of))
+                lps, blank = [], ""
+        pending = lps
+        return got
+
+    while True:
+        kind, *value = await queue.get()
+        if kind == "text":
+            text, lps = value
+            for e in out(tools.push(text), lps):
+                yield e
+        elif kind == "error":
+            yield es.error(value[0])
+            return
+        else:
+            reason, n = value[0]
+            for e in out(tools.finish(), []):
+                yield e
+            for e in es.finish(reason, call.stats, n):
+                yield e
+            return

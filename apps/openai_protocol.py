@@ -20,10 +20,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING
 
 from ..assembly.decoder import MAX_TOP_LOGPROBS, CallSettings
 from ..runtime.constraint import Gbnf, Grammar, JsonObject, JsonSchema, Regex
-from .tools import ForceTool, Tool, ToolCall, ToolChoice, forced_grammar, resolve_choice, tools_of
+from .tools import ForceTool, Tool, ToolCall, ToolChoice, closed_objects, forced_grammar, resolve_choice, tools_of
+
+if TYPE_CHECKING:
+    from .openai_responses import ResponsesEcho
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -87,6 +91,12 @@ class GenRequest:
     parallel_tool_calls: bool = True
     echo: bool = False  # completions: the prompt's text precedes the completion
     constraint: str | None = None  # the field that set the grammar (response_format, ..., tools): errors name it
+    responses: "ResponsesEcho | None" = None  # /v1/responses: what its Response object repeats (else chat/text)
+
+    @property
+    def route(self) -> str:
+        return "/v1/responses" if self.responses is not None else \
+            "/v1/chat/completions" if self.chat else "/v1/completions"
 
     def call(self, i: int = 0) -> CallSettings:
         """The CallSettings of choice i: the request's, with seed + i."""
@@ -204,7 +214,10 @@ def constraint_field(body: dict) -> str | None:
 
 def grammar_of(body: dict) -> Grammar | None:
     """The output constraint: response_format (OpenAI), or one of the extensions `json_schema` (a schema object),
-    `grammar` (GBNF; llama.cpp's server names both) and `regex`; at most one of them."""
+    `grammar` (GBNF; llama.cpp's server names both) and `regex`; at most one of them. Every schema form closes the
+    objects that do not say otherwise (`additionalProperties: false`), as llama.cpp's server does and as OpenAI's
+    strict mode requires: a small model given an open object invents keys until the token limit (instructor's
+    JSON_SCHEMA mode sends no `strict`); a schema that wants extra keys says `additionalProperties`."""
     given = [k for k in ("response_format", "json_schema", "grammar", "regex") if body.get(k) is not None]
     rf = body.get("response_format")
     if rf is not None and (not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema")):
@@ -228,7 +241,7 @@ def grammar_of(body: dict) -> Grammar | None:
             if not isinstance(schema, dict):  # llama-server's form: an object that follows this schema
                 raise invalid(f"response_format.schema must be a JSON Schema object, got {schema!r}",
                               "response_format.schema")
-            return JsonSchema(schema, strict=False)
+            return JsonSchema(closed_objects(schema), strict=False)
         js = rf.get("json_schema")
         if not isinstance(js, dict) or not isinstance(js.get("schema", {}), dict):
             raise invalid('response_format json_schema must be {"name", "schema": {...}, "strict"}',
@@ -238,12 +251,12 @@ def grammar_of(body: dict) -> Grammar | None:
         if strict is not None and not isinstance(strict, bool):
             raise invalid(f"response_format.json_schema.strict must be true or false, got {strict!r}",
                           "response_format")
-        return JsonSchema(js.get("schema", {}), strict=bool(strict), name=js.get("name"))
+        return JsonSchema(closed_objects(js.get("schema", {})), strict=bool(strict), name=js.get("name"))
     v = body[name]
     if name == "json_schema":
         if not isinstance(v, dict):
             raise invalid(f"json_schema must be a JSON Schema object, got {v!r}", name)
-        return JsonSchema(v, strict=False)
+        return JsonSchema(closed_objects(v), strict=False)
     if not isinstance(v, str) or not v:
         raise invalid(f"{name} must be a non-empty string, got {v!r}", name)
     return Gbnf(v) if name == "grammar" else Regex(v)
@@ -432,16 +445,17 @@ def chat_messages(body: dict) -> list[dict]:
     return out
 
 
-def parse_chat(body: dict, rendered: str) -> GenRequest:
+def parse_chat(body: dict, rendered: str, *, max_calls: int | None = None) -> GenRequest:
     """POST /v1/chat/completions, given the messages already rendered by the model's chat template (with the tools
-    chat_tools returns). A forced tool_choice sets the grammar of its call(s); with response_format too: 400."""
+    chat_tools returns). A forced tool_choice sets the grammar of its call(s) (at most max_calls; default: one per
+    tool, apps/tools.py forced_grammar); with response_format too: 400."""
     opts, stream, usage_, given, n = _common(body, chat=True)
     tools, choice, parallel = chat_tools(body)
     if choice not in ("auto", "none"):
         if opts.grammar is not None:
             raise invalid("response_format (or another output constraint) cannot be combined with a forced "
                           "tool_choice: the call's arguments follow the tool's parameters", "tool_choice")
-        opts = replace(opts, grammar=forced_grammar(tools, choice, parallel=parallel))
+        opts = replace(opts, grammar=forced_grammar(tools, choice, parallel=parallel, max_calls=max_calls))
     offered = tuple(tools) if choice != "none" else ()
     constraint = constraint_field(body) if choice in ("auto", "none") else "tools"
     return GenRequest(True, rendered, opts, stream, usage_, given, n=n, tools=offered, parallel_tool_calls=parallel,

@@ -36,8 +36,9 @@ from starlette.routing import Route
 from ..runtime.stats import CallStats, DecodeStats
 from ..runtime.types import FinishReason
 from . import openai_protocol as proto
+from . import openai_responses as responses_api
 from .api import Engine
-from .generation import Outcome, choices_of, drive, events, outcome_of
+from .generation import Outcome, choices_of, drive, events, outcome_of, response_events, response_of
 from .model_pool import Lease, ModelNotFound, ModelPool, PoolFull, disk_bytes
 from .openai_protocol import APIError, GenRequest, Shape
 from .server_metrics import CONTENT_TYPE, Metrics, PromMetrics
@@ -99,6 +100,7 @@ class Server:
                   Route("/v1/models/{model_id:path}", self.model, methods=["GET"]),
                   Route("/v1/completions", self.completions, methods=["POST"]),
                   Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+                  Route("/v1/responses", self.responses, methods=["POST"]),
                   Route("/tokenize", self.tokenize, methods=["POST"]),
                   Route("/detokenize", self.detokenize, methods=["POST"]),
                   Route("/specedge/metrics", self.metrics_route, methods=["GET"]),
@@ -137,7 +139,7 @@ class Server:
 
     async def _http_error(self, request: Request, e: HTTPException) -> JSONResponse:
         msg = {404: f"no route {request.method} {request.url.path}: the server has /v1/models, /v1/completions, "
-                    "/v1/chat/completions, /tokenize, /detokenize, /metrics and /health",
+                    "/v1/chat/completions, /v1/responses, /tokenize, /detokenize, /metrics and /health",
                405: f"{request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
         return await self._api_error(request, APIError(e.status_code, msg, code=str(e.status_code)))
 
@@ -290,6 +292,23 @@ class Server:
             return proto.parse_chat(body, rendered)
         return await self._leased_generate(request, body, build)
 
+    async def responses(self, request: Request):
+        self._authorize(request)
+        body = await self._json(request)
+        chat, messages = responses_api.to_chat(body)
+        try:
+            tools, choice, _ = proto.chat_tools(chat)
+        except APIError as e:
+            raise responses_api.renamed(e) from None
+
+        async def build(engine: Engine) -> GenRequest:
+            try:
+                rendered = await asyncio.to_thread(engine.render_chat, messages, tools, choice)
+            except ValueError as e:
+                raise proto.invalid(f"{e}: check the roles and order of the input items", "input") from None
+            return responses_api.parse_responses(body, rendered, chat)
+        return await self._leased_generate(request, body, build)
+
     # ---- generation -------------------------------------------------------------------------------------------
 
     async def _generate(self, request: Request, req: GenRequest, lease: Lease):
@@ -312,12 +331,15 @@ class Server:
             self.admission.release()
             raise
         self.active.add(cancel)
-        shape = Shape.new(model_id, req.chat)
+        shape = Shape.new(model_id, req.chat) if req.responses is None else \
+            responses_api.ResponseShape.new(model_id, req.responses)
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
         lease.handed_off = True  # from here the call's end releases the lease
         if req.stream:
             work = loop.run_in_executor(self.pool, drive, chunks, cancel, loop, queue, True, self._running)
             work.add_done_callback(lambda w: self._finished(req, cancel, chunks.stats, lease, outcome_of(w)))
+            if req.responses is not None:
+                return SSEResponse(response_events(shape, req, queue, chunks, engine), cancel, named=True)
             return SSEResponse(events(shape, req, queue, chunks, engine), cancel)
         watcher = asyncio.ensure_future(watch_disconnect(request.receive, cancel))
         outcomes, calls = [], []
@@ -341,6 +363,8 @@ class Server:
         if bad:
             raise APIError(500, bad[0].text, type="server_error")
         first = calls[0].stats
+        if req.responses is not None:
+            return JSONResponse(response_of(shape, req, outcomes[0], first, engine))
         return JSONResponse(shape.completion(choices_of(req, outcomes, shape, engine), first.prompt_tokens,
                                              sum(o.completion_tokens for o in outcomes), first))
 
@@ -351,7 +375,7 @@ class Server:
         lease.release()
         if stats is not None:
             self.metrics.record(req, stats, lease.model_id)
-        route = "/v1/chat/completions" if req.chat else "/v1/completions"
+        route = req.route
         if outcome is None or outcome.error:
             self.prom.request(lease.model_id, route, "server_error")
         elif stats is not None:

@@ -20,8 +20,8 @@ class SSEResponse:
     """Server-sent events (`data: {json}\\n\\n` ... `data: [DONE]\\n\\n`) from an async iterator of dicts; a
     disconnect, seen while sending or while waiting for the next chunk, sets `cancel`."""
 
-    def __init__(self, events, cancel: threading.Event) -> None:
-        self.events, self.cancel = events, cancel
+    def __init__(self, events, cancel: threading.Event, *, named: bool = False) -> None:
+        self.events, self.cancel, self.named = events, cancel, named
 
     async def __call__(self, scope, receive, send) -> None:
         watcher = asyncio.ensure_future(watch_disconnect(receive, self.cancel))
@@ -32,8 +32,10 @@ class SSEResponse:
             async for event in self.events:
                 if self.cancel.is_set():
                     return
-                await send({"type": "http.response.body", "body": sse_bytes(event), "more_body": True})
-            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+                await send({"type": "http.response.body", "body": sse_bytes(event, self.named), "more_body": True})
+            # the Responses API ends with its response.completed event; chat and completions with [DONE]
+            await send({"type": "http.response.body", "body": b"" if self.named else b"data: [DONE]\n\n",
+                        "more_body": False})
         except OSError:  # the client went away mid-send
             pass
         finally:
@@ -42,5 +44,8 @@ class SSEResponse:
             await self.events.aclose()
 
 
-def sse_bytes(obj: dict) -> bytes:
+def sse_bytes(obj: dict, named: bool = False) -> bytes:
+    """One event: `data: {json}`, preceded by `event: {type}` when named (the Responses API's form)."""
+    if named:
+        return f"event: {obj.get('type', 'error')}\n".encode() + sse_bytes(obj)
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"

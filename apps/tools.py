@@ -380,24 +380,31 @@ _LIST = ("allOf", "anyOf", "oneOf", "prefixItems", "items")  # ... a list of sub
 _MAP = ("properties", "patternProperties", "dependentSchemas", *_DEFINITIONS)  # ... a map of name -> subschema
 
 
-def _fix_map(m):
-    return {k: _fix(v) for k, v in m.items()} if isinstance(m, dict) else m
+def closed_objects(schema: Mapping) -> dict:
+    """A JSON Schema whose objects that do not say otherwise are closed (`additionalProperties: false`), its
+    references untouched: llama.cpp's server reads a `json_schema` so (its grammar converter's default), and a
+    small model given an open object invents keys until the token limit."""
+    return _fix(_plain(schema), reroot=False)
 
 
-def _fix(s):
+def _fix_map(m, reroot: bool = True):
+    return {k: _fix(v, reroot) for k, v in m.items()} if isinstance(m, dict) else m
+
+
+def _fix(s, reroot: bool = True):
     """One subschema, walked by its keywords (embedded_arguments): re-rooted references, closed objects."""
     if not isinstance(s, dict):
         return s
     out = dict(s)
     for k, v in s.items():
         if k in _MAP:
-            out[k] = _fix_map(v)
+            out[k] = _fix_map(v, reroot)
         elif k in _LIST and isinstance(v, list):
-            out[k] = [_fix(x) for x in v]
+            out[k] = [_fix(x, reroot) for x in v]
         elif k in _ONE:
-            out[k] = _fix(v)
+            out[k] = _fix(v, reroot)
     ref = out.get("$ref")
-    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")) and \
+    if reroot and isinstance(ref, str) and (ref == "#" or ref.startswith("#/")) and \
             not ref.startswith(tuple(f"#/{k}/" for k in _DEFINITIONS)):
         out["$ref"] = _ARGUMENTS + ref[1:]
     if (out.get("type") == "object" or "properties" in out) and "additionalProperties" not in out:
@@ -405,9 +412,12 @@ def _fix(s):
     return out
 
 
-def forced_grammar(tools: Sequence[Tool], choice: ToolChoice, *, parallel: bool = True) -> Lark:
+def forced_grammar(tools: Sequence[Tool], choice: ToolChoice, *, parallel: bool = True,
+                   max_calls: int | None = None) -> Lark:
     """The grammar of an output that is only tool calls: for a ForceTool, calls of that tool; for "required", of
-    any given tool; a named tool or parallel=False: exactly one call, else one or more (newline-separated). Each call's
+    any given tool; a named tool or parallel=False: exactly one call, else one to `max_calls` (default: as many as
+    there are tools; newline-separated): a small model forced to call keeps repeating its call until max_tokens
+    when the grammar allows any number, and OpenAI's models rarely call more tools than they were given. Each call's
     arguments follow its tool's parameter schema (llguidance's %json embedding; embedded_arguments: its definitions
     and references re-rooted, its objects closed)."""
     if isinstance(choice, ForceTool):
@@ -419,7 +429,11 @@ def forced_grammar(tools: Sequence[Tool], choice: ToolChoice, *, parallel: bool 
     if not chosen:
         raise ValueError(f"tool_choice {choice!r} names no given tool")
     parallel = parallel and not isinstance(choice, ForceTool)  # a named tool: one call of it (as OpenAI's models do)
-    lines = ["start: call" if not parallel else 'start: call ("\\n" call)*',
+    most = max(1, max_calls if max_calls is not None else len(chosen)) if parallel else 1
+    more = ""
+    for _ in range(most - 1):  # call ("\n" call ("\n" call)?)?: at most `most` calls
+        more = f' ("\\n" call{more})?'
+    lines = [f"start: call{more}",
              'call: "<tool_call>\\n" body "\\n</tool_call>"',
              "body: " + " | ".join(f"body{i}" for i in range(len(chosen)))]
     for i, t in enumerate(chosen):

@@ -158,14 +158,19 @@ def test_logit_bias_and_penalties_are_honoured_as_the_engine_honours_them(server
     ({"response_format": {"type": "json_object"}}, JsonObject()),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"},
                                                                  "strict": True}}},
-     JsonSchema({"type": "object"}, strict=True, name="x")),
+     JsonSchema({"type": "object", "additionalProperties": False}, strict=True, name="x")),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
      JsonSchema({}, strict=False, name="x")),
     ({"grammar": 'root ::= "a"'}, Gbnf('root ::= "a"')), ({"regex": "a+"}, Regex("a+")),
     ({"json_schema": {"type": "string"}}, JsonSchema({"type": "string"}, strict=False)),
-    # llama-server's form, which instructor's JSON_SCHEMA mode sends: honoured, not ignored
+    # llama-server's form: honoured, not ignored; objects closed unless they say otherwise (llama.cpp's reading)
     ({"response_format": {"type": "json_object", "schema": {"type": "object", "required": ["a"]}}},
-     JsonSchema({"type": "object", "required": ["a"]}, strict=False))])
+     JsonSchema({"type": "object", "required": ["a"], "additionalProperties": False}, strict=False)),
+    ({"json_schema": {"type": "object", "properties": {"p": {"type": "object", "additionalProperties": True}},
+                      "$defs": {"D": {"properties": {"x": {"type": "string"}}}}}},
+     JsonSchema({"type": "object", "properties": {"p": {"type": "object", "additionalProperties": True}},
+                 "$defs": {"D": {"properties": {"x": {"type": "string"}}, "additionalProperties": False}},
+                 "additionalProperties": False}, strict=False))])
 def test_output_constraints_map_to_grammar_specs(body, want):
     assert proto.grammar_of(body) == want
 
