@@ -1,15 +1,16 @@
 """specedge: on-device speculative decoding for small language models, losslessly.
 
 `specedge.Engine` (apps/api.py) is the embeddable API; it and the call types (grammar specs JsonSchema, JsonObject,
-Regex, Lark, Gbnf; Tool, ToolCall, ForceTool; ChatResult, TokenLogprob) are imported on first use so that
+Regex, Lark, Gbnf; Tool, ToolCall, ForceTool; ChatResult, TokenLogprob) and `specedge.open_embedder` (embedding
+models, assembly/embedding.py) are imported on first use so that
 `import specedge` stays light.
 """
 __all__ = ["Engine", "ChatResult", "JsonSchema", "JsonObject", "Regex", "Lark", "Gbnf", "Tool", "ToolCall", "ForceTool",
-           "TokenLogprob", "__version__"]
+           "TokenLogprob", "open_embedder", "__version__"]
 _LAZY = {"Engine": "apps.api", "ChatResult": "apps.api", "Tool": "apps.tools", "ToolCall": "apps.tools",
          "ForceTool": "apps.tools", "JsonSchema": "runtime.constraint", "JsonObject": "runtime.constraint",
          "Regex": "runtime.constraint", "Lark": "runtime.constraint", "Gbnf": "runtime.constraint",
-         "TokenLogprob": "runtime.types"}
+         "TokenLogprob": "runtime.types", "open_embedder": "assembly.embedding"}
 
 
 def __getattr__(name: str):

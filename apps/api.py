@@ -26,6 +26,7 @@ repeated system prompt) prefills only the rest.
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from dataclasses import dataclass, field, replace
 from typing import Iterator, Sequence
 
@@ -34,6 +35,7 @@ import numpy as np
 from ..assembly.decoder import CallSettings, CallStream, DecodeSettings, Decoder
 from ..assembly.load import LoadedModel, parse_drafter
 from ..assembly.open import open_decoder, settings_from
+from ..runtime.backends.llamacpp_embed import LlamaCppEmbedder
 from ..runtime.decode import check_prompt
 from ..runtime.generate import collect
 from ..runtime.session import Session
@@ -72,6 +74,7 @@ class Engine:
         self.plan = decoder.plan  # the plan that chose the decoder's settings (None: they were given)
         self.session = Session(decoder.model.backend, decoder.model_settings.ctx)
         self._lock = threading.Lock()
+        self._embed_lock, self._embedder = threading.Lock(), None  # embed(): llama.cpp's embedding context
 
     @classmethod
     def open(cls, model: str = "smollm2-135m", *, plan: bool = True, auto: bool = False, log=None,
@@ -196,6 +199,25 @@ class Engine:
         with self._lock:
             s = self.decoder.settings
             self.decoder = self.decoder.with_decode(DecodeSettings(spec, s.k, s.adaptive_k, s.verifier))
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Embeddings of `texts` from this model: float32 [len(texts), n_embd], each row L2-normalised (cosine
+        similarity is a dot product). A GGUF model's embedding mode through llama.cpp: the final hidden states
+        mean-pooled over each text's tokens (a second context on the same file, opened on first use; it never
+        touches the generating context's cache). ValueError for a text longer than that context; an ONNX artifact
+        has no embedding mode (use a GGUF, or specedge.open_embedder("all-minilm-l6-v2"))."""
+        if isinstance(texts, str):
+            texts = [texts]
+        with self._embed_lock:
+            if self._embedder is None:
+                path = Path(self.model.path)
+                if path.suffix != ".gguf":
+                    raise ValueError(f"{self.name} ({self.backend_kind}) has no embedding mode here: embeddings "
+                                     "come from a GGUF model through llama.cpp, or from an embedding model "
+                                     '(specedge.open_embedder("all-minilm-l6-v2"))')
+                self._embedder = LlamaCppEmbedder(path, n_ctx=min(self.context_length, 2048),
+                                                  n_threads=self.decoder.model_settings.threads)
+            return self._embedder.embed(list(texts))
 
     def reset(self) -> None:
         """Forget the cached conversation prefix (the next call prefills its whole prompt)."""

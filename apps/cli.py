@@ -183,6 +183,33 @@ def generate(**o) -> None:
                 line += " (sampled: lossless in distribution, not token for token; --temperature 0 compares tokens)"
         click.echo(line, err=True)
 
+@cli.command("embed")
+@click.argument("model")
+@click.argument("texts", nargs=-1, required=True)
+@click.option("--json", "as_json", is_flag=True, help="A JSON list of vectors instead of the similarity table.")
+@CACHE_OPT
+def embed_cmd(model: str, texts: tuple[str, ...], as_json: bool, cache_dir: Path | None) -> None:
+    """Embed TEXTS with MODEL (an embedding model such as all-minilm-l6-v2, or a GGUF model's embedding mode through
+    llama.cpp) and print their pairwise cosine similarities (vectors are L2-normalised); POST /v1/embeddings on a
+    running server gives the same vectors."""
+    from ..assembly.embedding import open_embedder
+    from ..models.errors import ModelFileError
+    try:
+        embedder = open_embedder(model, cache_dir=cache_dir)
+        vectors = embedder.embed(list(texts))
+    except (ValueError, FileNotFoundError, ImportError, ModelFileError) as e:
+        raise click.ClickException(str(e)) from None
+    if as_json:
+        click.echo(json.dumps([[round(float(x), 7) for x in v] for v in vectors]))
+        return
+    click.echo(f"{embedder.name}: {embedder.dim} dimensions, {embedder.pooling} pooling, normalised; cosine "
+               "similarity:", err=True)
+    sims = vectors @ vectors.T
+    for i, t in enumerate(texts):
+        label = t if len(t) <= 40 else t[:37] + "..."
+        click.echo(f"{i + 1:>2} {label:40s} " + " ".join(f"{x:6.3f}" for x in sims[i]))
+
+
 @cli.command("tokenize")
 @click.argument("model")
 @click.argument("text")

