@@ -62,10 +62,15 @@ def model_id_for(model: str) -> str:
     return p.name if (p.suffix == ".gguf" or len(p.parts) > 1) else model
 
 
+def generates(model) -> bool:
+    """An Engine (a text generator), not an embedding model (assembly/embedding.py)."""
+    return hasattr(model, "stream")
+
+
 def engine_bytes(engine: Engine) -> int:
     """An engine's weight bytes: its target's files on disk, or its backend's weight_bytes() when larger (an
     embedding model's: its weight_bytes())."""
-    if not isinstance(engine, Engine):
+    if not generates(engine):
         return int(engine.weight_bytes())
     return max(disk_bytes(Path(engine.model.path)), int(engine.model.backend.weight_bytes()))
 
@@ -178,7 +183,7 @@ class Server:
             raise APIError(500, f"loading model {model_id!r} failed: {e}", type="server_error",
                            code="model_load_failed") from None
         lease.t0 = t0  # the request's latency includes a load on first use
-        if not embedding and not isinstance(lease.engine, Engine):
+        if not embedding and not generates(lease.engine):
             lease.release()
             raise APIError(400, f"model {model_id!r} is an embedding model: it serves /v1/embeddings only",
                            param="model", code="model_not_supported")
@@ -331,7 +336,7 @@ class Server:
                                "--max-queue", type="rate_limit_error", code="queue_full", headers={"Retry-After": "1"})
             try:
                 model = lease.engine
-                counts = await asyncio.to_thread(lambda: model.count_tokens(texts) if not isinstance(model, Engine)
+                counts = await asyncio.to_thread(lambda: model.count_tokens(texts) if not generates(model)
                                                  else [len(model.tokenizer.encode(t)) for t in texts])
                 vectors = await asyncio.to_thread(model.embed, texts)
                 embeddings_api.check_dimensions(body, vectors.shape[1])

@@ -97,6 +97,18 @@ class PromMetrics:
         self.position_accepted = Counter("specedge_draft_position_accepted",
                                          "Rounds whose draft token at this position (0-based) was accepted",
                                          ["model", "position"], registry=r)
+        # the same counts under the names vLLM chose and llama.cpp's server took (ggml-org/llama.cpp#26389), so
+        # dashboards built for those read ours: spec_decode_num_drafts (rounds that proposed a draft),
+        # _num_draft_tokens, _num_accepted_tokens, _num_accepted_tokens_per_pos{position}
+        self.spec_drafts = Counter("specedge:spec_decode_num_drafts", "Verify rounds that proposed a draft", m,
+                                   registry=r)
+        self.spec_draft_tokens = Counter("specedge:spec_decode_num_draft_tokens", "Draft tokens proposed", m,
+                                         registry=r)
+        self.spec_accepted = Counter("specedge:spec_decode_num_accepted_tokens", "Draft tokens accepted", m,
+                                     registry=r)
+        self.spec_accepted_per_pos = Counter("specedge:spec_decode_num_accepted_tokens_per_pos",
+                                             "Draft tokens accepted at each position (0-based)",
+                                             ["model", "position"], registry=r)
         self.tau = Histogram("specedge_tau", "Mean accepted length per call (tokens per target forward)", m,
                              buckets=TAU_BUCKETS, registry=r)
         self.latency = Histogram("specedge_request_duration_seconds",
@@ -120,10 +132,14 @@ class PromMetrics:
         self.generated_tokens.labels(model).inc(completion_tokens)
         self.drafted.labels(model).inc(d.n_drafted)
         self.accepted.labels(model).inc(d.n_accepted)
+        self.spec_draft_tokens.labels(model).inc(d.n_drafted)
+        self.spec_accepted.labels(model).inc(d.n_accepted)
+        self.spec_drafts.labels(model).inc(int(d.proposed_at[0]) if len(d.proposed_at) else 0)
         for i, (p, a) in enumerate(zip(d.proposed_at, d.accepted_at)):
             if p:
                 self.position_proposed.labels(model, str(i)).inc(int(p))
                 self.position_accepted.labels(model, str(i)).inc(int(a))
+                self.spec_accepted_per_pos.labels(model, str(i)).inc(int(a))
         if d.n_target_forwards:
             self.tau.labels(model).observe(float(d.mean_accepted_length))
         self.latency.labels(model).observe(latency_s)

@@ -91,6 +91,12 @@ def test_prometheus_metrics_count_a_request(engines):
     assert total(m, "specedge_draft_position_proposed_total", model="tiny") == drafted
     assert total(m, "specedge_draft_position_accepted_total", model="tiny") == accepted
     assert total(m, "specedge_draft_position_proposed_total", model="tiny", position="0") > 0
+    # the same counts under vLLM's / llama-server's names
+    assert total(m, "specedge:spec_decode_num_draft_tokens_total", model="tiny") == drafted
+    assert total(m, "specedge:spec_decode_num_accepted_tokens_total", model="tiny") == accepted
+    assert total(m, "specedge:spec_decode_num_accepted_tokens_per_pos_total", model="tiny") == accepted
+    assert total(m, "specedge:spec_decode_num_drafts_total", model="tiny") == \
+        total(m, "specedge_draft_position_proposed_total", model="tiny", position="0")
     assert m[("specedge_requests_total", (("model", "tiny"), ("outcome", "completed"),
                                           ("route", "/v1/completions")))] == 1
     assert m[("specedge_requests_total", (("model", "tiny"), ("outcome", "completed"),
