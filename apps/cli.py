@@ -145,7 +145,11 @@ def generate(**o) -> None:
         click.echo(f"warning: {decoder.label}: the output is NOT the model's own (quality measured in "
                    "perf/loradrop_ppl.py)", err=True)
     base = base_tokens = None
-    if o["baseline"]:
+    is_plain = isinstance(decoder.settings.drafter, NoneSpec) and decoder.lossy is None
+    if o["baseline"] and is_plain:  # plain against plain would print a "speedup" of noise
+        click.echo(f"--baseline: this run is already plain decoding on {decoder.model.kind.value}: there is "
+                   "nothing to compare it with (give --drafter to compare a drafter with plain)", err=True)
+    elif o["baseline"]:
         plain = decoder.with_decode(DecodeSettings(NoneSpec(), decoder.settings.k)).run(prompt_ids, call)
         base, base_tokens = plain.stats.decode, plain.tokens
     echo = None if o["as_json"] else (lambda s: click.echo(s, nl=False))
@@ -175,7 +179,8 @@ def generate(**o) -> None:
     if o["show_stats"] or o["baseline"]:
         used = result.stats.sampling
         temp = "greedy" if used.greedy else f"temperature={used.temperature:g} top_p={used.top_p:g}"
-        line = f"[{backend} {report.get('lossy') or 'drafter=' + drafter} k={s.k} {temp}] {stats.summary()}"
+        how = report.get("lossy") or ("plain" if is_plain else f"drafter={drafter} k={s.k}")
+        line = f"[{backend} {how} {temp}] {stats.summary()}"
         if base is not None:
             line += (f"\n[{backend} plain] {base.tokens_per_s:.1f} tok/s -> speedup "
                      f"{report['speedup']:.2f}x, output identical to plain: {report['identical_to_baseline']}")

@@ -134,9 +134,19 @@ def export_onnx(src: FloatSource, out_dir: str | Path, opts: ExportOptions, *,
                            provenance, generation)
 
 
+def _umask_mode() -> int:
+    """The mode a plain open() gives a new file here (0o666 less the umask)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def _write_manifest(out: Path, files: list[str], model: str, data: str, opts: ExportOptions, fields: dict, cfg,
                     records: dict[str, TensorRecord], tokenizer: TokenizerSpec | None, provenance: Path | None,
                     generation: dict | None = None) -> Path:
+    for name in files:  # onnx writes external data files 0600: a cache shared between users could not read them
+        if (out / name).is_file():
+            os.chmod(out / name, _umask_mode())
     tok = write_tokenizer(out, tokenizer, files) if tokenizer is not None else None
     manifest = {
         "format": FORMAT, "model": model, "weights_file": data, "weight_format": opts.fmt.value, **fields,

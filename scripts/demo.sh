@@ -3,7 +3,8 @@
 # lossless configuration on this machine. On first use `specedge generate` plans: it exports the model to ONNX int4
 # and int8 (parity-gated), measures llama.cpp, ik_llama.cpp and ONNX Runtime with each drafter (within a 90 s
 # budget; cached when the machine was quiet), and says what it chose; `--temperature 0 --baseline` also decodes
-# plainly on the same engine and reports whether the output is identical. Then the plan's full table, and llama.cpp
+# plainly on the same engine and reports whether the output is identical (a plan that chose plain decoding says
+# there is nothing to compare). Then the plan's full table, and llama.cpp
 # plain on the same prompt for comparison.
 set -euo pipefail
 cd "$(dirname "$0")/.."

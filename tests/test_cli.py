@@ -105,6 +105,14 @@ def test_chat_streams_and_resets(tiny_path):
     assert r.stderr.count("tau") == 2
 
 
+def test_baseline_of_a_plain_run_says_there_is_nothing_to_compare(tiny_path):
+    r = run("generate", tiny_path, "hello world", "--backend", "numpy", "--drafter", "none", "--max-tokens", 8,
+            "--temperature", 0, "--baseline")
+    assert r.exit_code == 0, r.output
+    assert "nothing to compare" in r.stderr and "speedup" not in r.stderr
+    assert "[numpy plain greedy]" in r.stderr and "drafter=" not in r.stderr
+
+
 def test_recycle_trees_and_block_verifier_from_the_cli(tiny_path):
     r = run("generate", tiny_path, "the cat sat on the mat", "--backend", "numpy", "--drafter", "recycle:8",
             "--max-tokens", 20, "--temperature", 0, "--json", "--baseline")

@@ -2,6 +2,7 @@
 models: artifacts by path and by cache name, drafters on the ONNX target, and the errors for bad input."""
 import dataclasses
 import json
+import os
 
 import numpy as np
 import pytest
@@ -63,6 +64,10 @@ def test_generate_finds_an_exported_name_in_the_cache(models, tmp_path):
     r = run("export", models / "tiny.gguf", "--weights", "fp16", "--cache-dir", tmp_path, "--threads", 1)
     assert r.exit_code == 0, r.output
     assert (tmp_path / "tiny-onnx-fp16" / "manifest.json").is_file()
+    mask = os.umask(0)
+    os.umask(mask)
+    for f in ("model.onnx", "model.onnx.data", "manifest.json"):  # as a plain open() makes them: a shared cache
+        assert (tmp_path / "tiny-onnx-fp16" / f).stat().st_mode & 0o777 == 0o666 & ~mask, f
     r = run("generate", "tiny-onnx-fp16", "the cat", "--backend", "onnx", "--cache-dir", tmp_path,
             "--max-tokens", 8, "--threads", 1)
     assert r.exit_code == 0, r.output
