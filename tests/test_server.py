@@ -94,6 +94,8 @@ def test_chat_streamed_deltas_equal_the_plain_response(server, engine):
     chunks = list(c.chat.completions.create(model="tiny", messages=HI, max_tokens=30, temperature=0, stream=True,
                                             stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(ch.choices[0].delta.role is None for ch in chunks[1:] if ch.choices)  # the role comes once, first
+    assert len({(ch.id, ch.created, ch.model) for ch in chunks}) == 1  # one id across the chunks (llama.cpp's check)
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert text == r.choices[0].message.content
     finals = [ch for ch in chunks if ch.choices and ch.choices[0].finish_reason]
@@ -164,6 +166,14 @@ def test_invalid_requests_get_400_naming_the_field(server, ask, status, match):
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error"
     assert re.search(match, err["message"]), err["message"]
+
+
+# llama.cpp's server tests (tools/server/tests/unit/test_chat_completion.py test_invalid_chat_completion_req), ported
+@pytest.mark.parametrize("messages", [None, "string", [123], [{}], [{"role": 123}], [{"role": "system", "content": 123}],
+                                      [{"role": "system", "content": "test"}, {}], [], [{"content": "hello"}]])
+def test_invalid_messages_get_400_naming_messages(server, messages):
+    r = httpx.post(server.url + "/v1/chat/completions", json={"model": "tiny", "messages": messages}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
 
 
 def test_openai_client_sees_engine_errors(server):
