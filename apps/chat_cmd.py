@@ -33,7 +33,7 @@ from ..assembly.decoder import CallSettings, parse_logit_bias
 from ..runtime.stats import CallStats
 from ..runtime.types import FinishReason
 from .api import Engine
-from .chat_state import OPTION_NAMES, Conversation, Totals, answer_reserve, parse_option, stats_line
+from .chat_state import OPTION_NAMES, Conversation, Totals, SHORT_ANSWER, answer_reserve, parse_option, stats_line
 from .options import STOP, call_options, call_settings, engine_options, open_from
 
 COMMANDS = {
@@ -123,19 +123,36 @@ class ChatLoop:
         self.last = stats
         self.totals.add(stats)
         say(stats_line(stats))
-        if stats.prompt_tokens + stats.decode.n_generated + 1 >= self.engine.context_length:
-            say(f"(the answer reached the context limit of {self.engine.context_length} tokens; the next message "
-                "drops the oldest turns to make room, or restart with a larger --ctx)")
+        if stats.finish_reason is FinishReason.LENGTH:
+            limit = self.conv.options.get("max_tokens")
+            if limit is not None and stats.decode.n_generated >= limit:
+                say(f"(the answer stopped at max_tokens {limit}: /set max_tokens to more, or none for no limit)")
+            else:
+                say(f"(the answer reached the context limit of {self.engine.context_length} tokens; the next message "
+                    "shortens the longest answers and drops the oldest turns to make room, or restart with a larger "
+                    "--ctx)")
 
     def fit(self) -> bool:
-        """Drop the oldest user/assistant turns (in pairs; the system prompt stays) until the rendered conversation
-        plus answer_reserve fits the context, saying so in one line. False, after saying why, when the last message
-        does not fit even alone (the caller restores the conversation)."""
+        """Make the rendered conversation plus answer_reserve fit the context, saying what changed in one line:
+        first shorten the longest answers over ctx // SHORT_ANSWER tokens to that many (a runaway answer never
+        outlives the conversation's start), then drop the oldest user/assistant turns (in pairs; the system prompt
+        stays). False, after saying why, when the last message does not fit even alone (the caller restores the
+        conversation)."""
         conv, ctx = self.conv, self.engine.context_length
         reserve = answer_reserve(ctx, conv.options.get("max_tokens"))
         before, last = conv.start, len(conv.messages) - 1
+        short = max(16, ctx // SHORT_ANSWER)
+        shortened = []
         try:
             n = self.prompt_tokens()
+            while n + reserve > ctx:
+                long = self.longest_answer(short)
+                if long is None:
+                    break
+                ids = self.engine.tokenizer.encode(long["content"], add_bos=False)
+                long["view"] = self.engine.tokenizer.decode(ids[:short]).rstrip() + " [...]"
+                shortened.append(len(ids))
+                n = self.prompt_tokens()
             while n + reserve > ctx and conv.start < last:
                 conv.start += 1  # a user message, and its answer with it
                 if conv.start < last and conv.messages[conv.start]["role"] == "assistant":
@@ -150,9 +167,22 @@ class ChatLoop:
                 f"fit {ctx} tokens: shorten it, /set max_tokens to fewer, or restart with a larger --ctx; the "
                 "conversation is unchanged)")
             return False
+        done = []
+        if shortened:
+            done.append(f"shortened the {len(shortened)} longest answer{'s' if len(shortened) > 1 else ''} "
+                        f"({', '.join(map(str, shortened))} tokens) to {short} tokens")
         if conv.start > before:
-            say(f"(context full: dropped the {conv.start - before} oldest messages to fit {ctx} tokens)")
+            done.append(f"dropped the {conv.start - before} oldest messages")
+        if done:
+            say(f"(context full: {' and '.join(done)} to fit {ctx} tokens)")
         return True
+
+    def longest_answer(self, short: int) -> dict | None:
+        """The longest kept assistant message not yet shortened whose text is over `short` tokens (None if none)."""
+        kept = [m for m in self.conv.messages[self.conv.start:-1] if m["role"] == "assistant" and "view" not in m]
+        sized = [(len(self.engine.tokenizer.encode(m["content"], add_bos=False)), i) for i, m in enumerate(kept)]
+        sized = [(n, i) for n, i in sized if n > short]
+        return kept[max(sized)[1]] if sized else None
 
     def prompt_tokens(self) -> int:
         """Tokens of the conversation as the model will see it (chat template and generation prompt included)."""

@@ -39,6 +39,7 @@ def _parser(name: str):
 OPTION_TYPES = {name: _parser(name) for name in OPTION_NAMES}
 OPTIONAL = tuple(f.name for f in fields(CallSettings) if f.default is None and f.name in OPTION_NAMES)  # /set K none
 RESERVE_CAP = 512  # answer room the chat keeps free when trimming: min(RESERVE_CAP, ctx // 4), or max_tokens
+SHORT_ANSWER = 8  # trimming shortens an answer longer than ctx // SHORT_ANSWER tokens to that many, longest first
 
 
 @dataclass
@@ -69,9 +70,10 @@ class Conversation:
     start: int = 0  # messages[:start] were dropped to fit the context: kept for /save, not shown to the model
 
     def render(self) -> list[dict]:
-        """The messages for the chat template (system first; only role and content; the dropped ones left out)."""
+        """The messages for the chat template (system first; only role and content; the dropped ones left out, a
+        shortened answer as its `view`)."""
         head = [{"role": "system", "content": self.system}] if self.system else []
-        return head + [{"role": m["role"], "content": m["content"]} for m in self.messages[self.start:]]
+        return head + [{"role": m["role"], "content": m.get("view", m["content"])} for m in self.messages[self.start:]]
 
     def clear(self) -> None:
         self.messages.clear()
@@ -98,17 +100,21 @@ class Conversation:
                    for m in msgs):
             raise ValueError(f"{path}: messages must be {{'role': 'user'|'assistant', 'content': str}}")
         opts = {k: v for k, v in doc.get("options", {}).items() if k in OPTION_NAMES}
-        # messages dropped to fit the saved chat's context come back whole: the first turn trims again to this --ctx
-        return cls(doc.get("system"), [{k: v for k, v in m.items() if k != "dropped"} for m in msgs], opts)
+        # messages dropped or shortened to fit the saved chat's context come back whole: the first turn trims again to this --ctx
+        return cls(doc.get("system"), [{k: v for k, v in m.items() if k not in ("dropped", "view")} for m in msgs],
+                   opts)
 
 
 def stats_line(s: CallStats) -> str:
-    """One line per answer: speed, tau, time to first token, prompt tokens prefilled vs reused, finish reason."""
+    """One line per answer: speed, tau, time to first token, prompt tokens new + reused (they sum to the prompt: the
+    new ones include the last, which the first decoding step reads), finish reason, what decoded ("plain" for no
+    drafter)."""
     d = s.decode
     ttft_txt = "-" if s.ttft_s is None else f"{s.ttft_s:.3f} s"
+    how = "plain" if s.drafter == "none" else s.drafter
     return (f"[{d.tokens_per_s:.1f} tok/s | tau {d.mean_accepted_length:.2f} | TTFT {ttft_txt} | prompt "
-            f"{s.prompt_tokens} tokens: {d.n_prefilled} prefilled, {s.reused_prompt_tokens} reused | "
-            f"{d.n_generated} tokens, {s.finish_reason} | {s.drafter}]")
+            f"{s.prompt_tokens} tokens: {s.prompt_tokens - s.reused_prompt_tokens} new, {s.reused_prompt_tokens} "
+            f"reused | {d.n_generated} tokens, {s.finish_reason} | {how}]")
 
 
 def parse_option(key: str, value: str, current: dict) -> dict:

@@ -88,3 +88,26 @@ def test_through_the_cli_with_a_small_ctx(tiny):
                                  "--max-tokens", 8, "--system", "Be brief."], input="\n".join(lines) + "\n")
     assert r.exit_code == 0, r.output
     assert r.stderr.count("tau") == 10 and "context full: dropped the" in r.stderr and "error" not in r.stderr
+
+
+def test_a_runaway_answer_is_shortened_before_the_conversations_start_is_dropped(tiny, tmp_path, capsys):
+    engine = specedge.Engine.open(str(tiny), backend="numpy", drafter="ngram", ctx=CTX)
+    conv = Conversation(None, [], {"max_tokens": 8, "temperature": 0})
+    loop = ChatLoop(engine, conv)
+    loop.answer("hi")  # a short first exchange
+    conv.options["max_tokens"] = None
+    loop.answer("tell me everything about the cat")  # the tiny model never ends its turn: it runs to the limit
+    err = capsys.readouterr().err
+    assert loop.last.finish_reason.value == "length" and "reached the context limit of 160 tokens" in err
+    runaway = conv.messages[-1]["content"]
+    conv.options["max_tokens"] = 8
+    loop.answer("and the mat?")
+    err = capsys.readouterr().err
+    assert "(context full: shortened the 1 longest answer (" in err and "dropped" not in err
+    assert conv.start == 0 and conv.render()[0]["content"] == "hi"  # the conversation's start is kept
+    assert conv.messages[3]["content"] == runaway and conv.messages[3]["view"].endswith(" [...]")
+    assert loop.last.prompt_tokens + answer_reserve(CTX, 8) <= CTX
+    assert "stopped at max_tokens 8" in err  # a cut by max_tokens is not called the context limit
+    saved = tmp_path / "c.json"
+    conv.save(saved, engine, loop.totals)
+    assert Conversation.load(saved).messages[3] == {"role": "assistant", "content": runaway}  # whole again

@@ -1,0 +1,105 @@
+"""How often `specedge chat`-style answers run away: the loop rate of sampling settings on the dev prompts.
+
+    python -m specedge.perf.loop_rate [--models smollm2-135m gemma3-270m] [--prompts 20] [--ctx 4096]
+        [--configs "t0.7 p0.9" "t0.7 p0.9 k40 rp1.1"] [--seeds 1] [--out loops.json]
+
+Each dev prompt (spread over the categories) is asked as a first chat turn, with no max_tokens, as `specedge chat`
+asks it, once per config and seed. An answer **loops** when a 16-token span occurs 3 times in it (the answer is
+stopped there), or **runs away** when it reaches the context limit; the table shows, per model and config, how many
+answers ended by themselves, looped, or ran away, and their median length. Speed is not measured (other work may
+share the CPU). Config tokens: tN temperature, pN top_p, kN top_k, mN min_p, rpN repeat_penalty, "greedy".
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from ..apps.api import Engine
+from ..assembly.decoder import CallSettings
+from ..assembly.devset import load_prompts
+
+SPAN, TIMES = 16, 3  # a 16-token span seen 3 times: a loop
+
+
+def loops(tokens: list[int]) -> bool:
+    """Whether some SPAN-token window occurs TIMES times in `tokens` (overlaps allowed)."""
+    if len(tokens) < SPAN * TIMES:
+        return False
+    seen = Counter(tuple(tokens[i:i + SPAN]) for i in range(len(tokens) - SPAN + 1))
+    return max(seen.values()) >= TIMES
+
+
+def parse_config(text: str) -> dict:
+    """'t0.7 p0.9 k40 rp1.1' -> CallSettings keywords."""
+    names = {"t": "temperature", "p": "top_p", "k": "top_k", "m": "min_p", "rp": "repeat_penalty"}
+    out = {}
+    for part in text.split():
+        if part == "greedy":
+            out["temperature"] = 0.0
+            continue
+        key = "rp" if part.startswith("rp") else part[0]
+        value = part[len(key):]
+        out[names[key]] = int(value) if key == "k" else float(value)
+    return out
+
+
+def answer(engine: Engine, prompt: str, call: CallSettings) -> tuple[str, int]:
+    """(outcome, tokens): outcome 'ended', 'loop' or 'context'."""
+    rendered = engine.render_chat([{"role": "user", "content": prompt}])
+    tokens: list[int] = []
+    stream = engine.stream(rendered, call)
+    try:
+        for r in stream:
+            if r.token is not None:
+                tokens.append(int(r.token))
+            if len(tokens) % SPAN == 0 and loops(tokens):
+                return "loop", len(tokens)
+            if r.finish_reason is not None:
+                return ("context" if r.finish_reason.value == "length" else "ended"), len(tokens)
+    finally:
+        stream.close()
+    return "ended", len(tokens)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma3-270m"])
+    ap.add_argument("--prompts", type=int, default=20)
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--configs", nargs="+", default=["t0.7 p0.9", "t0.7 p0.9 k40 rp1.1"])
+    ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args(argv)
+    prompts = load_prompts(limit=a.prompts)
+    rows = []
+    for model in a.models:
+        engine = Engine.open(model, backend="llamacpp", drafter="none", threads=a.threads, ctx=a.ctx, plan=False)
+        for config in a.configs:
+            kw = parse_config(config)
+            outcomes, lengths = Counter(), []
+            for seed in range(a.seeds):
+                for p in prompts:
+                    engine.reset()
+                    outcome, n = answer(engine, p.text, CallSettings(seed=seed, **kw))
+                    outcomes[outcome] += 1
+                    lengths.append(n)
+                    print(f"{model} [{config}] seed {seed} q{p.qid}: {outcome} after {n} tokens", file=sys.stderr)
+            rows.append({"model": model, "config": config, "answers": sum(outcomes.values()), **outcomes,
+                         "median_tokens": float(np.median(lengths))})
+    print(f"{'model':14s} {'config':24s} {'answers':>7s} {'ended':>6s} {'loop':>5s} {'context':>7s} {'median':>7s}")
+    for r in rows:
+        print(f"{r['model']:14s} {r['config']:24s} {r['answers']:7d} {r.get('ended', 0):6d} {r.get('loop', 0):5d} "
+              f"{r.get('context', 0):7d} {r['median_tokens']:7.0f}")
+    if a.out:
+        a.out.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
