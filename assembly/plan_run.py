@@ -92,7 +92,8 @@ def plan_for(model: str, settings: PlanSettings = PlanSettings(), *, cache_dir: 
         plan, why = load_plan(path, key)
         if plan is not None:
             return plan, False
-        log(f"plan: {why}; measuring this machine (first use; Ctrl-C skips, `--no-plan` never plans)")
+        budget = f"within about {settings.budget_s:.0f} s" if settings.budget_s is not None else "fully"
+        log(f"plan: {why}; measuring this machine {budget} (first use; Ctrl-C skips, `--no-plan` never plans)")
     t0 = time.perf_counter()
     with CpuWatch(threads) as watch:  # other processes' CPU use over the whole planning
         targets = discover_targets(model, settings, cache_dir=cache_dir, log=log)
@@ -217,6 +218,15 @@ def _cannot_export(gguf: Path, weights: str, budget_s: float | None = None) -> s
     return None
 
 
+def _export_seconds(gguf: Path, weights: str) -> float | None:
+    """The estimated seconds of an export (EXPORT_S_PER_MPARAM; None when the file cannot be read)."""
+    try:
+        n_params = sum(int(np.prod(shape)) for shape in open_gguf(gguf).config.tensor_names().values())
+    except Exception:  # noqa: BLE001 - only an estimate for a message
+        return None
+    return n_params / 1e6 * EXPORT_S_PER_MPARAM
+
+
 def _available_memory() -> int | None:
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -228,7 +238,9 @@ def export_onnx(gguf: Path, out: Path, weights: str, threads: int | None, log: L
     """Export the GGUF to a parity-gated ONNX artifact at `out` (staged, then published atomically)."""
     from ..export.onnx_export import WeightFormat, export_gguf_to_onnx
     from ..export.publish import publish, stage_dir
-    log(f"plan: exporting {out.name} (ONNX {weights}, parity-gated; once)")
+    seconds = _export_seconds(gguf, weights)
+    log(f"plan: exporting {out.name} (ONNX {weights}, parity-gated; once"
+        + (f"; about {seconds:.0f} s)" if seconds is not None else ")"))
     t0 = time.perf_counter()
     stage = stage_dir(out)
     try:
@@ -385,8 +397,10 @@ def head_to_head(targets: list[PlanTarget], models: list[LoadedModel], per_targe
 
 
 def _bar(enabled: bool):
+    """The plan's progress bar, shown only once planning has run a second (an error before that, such as an
+    unfinished export, comes without a stray "plan 0%" line)."""
     from tqdm import tqdm
-    return tqdm(total=0, file=sys.stderr, disable=not enabled, unit="step", dynamic_ncols=True, desc="plan",
+    return tqdm(total=0, file=sys.stderr, disable=not enabled, unit="step", dynamic_ncols=True, desc="plan", delay=1.0,
                 bar_format="{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}]")
 
 
