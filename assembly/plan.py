@@ -122,9 +122,14 @@ class Plan:
         return (f"{self.choice.describe()}, predicted {self.speedup:.2f}x over {ref.describe()} "
                 f"({self.choice.predicted_tok_s:.1f} vs {ref.predicted_tok_s:.1f} tok/s)")
 
+    TABLE_KEY = ("expected tok/s: each configuration's own measurement scaled by its engine's plain runs head to "
+                 "head with the other engines (the figure the choice compares); alone: that configuration's own "
+                 "measurement, taken at another moment (not comparable across engines)")
+
     def table(self) -> str:
-        """Markdown: every candidate with predicted and measured tokens/s, the chosen one marked."""
-        lines = ["| | target | drafter | k | expected tok/s | measured in its profile | vs reference |",
+        """Markdown: every candidate with its expected (head-to-head) and alone (profile) tokens/s, the chosen one
+        marked, then one line saying what the columns mean."""
+        lines = ["| | target | drafter | k | expected tok/s (head to head) | tok/s alone (profile) | vs reference |",
                  "|---|---|---|---|---|---|---|"]
         ref = self.rows[self.reference].predicted_tok_s
         for i, r in enumerate(sorted(self.rows, key=lambda r: -r.predicted_tok_s)):
@@ -133,7 +138,7 @@ class Plan:
             measured = "-" if r.measured_tok_s is None else f"{r.measured_tok_s:.1f}"
             lines.append(f"| {mark} | {r.target} | {r.drafter} | {k} | {r.predicted_tok_s:.1f} | {measured} | "
                          f"{r.predicted_tok_s / max(ref, 1e-9):.2f}x |")
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines) + "\n\n" + self.TABLE_KEY + "\n"
 
     def to_dict(self) -> dict:
         out = asdict(self)
