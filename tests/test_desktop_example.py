@@ -1,5 +1,6 @@
 """examples/desktop_chat.py runs offscreen on the tiny model: Send streams exactly Engine.generate's answer into
-the window, Stop cancels a long answer, and the window is usable again afterwards."""
+the window, the next turn carries the conversation, Stop cancels a long answer, the window is usable again
+afterwards, New chat starts over; missing Qt system libraries are named with the command that installs them."""
 import importlib.util
 import os
 import time
@@ -66,10 +67,20 @@ def test_send_streams_generates_answer_and_stop_cancels(window, engine, app):
     QTest.mouseClick(window.send_button, Qt.MouseButton.LeftButton)
     assert window.busy and not window.send_button.isEnabled()
     wait(app, lambda: not window.busy)
-    want = engine.generate(engine.render_chat([{"role": "user", "content": "hello there"}]), max_tokens=40)
+    first = [{"role": "user", "content": "hello there"}]
+    want = engine.generate(engine.render_chat(first), max_tokens=40)
     assert window.finish_reason == "length" and want.text
-    assert window.output.toPlainText() == want.text
-    assert window.status.text().startswith("length: 40 tokens")
+    assert window.answer == want.text and window.output.toPlainText() == f"You: hello there\n\nAssistant: {want.text}"
+    assert window.status.text().startswith("length: 40 tokens") and window.prompt.text() == ""
+
+    window.prompt.setText("and then?")  # the second turn sees the first
+    window.send()
+    wait(app, lambda: not window.busy)
+    second = first + [{"role": "assistant", "content": want.text}, {"role": "user", "content": "and then?"}]
+    assert window.answer == engine.generate(engine.render_chat(second), max_tokens=40).text
+    assert window.messages == second + [{"role": "assistant", "content": window.answer}]
+    QTest.mouseClick(window.new_button, Qt.MouseButton.LeftButton)
+    assert window.messages == [] and window.output.toPlainText() == ""
 
     window.options["max_tokens"] = 4000
     window.prompt.setText("tell me everything")
@@ -82,10 +93,11 @@ def test_send_streams_generates_answer_and_stop_cancels(window, engine, app):
     assert 0 < n < 4000 and window.send_button.isEnabled() and not window.stop_button.isEnabled()
 
     window.options["max_tokens"] = 40  # the engine serves the next answer normally
+    window.new_chat()
     window.prompt.setText("hello there")
     window.send()  # the slot directly, as Enter in the prompt box does
     wait(app, lambda: not window.busy)
-    assert window.output.toPlainText() == want.text
+    assert window.answer == want.text
 
 
 def test_invalid_options_show_an_error_and_start_nothing(module, engine, app):
@@ -94,3 +106,16 @@ def test_invalid_options_show_an_error_and_start_nothing(module, engine, app):
     window.send()
     assert not window.busy and "temperature" in window.status.text()
     window.close()
+
+
+def test_missing_qt_system_libraries_are_named_with_the_install_command(module, monkeypatch, capsys):
+    monkeypatch.setattr(module.sys, "platform", "linux")
+    monkeypatch.setenv("QT_QPA_PLATFORM", "xcb")
+    assert module.missing_system_packages(lambda lib: None if lib == "xcb-cursor" else "lib.so") == ["libxcb-cursor0"]
+    assert len(module.missing_system_packages(lambda lib: None)) == len(module.SYSTEM_LIBRARIES)
+    monkeypatch.setenv("QT_QPA_PLATFORM", "offscreen")  # headless: no X11 libraries needed
+    assert module.missing_system_packages(lambda lib: None) == []
+    monkeypatch.setenv("QT_QPA_PLATFORM", "xcb")
+    monkeypatch.setattr(module, "missing_system_packages", lambda: ["libxcb-cursor0", "libxcb-icccm4"])
+    assert module.main(["smollm2-135m"]) == 2  # before any model loads or Qt starts
+    assert "sudo apt install libxcb-cursor0 libxcb-icccm4" in capsys.readouterr().err
