@@ -39,7 +39,7 @@ from ..runtime.backends.llamacpp_embed import LlamaCppEmbedder
 from ..runtime.decode import check_prompt
 from ..runtime.generate import collect
 from ..runtime.session import Session
-from ..runtime.types import GenerationResult, Response
+from ..runtime.types import FinishReason, GenerationResult, Response
 from .tools import Tool, ToolCall, ToolChoice, forced_grammar, parse_tool_calls, render_messages, resolve_choice, \
     tools_of
 
@@ -75,6 +75,7 @@ class Engine:
         self.session = Session(decoder.model.backend, decoder.model_settings.ctx)
         self._lock = threading.Lock()
         self._embed_lock, self._embedder = threading.Lock(), None  # embed(): llama.cpp's embedding context
+        self._last: tuple[str, list[int]] | None = None  # the last text call's prompt + answer, as text and ids
 
     @classmethod
     def open(cls, model: str = "smollm2-135m", *, plan: bool = True, auto: bool = False, log=None,
@@ -145,21 +146,34 @@ class Engine:
         return [int(t) for t in self.tokenizer.encode(text)]
 
     def stream(self, prompt: str | Sequence[int], call: CallSettings | None = None, *,
-               cancel: threading.Event | None = None, **options) -> CallStream:
+               cancel: threading.Event | None = None, _continuing: bool = False, **options) -> CallStream:
         """Decode a raw prompt (text, no chat template; or token ids) and yield Responses; the stream's `stats`
         (CallStats) is set when it ends. The call: `call`, with `options` (CallSettings fields, see the class)
         over it. Invalid values raise ValueError here, before anything runs; `cancel`, when set, ends the call at
         its next token (finish reason `cancelled`)."""
         call = replace(call or CallSettings(), **options)
         self.decoder.check(call)  # a bad logit_bias id or a grammar llguidance refuses: ValueError before anything runs
-        ids = np.asarray(self.encode(prompt) if isinstance(prompt, str) else list(prompt), dtype=np.int32)
+        text = prompt if isinstance(prompt, str) else None
+        ids = np.asarray((self._prompt_ids(prompt) if _continuing else self.encode(prompt)) if text is not None
+                         else list(prompt), dtype=np.int32)
         check_prompt(len(ids), self.session.capacity)
-        return CallStream(lambda out: self._locked(ids, call, cancel, out))
+        return CallStream(lambda out: self._locked(ids, call, cancel, out, text))
+
+    def _prompt_ids(self, prompt: str) -> list[int]:
+        """The ids of a chat prompt (Engine.chat). One that continues the last call's prompt + answer (the next
+        turn) keeps that call's ids and encodes only the rest: a sampled answer does not always re-tokenize to the
+        ids the model generated, and re-encoding it would lose the cached prefix from there (KV reuse) and show the
+        model a tokenization it never produced. Raw prompts (`stream`, `generate`, the server) are always encoded
+        whole, so the same request gives the same ids whatever came before."""
+        last = self._last
+        if last is not None and len(prompt) > len(last[0]) and prompt.startswith(last[0]):
+            return last[1] + [int(t) for t in self.tokenizer.encode(prompt[len(last[0]):], add_bos=False)]
+        return self.encode(prompt)
 
     def generate(self, prompt: str | Sequence[int], call: CallSettings | None = None, *,
-                 cancel: threading.Event | None = None, **options) -> GenerationResult:
+                 cancel: threading.Event | None = None, _continuing: bool = False, **options) -> GenerationResult:
         """Decode a raw prompt to the end (see `stream`)."""
-        calls = self.stream(prompt, call, cancel=cancel, **options)
+        calls = self.stream(prompt, call, cancel=cancel, _continuing=_continuing, **options)
         result = collect(calls)
         return replace(result, prompt_tokens=calls.stats.prompt_tokens, stats=calls.stats)
 
@@ -182,8 +196,8 @@ class Engine:
             call = replace(call, grammar=forced_grammar(tools, choice, parallel=parallel_tool_calls))
         text = render_messages(self.tokenizer, messages, tools, choice)
         if stream:
-            return self.stream(text, call, cancel=cancel)
-        result = self.generate(text, call, cancel=cancel)
+            return self.stream(text, call, cancel=cancel, _continuing=True)
+        result = self.generate(text, call, cancel=cancel, _continuing=True)
         content, calls = parse_tool_calls(result.text, tools if choice != "none" else [])
         if calls and not parallel_tool_calls:
             calls = calls[:1]
@@ -223,12 +237,25 @@ class Engine:
         """Forget the cached conversation prefix (the next call prefills its whole prompt)."""
         with self._lock:
             self.session.reset()
+            self._last = None
 
-    def _locked(self, ids: np.ndarray, call: CallSettings, cancel, out: CallStream) -> Iterator[Response]:
+    def _locked(self, ids: np.ndarray, call: CallSettings, cancel, out: CallStream,
+                text: str | None = None) -> Iterator[Response]:
         with self._lock:
+            self._last = None
             inner = self.decoder.stream(ids, call, session=self.session, cancel=cancel)
+            texts, tokens = [], []
             try:
-                yield from inner
+                for r in inner:
+                    texts.append(r.text or "")
+                    if r.token is not None:
+                        tokens.append(int(r.token))
+                    yield r
             finally:
                 inner.close()
                 out.stats = inner.stats
+            if text is not None and out.stats is not None and out.stats.finish_reason is FinishReason.EOS:
+                eos = set(self.tokenizer.eos_ids)
+                while tokens and tokens[-1] in eos:  # the end of turn is the template's to write
+                    tokens.pop()
+                self._last = (text + "".join(texts), [int(i) for i in ids] + tokens)

@@ -145,3 +145,36 @@ def test_engine_lookup_hybrid_drafts_from_the_calls_sampled_q(tmp_path):
     assert all(t == 0.8 for t, _ in seen)
     rows = np.concatenate([q for _, q in seen if q is not None and len(q)])
     assert (rows.max(axis=1) < 0.999).any(), "every draft row is one-hot: the model part drafted greedily"
+
+
+def test_the_next_chat_turn_keeps_a_sampled_answers_ids(tmp_path):
+    """A sampled answer that re-tokenizes to other ids (random tokens of a tiny model) keeps its generated ids in
+    the next turn's prompt, so the whole previous conversation is reused from the cache; a raw prompt is always
+    encoded whole (the server's requests do not depend on what came before)."""
+    from specedge.models.tiny import tiny_config, tiny_weights, write_tiny_gguf
+    shape = dict(n_layers=2, d_model=64, context=1024, tied=False)
+    cfg = tiny_config(**shape)
+    w = tiny_weights(cfg, seed=0)
+    w["lm_head"][cfg.eos_ids[0]] = 0.0
+    engine = specedge.Engine.open(str(write_tiny_gguf(tmp_path / "t.gguf", weights=w, **shape)), backend="numpy",
+                                  drafter="none", ctx=1024)
+    msgs, eos = [{"role": "user", "content": "hi"}], {cfg.eos_ids[0]: 6.0}  # the bias ends answers early
+    checked = 0
+    for seed in range(40):
+        engine.reset()
+        a = engine.chat(msgs, temperature=1.0, seed=seed, max_tokens=60, logit_bias=eos)
+        said = engine.encode(engine.render_chat(msgs)) + list(a.tokens)
+        history = msgs + [{"role": "assistant", "content": a.text}]
+        if a.finish_reason != "eos" or engine.encode(engine.render_chat(history))[:len(said)] == said:
+            continue  # not a case where re-tokenizing loses the ids
+        nxt = engine.render_chat(history + [{"role": "user", "content": "more"}])
+        b = engine.chat(history + [{"role": "user", "content": "more"}], temperature=1.0, seed=seed, max_tokens=4)
+        assert b.stats.reused_prompt_tokens == len(said)  # everything the model saw and said, from the cache
+        engine.reset()
+        engine.chat(msgs, temperature=1.0, seed=seed, max_tokens=60, logit_bias=eos)  # the same answer again
+        raw = engine.generate(nxt, max_tokens=1)  # a raw prompt: encoded whole, whatever came before
+        assert raw.stats.prompt_tokens == len(engine.encode(nxt)) and raw.stats.reused_prompt_tokens < len(said)
+        checked += 1
+        if checked == 2:
+            return
+    pytest.fail("no sampled answer re-tokenized differently: the test checked nothing")
