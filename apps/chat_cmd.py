@@ -68,7 +68,8 @@ class ChatLoop:
             signal.signal(signal.SIGINT, previous)
 
     def _loop(self) -> None:
-        say(f"specedge chat ({self.engine.name}, {self.engine.backend_kind}, drafter {self.engine.drafter_name}): "
+        how = "plain decoding" if self.engine.drafter_name == "none" else f"drafter {self.engine.drafter_name}"
+        say(f"specedge chat ({self.engine.name}, {self.engine.backend_kind}, {how}): "
             "type a message; /help lists commands; Ctrl-C stops an answer; Ctrl-D exits.")
         if self.conv.messages:
             say(f"(resumed {len(self.conv.messages)} messages)")
@@ -284,6 +285,16 @@ class ChatLoop:
         say(f"({key} = {self.conv.options[key]})")
 
 
+BASE_MODEL_CAP = 256  # tokens per answer of a model that ships no chat template (chat only; --max-tokens wins)
+
+
+def base_model(engine: Engine) -> bool:
+    """A GGUF model whose file ships no chat template (a base model: we render a family default it was not tuned
+    on)."""
+    gguf = getattr(engine.model, "gguf", None)
+    return gguf is not None and not gguf.metadata.get("tokenizer.chat_template")
+
+
 def say(message: str) -> None:
     click.echo(message, err=True)
 
@@ -325,5 +336,9 @@ def chat_cmd(**o) -> None:
         conv.options.update({k: v for k, v in loaded.options.items() if k not in given})
     conv.options["stop"] = list(o["stop"])
     engine = Engine(open_from(o), o["model"])
+    if base_model(engine) and conv.options.get("max_tokens") is None:
+        conv.options["max_tokens"] = BASE_MODEL_CAP
+        say(f"({o['model']} ships no chat template: a base model continues text rather than answering in turns, "
+            f"and rarely stops, so answers are capped at {BASE_MODEL_CAP} tokens; /set max_tokens changes it)")
     enable_history()
     ChatLoop(engine, conv).run()

@@ -1,11 +1,12 @@
 """How often `specedge chat`-style answers run away: the loop rate of sampling settings on the dev prompts.
 
     python -m specedge.perf.loop_rate [--models smollm2-135m gemma3-270m] [--prompts 20] [--ctx 4096]
-        [--configs "t0.7 p0.9" "t0.7 p0.9 k40 rp1.1"] [--seeds 1] [--out loops.json]
+        [--configs "t0.7 p0.9" "t0.7 p0.9 k40 rp1.1"] [--seeds 1] [--max-tokens N] [--out loops.json]
 
 Each dev prompt (spread over the categories) is asked as a first chat turn, with no max_tokens, as `specedge chat`
 asks it, once per config and seed. An answer **loops** when a 16-token span occurs 3 times in it (the answer is
-stopped there), or **runs away** when it reaches the context limit; the table shows, per model and config, how many
+stopped there), or **runs away** when it reaches the context limit (with --max-tokens, an answer cut there is
+**capped**: what `specedge chat` does for a base model); the table shows, per model and config, how many
 answers ended by themselves, looped, or ran away, and their median length. Speed is not measured (other work may
 share the CPU). Config tokens: tN temperature, pN top_p, kN top_k, mN min_p, rpN repeat_penalty, "greedy".
 """
@@ -49,7 +50,7 @@ def parse_config(text: str) -> dict:
 
 
 def answer(engine: Engine, prompt: str, call: CallSettings) -> tuple[str, int]:
-    """(outcome, tokens): outcome 'ended', 'loop' or 'context'."""
+    """(outcome, tokens): outcome 'ended', 'loop', 'capped' (max_tokens) or 'context'."""
     rendered = engine.render_chat([{"role": "user", "content": prompt}])
     tokens: list[int] = []
     stream = engine.stream(rendered, call)
@@ -60,7 +61,10 @@ def answer(engine: Engine, prompt: str, call: CallSettings) -> tuple[str, int]:
             if len(tokens) % SPAN == 0 and loops(tokens):
                 return "loop", len(tokens)
             if r.finish_reason is not None:
-                return ("context" if r.finish_reason.value == "length" else "ended"), len(tokens)
+                if r.finish_reason.value == "length":
+                    return ("capped" if call.max_tokens is not None and len(tokens) >= call.max_tokens
+                            else "context"), len(tokens)
+                return "ended", len(tokens)
     finally:
         stream.close()
     return "ended", len(tokens)
@@ -74,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--configs", nargs="+", default=["t0.7 p0.9", "t0.7 p0.9 k40 rp1.1"])
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=None, help="cap each answer (default: none, as chat)")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
     prompts = load_prompts(limit=a.prompts)
@@ -86,16 +91,17 @@ def main(argv: list[str] | None = None) -> int:
             for seed in range(a.seeds):
                 for p in prompts:
                     engine.reset()
-                    outcome, n = answer(engine, p.text, CallSettings(seed=seed, **kw))
+                    outcome, n = answer(engine, p.text, CallSettings(seed=seed, max_tokens=a.max_tokens, **kw))
                     outcomes[outcome] += 1
                     lengths.append(n)
                     print(f"{model} [{config}] seed {seed} q{p.qid}: {outcome} after {n} tokens", file=sys.stderr)
             rows.append({"model": model, "config": config, "answers": sum(outcomes.values()), **outcomes,
                          "median_tokens": float(np.median(lengths))})
-    print(f"{'model':14s} {'config':24s} {'answers':>7s} {'ended':>6s} {'loop':>5s} {'context':>7s} {'median':>7s}")
+    print(f"{'model':14s} {'config':24s} {'answers':>7s} {'ended':>6s} {'loop':>5s} {'context':>7s} {'capped':>6s} "
+          f"{'median':>7s}")
     for r in rows:
         print(f"{r['model']:14s} {r['config']:24s} {r['answers']:7d} {r.get('ended', 0):6d} {r.get('loop', 0):5d} "
-              f"{r.get('context', 0):7d} {r['median_tokens']:7.0f}")
+              f"{r.get('context', 0):7d} {r.get('capped', 0):6d} {r['median_tokens']:7.0f}")
     if a.out:
         a.out.write_text(json.dumps(rows, indent=2))
     return 0

@@ -111,3 +111,16 @@ def test_a_runaway_answer_is_shortened_before_the_conversations_start_is_dropped
     saved = tmp_path / "c.json"
     conv.save(saved, engine, loop.totals)
     assert Conversation.load(saved).messages[3] == {"role": "assistant", "content": runaway}  # whole again
+
+
+def test_a_model_without_a_chat_template_gets_capped_answers_and_says_why(tmp_path):
+    """A GGUF that ships no tokenizer.chat_template (like the catalogue's gemma3-270m base model)."""
+    tiny = write_tiny_gguf(tmp_path / "base.gguf", seed=0, context=1024, chat_template=None)
+    r = CliRunner().invoke(cli, ["chat", str(tiny), "--backend", "numpy", "--drafter", "none", "--ctx", 1024],
+                           input="hello\n/exit\n")
+    assert r.exit_code == 0, r.output
+    assert "ships no chat template" in r.stderr and "capped at 256 tokens" in r.stderr
+    assert "plain decoding" in r.stderr and "256 tokens, length" in r.stderr
+    r = CliRunner().invoke(cli, ["chat", str(tiny), "--backend", "numpy", "--drafter", "none", "--ctx", 1024,
+                                 "--max-tokens", 8], input="hello\n/exit\n")
+    assert "ships no chat template" not in r.stderr and "8 tokens, length" in r.stderr  # an explicit cap wins
