@@ -23,7 +23,7 @@ class Prompt:
         return "mt_bench" if self.category in MT_BENCH else self.category
 
 
-DEVSET = Path(__file__).resolve().parent / "data" / "specbench-dev.jsonl"  # shipped copy (Apache-2.0, see README)
+DEVSET = Path(__file__).resolve().parent / "data" / "specbench-dev.jsonl"  # shipped copy (Apache-2.0, see data/README.md beside it)
 
 
 def default_devset() -> Path:
