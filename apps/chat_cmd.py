@@ -113,7 +113,7 @@ class ChatLoop:
         if text is None:  # failed: the question goes too, the conversation stays as it was
             self.conv.messages.pop()
             return
-        reply = {"role": "assistant", "content": text}
+        reply = {"role": "assistant", "content": text, "tokens": stats.decode.n_generated}
         if stats.finish_reason is FinishReason.CANCELLED:
             reply["interrupted"] = True
             say("[stopped]")
@@ -152,7 +152,7 @@ class ChatLoop:
                     break
                 ids = self.engine.tokenizer.encode(long["content"], add_bos=False)
                 long["view"] = self.engine.tokenizer.decode(ids[:short]).rstrip() + " [...]"
-                shortened.append(len(ids))
+                shortened.append(long.get("tokens") or len(ids))
                 n = self.prompt_tokens()
             while n + reserve > ctx and conv.start < last:
                 conv.start += 1  # a user message, and its answer with it
@@ -181,7 +181,8 @@ class ChatLoop:
     def longest_answer(self, short: int) -> dict | None:
         """The longest kept assistant message not yet shortened whose text is over `short` tokens (None if none)."""
         kept = [m for m in self.conv.messages[self.conv.start:-1] if m["role"] == "assistant" and "view" not in m]
-        sized = [(len(self.engine.tokenizer.encode(m["content"], add_bos=False)), i) for i, m in enumerate(kept)]
+        sized = [(m.get("tokens") or len(self.engine.tokenizer.encode(m["content"], add_bos=False)), i)
+                 for i, m in enumerate(kept)]
         sized = [(n, i) for n, i in sized if n > short]
         return kept[max(sized)[1]] if sized else None
 

@@ -65,7 +65,7 @@ class Totals:
 class Conversation:
     """What /save writes and --load reads: the system prompt, the turns and the per-call options."""
     system: str | None = None
-    messages: list[dict] = field(default_factory=list)  # {"role", "content"[, "interrupted": True]}
+    messages: list[dict] = field(default_factory=list)  # {"role", "content"[, "interrupted": True][, "tokens": n]}
     options: dict = field(default_factory=dict)  # CallSettings fields (max_tokens, temperature, ...)
     start: int = 0  # messages[:start] were dropped to fit the context: kept for /save, not shown to the model
 

@@ -67,10 +67,36 @@ def turn(child, text):
                 reused=int(m[6]), tokens=int(m[7]), finish=m[8], drafter=m[9])
 
 
+def turn_rest(child):
+    """The stats of an answer already asked for (after what the test expected before it)."""
+    child.expect(STATS)
+    m = child.match
+    child.expect("> ")
+    return dict(prompt=int(m[4]), new=int(m[5]), reused=int(m[6]), tokens=int(m[7]), finish=m[8], drafter=m[9])
+
+
 def command(child, text, expect):
     child.sendline(text)
     child.expect(expect)
     child.expect("> ")
+
+
+def test_a_runaway_answer_then_a_trimmed_turn(endless):
+    """An answer that runs to the context limit (the model never ends its turn) is shortened at the next message,
+    before the conversation's start is dropped; the cut is reported as the context limit, a max_tokens cut as such."""
+    child = spawn(endless, "--backend", "numpy", "--drafter", "none", "--ctx", 512, "--temperature", 0)
+    first = turn(child, "hello")  # no --max-tokens: to the limit
+    assert first["finish"] == "length" and first["prompt"] + first["tokens"] >= 511
+    assert "reached the context limit of 512 tokens" in child.before
+    command(child, "/set max_tokens 16", r"\(max_tokens = 16\)")
+    child.sendline("and then?")
+    child.expect(r"\(context full: shortened the 1 longest answer \((\d+) tokens\) to 64 tokens to fit 512 tokens\)")
+    assert int(child.match[1]) == first["tokens"]
+    second = turn_rest(child)
+    assert second["tokens"] == 16 and second["prompt"] < 200  # the first exchange kept, its answer shortened
+    assert "stopped at max_tokens 16" in child.before
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
 
 
 def test_turns_slash_commands_save_and_load(endless, tmp_path):

@@ -110,7 +110,8 @@ def test_a_runaway_answer_is_shortened_before_the_conversations_start_is_dropped
     assert "stopped at max_tokens 8" in err  # a cut by max_tokens is not called the context limit
     saved = tmp_path / "c.json"
     conv.save(saved, engine, loop.totals)
-    assert Conversation.load(saved).messages[3] == {"role": "assistant", "content": runaway}  # whole again
+    back = Conversation.load(saved).messages[3]
+    assert back["content"] == runaway and "view" not in back  # whole again
 
 
 def test_a_model_without_a_chat_template_gets_capped_answers_and_says_why(tmp_path):
