@@ -151,14 +151,40 @@ def serve_cmd(**o) -> None:
     first = next((m for m in sources if not is_embedding_model(m)), sources[0])
     model_s, decode_s = engine_settings({**o, "model": first})  # a bad --drafter / --lossy fails here
 
+    # the first model's engine threads, measured under concurrency (apps/serve_threads.py) unless --threads is given
+    first_decoder, pinned = None, None
+    if o["threads"] is None and not o["no_plan"] and not is_embedding_model(sources[0]):
+        from ..assembly.plan_run import resolved_threads
+        from .serve_threads import serve_threads
+        try:
+            first_decoder = open_decoder(replace(model_s, model=sources[0]), decode_s, plan=True, auto=o["auto"],
+                                         log=log)
+            # the NumPy reference has no thread setting of its own (its BLAS's): nothing to measure
+            choice = None if first_decoder.model.kind.value == "numpy" else \
+                serve_threads(first_decoder, cache_dir=o["cache_dir"], log=log)
+        except (ValueError, FileNotFoundError, ImportError, RuntimeError) as e:
+            raise click.ClickException(str(e)) from None
+        if choice is not None:
+            log(choice.summary())
+        if choice is not None and choice.threads != resolved_threads(first_decoder.model_settings.threads):
+            # the plan's engine and drafter, at the measured thread count
+            pinned, first_decoder = (replace(first_decoder.model_settings, threads=choice.threads),
+                                     first_decoder.settings), None
+
     def loader(model: str, model_id: str):
         def load() -> Engine:  # errors reach the pool: at start a CLI error, later a 500 naming the model
+            nonlocal first_decoder
             if is_embedding_model(model):  # /v1/embeddings only (assembly/embedding.py)
                 embedder = open_embedder(model, cache_dir=o["cache_dir"], threads=model_s.threads)
                 log(f"model {model_id}: embeddings, {embedder.dim} dimensions, {embedder.pooling} pooling")
                 return embedder
-            decoder = open_decoder(replace(model_s, model=model), decode_s, plan=not o["no_plan"], auto=o["auto"],
-                                   log=lambda m: log(f"{model_id}: {m}"))
+            if model == sources[0] and first_decoder is not None:  # opened above: used once
+                decoder, first_decoder = first_decoder, None
+            elif model == sources[0] and pinned is not None:
+                decoder = open_decoder(*pinned, plan=False, log=lambda m: log(f"{model_id}: {m}"))
+            else:
+                decoder = open_decoder(replace(model_s, model=model), decode_s, plan=not o["no_plan"],
+                                       auto=o["auto"], log=lambda m: log(f"{model_id}: {m}"))
             engine = Engine(decoder, model)
             log(f"model {model_id}: {engine.backend_kind}, drafter {engine.drafter_name}, ctx {engine.context_length}")
             return engine
