@@ -13,7 +13,8 @@ Extension fields (llama.cpp's server uses the same names): request `top_k`, `min
 Omitted fields take specedge's defaults, the same as the CLI and the Engine: no max_tokens / max_completion_tokens
 decodes to the end of the turn (EOS, a stop string) or the context limit, for both routes (finish_reason "length"
 only at the limit); no temperature / top_p / top_k / min_p samples with the model's own defaults
-(assembly/sampling_defaults.py; temperature 0.7, top_p 0.9 when the model states none), not OpenAI's temperature 1;
+(assembly/sampling_defaults.py; temperature 0.7, top_p 0.9 when the model states none, repeat_penalty 1.1 for
+sampled calls), not OpenAI's temperature 1;
 temperature 0 is greedy; seed 0.
 """
 from __future__ import annotations
