@@ -1,14 +1,16 @@
 """How often `specedge chat`-style answers run away: the loop rate of sampling settings on the dev prompts.
 
     python -m specedge.perf.loop_rate [--models smollm2-135m gemma3-270m] [--prompts 20] [--ctx 4096]
-        [--configs "t0.7 p0.9" "t0.7 p0.9 k40 rp1.1"] [--seeds 1] [--max-tokens N] [--out loops.json]
+        [--configs "t0.7 p0.9 rp1" "t0.7 p0.9"] [--seeds 1] [--max-tokens N] [--out loops.json]
 
 Each dev prompt (spread over the categories) is asked as a first chat turn, with no max_tokens, as `specedge chat`
 asks it, once per config and seed. An answer **loops** when a 16-token span occurs 3 times in it (the answer is
 stopped there), or **runs away** when it reaches the context limit (with --max-tokens, an answer cut there is
 **capped**: what `specedge chat` does for a base model); the table shows, per model and config, how many
 answers ended by themselves, looped, or ran away, and their median length. Speed is not measured (other work may
-share the CPU). Config tokens: tN temperature, pN top_p, kN top_k, mN min_p, rpN repeat_penalty, "greedy".
+share the CPU). Config tokens: tN temperature, pN top_p, kN top_k, mN min_p, rpN repeat_penalty, "greedy"; what a
+config leaves out takes the chat defaults (a sampled call's repeat_penalty is 1.1: "rp1" turns it off, the default
+before it was measured here).
 """
 from __future__ import annotations
 
@@ -20,9 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..apps.api import Engine
-from ..assembly.decoder import CallSettings
+from ..assembly.decoder import CallSettings, Decoder, DecodeSettings, ModelSettings
 from ..assembly.devset import load_prompts
+from ..assembly.load import parse_drafter
+from ..assembly.open import load
+from ..runtime.backends import BackendKind
 
 SPAN, TIMES = 16, 3  # a 16-token span seen 3 times: a loop
 
@@ -49,11 +53,12 @@ def parse_config(text: str) -> dict:
     return out
 
 
-def answer(engine: Engine, prompt: str, call: CallSettings) -> tuple[str, int]:
+def answer(decoder: Decoder, prompt: str, call: CallSettings) -> tuple[str, int]:
     """(outcome, tokens): outcome 'ended', 'loop', 'capped' (max_tokens) or 'context'."""
-    rendered = engine.render_chat([{"role": "user", "content": prompt}])
+    tok = decoder.tokenizer
+    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": prompt}]))
     tokens: list[int] = []
-    stream = engine.stream(rendered, call)
+    stream = decoder.stream(ids, call)
     try:
         for r in stream:
             if r.token is not None:
@@ -75,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma3-270m"])
     ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--ctx", type=int, default=4096)
-    ap.add_argument("--configs", nargs="+", default=["t0.7 p0.9", "t0.7 p0.9 k40 rp1.1"])
+    ap.add_argument("--configs", nargs="+", default=["t0.7 p0.9 rp1", "t0.7 p0.9"])
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=None, help="cap each answer (default: none, as chat)")
@@ -84,14 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     prompts = load_prompts(limit=a.prompts)
     rows = []
     for model in a.models:
-        engine = Engine.open(model, backend="llamacpp", drafter="none", threads=a.threads, ctx=a.ctx, plan=False)
+        settings = ModelSettings(model, BackendKind.LLAMACPP, ctx=a.ctx, threads=a.threads)
+        decoder = Decoder(load(settings), settings, DecodeSettings(parse_drafter("none")))
         for config in a.configs:
             kw = parse_config(config)
             outcomes, lengths = Counter(), []
             for seed in range(a.seeds):
                 for p in prompts:
-                    engine.reset()
-                    outcome, n = answer(engine, p.text, CallSettings(seed=seed, max_tokens=a.max_tokens, **kw))
+                    outcome, n = answer(decoder, p.text, CallSettings(seed=seed, max_tokens=a.max_tokens, **kw))
                     outcomes[outcome] += 1
                     lengths.append(n)
                     print(f"{model} [{config}] seed {seed} q{p.qid}: {outcome} after {n} tokens", file=sys.stderr)

@@ -236,5 +236,5 @@ def test_engine_passes_each_calls_params_to_a_lookup_hybrid(models):
     engine = Engine.open(str(target_path), backend="numpy", drafter=f"model:{draft_path}+lookup:2", ctx=256)
     calls: list = []
     _spy_model_drafts(engine.drafter.model, calls)
-    engine.generate([1, 5, 9, 2], temperature=0.8, top_p=1.0, max_tokens=24, seed=0)
+    engine.generate([1, 5, 9, 2], temperature=0.8, top_p=1.0, repeat_penalty=1.0, max_tokens=24, seed=0)
     _assert_tempered_first_rows(calls, SamplingParams(temperature=0.8))
