@@ -129,6 +129,20 @@ def test_without_the_ik_package_the_plan_has_no_ik_target_and_says_so(tiny, monk
     assert any("ik_llama.cpp needs no_such_module_ik (pip install 'specedge[ik]')" in m for m in lines), lines
 
 
+def _wait_burning(procs, timeout: float = 10.0) -> None:
+    """Until each process has used 0.2 s of CPU (its Python started and loops), from /proc; no-op elsewhere."""
+    import os
+    import time
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        stat = f"/proc/{p.pid}/stat"
+        while os.path.exists(stat) and time.monotonic() < deadline:
+            fields = open(stat).read().rsplit(")", 1)[1].split()
+            if (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") >= 0.2:  # utime + stime
+                break
+            time.sleep(0.05)
+
+
 def test_a_plan_measured_while_another_process_burns_the_cpu_is_not_cached(tiny, monkeypatch):
     """Two CPU-burning children on the 2 cores while planning: the watch sees other processes' CPU time, the plan
     is used for this run only (one line says so), nothing is cached; `specedge plan` shows the load."""
@@ -141,6 +155,7 @@ def test_a_plan_measured_while_another_process_burns_the_cpu_is_not_cached(tiny,
     monkeypatch.setattr(auto, "CpuWatch", contention.CpuWatch)
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
+        _wait_burning(burners)  # the interpreters started and spin before planning begins (seen flaky in CI)
         lines = []
         plan, made = plan_run.plan_for(str(path), plan_run.PlanSettings(threads=1, weights=(), progress=False),
                                        cache_dir=cache, log=lines.append)
