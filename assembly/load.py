@@ -207,9 +207,11 @@ def batch_invariance_warning(model: LoadedModel, cpu_flags: Sequence[str]) -> st
 
     An int4 artifact whose pad row runs through attention only (exported before io.pad_row) gives one-token calls a
     4-bit MatMulNBits with one row, which on CPUs without AVX-512 takes onnxruntime's M == 1 kernel and rounds
-    differently from a verify call's rows (docs/onnx.md "Batch invariance"). The GPU graph has no pad row at all: on
-    any device and CPU (CUDA picks other kernels for other row counts and attends in float16; the CPU provider takes
-    its one-row paths), in any weight format (docs/accelerators.md)."""
+    differently from a verify call's rows (docs/onnx.md "Batch invariance"). The GPU graph has no pad row; it is
+    batch-invariant only as the backend runs it by default, every call padded to one fixed width (onnxrt.py
+    GPU_VERIFY_WIDTH); run at each call's own width (fixed_width=0) it is not, on any device and CPU (CUDA picks other
+    kernels for other row counts; the CPU provider takes its one-row paths), in any weight format
+    (docs/accelerators.md)."""
     if model.manifest is None and getattr(model.backend, "gpu_layers", 0):
         return (f"{model.path.name} runs on the GPU ({info(model.kind).name}, --gpu-layers): GPU kernels are chosen "
                 "by batch width, so greedy speculative output may differ from plain greedy; --gpu-layers 0 runs it on "
@@ -225,12 +227,12 @@ def batch_invariance_warning(model: LoadedModel, cpu_flags: Sequence[str]) -> st
     manifest = model.manifest
     if manifest is None:
         return None
-    if manifest.pad_row == PAD_ROW_NONE:
-        return (f"{model.path.name} is a GPU graph (exported with --gpu: no batch-invariance pad row): a token's "
-                "logits depend on how many tokens its call verifies (CUDA kernels chosen by row count, float16 attention; "
-                "on the CPU provider its one-row paths), so greedy speculative output may differ from plain greedy "
-                "where the top two logits are close; for lossless decoding on the CPU use the CPU graph (export "
-                "without --gpu)")
+    if manifest.pad_row == PAD_ROW_NONE and not getattr(model.backend, "fixed_width", 0):
+        return (f"{model.path.name} is a GPU graph (exported with --gpu: no batch-invariance pad row) run at each "
+                "call's own width: a token's logits depend on how many tokens its call verifies (CUDA kernels chosen "
+                "by row count, float16 attention; on the CPU provider its one-row paths), so greedy speculative output "
+                "may differ from plain greedy where the top two logits are close; the default fixed width (every call "
+                "padded to 16 rows) or the CPU graph (export without --gpu) decode losslessly")
     if "avx512f" in cpu_flags or manifest.pad_row != PAD_ROW_ATTENTION:
         return None
     if not any(str(t.get("storage", "")).startswith("nbits4") for t in manifest.tensors.values()):

@@ -3,17 +3,22 @@ providers, measured in one process (docs/accelerators.md holds the tables and th
 
     python -m specedge.perf.accel_bench --targets cuda=ART@cuda cpu=ART@cpu --widths 1 2 4 8 16 32 --prompts 8
 
-A target is LABEL=ARTIFACT@DEVICE (DEVICE as --device takes it: cpu, cuda, openvino:CPU, ...). T(n): wall time of
+A target is LABEL=ARTIFACT@DEVICE[,width=N] (DEVICE as --device takes it: cpu, cuda, openvino:CPU, ...; width: the
+ONNX backend's fixed_width, rows of every session run, 0 for calls at their own width; left out, the backend's
+default: 16 for the GPU graph, runtime/backends/onnxrt.py). T(n): wall time of
 one forward of n tokens appended at --ctx cached tokens and rolled back (perf/verify_cost.py's definition), the
 minimum over --rounds x --reps, targets interleaved by round. tok/s: plain greedy decoding, prefill excluded, best
 of --rounds. --prompts N: the first N dev prompts (assembly/data/specbench-dev.jsonl, first turn, chat template),
 decoded plainly and with the n-gram drafter at --k (fixed k), --max-tokens each; reports the speedup (sum of plain
 decode times / sum of speculative ones), the mean accepted length and whether every speculative output equals the
-plain one token for token.
+plain one token for token. --invariance: the largest |difference| between a token's logits from one-token calls and
+from verify calls of 2, 5 and 9 tokens (after --ctx cached tokens, 45 tokens teacher-forced), and how many of those
+rows change their top-1 token.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from importlib import resources
@@ -22,6 +27,7 @@ import numpy as np
 
 from ..assembly.load import load_onnx
 from ..assembly.timing import time_forward
+from ..runtime.backends.onnxrt import OnnxBackend
 from ..runtime.decode import decode
 from ..runtime.request import PLAIN, Request, Speculation
 from ..runtime.drafters.ngram import NgramDrafter
@@ -60,6 +66,22 @@ def speculative(model, prompts, k: int, max_tokens: int) -> dict:
                 plain_tok_s=len(prompts) * max_tokens / plain_s, spec_tok_s=len(prompts) * max_tokens / spec_s)
 
 
+def invariance(be, rng, ctx: int) -> dict:
+    """Verify rows vs one-token rows of the same tokens (the module docstring)."""
+    toks = rng.integers(0, be.config.vocab_size, ctx + 45).astype(np.int32)
+    one_cache = be.new_cache(len(toks) + 1)
+    be.forward(toks[:ctx], one_cache)
+    one = np.stack([be.forward(toks[i:i + 1], one_cache)[0] for i in range(ctx, len(toks))])
+    worst, flips = 0.0, 0
+    for width in (2, 5, 9):
+        cache = be.new_cache(len(toks) + 1)
+        be.forward(toks[:ctx], cache)
+        many = np.concatenate([be.forward(toks[i:i + width], cache) for i in range(ctx, len(toks), width)])
+        worst = max(worst, float(np.abs(many - one).max()))
+        flips += int((many.argmax(-1) != one.argmax(-1)).sum())
+    return dict(max_abs_diff=worst, top1_flips=flips, rows=3 * len(one))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--targets", nargs="+", required=True, help="LABEL=ARTIFACT@DEVICE each")
@@ -72,6 +94,7 @@ def main(argv=None) -> None:
     ap.add_argument("--prompts", type=int, default=0)
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--invariance", action="store_true")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     rng = np.random.default_rng(0)
@@ -79,9 +102,14 @@ def main(argv=None) -> None:
     for t in a.targets:
         label, _, rest = t.partition("=")
         art, _, device = rest.rpartition("@")
+        device, _, width = device.partition(",width=")
         m = load_onnx(art, device=device, threads=a.threads)
+        if width:
+            m = dataclasses.replace(m, backend=OnnxBackend(m.manifest, device=device, threads=a.threads,
+                                                           fixed_width=int(width)))
         runs.append((label, device, m, {n: [] for n in a.widths}, []))
-        print(f"{label}: {m.backend.choice.note}; session providers {m.backend.session.get_providers()}", flush=True)
+        print(f"{label}: {m.backend.choice.note}; session providers {m.backend.session.get_providers()}; fixed width "
+              f"{getattr(m.backend, 'fixed_width', 0) or 'none'}", flush=True)
     cap = a.ctx + max(a.widths) + 1
     for _ in range(a.rounds):
         for _, _, m, times, speeds in runs:
@@ -98,6 +126,8 @@ def main(argv=None) -> None:
     for label, device, m, times, speeds in runs:
         ms = {n: 1e3 * min(v) for n, v in times.items()}
         row = dict(target=label, device=device, tok_s=max(speeds), ms=ms, ratio={n: ms[n] / ms[1] for n in ms})
+        if a.invariance:
+            row["invariance"] = invariance(m.backend, rng, a.ctx)
         if a.prompts:
             row["spec"] = speculative(m, dev_prompts(m.tokenizer, a.prompts), a.k, a.max_tokens)
         rows.append(row)
@@ -108,6 +138,10 @@ def main(argv=None) -> None:
         print(f"| {r['target']} | {r['device']} | {r['tok_s']:.1f} | {r['ms'][a.widths[0]]:.2f} | "
               + " | ".join(f"{r['ratio'][n]:.2f}" for n in a.widths[1:]) + " |")
     for r in rows:
+        if "invariance" in r:
+            v = r["invariance"]
+            print(f"{r['target']}: verify rows (2, 5, 9 tokens per call) vs one-token rows: max |d| "
+                  f"{v['max_abs_diff']:.3g}, top-1 changed in {v['top1_flips']} of {v['rows']}")
         if "spec" in r:
             s = r["spec"]
             print(f"{r['target']}: n-gram k={a.k} over {s['prompts']} dev prompts x {a.max_tokens} tokens: speedup "

@@ -22,11 +22,12 @@ from specedge.models.tiny import TINY_ARCHS, write_tiny_gguf  # noqa: E402
 from specedge.runtime.backends import open_onnx  # noqa: E402
 from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
 from specedge.runtime.backends.onnx_providers import Device, select_providers  # noqa: E402
+from specedge.runtime.backends.onnxrt import GPU_VERIFY_WIDTH  # noqa: E402
 from specedge.runtime.decode import decode  # noqa: E402
 from specedge.runtime.request import PLAIN, Request, Speculation
 from specedge.runtime.drafters.ngram import NgramDrafter  # noqa: E402
 from specedge.runtime.types import SamplingParams  # noqa: E402
-from verify_walk import walk_verify_steps  # noqa: E402  (tests/ is on the path)
+from verify_walk import one_token_and_verify_rows, walk_verify_steps  # noqa: E402  (tests/ is on the path)
 
 TOL = 5e-2  # float16 attention and cache against the float32 reference (logits of the tiny models are O(1))
 
@@ -55,20 +56,31 @@ def test_kv_cache_stays_in_gpu_memory(gpu_pair):
     cache = be.new_cache(32)
     assert be.kv_device == "cuda"
     assert all(b.device_name().lower() == "cuda" for b in cache._buffers)
-    c = be.config  # float16 rows, none for a pad row (the GPU graph has none)
-    assert cache.nbytes == 2 * c.n_layers * c.n_kv_heads * 32 * c.head_dim * 2
+    c = be.config  # float16 rows, none for a pad row (the GPU graph has none), 16 scratch rows (fixed width)
+    assert cache.nbytes == 2 * c.n_layers * c.n_kv_heads * (32 + GPU_VERIFY_WIDTH) * c.head_dim * 2
     logits = be.forward(np.arange(5, dtype=np.int32), cache)  # only the logits come back
     assert isinstance(logits, np.ndarray) and logits.shape == (5, be.config.vocab_size)
 
 
+def test_fixed_width_gives_a_token_the_same_logits_at_any_verify_width_on_cuda(gpu_pair):
+    """Every call runs at GPU_VERIFY_WIDTH rows (onnxrt.py), so CUDA's kernels (chosen by row count) give a token the
+    same logits in a verify call as in a one-token call, bit for bit; run at each call's own width they differ
+    (docs/accelerators.md "Lossless on CUDA")."""
+    be, _, d = gpu_pair
+    assert be.fixed_width == GPU_VERIFY_WIDTH
+    toks = np.random.default_rng(5).integers(0, be.config.vocab_size, 60).astype(np.int32)
+    for width in (2, 3, 5, 9, 16, 17, 40):
+        one, many = one_token_and_verify_rows(be, toks, 11, width)
+        np.testing.assert_array_equal(one, many, err_msg=f"width {width}")
+
+
 def test_speculative_greedy_equals_plain_greedy_on_cuda(gpu_pair):
-    """On the tiny models (wide top-1 margins); not guaranteed in general: no pad row, kernels chosen by row count
-    (docs/accelerators.md "Lossless on CUDA is not guaranteed")."""
+    """Guaranteed by the fixed width (the test above), on any model; here on the tiny ones."""
     be, _, _ = gpu_pair
     params = SamplingParams()
     prompt = np.array([5, 9, 14, 5, 9, 14, 5, 9, 30, 31, 5, 9], dtype=np.int32)
     plain = [e.token for e in decode(be, prompt, PLAIN, Request(params, max_tokens=60))]
-    for k in (1, 4, 8, 16):
+    for k in (1, 4, 8, 16, 20):
         spec = [e.token for e in decode(be, prompt, Speculation(NgramDrafter(), k=k), Request(params, max_tokens=60))]
         assert spec == plain, f"k={k}"
 

@@ -25,9 +25,14 @@ from specedge.models.tiny import TINY_ARCHS, write_tiny_gguf  # noqa: E402
 from specedge.runtime.backends import BackendKind, open_onnx  # noqa: E402
 from specedge.runtime.backends.base import require_tree  # noqa: E402
 from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
+from specedge.runtime.backends.onnxrt import GPU_VERIFY_WIDTH, OnnxBackend  # noqa: E402
+from specedge.runtime.decode import decode  # noqa: E402
 from specedge.runtime.drafters import check_target, parse_drafter  # noqa: E402
+from specedge.runtime.drafters.ngram import NgramDrafter  # noqa: E402
+from specedge.runtime.request import PLAIN, Request, Speculation  # noqa: E402
+from specedge.runtime.types import SamplingParams  # noqa: E402
 from block_variants import GEMMA_LIKE, variant_weights  # noqa: E402  (tests/ is on the path)
-from verify_walk import walk_verify_steps  # noqa: E402
+from verify_walk import one_token_and_verify_rows, walk_verify_steps  # noqa: E402
 
 TOL = 5e-2  # float16 attention and cache against the float32 reference (logits of the tiny models are O(1))
 AVX2 = ("avx2", "fma")  # a CPU without AVX-512
@@ -76,8 +81,9 @@ def test_graph_is_float16_attention_chain_only_without_pad_row(gpu_pair):
 
 def test_logits_match_numpy_through_verify_steps_and_rollbacks(gpu_pair):
     be, ref, _ = gpu_pair
-    assert be.kv_device == "cpu" and be.new_cache(8).nbytes == 2 * be.config.n_layers * be.config.n_kv_heads * 8 \
-        * be.config.head_dim * 2  # float16 rows, none for a pad row
+    # float16 rows, none for a pad row, 16 scratch rows for a padded call (fixed width)
+    assert be.kv_device == "cpu" and be.new_cache(8).nbytes == 2 * be.config.n_layers * be.config.n_kv_heads \
+        * (8 + GPU_VERIFY_WIDTH) * be.config.head_dim * 2
     walk_verify_steps(be, ref, capacity=96, prefill=13, steps=24, max_width=9, tol=TOL)
 
 
@@ -111,14 +117,58 @@ def test_tree_drafters_are_refused_with_the_reason(gpu_pair):
     check_target(parse_drafter("ngram"), be)  # chain drafters are fine
 
 
-def test_batch_invariance_warning_names_the_gpu_graph(gpu_pair):
+def test_batch_invariance_warning_names_the_gpu_graph_run_at_each_calls_width(gpu_pair):
     be, _, d = gpu_pair
-    gpu = LoadedModel(d / "gpu", None, None, be, BackendKind.ONNX, manifest=read_manifest(d / "gpu"))
+    m = read_manifest(d / "gpu")
+    own_width = LoadedModel(d / "gpu", None, None, OnnxBackend(m, threads=1, fixed_width=0), BackendKind.ONNX,
+                            manifest=m)
+    fixed = LoadedModel(d / "gpu", None, None, be, BackendKind.ONNX, manifest=m)
     for flags in (AVX2, ("avx2", "avx512f")):
-        note = batch_invariance_warning(gpu, flags)
-        assert note is not None and "GPU graph" in note and "without --gpu" in note
+        note = batch_invariance_warning(own_width, flags)
+        assert note is not None and "GPU graph" in note and "without --gpu" in note and "fixed width" in note
+        assert batch_invariance_warning(fixed, flags) is None  # the default: every call padded to 16 rows
         cpu = LoadedModel(d / "cpu", None, None, be, BackendKind.ONNX, manifest=read_manifest(d / "cpu"))
         assert batch_invariance_warning(cpu, flags) is None
+
+
+def test_fixed_width_gives_a_token_the_same_logits_at_any_verify_width(gpu_pair):
+    """The GPU graph runs every call at GPU_VERIFY_WIDTH rows (onnxrt.py), so a verify call's rows equal one-token
+    calls' bit for bit: here on the CPU provider, whose one-row kernels differ otherwise (tests/test_cuda.py: CUDA)."""
+    be, ref, d = gpu_pair
+    assert be.fixed_width == GPU_VERIFY_WIDTH == 16
+    assert open_onnx(d / "cpu", threads=1).fixed_width == 0  # the CPU graph has its pad row instead
+    toks = np.random.default_rng(5).integers(0, be.config.vocab_size, 60).astype(np.int32)
+    for width in (2, 3, 5, 9, 16, 17, 40):  # 17 and 40: calls longer than the fixed width run in chunks of it
+        one, many = one_token_and_verify_rows(be, toks, 11, width)
+        np.testing.assert_array_equal(one, many, err_msg=f"width {width}")
+    np.testing.assert_allclose(one, ref.forward(toks, ref.new_cache(64))[11:], atol=TOL)
+    # the cache holds scratch rows for a padded call past its capacity: a full cache still takes its last token
+    c = be.new_cache(20)
+    be.forward(toks[:19], c)
+    np.testing.assert_allclose(be.forward(toks[19:20], c)[0], ref.forward(toks[:20], ref.new_cache(20))[-1], atol=TOL)
+    with pytest.raises(ValueError, match="context full"):
+        be.forward(toks[:1], c)
+
+
+def test_fixed_width_narrows_where_the_models_context_ends(gpu_pair):
+    """The RoPE tables end at the model's context: the last calls there run narrower (and still match)."""
+    be, ref, _ = gpu_pair
+    n = be.config.context_length
+    toks = np.random.default_rng(2).integers(0, be.config.vocab_size, n).astype(np.int32)
+    c = be.new_cache(n)
+    be.forward(toks[:n - 3], c)
+    got = np.stack([be.forward(toks[i:i + 1], c)[0] for i in range(n - 3, n)])
+    np.testing.assert_allclose(got, ref.forward(toks, ref.new_cache(n))[n - 3:], atol=TOL)
+
+
+def test_speculative_greedy_equals_plain_greedy_on_the_gpu_graph(gpu_pair):
+    be, _, _ = gpu_pair
+    params = SamplingParams()
+    prompt = np.array([5, 9, 14, 5, 9, 14, 5, 9, 30, 31, 5, 9], dtype=np.int32)
+    plain = [e.token for e in decode(be, prompt, PLAIN, Request(params, max_tokens=60))]
+    for k in (1, 4, 8, 16, 20):
+        spec = [e.token for e in decode(be, prompt, Speculation(NgramDrafter(), k=k), Request(params, max_tokens=60))]
+        assert spec == plain, f"k={k}"
 
 
 def test_batch_invariance_warning_for_attention_only_pad_rows_is_unchanged(gpu_pair, tmp_path):

@@ -22,3 +22,14 @@ def walk_verify_steps(backend, ref, capacity: int, prefill: int, steps: int, max
         pos += keep
         assert cb.length == cr.length == pos
         toks[pos:pos + 8] = rng.integers(0, backend.config.vocab_size, 8)  # what follows a rejection is new
+
+
+def one_token_and_verify_rows(be, toks, prefill: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Logits of toks[prefill:] computed one token per call, and `width` tokens per call, after the same prefill."""
+    a, b = be.new_cache(len(toks) + 8), be.new_cache(len(toks) + 8)
+    be.forward(toks[:prefill], a)
+    be.forward(toks[:prefill], b)
+    one = np.stack([be.forward(toks[i:i + 1], a)[0] for i in range(prefill, len(toks))])
+    many = np.concatenate([be.forward(toks[i:i + width], b) for i in range(prefill, len(toks), width)])
+    assert a.length == b.length == len(toks)
+    return one, many

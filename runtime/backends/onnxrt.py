@@ -14,6 +14,13 @@ position_ids = length + arange(T) and a zero bias: one graph, no tree-only sessi
 `OnnxCache.compact` copies the accepted path's rows into place with NumPy on the arrays that back the bound OrtValues
 (CUDA buffers: copied to the host, compacted and copied back, once per tree step).
 
+The GPU graph (no pad row) runs every call at one fixed width, GPU_VERIFY_WIDTH rows (`fixed_width`): the real tokens
+first, then copies of the last one, whose K/V land in scratch slots past the real rows (overwritten by the next call,
+as a rollback's are) and whose logits are dropped; longer calls run in chunks of that width. Causal attention keeps
+the pad rows out of the real rows, and every matmul sees the same row count whether one token or nine are verified,
+so CUDA's kernels (chosen by row count) give a token the same logits in plain decoding and in a verify call: greedy
+speculative output equals plain greedy (docs/accelerators.md "Lossless on CUDA").
+
 Artifacts of the static-shape profile run on StaticOnnxBackend (onnx_static.py); `runtime.backends.open_onnx` picks the class
 from the manifest.
 """
@@ -105,7 +112,9 @@ class OnnxCache(LengthCursor):
         self._capacity = capacity
         self._length = 0
         # kv_pad_rows: the graph writes scratch K/V rows just past the last real one (export/onnx_graph.pad_rows)
-        shape = (1, c.n_kv_heads, capacity + int(io.get("kv_pad_rows", 0)), c.head_dim)
+        # fixed_width: a padded call's scratch rows past the last real one
+        scratch = int(io.get("kv_pad_rows", 0)) + backend.fixed_width
+        shape = (1, c.n_kv_heads, capacity + scratch, c.head_dim)
         self._dtype = np.dtype(io.get("kv_dtype", "float32"))
         self._device = backend.kv_device  # "cpu" or "cuda": where the buffers live
         self.binding = backend.session.io_binding()
@@ -168,7 +177,9 @@ class OnnxBackend:
     name = "onnx"
 
     def __init__(self, manifest: Manifest | str | Path, *, device: Device | str = Device.CPU,
-                 threads: int | None = None, verify: bool = True, log=None) -> None:
+                 threads: int | None = None, verify: bool = True, log=None, fixed_width: int | None = None) -> None:
+        """fixed_width: rows of every session run (calls padded to it, longer ones chunked); None: GPU_VERIFY_WIDTH
+        for the GPU graph (no pad row: the module docstring), 0 (calls run at their own width) for the others."""
         self.manifest = manifest_with_profile(manifest, Profile.DYNAMIC, verify=verify)
         self.config: ModelConfig = self.manifest.config
         self.io = self.manifest.io
@@ -178,6 +189,11 @@ class OnnxBackend:
         self.caps = BackendCaps(tree_mask=self.tree_hint is None, layer_plan=False, partial_rollback=True,
                                 max_batch_tokens=self.config.context_length, tree_inputs=self.tree_io,
                                 tree_hint=self.tree_hint)
+        if fixed_width is None:
+            fixed_width = GPU_VERIFY_WIDTH if self.manifest.pad_row == PAD_ROW_NONE else 0
+        if fixed_width < 0:
+            raise ValueError(f"fixed_width must be >= 0 (0: calls at their own width), got {fixed_width}")
+        self.fixed_width = min(fixed_width, self.config.context_length)
         self.ort, self.session, self.choice, self.threads = open_session(self.manifest, device, threads, log)
         # the cache lives in CUDA memory when CUDA runs the attention: float16 graphs (a float32 graph's
         # GroupQueryAttention falls back to the CPU provider, which must see host buffers to update them in place)
@@ -195,16 +211,38 @@ class OnnxBackend:
     def forward(self, tokens: Tokens, cache: OnnxCache, *, tree_mask: Mask | None = None,
                 plan: LayerPlan | None = None) -> Logits:
         """float32 logits [T, V] for tokens appended at cache.length (slots length + arange(T)); one session run for
-        all T positions. tree_mask [T, T] (base.py contract; format 4 artifacts): RoPE positions length + depth."""
+        all T positions (with fixed_width: runs of that many rows, _forward_fixed). tree_mask [T, T] (base.py
+        contract; format 4 artifacts): RoPE positions length + depth."""
         t = len(tokens)
         if plan is not None:
             raise ValueError("the ONNX backend runs the full model (no layer plans)")
         if t == 0:
             raise ValueError("forward needs at least one token")
         check_room(cache, t)
+        if self.fixed_width and tree_mask is None:
+            return self._forward_fixed(np.asarray(tokens, dtype=np.int64), cache)
+        return self._run(np.asarray(tokens, dtype=np.int64), cache, tree_mask)
+
+    def _forward_fixed(self, tokens: np.ndarray, cache: OnnxCache) -> Logits:
+        """Runs of exactly fixed_width rows (the module docstring): chunks of the tokens, each padded with copies of
+        its last token; the pad rows' logits are dropped and the cursor advances over the real tokens only. Near the
+        end of the model's context (where the RoPE tables end) the last run narrows to what is left."""
+        w, out = self.fixed_width, []
+        for start in range(0, len(tokens), w):
+            chunk = tokens[start:start + w]
+            n = len(chunk)
+            width = max(n, min(w, self.config.context_length - cache.length))
+            padded = np.concatenate([chunk, np.full(width - n, chunk[-1], dtype=np.int64)])
+            out.append(self._run(padded, cache, None)[:n])
+            cache.rollback(cache.length - (width - n))
+        return out[0] if len(out) == 1 else np.concatenate(out)
+
+    def _run(self, tokens: np.ndarray, cache: OnnxCache, tree_mask: Mask | None) -> Logits:
+        """One session run: tokens appended at cache.length; the cursor advances over all of them."""
+        t = len(tokens)
         total = cache.length + t
         b, io = cache.binding, self.io
-        b.bind_cpu_input(io["input_ids"], np.asarray(tokens, dtype=np.int64).reshape(1, t))
+        b.bind_cpu_input(io["input_ids"], tokens.reshape(1, t))
         b.bind_cpu_input(io["seqlens_k"], np.array([total - 1], dtype=np.int32))
         b.bind_cpu_input(io["total_length"], np.array(total, dtype=np.int32))
         if self.tree_io:
@@ -221,6 +259,8 @@ class OnnxBackend:
 
 
 # Weight formats whose matmuls quantize activations to 8 bits (MatMulNBits accuracy level 4, DynamicQuantizeMatMul).
+GPU_VERIFY_WIDTH = 16  # rows of every call on the GPU graph (T(16)/T(1) = 1.26 on the H100: docs/accelerators.md)
+
 INT8_ACTIVATIONS = frozenset({"int8", "int4", "int8-dynamic"})
 
 
