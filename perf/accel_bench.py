@@ -3,9 +3,9 @@ providers, measured in one process (docs/accelerators.md holds the tables and th
 
     python -m specedge.perf.accel_bench --targets cuda=ART@cuda cpu=ART@cpu --widths 1 2 4 8 16 32 --prompts 8
 
-A target is LABEL=ARTIFACT@DEVICE[,width=N] (DEVICE as --device takes it: cpu, cuda, openvino:CPU, ...; width: the
-ONNX backend's fixed_width, rows of every session run, 0 for calls at their own width; left out, the backend's
-default: 16 for the GPU graph, runtime/backends/onnxrt.py). T(n): wall time of
+A target is LABEL=ARTIFACT@DEVICE[,width=N][,graph=0|1] (DEVICE as --device takes it: cpu, cuda, openvino:CPU, ...;
+width: the ONNX backend's fixed_width, rows of every session run, 0 for calls at their own width; graph: its
+cuda_graph; left out, the backend's defaults: 16 rows and CUDA graphs for the GPU graph, runtime/backends/onnxrt.py). T(n): wall time of
 one forward of n tokens appended at --ctx cached tokens and rolled back (perf/verify_cost.py's definition), the
 minimum over --rounds x --reps, targets interleaved by round. tok/s: plain greedy decoding, prefill excluded, best
 of --rounds. --prompts N: the first N dev prompts (assembly/data/specbench-dev.jsonl, first turn, chat template),
@@ -102,14 +102,20 @@ def main(argv=None) -> None:
     for t in a.targets:
         label, _, rest = t.partition("=")
         art, _, device = rest.rpartition("@")
-        device, _, width = device.partition(",width=")
+        device, *options = device.split(",")
         m = load_onnx(art, device=device, threads=a.threads)
-        if width:
-            m = dataclasses.replace(m, backend=OnnxBackend(m.manifest, device=device, threads=a.threads,
-                                                           fixed_width=int(width)))
+        if options:  # width=N, graph=0|1: OnnxBackend's fixed_width and cuda_graph
+            kw = dict(o.split("=", 1) for o in options)
+            unknown = set(kw) - {"width", "graph"}
+            if unknown:
+                raise SystemExit(f"{t}: unknown target options {sorted(unknown)} (width=N, graph=0|1)")
+            m = dataclasses.replace(m, backend=OnnxBackend(
+                m.manifest, device=device, threads=a.threads,
+                fixed_width=int(kw["width"]) if "width" in kw else None, cuda_graph=kw.get("graph", "1") != "0"))
         runs.append((label, device, m, {n: [] for n in a.widths}, []))
         print(f"{label}: {m.backend.choice.note}; session providers {m.backend.session.get_providers()}; fixed width "
-              f"{getattr(m.backend, 'fixed_width', 0) or 'none'}", flush=True)
+              f"{getattr(m.backend, 'fixed_width', 0) or 'none'}, CUDA graphs {getattr(m.backend, 'cuda_graph', False)}",
+              flush=True)
     cap = a.ctx + max(a.widths) + 1
     for _ in range(a.rounds):
         for _, _, m, times, speeds in runs:

@@ -2,6 +2,7 @@
 CI): the GPU graph (float16 attention and KV cache, chains only) against the NumPy reference through verify steps and
 rollbacks, the cache resident in GPU memory, lossless speculative decoding, the CLI. Run on a GPU machine with
 onnxruntime-gpu: `python -m pytest -q -m cuda tests/test_cuda.py`."""
+import gc
 import json
 
 import numpy as np
@@ -22,7 +23,7 @@ from specedge.models.tiny import TINY_ARCHS, write_tiny_gguf  # noqa: E402
 from specedge.runtime.backends import open_onnx  # noqa: E402
 from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
 from specedge.runtime.backends.onnx_providers import Device, select_providers  # noqa: E402
-from specedge.runtime.backends.onnxrt import GPU_VERIFY_WIDTH  # noqa: E402
+from specedge.runtime.backends.onnxrt import GPU_VERIFY_WIDTH, MAX_CUDA_GRAPHS, OnnxBackend  # noqa: E402
 from specedge.runtime.decode import decode  # noqa: E402
 from specedge.runtime.request import PLAIN, Request, Speculation
 from specedge.runtime.drafters.ngram import NgramDrafter  # noqa: E402
@@ -56,8 +57,11 @@ def test_kv_cache_stays_in_gpu_memory(gpu_pair):
     cache = be.new_cache(32)
     assert be.kv_device == "cuda"
     assert all(b.device_name().lower() == "cuda" for b in cache._buffers)
-    c = be.config  # float16 rows, none for a pad row (the GPU graph has none), 16 scratch rows (fixed width)
-    assert cache.nbytes == 2 * c.n_layers * c.n_kv_heads * (32 + GPU_VERIFY_WIDTH) * c.head_dim * 2
+    # float16 rows, none for a pad row (the GPU graph has none), 16 scratch rows (fixed width); a graph cache's
+    # buffers hold the power of two at or above its capacity, from 256 (onnxrt.py "CUDA graphs")
+    c = be.config
+    rows = (256 if cache.graph is not None else 32) + GPU_VERIFY_WIDTH
+    assert cache.nbytes == 2 * c.n_layers * c.n_kv_heads * rows * c.head_dim * 2
     logits = be.forward(np.arange(5, dtype=np.int32), cache)  # only the logits come back
     assert isinstance(logits, np.ndarray) and logits.shape == (5, be.config.vocab_size)
 
@@ -72,6 +76,60 @@ def test_fixed_width_gives_a_token_the_same_logits_at_any_verify_width_on_cuda(g
     for width in (2, 3, 5, 9, 16, 17, 40):
         one, many = one_token_and_verify_rows(be, toks, 11, width)
         np.testing.assert_array_equal(one, many, err_msg=f"width {width}")
+
+
+def teacher_forced(be, toks, cache, widths):
+    """Logits of toks in calls of the given widths (cycled) into `cache`."""
+    out, i, j = [], 0, 0
+    while i < len(toks):
+        w = widths[j % len(widths)]
+        out.append(be.forward(toks[i:i + w], cache))
+        i, j = i + w, j + 1
+    return np.concatenate(out)
+
+
+def test_cuda_graphs_replay_the_same_logits(gpu_pair):
+    """Each cache's runs are captured once and replayed (onnxrt.py "CUDA graphs"): the logits are bit for bit those
+    of the same backend without graphs, through prefill chunks, verify calls and rollbacks; a released cache's
+    buffers and graph serve the next cache of that capacity; past MAX_CUDA_GRAPHS caches run without one."""
+    _, _, d = gpu_pair
+    be = OnnxBackend(read_manifest(d / "gpu"), device="cuda")  # its own graphs (the fixture's are used by others)
+    plain = OnnxBackend(read_manifest(d / "gpu"), device="cuda", cuda_graph=False)
+    assert be.cuda_graph and not plain.cuda_graph
+    toks = np.random.default_rng(9).integers(0, be.config.vocab_size, 90).astype(np.int32)
+    want = teacher_forced(plain, toks, plain.new_cache(96), [37, 1, 3, 1, 9, 2])
+    cache = be.new_cache(96)
+    assert cache.graph is not None
+    np.testing.assert_array_equal(teacher_forced(be, toks, cache, [37, 1, 3, 1, 9, 2]), want)
+    cache.rollback(40)  # rolled back, then on again
+    np.testing.assert_array_equal(teacher_forced(be, toks[40:], cache, [5, 1]), want[40:])
+    graph_id = cache.graph.graph_id
+    del cache
+    gc.collect()
+    again = be.new_cache(120)  # the pooled buffers (256 rows; stale ones are past its length) and their graph
+    assert again.graph is not None and again.graph.graph_id == graph_id and again.capacity == 120
+    np.testing.assert_array_equal(teacher_forced(be, toks, again, [1, 4]), want)
+    many = [be.new_cache(32) for _ in range(MAX_CUDA_GRAPHS)]
+    assert [c.graph is None for c in many] == [False] * (MAX_CUDA_GRAPHS - 1) + [True]  # `again` holds one
+    for c in many[-2:]:
+        np.testing.assert_array_equal(teacher_forced(be, toks[:30], c, [3]), want[:30])
+
+
+def test_a_graph_cache_narrows_at_the_context_end_and_replays_after(gpu_pair):
+    """Near the model's context end a call runs narrower than the fixed width, outside the graph; after a rollback
+    the graph replays with its own bindings intact."""
+    _, _, d = gpu_pair
+    be = OnnxBackend(read_manifest(d / "gpu"), device="cuda")
+    plain = OnnxBackend(read_manifest(d / "gpu"), device="cuda", cuda_graph=False)
+    n = be.config.context_length
+    toks = np.random.default_rng(4).integers(0, be.config.vocab_size, n).astype(np.int32)
+    want = teacher_forced(plain, toks, plain.new_cache(n), [1])
+    cache = be.new_cache(n)
+    assert cache.graph is not None
+    got = teacher_forced(be, toks, cache, [1])  # the last 15 calls narrow
+    np.testing.assert_array_equal(got, want)
+    cache.rollback(n // 2)
+    np.testing.assert_array_equal(teacher_forced(be, toks[n // 2:n // 2 + 8], cache, [1]), want[n // 2:n // 2 + 8])
 
 
 def test_speculative_greedy_equals_plain_greedy_on_cuda(gpu_pair):

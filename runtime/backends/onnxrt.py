@@ -21,12 +21,25 @@ the pad rows out of the real rows, and every matmul sees the same row count whet
 so CUDA's kernels (chosen by row count) give a token the same logits in plain decoding and in a verify call: greedy
 speculative output equals plain greedy (docs/accelerators.md "Lossless on CUDA").
 
+CUDA graphs (`cuda_graph`, on by default on CUDA): with every call the same shape, onnxruntime can capture a cache's
+whole run once and replay it (enable_cuda_graph), which takes the per-kernel launch cost out of a step (H100,
+SmolLM2: 2.1 ms a call against 3.7). A graph replays the buffer addresses it was captured with, so a graph cache binds
+everything on the device once (input ids, seqlens_k, the logits, the KV) and only updates their contents; and
+GroupQueryAttention reads total_sequence_length on the host, so it is the buffer's full length, a constant (the
+attention reads only the rows seqlens_k covers: the logits are bit for bit those of a run without the graph). Each
+graph belongs to one set of buffers: a graph cache's buffers are sized to the power of two at or above its capacity,
+a released cache's buffers and graph go back to a pool for the next cache they can hold, and beyond MAX_CUDA_GRAPHS
+sets a cache runs without a graph (same logits, slower).
+
 Artifacts of the static-shape profile run on StaticOnnxBackend (onnx_static.py); `runtime.backends.open_onnx` picks the class
 from the manifest.
 """
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import os
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -69,12 +82,18 @@ def read_bytes_per_token(model_path: Path) -> int:
     return total
 
 
-def open_session(manifest: Manifest, device: Device | str, threads: int | None, log=None
+def open_session(manifest: Manifest, device: Device | str, threads: int | None, log=None, *, cuda_graph: bool = False
                  ) -> tuple[Any, Any, ProviderChoice, int]:
-    """(onnxruntime module, InferenceSession, provider choice, threads) for an artifact on `device`."""
+    """(onnxruntime module, InferenceSession, provider choice, threads) for an artifact on `device`; cuda_graph: the
+    CUDA provider with enable_cuda_graph (a session whose runs may be captured and replayed; other providers ignore
+    it)."""
     ort = _import_ort()
     threads = threads or min(os.cpu_count() or 1, 8)
     choice = choose_providers(ort, device, threads, manifest.profile is Profile.STATIC)
+    plain_choice = choice
+    if cuda_graph and choice.device is Device.CUDA:
+        (name, options), *rest = choice.providers
+        choice = dataclasses.replace(choice, providers=[(name, {**options, "enable_cuda_graph": "1"}), *rest])
     if log is not None and parse_device(device)[0] is Device.AUTO:
         log(choice.note)
     opts, actual = session_options(ort, threads)
@@ -85,9 +104,20 @@ def open_session(manifest: Manifest, device: Device | str, threads: int | None, 
         opts.add_provider_for_devices(list(choice.ep_devices), choice.providers[0][1])
         session = ort.InferenceSession(str(manifest.model_path), sess_options=opts)
     else:
-        session = ort.InferenceSession(str(manifest.model_path), sess_options=opts,
-                                       providers=[p for p, _ in choice.providers],
-                                       provider_options=[o for _, o in choice.providers])
+        try:
+            session = ort.InferenceSession(str(manifest.model_path), sess_options=opts,
+                                           providers=[p for p, _ in choice.providers],
+                                           provider_options=[o for _, o in choice.providers])
+        except Exception as e:  # noqa: BLE001 - onnxruntime raises its own Fail/RuntimeException types
+            if choice is plain_choice:
+                raise
+            # CUDA graphs need every node on the CUDA provider; a graph with some on the CPU runs without them
+            if log is not None:
+                log(f"CUDA graphs off for {manifest.root.name}: {str(e).splitlines()[0][:200]}")
+            choice = plain_choice
+            session = ort.InferenceSession(str(manifest.model_path), sess_options=opts,
+                                           providers=[p for p, _ in choice.providers],
+                                           provider_options=[o for _, o in choice.providers])
     return ort, session, choice, threads
 
 
@@ -103,14 +133,58 @@ def choose_providers(ort, device: Device | str, threads: int, static_shapes: boo
     return select_providers(device, ort.get_available_providers(), threads=threads, static_shapes=static_shapes)
 
 
+class GraphSlot:
+    """What one CUDA graph replays: device buffers bound once (input ids [1, W], seqlens_k, logits [W, V]) beside a
+    cache's KV buffers and binding, and the graph's id (onnxruntime's gpu_graph_id)."""
+
+    def __init__(self, backend: "OnnxBackend", binding, rows: int, graph_id: int) -> None:
+        ort, io, w = backend.ort, backend.io, backend.fixed_width
+        self.graph_id, self.rows = graph_id, rows
+        self.ids = ort.OrtValue.ortvalue_from_numpy(np.zeros((1, w), np.int64), "cuda", 0)
+        self.seqlens = ort.OrtValue.ortvalue_from_numpy(np.zeros(1, np.int32), "cuda", 0)
+        # read on the host, so a constant: the buffer's rows, but no more than the RoPE tables hold (a graph call
+        # never reaches past them: calls there narrow and run outside the graph)
+        self.total = ort.OrtValue.ortvalue_from_numpy(np.array(min(rows, backend.config.context_length), np.int32))
+        self.logits = ort.OrtValue.ortvalue_from_numpy(np.zeros((w, backend.config.vocab_size), np.float32), "cuda", 0)
+        binding.bind_ortvalue_input(io["input_ids"], self.ids)
+        binding.bind_ortvalue_input(io["seqlens_k"], self.seqlens)
+        binding.bind_ortvalue_input(io["total_length"], self.total)
+        binding.bind_ortvalue_output(io["logits"], self.logits)
+        self.run_options = ort.RunOptions()
+        self.run_options.add_run_config_entry("gpu_graph_id", str(graph_id))
+
+
 class OnnxCache(LengthCursor):
-    """Per-sequence KV buffers and the IOBinding that ties them to the session's past/present names."""
+    """Per-sequence KV buffers and the IOBinding that ties them to the session's past/present names (with a CUDA
+    graph: a pooled set of them, GraphSlot)."""
 
     def __init__(self, backend: "OnnxBackend", capacity: int) -> None:
-        ort = backend.ort
-        c, io = backend.config, backend.io
         self._capacity = capacity
         self._length = 0
+        self._io = backend.io
+        self.graph: GraphSlot | None = None
+        self._plain = None  # a graph cache's binding for runs outside its graph (plain_binding)
+        pooled = backend.take_graph_buffers(capacity)
+        if pooled is not None:  # a released graph cache's buffers, at least as large
+            _, (self.binding, self._buffers, self._arrays, self.graph) = pooled
+            self._dtype = np.dtype(backend.io.get("kv_dtype", "float32"))
+            self._device = backend.kv_device
+            weakref.finalize(self, backend.release_graph_buffers, *pooled)
+            return
+        if not (backend.cuda_graph and backend.graphs_left()):
+            self._new_buffers(backend, capacity)
+            return
+        # a new graph: buffers for the power of two at or above the capacity (from 256, within the model's
+        # context), so that later caches of other sizes can take them when this one is released
+        slot_capacity = min(max(256, 1 << (capacity - 1).bit_length()), backend.config.context_length)
+        self._new_buffers(backend, max(slot_capacity, capacity))
+        self.graph = backend.new_graph(self.binding, self._buffers[0].shape()[2])
+        weakref.finalize(self, backend.release_graph_buffers, max(slot_capacity, capacity),
+                         (self.binding, self._buffers, self._arrays, self.graph))
+
+    def _new_buffers(self, backend: "OnnxBackend", capacity: int) -> None:
+        ort = backend.ort
+        c, io = backend.config, backend.io
         # kv_pad_rows: the graph writes scratch K/V rows just past the last real one (export/onnx_graph.pad_rows)
         # fixed_width: a padded call's scratch rows past the last real one
         scratch = int(io.get("kv_pad_rows", 0)) + backend.fixed_width
@@ -119,22 +193,31 @@ class OnnxCache(LengthCursor):
         self._device = backend.kv_device  # "cpu" or "cuda": where the buffers live
         self.binding = backend.session.io_binding()
         self.binding.bind_output(io["logits"], "cpu")  # first output: get_outputs()[0] is the logits
-        self._buffers = []  # keeps the OrtValues alive for the binding's lifetime
+        self._buffers = []  # keeps the OrtValues alive for the binding's lifetime: key, value of each layer
         self._arrays: list[np.ndarray] = []  # the memory those CPU OrtValues wrap (no copy): compact writes here
-        for i in range(c.n_layers):
-            for past, present in (("past_key", "present_key"), ("past_value", "present_value")):
-                arr = np.zeros(shape, self._dtype)
-                # CUDA: a device buffer initialised from the zeros (the host array is then dropped)
-                buf = ort.OrtValue.ortvalue_from_numpy(arr, *((self._device, 0) if self._device != "cpu" else ()))
-                self.binding.bind_ortvalue_input(io[past].format(i=i), buf)
-                self.binding.bind_ortvalue_output(io[present].format(i=i), buf)
-                self._buffers.append(buf)
-                if self._device == "cpu":
-                    self._arrays.append(arr)
+        for _ in range(2 * c.n_layers):
+            arr = np.zeros(shape, self._dtype)
+            # CUDA: a device buffer initialised from the zeros (the host array is then dropped)
+            self._buffers.append(ort.OrtValue.ortvalue_from_numpy(
+                arr, *((self._device, 0) if self._device != "cpu" else ())))
+            if self._device == "cpu":
+                self._arrays.append(arr)
+        bind_kv(self.binding, io, self._buffers)
 
     @property
     def capacity(self) -> int:
         return self._capacity
+
+    def plain_binding(self, session):
+        """The binding for a run outside the graph (inputs bound per call): the cache's own, or for a graph cache a
+        second one over the same KV buffers (its graph keeps its device inputs bound)."""
+        if self.graph is None:
+            return self.binding
+        if self._plain is None:
+            self._plain = session.io_binding()
+            self._plain.bind_output(self._io["logits"], "cpu")  # first output: get_outputs()[0] is the logits
+            bind_kv(self._plain, self._io, self._buffers)
+        return self._plain
 
     @property
     def nbytes(self) -> int:
@@ -151,6 +234,15 @@ class OnnxCache(LengthCursor):
         self._length = compact_rows(arrays, 2, self._length, src, dst_start)
         for buf, arr in zip(self._buffers, arrays):
             buf.update_inplace(arr)
+
+
+def bind_kv(binding, io: dict, buffers: list) -> None:
+    """Binds each layer's key and value buffer as both its past and its present (the op writes the new rows in
+    place); buffers: key, value of layer 0, then of layer 1, ..."""
+    for j, buf in enumerate(buffers):
+        past, present = ("past_key", "present_key") if j % 2 == 0 else ("past_value", "present_value")
+        binding.bind_ortvalue_input(io[past].format(i=j // 2), buf)
+        binding.bind_ortvalue_output(io[present].format(i=j // 2), buf)
 
 
 def compact_rows(arrays, axis: int, length: int, src: np.ndarray, dst_start: int) -> int:
@@ -177,9 +269,12 @@ class OnnxBackend:
     name = "onnx"
 
     def __init__(self, manifest: Manifest | str | Path, *, device: Device | str = Device.CPU,
-                 threads: int | None = None, verify: bool = True, log=None, fixed_width: int | None = None) -> None:
+                 threads: int | None = None, verify: bool = True, log=None, fixed_width: int | None = None,
+                 cuda_graph: bool = True) -> None:
         """fixed_width: rows of every session run (calls padded to it, longer ones chunked); None: GPU_VERIFY_WIDTH
-        for the GPU graph (no pad row: the module docstring), 0 (calls run at their own width) for the others."""
+        for the GPU graph (no pad row: the module docstring), 0 (calls run at their own width) for the others.
+        cuda_graph: capture and replay each cache's runs where they can be (CUDA, a fixed width, the KV cache in
+        CUDA memory: the module docstring); False runs every call plainly."""
         self.manifest = manifest_with_profile(manifest, Profile.DYNAMIC, verify=verify)
         self.config: ModelConfig = self.manifest.config
         self.io = self.manifest.io
@@ -194,15 +289,43 @@ class OnnxBackend:
         if fixed_width < 0:
             raise ValueError(f"fixed_width must be >= 0 (0: calls at their own width), got {fixed_width}")
         self.fixed_width = min(fixed_width, self.config.context_length)
-        self.ort, self.session, self.choice, self.threads = open_session(self.manifest, device, threads, log)
+        cuda_graph = cuda_graph and self.fixed_width > 0 and self.io.get("kv_dtype") == "float16"
+        self.ort, self.session, self.choice, self.threads = open_session(self.manifest, device, threads, log,
+                                                                         cuda_graph=cuda_graph)
         # the cache lives in CUDA memory when CUDA runs the attention: float16 graphs (a float32 graph's
         # GroupQueryAttention falls back to the CPU provider, which must see host buffers to update them in place)
         self.kv_device = "cuda" if self.choice.on_gpu and self.io.get("kv_dtype") == "float16" else "cpu"
+        self.cuda_graph = self.kv_device == "cuda" and "enable_cuda_graph" in self.choice.providers[0][1]
+        self._no_graph = None  # run options of a run that is not captured (a graph session would capture id 0)
+        if self.cuda_graph:
+            self._no_graph = self.ort.RunOptions()
+            self._no_graph.add_run_config_entry("gpu_graph_id", "-1")
+        self._graph_ids = itertools.count(1)
+        self._graphs = 0  # graphs captured (each with its buffers, live or pooled)
+        self._pool: list[tuple[int, tuple]] = []  # released graph caches: (capacity, (binding, buffers, arrays, slot))
         self._weight_bytes = read_bytes_per_token(self.manifest.model_path)
 
     def new_cache(self, max_len: int) -> OnnxCache:
         check_capacity(self.config, max_len)
         return OnnxCache(self, max_len)
+
+    def graphs_left(self) -> bool:
+        return self._graphs < MAX_CUDA_GRAPHS
+
+    def new_graph(self, binding, rows: int) -> GraphSlot:
+        self._graphs += 1
+        return GraphSlot(self, binding, rows, next(self._graph_ids))
+
+    def take_graph_buffers(self, capacity: int) -> tuple[int, tuple] | None:
+        """(its capacity, the buffers and graph) of the smallest released graph cache that holds `capacity` positions
+        (None: there is none)."""
+        fits = [i for i, (cap, _) in enumerate(self._pool) if cap >= capacity]
+        if not fits:
+            return None
+        return self._pool.pop(min(fits, key=lambda i: self._pool[i][0]))
+
+    def release_graph_buffers(self, capacity: int, pooled: tuple) -> None:
+        self._pool.append((capacity, pooled))
 
     def weight_bytes(self, plan: LayerPlan | None = None) -> int:
         """Initializer bytes one decode step reads (read_bytes_per_token)."""
@@ -233,7 +356,8 @@ class OnnxBackend:
             n = len(chunk)
             width = max(n, min(w, self.config.context_length - cache.length))
             padded = np.concatenate([chunk, np.full(width - n, chunk[-1], dtype=np.int64)])
-            out.append(self._run(padded, cache, None)[:n])
+            rows = self._run(padded, cache, None)[:n]
+            out.append(rows if len(tokens) <= w else rows.copy())  # a graph's logits buffer is reused by the next
             cache.rollback(cache.length - (width - n))
         return out[0] if len(out) == 1 else np.concatenate(out)
 
@@ -241,7 +365,14 @@ class OnnxBackend:
         """One session run: tokens appended at cache.length; the cursor advances over all of them."""
         t = len(tokens)
         total = cache.length + t
-        b, io = cache.binding, self.io
+        if cache.graph is not None and t == self.fixed_width:  # a replay (or the capture) of this cache's graph
+            g = cache.graph
+            g.ids.update_inplace(tokens.reshape(1, t))
+            g.seqlens.update_inplace(np.array([total - 1], dtype=np.int32))
+            self.session.run_with_iobinding(cache.binding, g.run_options)
+            cache.advance(t)
+            return g.logits.numpy()
+        b, io = cache.plain_binding(self.session), self.io
         b.bind_cpu_input(io["input_ids"], tokens.reshape(1, t))
         b.bind_cpu_input(io["seqlens_k"], np.array([total - 1], dtype=np.int32))
         b.bind_cpu_input(io["total_length"], np.array(total, dtype=np.int32))
@@ -252,7 +383,7 @@ class OnnxBackend:
         elif tree_mask is not None:
             raise ValueError(self.tree_hint)
         b.bind_output(io["logits"], "cpu")  # unallocated again: T changes between calls
-        self.session.run_with_iobinding(b)
+        self.session.run_with_iobinding(b, self._no_graph)
         logits = b.get_outputs()[0].numpy()
         cache.advance(t)
         return logits
@@ -260,6 +391,7 @@ class OnnxBackend:
 
 # Weight formats whose matmuls quantize activations to 8 bits (MatMulNBits accuracy level 4, DynamicQuantizeMatMul).
 GPU_VERIFY_WIDTH = 16  # rows of every call on the GPU graph (T(16)/T(1) = 1.26 on the H100: docs/accelerators.md)
+MAX_CUDA_GRAPHS = 8  # captured graphs per backend (one per set of cache buffers); more caches run without one
 
 INT8_ACTIVATIONS = frozenset({"int8", "int4", "int8-dynamic"})
 

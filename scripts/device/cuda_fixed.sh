@@ -27,6 +27,27 @@ r = export_gguf_to_onnx(open_gguf("/tmp/x/SmolLM2-135M-Instruct.Q4_1.gguf"), "/t
 print("exported + gated in", round(time.time() - t, 1), "s:", r)
 PY
 timeout 120 python3 scripts/device/cuda_graph_probe.py /tmp/a/smol-gpu 2>&1 | tee $OUT/cuda_graph.log | grep -v "^\s*$" | tail -6
-timeout 330 python3 -m specedge.perf.accel_bench --targets cuda-fixed16=/tmp/a/smol-gpu@cuda cuda-own=/tmp/a/smol-gpu@cuda,width=0 \
-  --threads 16 --widths 1 2 4 8 9 16 32 --reps 10 --rounds 3 --decode 128 --prompts 8 --k 8 --max-tokens 128 --invariance \
-  --out $OUT/bench_fixed.json 2>&1 | tee $OUT/bench.log | grep -v -E "^\s*$" | tail -14
+timeout 300 python3 -m specedge.perf.accel_bench --targets graph16=/tmp/a/smol-gpu@cuda fixed16=/tmp/a/smol-gpu@cuda,graph=0 \
+  own=/tmp/a/smol-gpu@cuda,width=0 --threads 16 --widths 1 2 4 8 9 16 32 --reps 10 --rounds 3 --decode 128 --prompts 8 \
+  --k 8 --max-tokens 128 --invariance --out $OUT/bench_graph.json 2>&1 | tee $OUT/bench.log | grep -v -E "^\s*$|W:onnx" | tail -14
+timeout 120 python3 -m specedge.perf.accel_bench --targets graph16-k15=/tmp/a/smol-gpu@cuda --threads 16 --widths 1 16 \
+  --reps 10 --rounds 2 --decode 128 --prompts 8 --k 15 --max-tokens 128 --out $OUT/bench_k15.json 2>&1 | grep -v -E "^\s*$|W:onnx" | tail -2
+timeout 120 python3 -m specedge.apps.cli generate /tmp/a/smol-gpu "Explain speculative decoding in two sentences." --backend onnx \
+  --device cuda --no-plan --drafter ngram --k 8 --baseline --temperature 0 --max-tokens 128 --stats 2>&1 | grep -v "W:onnx" | tail -4
+# Qwen2.5-Coder-0.5B-Instruct Q4_K_M, carried in 8 more pieces (/tmp/x/qpart.*), when they are there
+if [ -f $X/qpart.0 ]; then
+  cat $X/qpart.* > $A/qwen05.gguf && rm -f $X/qpart.*
+  sha256sum $A/qwen05.gguf | cut -c1-16
+  timeout 240 python3 - <<'PY' 2>&1 | tee $OUT/export_qwen.log | tail -3
+import time
+from specedge.models.gguf_in import open_gguf
+from specedge.export.onnx_export import GPU, export_gguf_to_onnx
+from specedge.export.onnx_linear import WeightFormat
+t = time.time()
+r = export_gguf_to_onnx(open_gguf("/tmp/a/qwen05.gguf"), "/tmp/a/qwen-gpu", WeightFormat.FP16, threads=16, profile=GPU)
+print("exported + gated in", round(time.time() - t, 1), "s:", r)
+PY
+  timeout 300 python3 -m specedge.perf.accel_bench --targets qwen-graph16=/tmp/a/qwen-gpu@cuda qwen-fixed16=/tmp/a/qwen-gpu@cuda,graph=0 \
+    qwen-own=/tmp/a/qwen-gpu@cuda,width=0 --threads 16 --widths 1 2 4 8 9 16 --reps 10 --rounds 3 --decode 128 --prompts 8 \
+    --k 8 --max-tokens 128 --invariance --out $OUT/bench_qwen.json 2>&1 | tee $OUT/bench_qwen.log | grep -v -E "^\s*$|W:onnx" | tail -12
+fi
