@@ -3,7 +3,9 @@
 # Carried (scripts/device/README in docs/accelerators.md): /tmp/x/part.* = a tar of ortgpu.tar.xz (onnxruntime-gpu
 # 1.31.1's files, TensorRT provider dropped), SmolLM2-135M-Instruct.Q4_1.gguf and wheels/ (gguf, platformdirs,
 # llguidance), split into 5 pieces that travel in 5 calls. Run from the repository root: bash scripts/device/cuda_fixed.sh
+# [probe] (probe: the setup, the SmolLM2 export and the CUDA graph probe only)
 set -u
+step=${1:-all}
 X=/tmp/x; A=/tmp/a; mkdir -p $A /tmp/pkg
 if [ ! -d $X/w/onnxruntime ]; then
   cat $X/part.* | tar -xf - -C $X && mkdir -p $X/w && tar -xJf $X/ortgpu.tar.xz -C $X/w && rm -f $X/ortgpu.tar.xz $X/part.*
@@ -15,7 +17,7 @@ export LD_LIBRARY_PATH=$LIBS:${LD_LIBRARY_PATH:-} PYTHONPATH=$X/w:/tmp/site:/tmp
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 lscpu | grep -E "Model name|^CPU\(s\)"
 python3 -c "import onnxruntime as o, specedge; print('onnxruntime', o.__version__, o.get_available_providers())"
-timeout 240 python3 -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py tests/test_onnx_gpu_graph.py 2>&1 | tee $OUT/pytest.log | tail -8
+[ $step = all ] && timeout 240 python3 -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py tests/test_onnx_gpu_graph.py 2>&1 | tee $OUT/pytest.log | tail -8
 timeout 200 python3 - <<'PY' 2>&1 | tee $OUT/export.log | tail -4
 import time
 from specedge.models.gguf_in import open_gguf
@@ -27,6 +29,7 @@ r = export_gguf_to_onnx(open_gguf("/tmp/x/SmolLM2-135M-Instruct.Q4_1.gguf"), "/t
 print("exported + gated in", round(time.time() - t, 1), "s:", r)
 PY
 timeout 120 python3 scripts/device/cuda_graph_probe.py /tmp/a/smol-gpu 2>&1 | tee $OUT/cuda_graph.log | grep -v "^\s*$" | tail -6
+[ $step = all ] || exit 0
 timeout 300 python3 -m specedge.perf.accel_bench --targets graph16=/tmp/a/smol-gpu@cuda fixed16=/tmp/a/smol-gpu@cuda,graph=0 \
   own=/tmp/a/smol-gpu@cuda,width=0 --threads 16 --widths 1 2 4 8 9 16 32 --reps 10 --rounds 3 --decode 128 --prompts 8 \
   --k 8 --max-tokens 128 --invariance --out $OUT/bench_graph.json 2>&1 | tee $OUT/bench.log | grep -v -E "^\s*$|W:onnx" | tail -14
