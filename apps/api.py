@@ -62,7 +62,8 @@ class Engine:
     temperature, top_p, top_k, min_p None = the model's own defaults (`sampling_defaults`: GGUF general.sampling.*,
     an artifact's recorded generation config, else temperature 0.7, top_p 0.9); temperature=0 is greedy; typical_p
     1 (off); repeat_penalty (default 1.1 when sampling, off when greedy), presence_penalty, frequency_penalty
-    (llama.cpp's, over the last 64 tokens); logit_bias
+    (llama.cpp's, over the last 64 tokens); dry_multiplier (DRY, default 0.8 when sampling, off when greedy),
+    dry_base, dry_allowed_length; logit_bias
     ({token id: bias}, -inf bans); seed 0; stop; grammar (a JsonSchema, JsonObject, Regex, Lark or Gbnf the output
     must match); logprobs (None; n: each Response's `logprob` with the n most likely alternatives, 0..20).
     """

@@ -42,7 +42,7 @@ COMMANDS = {
     "/stats": "the last answer's full statistics and the session totals",
     "/drafter SPEC": "switch the drafter live (ngram, none, model:<...>, exit:<l>, recycle, ...); alone: show it",
     "/set KEY VALUE": "change a sampling option (max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, "
-                      "presence_penalty, frequency_penalty, logit_bias ID+BIAS ..., seed; `none` = the default: to "
+                      "dry_multiplier, presence_penalty, frequency_penalty, logit_bias ID+BIAS ..., seed; `none` = the default: to "
                       "the end / the model's / no bias); alone: show them",
     "/save PATH": "write the conversation and settings as JSON (resume with `specedge chat MODEL --load PATH`)",
     "/help": "this list",

@@ -8,7 +8,9 @@ their JSON type here and for their range by specedge.Engine (apps/api.py), whose
 sees unchanged.
 
 Extension fields (llama.cpp's server uses the same names): request `top_k`, `min_p`, `typical_p`, `repeat_penalty`,
-`grammar` (GBNF) and `json_schema` (a schema object), and our `regex`; response `specedge` with the speculative-decoding statistics of the call (see docs/server.md for its schema).
+`dry_multiplier`, `dry_base`, `dry_allowed_length` (DRY; llama.cpp's `dry_penalty_last_n` and
+`dry_sequence_breakers` are refused: ours looks at the whole context and breaks at the model's newline, ':', '"', '*'
+and end-of-turn tokens), `grammar` (GBNF) and `json_schema` (a schema object), and our `regex`; response `specedge` with the speculative-decoding statistics of the call (see docs/server.md for its schema).
 
 Omitted fields take specedge's defaults, the same as the CLI and the Engine: no max_tokens / max_completion_tokens
 decodes to the end of the turn (EOS, a stop string) or the context limit, for both routes (finish_reason "length"

@@ -116,6 +116,13 @@ class CallSettings:
     repeat_penalty: float | None = field(default=None, metadata=option(
         "1 = off (llama.cpp's, over the last 64 tokens). Default: 1.1 when sampling (chat answers of small models "
         "otherwise loop), off when greedy (--temperature 0 stays exactly greedy).", "number"))
+    dry_multiplier: float | None = field(default=None, metadata=option(
+        "DRY repeat penalty (llama.cpp's --dry-multiplier): a token extending a repeat of n >= dry_allowed_length "
+        "earlier tokens loses MULT * dry_base^(n - allowed) from its logit; 0 = off. Default: the model's, else off; "
+        "off when greedy.", "number"))
+    dry_base: float = field(default=1.75, metadata=option("DRY's growth per repeated token (llama.cpp's).", "number"))
+    dry_allowed_length: int = field(default=2, metadata=option(
+        "Repeats of up to this many tokens go unpenalised by DRY (llama.cpp's).", "integer"))
     presence_penalty: float = field(default=0.0, metadata=option(
         "Subtracted from the logit of each token seen in the last 64 (llama.cpp's; 0 = off)."))
     frequency_penalty: float = field(default=0.0, metadata=option(
@@ -152,13 +159,17 @@ class CallSettings:
         top_p / top_k / min_p), and repeat_penalty as repetition_penalty."""
         values = {name: getattr(self, name) for name in _SHARED}
         values = {k: getattr(defaults, k) if v is None else v for k, v in values.items()}
-        penalty = self.repeat_penalty
+        penalty, dry = self.repeat_penalty, self.dry_multiplier
+        greedy = values["temperature"] == 0
         if penalty is None:  # the default penalises sampled answers only: greedy stays exactly greedy
-            penalty = 1.0 if values["temperature"] == 0 else defaults.repeat_penalty
-        return SamplingParams(**values, repetition_penalty=penalty)
+            penalty = 1.0 if greedy else defaults.repeat_penalty
+        if dry is None:
+            dry = 0.0 if greedy else defaults.dry_multiplier
+        return SamplingParams(**{**values, "dry_multiplier": dry}, repetition_penalty=penalty)
 
 
-_SHARED = tuple(f.name for f in fields(CallSettings) if f.name in {g.name for g in fields(SamplingParams)})
+_SHARED = tuple(f.name for f in fields(CallSettings)
+                if f.name in {g.name for g in fields(SamplingParams)} and f.name != "dry_multiplier")
 
 
 def parse_logit_bias(items: Iterable[str]) -> dict[int, float]:
@@ -202,6 +213,7 @@ class Decoder:
         self.model, self.model_settings, self.settings, self.plan = model, settings, decode, plan
         self.sampling_defaults = model_sampling(model)  # what a call's unset temperature/top_p/... resolve to
         self._grammars: GrammarCompiler | None = None  # built on the first constrained call
+        self._breakers: frozenset[int] | None = None  # DRY's breaker ids (dry_breakers), on the first DRY call
         if decode.lossy is not None:
             from .loradrop import lossy_mode
             lossy = lossy_mode(decode.lossy, model, cache_dir=settings.cache_dir, ctx=settings.ctx)
@@ -268,8 +280,21 @@ class Decoder:
         """The runtime Request of a call: its sampling with this model's defaults for the unset values, its grammar
         compiled for this call, the context this decoder was opened with."""
         constraint = None if call.grammar is None else self.grammar_compiler().compile(call.grammar)
-        return Request(call.sampling(self.sampling_defaults), call.max_tokens, call.stop, call.seed, None,
-                       constraint, call.logprobs, self.model_settings.ctx)
+        params = call.sampling(self.sampling_defaults)
+        if params.dry_multiplier > 0:
+            params = replace(params, dry_breakers=self.dry_breakers())
+        return Request(params, call.max_tokens, call.stop, call.seed, None, constraint, call.logprobs,
+                       self.model_settings.ctx)
+
+    def dry_breakers(self) -> frozenset[int]:
+        """Token ids no DRY repeat spans (and DRY never penalises): those whose text holds a newline, ':', '"' or
+        '*' (llama.cpp's default sequence breakers), and the end-of-generation ids; computed once per model."""
+        if self._breakers is None:
+            tok = self.model.tokenizer
+            marks = (b"\n", b":", b'"', b"*")
+            ids = {i for i in range(tok.vocab_size) if any(m in tok.token_bytes(i) for m in marks)}
+            self._breakers = frozenset(ids | set(tok.eos_ids))
+        return self._breakers
 
     def stream(self, prompt_ids: Tokens | Sequence[int], call: CallSettings, *, session: Session | None = None,
                cancel: threading.Event | None = None) -> CallStream:

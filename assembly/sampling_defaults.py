@@ -34,12 +34,13 @@ class SamplingDefaults:
     min_p: float = 0.0  # 0 = off
     source: str = "chat default"
     repeat_penalty: float = 1.0  # 1 = off; for sampled calls only (a greedy call stays exactly greedy)
+    dry_multiplier: float = 0.0  # 0 = off; DRY for sampled calls only, likewise
 
 
 # A chat default close to what instruct models ship (Llama 3, Qwen 2.5: 0.6-0.7, top_p 0.8-0.9): varied but on topic.
 # Greedy (temperature 0) stays one option away and is honoured exactly.
 CHAT_DEFAULTS = SamplingDefaults(temperature=0.7, top_p=0.9, top_k=0, min_p=0.0, repeat_penalty=1.1,
-                                 source="chat default")
+                                 dry_multiplier=0.8, source="chat default")
 
 
 def resolve(values: Mapping[str, Any], source: str) -> SamplingDefaults:

@@ -8,9 +8,10 @@ asks it, once per config and seed. An answer **loops** when a 16-token span occu
 stopped there), or **runs away** when it reaches the context limit (with --max-tokens, an answer cut there is
 **capped**: what `specedge chat` does for a base model); the table shows, per model and config, how many
 answers ended by themselves, looped, or ran away, and their median length. Speed is not measured (other work may
-share the CPU). Config tokens: tN temperature, pN top_p, kN top_k, mN min_p, rpN repeat_penalty, "greedy"; what a
-config leaves out takes the chat defaults (a sampled call's repeat_penalty is 1.1: "rp1" turns it off, the default
-before it was measured here).
+share the CPU). Config tokens: tN temperature, pN top_p, kN top_k, mN min_p, rpN repeat_penalty, dryN
+dry_multiplier (DRY with llama.cpp's base 1.75 and allowed length 2), "greedy"; what a
+config leaves out takes the chat defaults (a sampled call's repeat_penalty is 1.1 and its DRY multiplier 0.8: "rp1"
+and "dry0" turn them off; docs/algorithms.md has the table that chose them).
 """
 from __future__ import annotations
 
@@ -41,13 +42,14 @@ def loops(tokens: list[int]) -> bool:
 
 def parse_config(text: str) -> dict:
     """'t0.7 p0.9 k40 rp1.1' -> CallSettings keywords."""
-    names = {"t": "temperature", "p": "top_p", "k": "top_k", "m": "min_p", "rp": "repeat_penalty"}
+    names = {"t": "temperature", "p": "top_p", "k": "top_k", "m": "min_p", "rp": "repeat_penalty",
+             "dry": "dry_multiplier"}
     out = {}
     for part in text.split():
         if part == "greedy":
             out["temperature"] = 0.0
             continue
-        key = "rp" if part.startswith("rp") else part[0]
+        key = next((k for k in ("dry", "rp") if part.startswith(k)), part[0])
         value = part[len(key):]
         out[names[key]] = int(value) if key == "k" else float(value)
     return out
@@ -80,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma3-270m"])
     ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--ctx", type=int, default=4096)
-    ap.add_argument("--configs", nargs="+", default=["t0.7 p0.9 rp1", "t0.7 p0.9"])
+    ap.add_argument("--configs", nargs="+", default=["t0.7 p0.9 rp1 dry0", "t0.7 p0.9 dry0", "t0.7 p0.9"])
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=None, help="cap each answer (default: none, as chat)")

@@ -48,7 +48,11 @@ def logits_to_probs(logits: Logits, params: SamplingParams, history: Tokens | No
         inside = ids < V
         x[:, ids[inside]] += bias[inside]
     if penalise:
-        _apply_penalties(x, np.asarray(history).reshape(-1), params)
+        history = np.asarray(history).reshape(-1)
+        if params.repeat_last_n > 0:
+            _apply_penalties(x, history, params)
+        if params.dry_multiplier > 0:
+            _apply_dry(x, history, params)
     if params.greedy:
         return _one_hot(np.argmax(x, axis=1), V)
     x /= params.temperature
@@ -111,6 +115,52 @@ def _apply_penalties(x: np.ndarray, history: np.ndarray, params: SamplingParams)
         if pen != 1.0:
             v = np.where(v > 0, v / pen, v * pen)
         x[i, ids] = v - counts * freq - pres
+
+
+DRY_MAX_MATCH = 64  # longest repeat DRY measures (its penalty is astronomical long before)
+
+
+def _apply_dry(x: np.ndarray, history: np.ndarray, params: SamplingParams) -> None:
+    """In place on x [T, V], as llama.cpp's DRY sampler: for row i (its history ends with the row's input token), a
+    token t that followed an earlier occurrence of the history's last n tokens (n >= dry_allowed_length, the longest
+    such n per t, counted back to the last breaker token at most) loses dry_multiplier * dry_base ** (n -
+    dry_allowed_length). Breaker tokens (newlines, ':', '"', '*', end of turn: assembly's choice) are never
+    penalised, and no repeat spans one.
+
+    Example (allowed length 2, multiplier 0.8, base 1.75): history "a b c x a b" -> the suffix "a b" occurred
+    before, followed by "c": c loses 0.8 * 1.75 ** 0 = 0.8; after "a b c x a b c" it would lose 0.8 * 1.75."""
+    T, H = x.shape[0], len(history)
+    breakers = np.fromiter(params.dry_breakers, dtype=np.int64, count=len(params.dry_breakers))
+    for i in range(T):
+        end = max(0, H - (T - 1 - i))
+        h = history[max(0, end - params.dry_last_n) if params.dry_last_n else 0:end]
+        n = len(h)
+        if n < 2:
+            continue
+        broken = np.flatnonzero(np.isin(h, breakers)) if len(breakers) else np.empty(0, np.int64)
+        limit = n - 1 - int(broken[-1]) if len(broken) else n  # the suffix that may repeat: after the last breaker
+        if limit < params.dry_allowed_length:
+            continue
+        pos = np.flatnonzero(h[:-1] == h[-1])  # ends of earlier occurrences of the last token
+        length = np.zeros(n, np.int64)
+        length[pos] = 1
+        for m in range(1, min(limit, DRY_MAX_MATCH)):  # extend each match one token further back while it holds
+            pos = pos[pos >= m]
+            pos = pos[h[pos - m] == h[n - 1 - m]]
+            if not len(pos):
+                break
+            length[pos] = m + 1
+        ends = np.flatnonzero(length >= params.dry_allowed_length)
+        if not len(ends):
+            continue
+        nxt, got = h[ends + 1], length[ends]
+        keep = (nxt < x.shape[1]) & ~np.isin(nxt, breakers)
+        if not keep.any():
+            continue
+        worst = np.zeros(x.shape[1], np.int64)
+        np.maximum.at(worst, nxt[keep], got[keep])
+        hit = np.flatnonzero(worst)
+        x[i, hit] -= params.dry_multiplier * params.dry_base ** (worst[hit] - params.dry_allowed_length)
 
 
 def _one_hot(ids: np.ndarray, V: int) -> Probs:

@@ -141,13 +141,15 @@ class CallStats:
 
     def sampling_dict(self) -> dict:
         """temperature, top_p, top_k, min_p, repeat_penalty, then every other SamplingParams field that is not at
-        its default (typical_p, the penalties, logit_bias as {id: bias}), seed, defaults."""
+        its default (typical_p, the penalties, DRY, logit_bias as {id: bias}), seed, defaults."""
         p = self.sampling
         out = {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "min_p": p.min_p,
                "repeat_penalty": p.repetition_penalty}
         for f in fields(SamplingParams):
             value = getattr(p, f.name)
-            if f.name not in out and f.name != "repetition_penalty" and value != f.default:
+            if f.name in out or f.name in ("repetition_penalty", "dry_breakers"):  # breakers: the model's, not the call's
+                continue
+            if value != f.default:
                 out[f.name] = {t: b for t, b in value} if f.name == "logit_bias" else value
         return {**out, "seed": self.seed, "defaults": self.defaults}
 

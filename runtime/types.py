@@ -7,7 +7,7 @@ bonus = token sampled from the target after the last accepted draft token.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -44,10 +44,18 @@ class SamplingParams:
     presence_penalty: float = 0.0  # 0 = off; subtracted once from a token seen in the window (llama.cpp / OpenAI)
     frequency_penalty: float = 0.0  # 0 = off; subtracted per occurrence in the window
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit); -inf bans it
+    # DRY ("don't repeat yourself", llama.cpp's --dry-*): a token that would extend a repeat of an earlier span of n
+    # >= dry_allowed_length tokens loses dry_multiplier * dry_base ** (n - dry_allowed_length) from its logit
+    dry_multiplier: float = 0.0  # 0 = off
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_last_n: int = 0  # tokens of history it looks at; 0 = all of it (llama.cpp's -1)
+    dry_breakers: frozenset[int] = field(default=frozenset(), repr=False)  # ids no repeat spans; never penalised
 
     def __post_init__(self) -> None:
         bias = tuple((int(t), float(b)) for t, b in dict(self.logit_bias).items())
         object.__setattr__(self, "logit_bias", bias)
+        object.__setattr__(self, "dry_breakers", frozenset(int(t) for t in self.dry_breakers))
         checks = [
             (np.isfinite(self.temperature) and self.temperature >= 0, "temperature must be >= 0 (0 = greedy)"),
             (int(self.top_k) == self.top_k and self.top_k >= 0, "top_k must be an integer >= 0 (0 = off)"),
@@ -61,6 +69,11 @@ class SamplingParams:
             (np.isfinite(self.frequency_penalty), "frequency_penalty must be a finite number (0 = off)"),
             (all(t >= 0 and (np.isfinite(b) or b == -np.inf) for t, b in bias),
              "logit_bias maps token ids >= 0 to finite biases (or -inf to ban a token)"),
+            (np.isfinite(self.dry_multiplier) and self.dry_multiplier >= 0, "dry_multiplier must be >= 0 (0 = off)"),
+            (np.isfinite(self.dry_base) and self.dry_base > 1.0, "dry_base must be > 1"),
+            (int(self.dry_allowed_length) == self.dry_allowed_length and self.dry_allowed_length >= 1,
+             "dry_allowed_length must be an integer >= 1"),
+            (self.dry_last_n >= 0, "dry_last_n must be >= 0 (0 = the whole history)"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -72,9 +85,9 @@ class SamplingParams:
 
     @property
     def penalised(self) -> bool:
-        """Whether p depends on the recent history (a repetition, presence or frequency penalty is on)."""
-        return self.repeat_last_n > 0 and (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
-                                           or self.frequency_penalty != 0.0)
+        """Whether p depends on the history (a repetition, presence, frequency or DRY penalty is on)."""
+        return (self.repeat_last_n > 0 and (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                                            or self.frequency_penalty != 0.0)) or self.dry_multiplier > 0
 
 
 @dataclass(frozen=True)

@@ -50,9 +50,12 @@ def cli_json(*args):
 def test_call_settings_default_to_the_end_and_the_model_default():
     c = CallSettings()
     assert c.max_tokens is None and c.temperature is None and c.top_p is None and c.seed == 0
-    assert c.sampling() == SamplingParams(temperature=0.7, top_p=0.9, repetition_penalty=1.1)
-    greedy = CallSettings(temperature=0).sampling(SamplingDefaults(0.6, 0.95, 20, repeat_penalty=1.1))
-    assert greedy.greedy and greedy.repetition_penalty == 1.0  # greedy stays exactly greedy: no default penalty
+    assert c.sampling() == SamplingParams(temperature=0.7, top_p=0.9, repetition_penalty=1.1, dry_multiplier=0.8)
+    greedy = CallSettings(temperature=0).sampling(SamplingDefaults(0.6, 0.95, 20, repeat_penalty=1.1,
+                                                                   dry_multiplier=0.8))
+    assert greedy.greedy and greedy.repetition_penalty == 1.0 and greedy.dry_multiplier == 0.0  # exactly greedy
+    assert CallSettings(temperature=0, dry_multiplier=0.5).sampling().dry_multiplier == 0.5  # unless asked
+    assert CallSettings(dry_multiplier=0).sampling().dry_multiplier == 0.0  # 0 turns it off
     assert CallSettings(temperature=0, repeat_penalty=1.3).sampling().repetition_penalty == 1.3  # unless asked
     assert CallSettings(repeat_penalty=1.0).sampling().repetition_penalty == 1.0  # 1 turns it off
     with pytest.raises(ValueError, match="max_tokens"):
@@ -96,10 +99,10 @@ def test_cli_generate_without_max_tokens_reaches_the_limit_and_reports_length(mo
 
 def test_gguf_sampling_keys_are_read_and_fall_back_field_by_field(models):
     assert resolve(from_gguf_metadata({"general.sampling.temp": np.float32(0.6)}), "gguf") == SamplingDefaults(
-        0.6, 0.9, 0, 0.0, "gguf", repeat_penalty=1.1)
+        0.6, 0.9, 0, 0.0, "gguf", repeat_penalty=1.1, dry_multiplier=0.8)
     assert resolve({"temperature": "hot", "top_p": 7}, "x") is CHAT_DEFAULTS  # invalid values do not count
     stated = specedge.Engine.open(str(models["stated"]), backend="numpy", drafter="none", ctx=64)
-    assert stated.sampling_defaults == SamplingDefaults(0.6, 0.95, 20, 0.0, "gguf general.sampling", 1.1)
+    assert stated.sampling_defaults == SamplingDefaults(0.6, 0.95, 20, 0.0, "gguf general.sampling", 1.1, 0.8)
     plain = specedge.Engine.open(str(models["plain"]), backend="numpy", drafter="none", ctx=64)
     assert plain.sampling_defaults is CHAT_DEFAULTS
     assert (CHAT_DEFAULTS.temperature, CHAT_DEFAULTS.top_p, CHAT_DEFAULTS.repeat_penalty) == (0.7, 0.9, 1.1)
@@ -172,7 +175,7 @@ def test_an_exported_artifact_records_and_uses_the_sources_sampling(models, tmp_
     assert json.loads(path.read_text())["generation"] == STATED
     engine = specedge.Engine.open(str(tmp_path / "stated-onnx"), backend="onnx", drafter="none", device="cpu", threads=1,
                              ctx=64)
-    assert engine.sampling_defaults == SamplingDefaults(0.6, 0.95, 20, 0.0, "manifest generation", 1.1)
+    assert engine.sampling_defaults == SamplingDefaults(0.6, 0.95, 20, 0.0, "manifest generation", 1.1, 0.8)
     plain = export_gguf_to_onnx(open_gguf(models["plain"]), tmp_path / "plain-onnx", WeightFormat.FP32, gate=False)
     assert "generation" not in json.loads(plain.read_text())  # optional: written only when the source states it
 
@@ -196,3 +199,20 @@ def test_real_model_greeting_ends_at_the_end_of_its_turn():
                                  threads=1)
     c = short.chat(hi, temperature=0)
     assert c.finish_reason == "length" and c.prompt_tokens + len(c.tokens) == short.context_length
+
+
+def test_a_sampled_call_gets_dry_with_the_models_breakers_and_a_greedy_call_none(models):
+    """DRY's breakers come from the model's tokenizer: tokens whose text holds a newline, ':', '"' or '*', and the
+    end-of-generation ids (llama.cpp's default sequence breakers); a greedy call has no DRY at all."""
+    engine = specedge.Engine.open(str(models["plain"]), backend="numpy", drafter="none", ctx=64)
+    tok, decoder = engine.decoder.model.tokenizer, engine.decoder
+    breakers = decoder.dry_breakers()
+    assert set(tok.eos_ids) <= breakers and decoder.dry_breakers() is breakers  # read once
+    for i in range(tok.vocab_size):
+        marked = any(m in tok.token_bytes(i) for m in (b"\n", b":", b'"', b"*"))
+        assert (i in breakers) == (marked or i in tok.eos_ids), i
+    assert any(b"\n" in tok.token_bytes(i) for i in breakers)
+    sampled = decoder.request(CallSettings()).params
+    assert sampled.dry_multiplier == 0.8 and sampled.dry_breakers == breakers
+    greedy = decoder.request(CallSettings(temperature=0)).params
+    assert greedy.dry_multiplier == 0.0 and greedy.dry_breakers == frozenset()

@@ -163,6 +163,56 @@ def test_logit_bias_added_first_and_bans():
                                [0.5, 0.5], rtol=1e-12)
 
 
+def test_dry_penalises_extending_a_repeat_as_llama_cpp():
+    """DRY (llama.cpp's sampler): a token that would extend a repeat of n >= allowed_length earlier tokens loses
+    multiplier * base ** (n - allowed_length); the longest repeat per token counts; breakers end repeats and are
+    never penalised; each verify row sees the history up to its own input."""
+    dry = SamplingParams(temperature=1.0, dry_multiplier=0.8)  # base 1.75, allowed length 2
+    zeros = np.zeros((1, 8), np.float32)
+    # "1 2 3 4 1 2": the suffix "1 2" occurred before, followed by 3 -> 3 loses 0.8
+    p = logits_to_probs(zeros, dry, history=np.array([1, 2, 3, 4, 1, 2]))
+    np.testing.assert_allclose(p[0], softmax([0, 0, 0, -0.8, 0, 0, 0, 0]), rtol=1e-12)
+    # one token longer: "1 2 3" repeated, followed by 4 -> 0.8 * 1.75
+    p = logits_to_probs(zeros, dry, history=np.array([1, 2, 3, 4, 1, 2, 3]))
+    np.testing.assert_allclose(p[0], softmax([0, 0, 0, 0, -1.4, 0, 0, 0]), rtol=1e-12)
+    # a repeat of one token (shorter than allowed) goes free; allowed_length 1 penalises it
+    p = logits_to_probs(zeros, dry, history=np.array([5, 6, 0, 5]))
+    np.testing.assert_allclose(p[0], np.full(8, 1 / 8), rtol=1e-12)
+    one = SamplingParams(temperature=1.0, dry_multiplier=0.8, dry_allowed_length=1)
+    np.testing.assert_allclose(logits_to_probs(zeros, one, history=np.array([5, 6, 0, 5]))[0],
+                               softmax([0, 0, 0, 0, 0, 0, -0.8, 0]), rtol=1e-12)
+    # the longest earlier match per token: 7 followed "1 2" (n 2) and "3 1 2" (n 3) -> 0.8 * 1.75
+    p = logits_to_probs(zeros, dry, history=np.array([1, 2, 7, 3, 1, 2, 7, 0, 3, 1, 2]))
+    assert p[0, 7] == pytest.approx(softmax([0, 0, 0, 0, 0, 0, 0, -1.4])[7], rel=1e-12)
+    # "6 4 2 3" repeated, followed by 5: n 4 (0.8 * 1.75 ** 2), but with 4 a breaker the repeat counts from after
+    # it: "2 3", n 2 ...
+    h = np.array([6, 4, 2, 3, 5, 6, 4, 2, 3])
+    np.testing.assert_allclose(logits_to_probs(zeros, dry, history=h)[0],
+                               softmax([0, 0, 0, 0, 0, -0.8 * 1.75 ** 2, 0, 0]), rtol=1e-12)
+    br = SamplingParams(temperature=1.0, dry_multiplier=0.8, dry_breakers={4})
+    np.testing.assert_allclose(logits_to_probs(zeros, br, history=h)[0], softmax([0, 0, 0, 0, 0, -0.8, 0, 0]),
+                               rtol=1e-12)
+    # ... and a breaker is never penalised (a repeat of "1 2 3" followed by the breaker 4)
+    p = logits_to_probs(zeros, br, history=np.array([1, 2, 3, 4, 1, 2, 3]))
+    np.testing.assert_allclose(p[0], np.full(8, 1 / 8), rtol=1e-12)
+    # rows: verify rows over [.., 1, 2] see the history up to their own input
+    rows = logits_to_probs(np.zeros((2, 8), np.float32), dry, history=np.array([1, 2, 3, 4, 1, 2]))
+    np.testing.assert_allclose(rows[0], np.full(8, 1 / 8), rtol=1e-12)  # history [.., 4, 1]: n 1
+    np.testing.assert_allclose(rows[1], softmax([0, 0, 0, -0.8, 0, 0, 0, 0]), rtol=1e-12)
+    # dry_last_n bounds the history; ids past the row's width (a drafter's smaller vocabulary) do not exist there
+    short = SamplingParams(temperature=1.0, dry_multiplier=0.8, dry_last_n=3)
+    np.testing.assert_allclose(logits_to_probs(zeros, short, history=np.array([1, 2, 3, 4, 1, 2]))[0],
+                               np.full(8, 1 / 8), rtol=1e-12)
+    np.testing.assert_allclose(logits_to_probs(np.zeros((1, 3), np.float32), dry,
+                                               history=np.array([1, 2, 5, 4, 1, 2]))[0], np.full(3, 1 / 3))
+    # greedy sees it; bad values are refused by name
+    g = logits_to_probs(row(0, 0, 0, 1.0), SamplingParams(dry_multiplier=2.0), history=np.array([1, 2, 3, 0, 1, 2]))
+    np.testing.assert_array_equal(g[0], [1, 0, 0, 0])
+    for bad in ({"dry_multiplier": -1}, {"dry_base": 1.0}, {"dry_allowed_length": 0}, {"dry_last_n": -1}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            SamplingParams(**bad)
+
+
 def test_penalty_without_history_is_off():
     params = SamplingParams(temperature=1.0, repetition_penalty=3.0)
     np.testing.assert_allclose(logits_to_probs(row(1, 2), params)[0], softmax([1, 2]), rtol=1e-12)
