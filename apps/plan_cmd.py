@@ -20,7 +20,7 @@ from .options import CACHE_DIR
               help="ONNX weight formats to export (on first use) and measure, comma-separated; '' for none.")
 @click.option("--no-export", is_flag=True, help="Plan over what is already in the cache; export nothing.")
 @click.option("--full", is_flag=True,
-              help="Measure without the time budget of a first-use plan (90 s): every export, full-length runs.")
+              help="Measure without the time budget of a first-use plan (70 s): every export, full-length runs.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @CACHE_DIR()
 def plan_cmd(model, refresh, threads, weights, no_export, full, as_json, cache_dir) -> None:

@@ -97,7 +97,7 @@ class Plan:
         return self.rows[self.chosen]
 
     def measured(self) -> str:
-        """When and under what load: 'measured 2026-11-25 08:12:24 in 84 s (budget 90 s), quiet (other processes
+        """When and under what load: 'measured 2026-11-25 08:12:24 in 64 s (budget 70 s), quiet (other processes
         0.02 cores, load 1.1)'."""
         from .contention import Load
         load = self.load
