@@ -127,6 +127,7 @@ def test_batch_invariance_warning_names_the_gpu_graph_run_at_each_calls_width(gp
         note = batch_invariance_warning(own_width, flags)
         assert note is not None and "GPU graph" in note and "without --gpu" in note and "fixed width" in note
         assert batch_invariance_warning(fixed, flags) is None  # the default: every call padded to 16 rows
+        assert fixed.backend.caps.batch_invariant and not own_width.backend.caps.batch_invariant
         cpu = LoadedModel(d / "cpu", None, None, be, BackendKind.ONNX, manifest=read_manifest(d / "cpu"))
         assert batch_invariance_warning(cpu, flags) is None
 

@@ -289,6 +289,8 @@ class OnnxBackend:
         if fixed_width < 0:
             raise ValueError(f"fixed_width must be >= 0 (0: calls at their own width), got {fixed_width}")
         self.fixed_width = min(fixed_width, self.config.context_length)
+        if self.manifest.pad_row == PAD_ROW_NONE and not self.fixed_width:  # the GPU graph at each call's width
+            self.caps = dataclasses.replace(self.caps, batch_invariant=False)
         cuda_graph = cuda_graph and self.fixed_width > 0 and self.io.get("kv_dtype") == "float16"
         self.ort, self.session, self.choice, self.threads = open_session(self.manifest, device, threads, log,
                                                                          cuda_graph=cuda_graph)
