@@ -106,6 +106,23 @@ def parse_max_memory(ctx, param, value: str | None) -> int | None:
         raise click.BadParameter(str(e)) from None
 
 
+def later_model_threads(decoder, model_id: str, cache_dir, log):
+    """A model loaded on a request after start: its cached serve-threads choice, else the plan's threads (a
+    measurement would keep the request waiting), said in one line (apps/serve_threads.py)."""
+    from ..assembly.plan_run import resolved_threads
+    from .serve_threads import cached_threads
+    planned = resolved_threads(decoder.model_settings.threads)
+    choice = cached_threads(decoder, cache_dir)
+    if choice is None:
+        log(f"{model_id}: {planned} engine thread{'s' if planned > 1 else ''} (the plan's; not measured under "
+            f"concurrency, which `specedge serve {model_id}` as the first model does once and caches)")
+        return decoder
+    log(f"{model_id}: " + choice.summary().removeprefix("serve: "))
+    if choice.threads == planned:
+        return decoder
+    return open_decoder(replace(decoder.model_settings, threads=choice.threads), decoder.settings, plan=False)
+
+
 @click.command("serve")
 @click.argument("models", nargs=-1)
 @click.option("--models-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
@@ -185,6 +202,8 @@ def serve_cmd(**o) -> None:
             else:
                 decoder = open_decoder(replace(model_s, model=model), decode_s, plan=not o["no_plan"],
                                        auto=o["auto"], log=lambda m: log(f"{model_id}: {m}"))
+                if o["threads"] is None and not o["no_plan"] and decoder.model.kind.value != "numpy":
+                    decoder = later_model_threads(decoder, model_id, o["cache_dir"], log)
             engine = Engine(decoder, model)
             log(f"model {model_id}: {engine.backend_kind}, drafter {engine.drafter_name}, ctx {engine.context_length}")
             return engine

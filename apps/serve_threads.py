@@ -8,7 +8,9 @@ the same cores: on 2 cores, 8 concurrent clients on loopback served 1.93 req/s w
 greedy, short answers) against the same engine and drafter at each candidate thread count (1 and the plan's) and
 serves with the one that answered the most requests per second; every answer must equal the single-request one
 (else that count is refused). The choice is cached beside the plans; one measured while other processes kept the
-machine busy is used for this run only and not cached, and said so in one line.
+machine busy is used for this run only and not cached, and said so in one line. With several models, the first is
+measured at start; the others load on a request, which must not wait for a measurement: they take their cached
+choice (from an earlier `serve` of that model) or the plan's threads, and say which.
 """
 from __future__ import annotations
 
@@ -70,18 +72,26 @@ def measure(engine: Engine, prompts: list[list[dict]], expected: list[str] | Non
     return report.requests_per_s, ref, report.mismatches
 
 
+def cached_threads(decoder: Decoder, cache_dir: Path | None = None) -> ThreadChoice | None:
+    """The cached choice for `decoder`'s model (None: never measured here). A model a multi-model server loads on
+    a request uses this, not a measurement: the request would wait for it."""
+    planned = resolved_threads(decoder.model_settings.threads)
+    path = choice_path(decoder, cache_dir, tuple(sorted({1, planned})))
+    try:
+        got = json.loads(path.read_text())
+        return ThreadChoice(int(got["threads"]), got["requests_per_s"], got["load"], True)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def serve_threads(decoder: Decoder, *, cache_dir: Path | None = None, log: Callable[[str], None] = lambda m: None,
                   refresh: bool = False) -> ThreadChoice:
     """The thread count to serve `decoder`'s model with (see the module)."""
     planned = resolved_threads(decoder.model_settings.threads)
     candidates = tuple(sorted({1, planned}))
     path = choice_path(decoder, cache_dir, candidates)
-    if not refresh and path.is_file():
-        try:
-            got = json.loads(path.read_text())
-            return ThreadChoice(int(got["threads"]), got["requests_per_s"], got["load"], True)
-        except (OSError, ValueError, KeyError):
-            pass
+    if not refresh and (cached := cached_threads(decoder, cache_dir)) is not None:
+        return cached
     if len(candidates) == 1:
         return ThreadChoice(planned, {}, "", False)
     log(f"serve: measuring engine threads {' and '.join(map(str, candidates))} under {CLIENTS} concurrent clients "

@@ -50,3 +50,19 @@ def test_a_busy_measurement_is_used_but_not_cached(decoder, tmp_path, monkeypatc
     assert choice.threads in (1, 2) and "BUSY" in choice.summary()
     assert any("busy machine" in ln and "not cached" in ln for ln in lines)
     assert not list(tmp_path.glob("serve_threads/*.json"))
+
+
+def test_a_model_loaded_on_a_request_takes_the_cached_choice_or_the_plans_threads(decoder, tmp_path, monkeypatch):
+    """With several models, one loaded on a request must not wait for a measurement: its cached choice (here,
+    measured before), else the plan's threads, each said in one line."""
+    from specedge.apps.serve_cmd import later_model_threads
+    lines = []
+    assert st.cached_threads(decoder, tmp_path) is None
+    assert later_model_threads(decoder, "t", tmp_path, lines.append) is decoder  # nothing cached: the plan's
+    assert "the plan's; not measured under concurrency" in lines[-1] and "2 engine threads" in lines[-1]
+    monkeypatch.setattr(st, "CpuWatch", lambda threads: FakeWatch(0.0))
+    measured = st.serve_threads(decoder, cache_dir=tmp_path)
+    got = later_model_threads(decoder, "t", tmp_path, lines.append)
+    assert "cached" in lines[-1] and lines[-1].startswith(f"t: {measured.threads} engine thread")
+    assert got.model_settings.threads == measured.threads
+    assert (got is decoder) == (measured.threads == 2)
