@@ -124,7 +124,8 @@ class Plan:
 
     TABLE_KEY = ("expected tok/s: each configuration's own measurement scaled by its engine's plain runs head to "
                  "head with the other engines (the figure the choice compares); alone: that configuration's own "
-                 "measurement, taken at another moment (not comparable across engines)")
+                 "measurement, taken at another moment (not comparable across engines); both on dev prompts of up to "
+                 "256 tokens, so a run on a shorter prompt decodes faster and one deep into a long chat slower")
 
     def table(self) -> str:
         """Markdown: every candidate with its expected (head-to-head) and alone (profile) tokens/s, the chosen one
