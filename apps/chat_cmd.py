@@ -275,8 +275,8 @@ class ChatLoop:
                 value = getattr(call, k)
                 if k == "max_tokens" and value is None:
                     value = "none (to the end of the turn or the context limit)"
-                elif value is None:  # a sampling value the model's defaults fill
-                    value = f"{getattr(used, k)} (the model's default: {source})"
+                elif value is None:  # a sampling value the model's defaults fill (CallSettings.sampling's names)
+                    value = f"{getattr(used, SAMPLING_NAMES.get(k, k))} (the model's default: {source})"
                 click.echo(f"  {k} = {value}")
             return
         try:
@@ -285,6 +285,8 @@ class ChatLoop:
             return say(f"error: {e}")
         say(f"({key} = {self.conv.options[key]})")
 
+
+SAMPLING_NAMES = {"repeat_penalty": "repetition_penalty"}  # a CallSettings option -> its SamplingParams field
 
 BASE_MODEL_CAP = 256  # tokens per answer of a model that ships no chat template (chat only; --max-tokens wins)
 
