@@ -42,8 +42,9 @@ from ..runtime.draft_length import expected_tokens
 from .schema import check_schema, write_json_atomic
 from ..runtime.drafters.spec import DrafterKind
 
-PROFILE_SCHEMA_VERSION = 3  # 2: a draft model's cost measured at one k is per token (profile_measure.draft_cost);
-# 3: each drafter also measured with the adaptive draft length
+PROFILE_SCHEMA_VERSION = 4  # 2: a draft model's cost measured at one k is per token (profile_measure.draft_cost);
+# 3: each drafter also measured with the adaptive draft length; 4: prompts fed without their logits (a llama.cpp
+# engine's per-token cost after a prompt changed)
 PLAIN = DrafterKind.NONE.value
 
 _NUMS = {"type": "array", "items": {"type": "number"}}

@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..runtime.backends.base import feed
 from ..runtime.decode import decode
 from ..runtime.request import Request, Speculation
 from ..runtime.stats import DecodeStats
@@ -93,7 +94,7 @@ def verify_curve(backend, max_width: int, ctx: int, reps: int, rng: np.random.Ge
     """[max_width] median seconds of one chain forward of n = 1..max_width tokens at cache length ctx.
     requires: ctx + max_width <= the backend's context."""
     cache = backend.new_cache(ctx + max_width + 1)
-    backend.forward(rng.integers(0, backend.config.vocab_size, ctx).astype(np.int32), cache)
+    feed(backend, rng.integers(0, backend.config.vocab_size, ctx).astype(np.int32), cache)
     for n in range(1, max_width + 1):  # warm-up: every width once (first calls allocate)
         time_forward(backend, cache, n, rng)
     times: dict[int, list[float]] = {n: [] for n in range(1, max_width + 1)}

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .backends.base import Backend, Cache
+from .backends.base import Backend, Cache, feed
 from .constraint import Constraint, mask_logits, mask_q
 from .draft_length import AdaptiveDraftLength
 from .drafters.base import Drafter, TreeDrafter
@@ -77,10 +77,10 @@ def prefill(target: Backend, seq: SeqState, start: int = 0, drafter: Drafter | N
     """Feed the prompt tokens from `start` up to all but the last (the first round feeds it); a drafter that
     observes logits sees them. Returns the number of tokens fed."""
     n = seq.n - 1 - start
-    if n > 0:
-        logits = target.forward(seq.tokens[start:-1], seq.cache)
-        if drafter is not None:  # token recycling learns the prompt's successors before the first round
-            drafter.observe(seq.tokens[start:-1], logits)
+    if n > 0 and drafter is not None:  # token recycling learns the prompt's successors before the first round
+        drafter.observe(seq.tokens[start:-1], target.forward(seq.tokens[start:-1], seq.cache))
+    elif n > 0:
+        feed(target, seq.tokens[start:-1], seq.cache)
     return max(n, 0)
 
 

@@ -19,6 +19,7 @@ from specedge.models.gguf_in import open_gguf  # noqa: E402
 from specedge.models.tiny import TINY_ARCHS, write_tiny_gguf  # noqa: E402
 from specedge.runtime.backends import BackendKind, backend_names, info  # noqa: E402
 from specedge.runtime.backends import ik  # noqa: E402
+from specedge.runtime.backends.base import FeedingBackend  # noqa: E402
 from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
 
 PROMPTS = ["the cat sat on the mat and the cat sat on the", "one two three one two three one two",
@@ -86,6 +87,21 @@ def test_rollback_then_the_same_tokens_give_the_same_logits(tiny):
     first = backend.forward(np.array([7, 8, 9], np.int32), cache)
     cache.rollback(17)
     assert np.array_equal(backend.forward(np.array([7, 8, 9], np.int32), cache), first) and cache.length == 20
+
+
+def test_feed_appends_what_forward_appends_without_the_logits(tiny):
+    """A prompt fed (FeedingBackend: one logits row per call) leaves the cache a forward would: the next tokens'
+    logits are equal bit for bit, and decoding goes through it (runtime/steppers.prefill)."""
+    path, gguf = tiny
+    backend = ik.IkBackend(path, gguf.config, n_ctx=256, n_threads=2)
+    ids, nxt = np.arange(3, 90, dtype=np.int32), np.array([7, 8, 9], np.int32)
+    cache = backend.new_cache(128)
+    backend.forward(ids, cache)
+    want = backend.forward(nxt, cache)
+    cache = backend.new_cache(128)
+    assert backend.feed(ids, cache) is None and cache.length == len(ids)
+    assert np.array_equal(backend.forward(nxt, cache), want) and cache.length == len(ids) + 3
+    assert isinstance(backend, FeedingBackend)
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "model:{path}", "model:{path}+lookup"])

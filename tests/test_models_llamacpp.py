@@ -41,3 +41,19 @@ def test_tiny_tokenizer_matches_llama_cpp_on_devset(tmp_path, arch):
     turns = [t for line in dev.read_text(encoding="utf-8").splitlines() if line for t in json.loads(line)["turns"]]
     bad = [t[:60] for t in turns if ours.encode(t).tolist() != ref.tokenize(t.encode(), add_bos=False, special=True)]
     assert not bad, f"{len(bad)}/{len(turns)} differ, e.g. {bad[:3]}"
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_feed_appends_what_forward_appends_without_the_logits(tmp_path, arch):
+    """The prompt is fed with the LM head on its last row only; the cache is the one a forward leaves."""
+    from specedge.runtime.backends.base import FeedingBackend
+    from specedge.runtime.backends.llamacpp import LlamaCppBackend
+    path = write_tiny_gguf(tmp_path / f"{arch}.gguf", arch=arch)
+    backend = LlamaCppBackend(path, open_gguf(path).config, n_ctx=256, n_threads=1)
+    ids, nxt = np.arange(3, 90, dtype=np.int32), np.array([7, 8, 9], np.int32)
+    cache = backend.new_cache(128)
+    backend.forward(ids, cache)
+    want = backend.forward(nxt, cache)
+    cache = backend.new_cache(128)
+    assert backend.feed(ids, cache) is None and cache.length == len(ids)
+    assert np.array_equal(backend.forward(nxt, cache), want) and isinstance(backend, FeedingBackend)

@@ -147,6 +147,26 @@ class LayeredBackend(Backend, Protocol):
 
 
 @runtime_checkable
+class FeedingBackend(Backend, Protocol):
+    """A backend that can append tokens without returning their logits (llama.cpp engines): each logits row costs
+    it a vocabulary-sized matmul, and ik_llama.cpp clears its whole output buffer, sized by the largest call
+    it has served, on every later call (a 512-row prompt call left SmolLM2 1 ms of memset per token)."""
+
+    def feed(self, tokens: Tokens, cache: Cache) -> None:
+        """Like forward (the cache holds the tokens' K/V and grows by T), returning nothing."""
+        ...
+
+
+def feed(backend: Backend, tokens: Tokens, cache: Cache) -> None:
+    """Append tokens whose logits nobody reads (a prompt's prefill, a probe's prefix): the backend's `feed` where
+    it has one, else a forward whose logits are dropped."""
+    if isinstance(backend, FeedingBackend):
+        backend.feed(tokens, cache)
+    else:
+        backend.forward(tokens, cache)
+
+
+@runtime_checkable
 class TokenizingBackend(Backend, Protocol):
     """A backend that tokenizes with its own engine (caps.own_tokenizer): llama.cpp."""
 

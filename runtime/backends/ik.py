@@ -341,7 +341,7 @@ class IkBackend:
         np.ctypeslib.as_array(b.n_seq_id, shape=(self._n_batch,))[:] = 1
         for i in range(self._n_batch):
             b.seq_id[i][0] = 0
-        np.ctypeslib.as_array(b.logits, shape=(self._n_batch,))[:] = 1  # every row's logits
+        self._want = np.ctypeslib.as_array(b.logits, shape=(self._n_batch,))  # which rows' logits, set per call
         self._size = int(Path(gguf_path).stat().st_size)
         self._live: IkCache | None = None
         hint = None if no_weights is None else (
@@ -373,24 +373,36 @@ class IkBackend:
         max_call rows)."""
         if tree_mask is not None or plan is not None:
             raise ValueError("the ik backend runs chains of the full model only (no tree masks or layer plans)")
+        out = np.empty((len(tokens), self._n_vocab), dtype=np.float32)
+        self._decode(tokens, cache, out)
+        return out
+
+    def feed(self, tokens: Tokens, cache: IkCache) -> None:
+        """Append tokens without their logits (FeedingBackend): one row per llama_decode call (the last) instead
+        of all, so a prompt does not grow the output buffer that ik_llama.cpp clears on every later call."""
+        self._decode(tokens, cache, None)
+
+    def _decode(self, tokens: Tokens, cache: IkCache, out: np.ndarray | None) -> None:
         if cache is not self._live:
             raise ValueError("this cache is not the backend's live sequence (ik_llama.cpp holds one sequence)")
         t = len(tokens)
         check_room(cache, t)
-        out = np.empty((t, self._n_vocab), dtype=np.float32)
         toks = np.asarray(tokens, dtype=np.int32)
         for s in range(0, t, self._n_batch):
             n = min(self._n_batch, t - s)
             self._tok[:n] = toks[s:s + n]
             self._pos[:n] = np.arange(cache.length, cache.length + n, dtype=np.int32)
+            self._want[:n] = 1 if out is not None else 0
+            self._want[n - 1] = 1
             self._batch.n_tokens = n
             rc = self._lib.llama_decode(self._ctx, self._batch)
             if rc != 0:
                 raise RuntimeError(f"ik_llama.cpp llama_decode returned {rc} at position {cache.length} "
                                    f"({'no room left in its KV cache' if rc == 1 else 'an error'})")
-            out[s:s + n] = np.ctypeslib.as_array(self._lib.llama_get_logits(self._ctx), shape=(n, self._n_vocab))
+            if out is not None:
+                out[s:s + n] = np.ctypeslib.as_array(self._lib.llama_get_logits(self._ctx),
+                                                     shape=(n, self._n_vocab))
             cache.advance(n)
-        return out
 
     def tokenizer(self, chat_template: str | None, merges: Sequence[str] = ()) -> LlamaCppTokenizer:
         """ik_llama.cpp's own tokenizer for this model (TokenizingBackend), for files ours cannot read."""
@@ -422,7 +434,7 @@ def batch_invariant(backend: IkBackend, widths: Sequence[int], prefixes: Sequenc
             continue
         prefix = rng.integers(1, V - 1, plen).astype(np.int32)
         cache = backend.new_cache(plen + max(widths))
-        backend.forward(prefix, cache)
+        backend.feed(prefix, cache)
         for w in widths:
             toks = rng.integers(1, V - 1, w).astype(np.int32)
             together = backend.forward(toks, cache)

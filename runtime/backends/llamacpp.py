@@ -157,10 +157,10 @@ class LlamaCppBackend:
             return False
         ids = [int(i) for i in np.linspace(1, self._n_vocab - 1, n)]
         cache = self.new_cache(n)
-        self.forward(ids[:prefix], cache)
+        self.feed(ids[:prefix], cache)
         together = self.forward(ids[prefix:], cache)
         cache = self.new_cache(n)
-        self.forward(ids[:prefix], cache)
+        self.feed(ids[:prefix], cache)
         apart = np.concatenate([self.forward([t], cache) for t in ids[prefix:]])
         self.new_cache(1)
         return bool(np.array_equal(together, apart))
@@ -181,22 +181,31 @@ class LlamaCppBackend:
                 plan: LayerPlan | None = None) -> Logits:
         if tree_mask is not None or plan is not None:
             raise ValueError("the llama.cpp backend runs chains of the full model only (no tree masks or layer plans)")
+        out = np.empty((len(tokens), self._n_vocab), dtype=np.float32)
+        self._decode(tokens, cache, out)
+        return out
+
+    def feed(self, tokens: Tokens, cache: LlamaCppCache) -> None:
+        """Append tokens without their logits (FeedingBackend): llama.cpp computes the LM head for the last row of
+        each call only (a 700-token prompt skips 699 vocabulary-sized matmuls)."""
+        self._decode(tokens, cache, None)
+
+    def _decode(self, tokens: Tokens, cache: LlamaCppCache, out: np.ndarray | None) -> None:
         if cache is not self._live:
             raise ValueError("this cache is not the backend's live sequence (llama.cpp holds one sequence)")
         t = len(tokens)
         check_room(cache, t)
-        out = np.empty((t, self._n_vocab), dtype=np.float32)
         toks = [int(x) for x in tokens]
         step = self._llm.n_batch
         for s in range(0, t, step):
             chunk = toks[s:s + step]
-            self._llm._batch.set_batch(batch=chunk, n_past=cache.length, logits_all=True)
+            self._llm._batch.set_batch(batch=chunk, n_past=cache.length, logits_all=out is not None)
             self._llm._ctx.decode(self._llm._batch)
             n = len(chunk)
-            out[s:s + n] = np.ctypeslib.as_array(self._llm._ctx.get_logits(), shape=(n * self._n_vocab,)).reshape(
-                n, self._n_vocab)
+            if out is not None:
+                out[s:s + n] = np.ctypeslib.as_array(self._llm._ctx.get_logits(),
+                                                     shape=(n * self._n_vocab,)).reshape(n, self._n_vocab)
             cache.advance(n)
-        return out
 
     def tokenize(self, text: str) -> list[int]:
         """llama.cpp's own tokenizer (parse_special=True, no BOS): the reference our tokenizer is tested against."""

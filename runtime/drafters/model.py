@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..backends.base import Backend
+from ..backends.base import Backend, feed
 from ..draft_stop import DraftStop, stop_features
 from ..sampling import logits_to_probs, sample
 from ..tree import TreeDraft
@@ -52,7 +52,7 @@ class ModelDrafter(Drafter):
         if len(prompt) > 1 and len(prompt) <= self._cache.capacity:
             common = self._rollback_to_common(prompt[:-1])
             if common < len(prompt) - 1:
-                self.backend.forward(prompt[common:-1], self._cache)
+                feed(self.backend, prompt[common:-1], self._cache)
                 self._cached = prompt[:-1].copy()
 
     def _rollback_to_common(self, context: np.ndarray) -> int:
