@@ -24,6 +24,7 @@ import numpy as np
 
 from ..assembly.load import load_model
 from ..assembly.timing import heap_tree_mask, time_forward  # noqa: F401  (heap_tree_mask: tests)
+from ..runtime.backends.base import feed
 from ..runtime.decode import decode
 from ..runtime.request import PLAIN, Request
 from ..runtime.stats import DecodeStats
@@ -69,7 +70,7 @@ def main(argv=None) -> None:
     for _ in range(a.rounds):
         for _, backend, times, speeds in runs:
             cache = backend.new_cache(a.ctx + max(a.widths) + 1)  # llama.cpp holds one live sequence: a new one
-            backend.forward(rng.integers(0, backend.config.vocab_size, a.ctx).astype(np.int32), cache)
+            feed(backend, rng.integers(0, backend.config.vocab_size, a.ctx).astype(np.int32), cache)
             for _ in range(3):
                 time_forward(backend, cache, 1, rng)
             for _ in range(a.reps):
