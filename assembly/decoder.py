@@ -50,7 +50,7 @@ class ModelSettings:
     threads: int | None = None
     device: str = "auto"  # ONNX Runtime execution provider (runtime/backends/onnx_providers.py)
     cache_dir: Path | None = None
-    exact_batches: bool = True  # False: plain decoding only, faster kernels (llama.cpp without flash attention)
+    exact_batches: bool = True  # False: plain decoding only, faster kernels (registry plain_kernels)
     gpu_layers: int | None = None  # llama.cpp engines' layers on a GPU (-1: all); None: all where the build offloads
 
     def __post_init__(self) -> None:

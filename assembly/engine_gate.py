@@ -11,6 +11,9 @@ and whether its verify batches equal one-token calls; cache the answer per file,
     invariant  a w-token call gives the logits of w one-token calls, bit for bit, for every verify width the plan
                may use (PROBE_WIDTHS, up to k + 1 = 9), after a short prefix and after one longer than the model's
                sliding window: greedy speculation on the engine is then token-identical to its plain decoding.
+    plain      where the engine has plain-decoding kernels (registry plain_kernels: ik's repacked weights) and they
+               differ for this file: their agreement in one-token calls and in max_call-token calls (a prompt's
+               prefill), the lower of the two; below the same floor, plain decoding keeps the exact kernels.
 
 Example (SmolLM2-135M Q4_1 on ik_llama.cpp 0.1.5, docs/ik.md): calls of 256 rows agree 39% with the reference
 (a Q4_1 GEMM fault at 32+ rows), calls of 16 agree 98% (mainline: 97.5%): max_call 16, invariant at widths 2..9.
@@ -41,7 +44,7 @@ from .profile import model_fingerprint
 from .schema import write_json_atomic
 
 Log = Callable[[str], None]
-GATE_VERSION = 2  # 2: large files checked on fewer positions
+GATE_VERSION = 3  # 2: large files checked on fewer positions; 3: plain kernels checked
 GATE_CALLS = (256, 16)  # ubatch sizes tried, largest first (16: below the Q4_1/Q5_1 fault at 32 rows)
 GATE_PROMPTS, GATE_TOKENS = 3, 128
 LARGE_FILE = 400e6  # bytes: a larger model is checked on 2 prompts of 64 tokens and one probe prefix (about 30 s for
@@ -70,14 +73,26 @@ class Gate:
     seconds: float = 0.0
     created: str = ""
     crashed: str | None = None  # the engine failed on the file while measuring (how, its last message)
+    plain: float | None = None  # its plain kernels' agreement (None: the engine has none that differ for this file)
     version_gate: int = GATE_VERSION
 
     @property
     def passed(self) -> bool:
         return self.max_call is not None
 
+    @property
+    def floor(self) -> float:
+        return GATE_FLOOR if self.baseline is None else self.baseline - GATE_MARGIN
+
+    @property
+    def plain_faithful(self) -> bool:
+        """Whether plain decoding may run the engine's plain kernels on this file."""
+        return self.plain is not None and self.plain >= self.floor
+
     def figures(self) -> str:
         calls = ", ".join(f"{a:.1%} at {c}-token calls" for c, a in self.agreement.items())
+        if self.plain is not None:
+            calls += f", {self.plain:.1%} on its plain-decoding kernels"
         base = "" if self.baseline is None else f" (mainline llama.cpp: {self.baseline:.1%})"
         return f"top-1 agreement with the {self.reference} reference over {self.positions} positions: {calls}{base}"
 
@@ -169,9 +184,23 @@ def measure_gate(path: Path, engine: BackendInfo, threads: int, key: str) -> Gat
         if _ctx(sequences) < room:
             probe_backend = engine.open(gguf, n_ctx=room, n_threads=threads, max_call=max_call)
         invariant = bool(probe(probe_backend, PROBE_WIDTHS, prefixes))
+        del probe_backend
+    plain = _plain_agreement(gguf, engine, sequences, reference, threads, max_call) if max_call else None
     return Gate(key, engine.name, engine.version(), str(path), threads, ref_name, positions, agreement, baseline,
                 max_call, invariant, list(PROBE_WIDTHS), prefixes, time.perf_counter() - t0,
-                time.strftime("%Y-%m-%d %H:%M:%S"))
+                time.strftime("%Y-%m-%d %H:%M:%S"), plain=plain)
+
+
+def _plain_agreement(gguf, engine: BackendInfo, sequences, reference, threads: int, max_call: int) -> float | None:
+    """The engine's plain kernels on this file (None: it has none, or they are its exact ones here: ik with nothing
+    to repack): the lower agreement of one-token calls (decoding) and max_call-token calls (a prefill)."""
+    if not engine.plain_kernels:
+        return None
+    backend = engine.open(gguf, n_ctx=_ctx(sequences), n_threads=threads, max_call=max_call, exact_batches=False)
+    if backend.caps.batch_invariant:
+        return None
+    return min(_agreement(_argmax(backend, sequences, call=1), reference),
+               _agreement(_argmax(backend, sequences), reference))
 
 
 def _child_command(path: Path, engine: BackendInfo, threads: int, key: str, out: Path) -> list[str]:

@@ -156,7 +156,8 @@ def load_model(name_or_path: str, kind: BackendKind | None = None, *, ctx: int |
         gate = engine_gate(path, engine, threads=threads, cache_dir=cache_dir, log=log or (lambda m: None))
         if not gate.passed:
             raise ModelFileError(gate.summary())
-        tuning = {"max_call": gate.max_call, "batch_invariant": gate.invariant}
+        tuning = {"max_call": gate.max_call, "batch_invariant": gate.invariant,
+                  "plain_faithful": gate.plain_faithful}
     backend = open_backend(engine.kind, gguf, n_ctx=ctx, n_threads=threads, exact_batches=exact_batches,
                            gpu_layers=layers, **tuning)
     if layers and log:
@@ -220,8 +221,9 @@ def batch_invariance_warning(model: LoadedModel, cpu_flags: Sequence[str]) -> st
         return (f"{model.path.name} on {info(model.kind).name} is not batch-invariant here (its verify batches round "
                 "differently from one-token calls at this thread count), so greedy speculative output may differ from "
                 "plain greedy: --backend ik is batch-invariant at any thread count, --threads 1 makes llama.cpp exact")
-    if not model.exact_batches:
-        return (f"{model.path.name} was opened for plain decoding (llama.cpp without flash attention, as the plan "
+    if not model.exact_batches and not model.backend.caps.batch_invariant:
+        engine = info(model.kind)
+        return (f"{model.path.name} was opened for plain decoding ({engine.name} {engine.plain_kernels}, as the plan "
                 "chose): its verify batches round differently from one-token calls, so greedy speculative output "
                 "may differ from plain greedy; run with --drafter (or --no-plan) to open it for speculation")
     manifest = model.manifest

@@ -342,6 +342,12 @@ def measure_targets(targets: list[PlanTarget], settings: PlanSettings, threads: 
             models.append(loaded)
             kept.append(t)
             per_target.append(target_rows(t, profile, specs))
+            if specs and plain_kernels(t.engine, True):  # its plain row runs other kernels: measured as a target
+                variant = _plain_kernels_target(t, engine, threads, cache_dir, force, measure, say)
+                if variant is not None:
+                    kept.append(variant[0])
+                    models.append(variant[1])
+                    per_target.append(variant[2])
             bar.n = bar.total
             bar.refresh()
         drift = ""
@@ -359,6 +365,28 @@ def measure_targets(targets: list[PlanTarget], settings: PlanSettings, threads: 
         say(f"plan: {t.label}: plain {target_rows_[0].predicted_tok_s:.1f} tok/s, best {best.describe()} "
             f"{best.predicted_tok_s:.1f} tok/s")
     return kept, [r for target_rows_ in per_target for r in target_rows_], drift
+
+
+def _plain_kernels_target(t: PlanTarget, engine, threads: int, cache_dir: Path | None, force: bool,
+                          measure: MeasureSettings, say: Log) -> tuple[PlanTarget, LoadedModel, list[PlanRow]] | None:
+    """A batch-invariant target's plain decoding on the engine's plain kernels (registry plain_kernels: ik_llama.cpp
+    with its weights repacked), which a plain choice on that engine runs (apply_plan): measured plain only, on a
+    budget half the target's. None where they are the exact kernels for this file (ik: nothing to repack, or its
+    gate found the repacked weights unfaithful)."""
+    try:
+        loaded = load_model(t.path, engine.kind, threads=threads, cache_dir=cache_dir, device="cpu",
+                            exact_batches=False)
+    except (ValueError, RuntimeError, ImportError, ModelFileError) as e:
+        say(f"plan: {t.label} {engine.plain_kernels} not planned: {e}")
+        return None
+    if loaded.backend.caps.batch_invariant:
+        return None
+    variant = PlanTarget(t.engine, t.path, f"{t.label} {engine.plain_kernels}")
+    if measure.budget_s is not None:
+        measure = replace(measure, budget_s=measure.budget_s / 2)
+    profile, _ = load_or_measure(loaded, variant.label, [], threads=threads, device="cpu", cache_dir=cache_dir,
+                                 force=force, settings=measure, log=lambda m: None)
+    return variant, loaded, target_rows(variant, profile, [])
 
 
 HEAD_TO_HEAD = MeasureSettings(prompts=3, max_tokens=48, prompt_tokens=256)  # plain runs, 2 rounds

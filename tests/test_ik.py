@@ -158,6 +158,66 @@ def test_an_engine_that_dies_on_a_file_fails_its_gate_not_the_caller(tiny, tmp_p
     assert engine_gate.engine_gate(path, info("ik"), threads=2, cache_dir=tmp_path) == gate  # cached: refused
 
 
+def test_a_dropped_backend_frees_its_model_at_once(tiny):
+    """ik's ggml holds at most 64 contexts, a few per loaded model: a backend must not wait for Python's cycle
+    collector (a cache referring back to it) or twenty-odd loads later the next one fails."""
+    import gc
+    path, gguf = tiny
+    gc.disable()
+    try:
+        for _ in range(40):
+            backend = ik.IkBackend(path, gguf.config, n_ctx=64, n_threads=1)
+            cache = backend.new_cache(8)
+            backend.forward(np.array([3, 4], np.int32), cache)
+            del backend, cache
+    finally:
+        gc.enable()
+
+
+def test_repacked_weights_are_plain_decoding_kernels_only(tmp_path):
+    """ik's run-time repacking (the registry's plain kernels for ik): on a Q4_0 file every weight matrix but the
+    embedding changes layout (Q4_0 -> Q4_0_R8), the backend declares itself not batch-invariant and the probe agrees
+    (its interleaved kernels take one-row shortcuts), and its logits stay those of the same model. A file with
+    nothing to repack (F32) stays exact."""
+    q4 = write_tiny_gguf(tmp_path / "q4_0.gguf", arch="llama", seed=0, n_layers=2, dtype="q4_0")
+    gguf = open_gguf(q4)
+    exact = ik.IkBackend(q4, gguf.config, n_ctx=256, n_threads=2)
+    packed = ik.IkBackend(q4, gguf.config, n_ctx=256, n_threads=2, repack=True)
+    assert exact.repacked == 0 and exact.caps.batch_invariant
+    assert packed.repacked == 2 * 7 and not packed.caps.batch_invariant  # q, k, v, o, gate, up, down per layer
+    assert not ik.batch_invariant(packed, range(2, 10), (8, 60))
+    ids = np.arange(3, 60, dtype=np.int32)
+    got, want = packed.forward(ids, packed.new_cache(64)), exact.forward(ids, exact.new_cache(64))
+    assert np.abs(got - want).max() < 0.5 and (got.argmax(1) == want.argmax(1)).mean() > 0.9
+    f32 = write_tiny_gguf(tmp_path / "f32.gguf", arch="llama", seed=0, n_layers=2, dtype="f32")
+    same = ik.IkBackend(f32, open_gguf(f32).config, n_ctx=256, n_threads=2, repack=True)
+    assert same.repacked == 0 and same.caps.batch_invariant
+
+
+def test_the_gate_admits_plain_kernels_only_where_they_are_faithful(tmp_path, monkeypatch):
+    """The gate measures the repacked weights as it measures call sizes; a load for plain decoding
+    (exact_batches=False, as a plan's plain ik choice) repacks only where they passed, and a file with nothing to
+    repack records none."""
+    from specedge.assembly.load import load_model
+    q4 = write_tiny_gguf(tmp_path / "q4_0.gguf", arch="llama", seed=0, n_layers=2, dtype="q4_0")
+    gate = engine_gate.engine_gate(q4, info("ik"), threads=2, cache_dir=tmp_path)
+    assert gate.plain is not None and gate.plain_faithful and "plain-decoding kernels" in gate.summary()
+    fast = load_model(str(q4), BackendKind.IK, threads=2, ctx=64, cache_dir=tmp_path, exact_batches=False)
+    assert fast.backend.repacked > 0 and not fast.backend.caps.batch_invariant
+    exact = load_model(str(q4), BackendKind.IK, threads=2, ctx=64, cache_dir=tmp_path)
+    assert exact.backend.repacked == 0 and exact.backend.caps.batch_invariant
+    f32 = write_tiny_gguf(tmp_path / "f32.gguf", arch="llama", seed=0, n_layers=2, dtype="f32")
+    assert engine_gate.engine_gate(f32, info("ik"), threads=2, cache_dir=tmp_path).plain is None
+    # as if the repacked weights computed this file wrongly: plain decoding keeps the exact kernels
+    monkeypatch.setattr(engine_gate, "_plain_agreement", lambda *a: 0.0)
+    key = engine_gate.gate_key(q4, info("ik"), 2)
+    bad = engine_gate.measure_gate(q4, info("ik"), 2, key)
+    assert bad.passed and not bad.plain_faithful
+    engine_gate.write_json_atomic(engine_gate.asdict(bad), engine_gate.gate_path(tmp_path, key))
+    kept = load_model(str(q4), BackendKind.IK, threads=2, ctx=64, cache_dir=tmp_path, exact_batches=False)
+    assert kept.backend.repacked == 0 and kept.backend.caps.batch_invariant
+
+
 # ---- the real models ----------------------------------------------------------------------------------------------
 
 @pytest.mark.real
@@ -178,6 +238,8 @@ def test_the_gate_limits_smollm2_q4_1_to_16_token_calls_and_admits_gemma3(tmp_pa
     gemma = engine_gate.engine_gate(resolve_model("gemma3-270m"), engine, threads=2, cache_dir=tmp_path)
     assert gemma.passed and gemma.invariant and gemma.max_call >= 16, gemma.summary()
     assert max(gemma.prefixes) > 512  # probed past the sliding window, where ik's flash attention is not exact
+    assert gemma.plain is not None  # its Q4_K/Q6_K layers repack: the gate measured the plain kernels too
+    assert smol.plain is None  # Q4_1: nothing to repack
 
 
 @pytest.mark.real

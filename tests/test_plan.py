@@ -294,7 +294,10 @@ def test_generate_plans_on_first_use_then_reuses_the_plan_and_decodes_like_plain
     engines = {x.engine for x in plan.rows}
     assert engines == GGUF_ENGINES | {"onnx"}  # llama.cpp (and ik) on the GGUF and the int4 export, made on demand
     assert (cache / "tiny-onnx-int4" / "manifest.json").is_file()
-    assert plan.sources == [str(path)] * len(GGUF_ENGINES) + [str(cache / "tiny-onnx-int4")]
+    assert set(plan.sources) == {str(path), str(cache / "tiny-onnx-int4")}
+    # at 1 thread llama.cpp is batch-invariant: its speculation is planned on its exact kernels and its plain
+    # decoding, which a plain choice runs without flash attention, is measured as a target of its own
+    assert {r.drafter for r in plan.rows if r.target == "llama.cpp q4_1 without flash attention"} == {PLAIN}
     out = json.loads(r.stdout)
     assert out["stats"]["backend"] == plan.choice.engine and out["stats"]["model"] == plan.choice.path
     assert out["stats"]["drafter"] == str(parse_drafter(plan.choice.drafter))
@@ -354,6 +357,31 @@ def test_llamacpp_speculation_is_planned_only_where_it_is_lossless(tiny):
     assert {r.drafter for r in one.rows if r.engine == "llamacpp"} == {PLAIN, "ngram"}
     if "ik" in GGUF_ENGINES:  # ik is batch-invariant at 2 threads too: its speculation is planned there
         assert {r.drafter for r in two.rows if r.engine == "ik"} == {PLAIN, "ngram"}
+
+
+def test_ik_s_repacked_weights_are_planned_as_a_plain_target_of_their_own(tiny):
+    """ik is batch-invariant, so its speculation is planned on its exact kernels; its plain kernels (repacked
+    weights, not batch-invariant) are measured as a target of their own, plain only, where the file has weights to
+    repack (Q4_0 here; the fixture's Q4_1 has none)."""
+    if "ik" not in GGUF_ENGINES:
+        pytest.skip("ik-llama-cpp-python is not installed")
+    _, cache = tiny
+    path = write_tiny_gguf(cache / "tiny-q4_0.gguf", seed=0, n_layers=2, dtype="q4_0")
+    plan, _ = plan_run.plan_for(str(path), plan_run.PlanSettings(threads=2, weights=()), cache_dir=cache)
+    labels = {r.target for r in plan.rows}
+    assert "ik_llama.cpp q4_0" in labels and "ik_llama.cpp q4_0 repacked" in labels, labels
+    assert [r.drafter for r in plan.rows if r.target == "ik_llama.cpp q4_0 repacked"] == [PLAIN]
+    assert {r.drafter for r in plan.rows if r.target == "ik_llama.cpp q4_0"} == {PLAIN, "ngram"}
+    q4_1, _ = plan_run.plan_for(str(tiny[0]), plan_run.PlanSettings(threads=2, weights=()), cache_dir=cache)
+    assert not any("repacked" in r.target for r in q4_1.rows)  # nothing to repack: no second ik target
+
+
+def test_a_plain_ik_choice_opens_its_repacked_weights():
+    from specedge.assembly.decoder import DecodeSettings, ModelSettings
+    rows = [row(LLAMA, PLAIN, 80.0), row(IK, PLAIN, 100.0), row(IK, "ngram", 90.0, k=4)]
+    model, decode = plan_run.apply_plan(new_plan("key", "m", [LLAMA, IK], rows, 2, {}, 1.0),
+                                        ModelSettings("m", None), DecodeSettings())
+    assert model.backend.value == "ik" and model.exact_batches is False and str(decode.drafter) == PLAIN
 
 
 def test_a_plain_llamacpp_choice_runs_its_plain_kernels_and_speculation_keeps_exact_ones():

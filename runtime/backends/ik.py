@@ -13,6 +13,10 @@ Settings that make it exact (measured; docs/ik.md "Why these settings"):
                    of any size is split into ubatches by llama_decode; `max_call` comes from the per-file gate
                    (assembly/engine_gate.py), 16 by default.
   flash_attn off   ik's flash attention takes a one-token shortcut over sliding windows (Gemma 3) that batches do not
+  no repacking     ik's run-time repacking (its -rtr: Q4_K -> Q4_K_R4, Q6_K -> Q6_K_R4, ...) makes one-token calls
+                   faster (Qwen2.5-Coder-1.5B Q4_K_M on 2 Zen 4 cores: 27 -> 32 tok/s) but its R4 kernels take
+                   `nrc_y == 1` shortcuts (the Q8 scale folded in first), so a verify row differs from a one-token
+                   call: plain decoding only (`repack=True`, the registry's plain kernels; docs/ik.md).
   GOMP_SPINCOUNT=3000   its OpenMP threads spin that long before they sleep (set for the library's own libgomp
                    while it loads, then restored): the default spin (300000) collapses one-token calls when another
                    process shares the cores (13 -> 330 ms on SmolLM2, 2 threads, one CPU-burning process; 47 ms
@@ -23,13 +27,15 @@ One context holds one sequence: `new_cache` clears it, so a backend serves one l
 from __future__ import annotations
 
 import ctypes
+import gc
 import importlib.metadata
 import importlib.util
 import os
 import platform
+import weakref
 from dataclasses import replace
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -135,6 +141,8 @@ _SIGS = {  # name: (argtypes, restype), as ik's llama.h declares them (several t
     "llama_get_logits": ([c_void_p], _P(c_float)),
     "llama_kv_cache_seq_rm": ([c_void_p, c_int32, c_int32, c_int32], c_bool),
     "llama_kv_cache_clear": ([c_void_p], None),
+    "llama_get_model_tensor": ([c_void_p, c_char_p], c_void_p),
+    "iqk_repack_tensor": ([c_void_p], None),  # libggml's, found through libllama's dependencies
 }
 
 _LIB = None
@@ -303,9 +311,11 @@ class IkBackend:
 
     def __init__(self, gguf_path: str | Path, config: ModelConfig, *, n_ctx: int | None = None,
                  n_threads: int | None = None, max_call: int = DEFAULT_MAX_CALL, batch_invariant: bool = True,
-                 no_weights: str | None = None, gpu_layers: int = 0) -> None:
-        """gpu_layers: n_gpu_layers (-1: all) where the build offloads (the published wheel does not, so the
-        registry resolves it to 0 there; offloaded layers are not claimed batch-invariant); max_call: the ubatch
+                 no_weights: str | None = None, gpu_layers: int = 0, repack: bool = False) -> None:
+        """repack: ik's run-time repacking of the weights (plain decoding only: not batch-invariant; the weights are
+        read into memory instead of mapped); gpu_layers: n_gpu_layers (-1: all) where the build offloads (the
+        published wheel does not, so the registry resolves it to 0 there; offloaded layers are not claimed
+        batch-invariant); max_call: the ubatch
         size (<= 31 unless the file's gate found larger calls faithful); batch_invariant:
         what the file's probe found at these threads (assembly/engine_gate.py); no_weights: why our code cannot
         read this file's weights (drafters that run the target's own layers are refused with it)."""
@@ -316,10 +326,15 @@ class IkBackend:
         self.max_call = int(max_call)
         mp = lib.llama_model_default_params()
         mp.n_gpu_layers = self.gpu_layers = int(gpu_layers)
+        mp.use_mmap = not repack  # repacking rewrites the weights in place
         self._model = lib.llama_model_load_from_file(os.fsencode(str(gguf_path)), mp)
+        if not self._model:  # ggml's 64 contexts may be held by unreachable backends: collect them, then once more
+            gc.collect()
+            self._model = lib.llama_model_load_from_file(os.fsencode(str(gguf_path)), mp)
         if not self._model:
             raise RuntimeError(f"ik_llama.cpp could not load {gguf_path} (an architecture or quantisation it does "
                                "not read); use --backend llamacpp")
+        self.repacked = self._repack(gguf_path) if repack else 0
         cp = lib.llama_context_default_params()
         cp.n_ctx, cp.n_threads, cp.n_threads_batch = self.n_ctx, self.threads, self.threads
         cp.n_batch, cp.n_ubatch = 512, self.max_call
@@ -343,21 +358,39 @@ class IkBackend:
             b.seq_id[i][0] = 0
         self._want = np.ctypeslib.as_array(b.logits, shape=(self._n_batch,))  # which rows' logits, set per call
         self._size = int(Path(gguf_path).stat().st_size)
-        self._live: IkCache | None = None
+        self._live: Callable[[], IkCache | None] = lambda: None  # a weak reference: the cache holds the backend,
+        # and a cycle would keep the model until Python's cycle collector runs (ik's ggml has a fixed pool of 64
+        # contexts, a few per model: twenty-odd backends awaiting collection and the next load fails)
         hint = None if no_weights is None else (
             f"only llama.cpp engines run this file ({no_weights}), and they run chains of the full model; use a "
             "drafter that needs only token ids (ngram, lookup) or a draft model with the same vocabulary")
         self.caps = replace(type(self).caps, max_context=self.n_ctx,
-                            batch_invariant=batch_invariant and not self.gpu_layers,
+                            batch_invariant=batch_invariant and not self.gpu_layers and not self.repacked,
                             layer_hint=hint, reuse_hint=hint, tree_hint=hint)
+
+    def _repack(self, gguf_path: str | Path) -> int:
+        """Repack every weight ik has an interleaved layout for, as its loader does with repack_tensors (which this
+        binding leaves off to say per tensor what changed): how many tensors changed type. The token embedding
+        stays (ik leaves it: rows are gathered from it); a tensor whose rows do not divide into the layout stays."""
+        from ...models.gguf_read import read_gguf
+        n = 0
+        for t in read_gguf(gguf_path).tensors:
+            tensor = self._lib.llama_get_model_tensor(self._model, t.name.encode())
+            if not tensor:  # a tensor the model does not keep under its file name
+                continue
+            before = c_int32.from_address(tensor).value  # ggml_tensor.type, its first field
+            self._lib.iqk_repack_tensor(tensor)
+            n += c_int32.from_address(tensor).value != before
+        return n
 
     def new_cache(self, max_len: int) -> IkCache:
         if max_len > self.n_ctx:
             raise ValueError(f"a cache of {max_len} positions exceeds the ik_llama.cpp context {self.n_ctx}; "
                              "raise --ctx or shorten the request")
         self._lib.llama_kv_cache_clear(self._ctx)
-        self._live = IkCache(self, max_len)
-        return self._live
+        cache = IkCache(self, max_len)
+        self._live = weakref.ref(cache)
+        return cache
 
     def _remove_from(self, position: int) -> None:
         if not self._lib.llama_kv_cache_seq_rm(self._ctx, 0, position, -1):
@@ -383,7 +416,7 @@ class IkBackend:
         self._decode(tokens, cache, None)
 
     def _decode(self, tokens: Tokens, cache: IkCache, out: np.ndarray | None) -> None:
-        if cache is not self._live:
+        if cache is not self._live():
             raise ValueError("this cache is not the backend's live sequence (ik_llama.cpp holds one sequence)")
         t = len(tokens)
         check_room(cache, t)

@@ -43,8 +43,9 @@ class BackendInfo:
 
     name: the display name (plan tables, bench rows); package: the module its code imports (None: always there);
     distribution: the pip distribution whose version keys plans and profiles; extra: the specedge extra installing
-    it. plain_kernels: it has faster kernels for plain decoding that are not batch-invariant (opened with
-    exact_batches=False when no drafter verifies batches). reads_any_gguf: it runs GGUFs our family modules or
+    it. plain_kernels: what its faster kernels for plain decoding are ("" : it has none), kernels that are not
+    batch-invariant (opened with exact_batches=False when no drafter verifies batches; the planner measures them as
+    a target of their own). reads_any_gguf: it runs GGUFs our family modules or
     tokenizers cannot read (its own tokenizer). reference: the speedup is stated against its plain decoding.
     devices: it takes --device (execution providers); draft_models: catalogue draft models (separate GGUFs) are
     planned on it; many_caches: one loaded model holds any number of KV caches (a draft of the same file shares
@@ -61,7 +62,7 @@ class BackendInfo:
     open: Callable[..., Backend] | None = None
     gpu_offload: Callable[[], bool] | None = None  # whether the installed build can put layers on a GPU (None: the
     #                                                engine takes no --gpu-layers)
-    plain_kernels: bool = False
+    plain_kernels: str = ""
     reads_any_gguf: bool = False
     reference: bool = False
     devices: bool = False
@@ -165,13 +166,15 @@ def _open_llamacpp(gguf, *, n_ctx=None, n_threads=None, exact_batches=True, dtyp
                            no_weights=no_weights, gpu_layers=gpu_layers)
 
 
-def _open_ik(gguf, *, n_ctx=None, n_threads=None, max_call=None, batch_invariant=True, gpu_layers=0, **_
-             ) -> Backend:
+def _open_ik(gguf, *, n_ctx=None, n_threads=None, exact_batches=True, max_call=None, batch_invariant=True,
+             plain_faithful=True, gpu_layers=0, **_) -> Backend:
+    """exact_batches=False: repacked weights (its plain kernels) where the file's gate found them faithful."""
     from ...models.gguf_any import MetadataGGUF
     from .ik import DEFAULT_MAX_CALL, IkBackend
     no_weights = gguf.unsupported if isinstance(gguf, MetadataGGUF) else None
     return IkBackend(gguf.path, gguf.config, n_ctx=n_ctx, n_threads=n_threads, max_call=max_call or DEFAULT_MAX_CALL,
-                     batch_invariant=batch_invariant, no_weights=no_weights, gpu_layers=gpu_layers)
+                     batch_invariant=batch_invariant, no_weights=no_weights, gpu_layers=gpu_layers,
+                     repack=not exact_batches and plain_faithful)
 
 
 def _probe_ik(backend, widths, prefixes) -> bool:
@@ -181,11 +184,12 @@ def _probe_ik(backend, widths, prefixes) -> bool:
 
 REGISTRY: dict[BackendKind, BackendInfo] = {i.kind: i for i in (
     BackendInfo(BackendKind.LLAMACPP, "llama.cpp", Opens.GGUF, "llama_cpp", "llama_cpp_python", "llama",
-                _open_llamacpp, _llamacpp_offloads, plain_kernels=True, reads_any_gguf=True, reference=True,
-                draft_models=True, planned=True),
+                _open_llamacpp, _llamacpp_offloads, plain_kernels="without flash attention", reads_any_gguf=True,
+                reference=True, draft_models=True, planned=True),
     # ik: gpu_offload None, the pinned wheel (SUPPORTED in ik.py) is a CPU build (llama_supports_gpu_offload false)
     BackendInfo(BackendKind.IK, "ik_llama.cpp", Opens.GGUF, "ik_llama_cpp", "ik-llama-cpp-python", "ik", _open_ik,
-                reads_any_gguf=True, draft_models=True, planned=True, gated=True, probe=_probe_ik),
+                plain_kernels="repacked", reads_any_gguf=True, draft_models=True, planned=True, gated=True,
+                probe=_probe_ik),
     BackendInfo(BackendKind.ONNX, "onnx", Opens.ARTIFACT, "onnxruntime", "onnxruntime", "onnx", devices=True,
                 planned=True),
     BackendInfo(BackendKind.NUMPY, "numpy", Opens.GGUF, None, "numpy", None, _open_numpy, many_caches=True),
