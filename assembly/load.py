@@ -150,6 +150,8 @@ def load_model(name_or_path: str, kind: BackendKind | None = None, *, ctx: int |
         if not engine.reads_any_gguf:
             raise
         tokenizer = None
+    if engine.check is not None:  # a file the engine cannot run is refused before any gate or load
+        engine.check(gguf)
     tuning = {}
     if engine.gated:  # the file's gate, measured once and cached: faithful call size, batch invariance
         from .engine_gate import engine_gate

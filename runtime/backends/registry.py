@@ -29,6 +29,7 @@ class BackendKind(enum.Enum):
     NUMPY = "numpy"
     LLAMACPP = "llamacpp"
     IK = "ik"  # ik_llama.cpp through ik-llama-cpp-python's library: batch-invariant at any thread count
+    NATIVE = "native"  # specedge's own C kernels (csrc/native): batch-invariant by construction, flat verify cost
     ONNX = "onnx"  # loads an exported artifact (manifest directory), not a GGUF
 
 
@@ -71,12 +72,18 @@ class BackendInfo:
     planned: bool = False
     gated: bool = False
     probe: Callable[..., bool] | None = None
+    check: Callable[..., None] | None = None  # check(gguf): raises ValueError naming why this engine cannot run
+    #                                           the file (a tensor format it lacks), before any gate or load
+    why_missing: Callable[[], str | None] | None = None  # why the engine is not there (None: it is), for an
+    #                                                      engine no pip extra installs (the native extension)
 
     @property
     def value(self) -> str:
         return self.kind.value
 
     def installed(self) -> bool:
+        if self.why_missing is not None:
+            return self.why_missing() is None
         return self.package is None or importlib.util.find_spec(self.package) is not None
 
     def version(self) -> str | None:
@@ -115,7 +122,9 @@ class BackendInfo:
                          "--gpu-layers 0")
 
     def missing(self) -> str:
-        """One line: what to install for this engine."""
+        """One line: what to install for this engine (or why it is not there)."""
+        if self.why_missing is not None:
+            return f"{self.name} is missing: {self.why_missing()}"
         return f"{self.name} needs {self.package} (pip install 'specedge[{self.extra}]')"
 
 
@@ -177,6 +186,31 @@ def _open_ik(gguf, *, n_ctx=None, n_threads=None, exact_batches=True, max_call=N
                      repack=not exact_batches and plain_faithful)
 
 
+def _open_native(gguf, *, n_ctx=None, n_threads=None, exact_batches=True, **_) -> Backend:
+    """max_call and the gate's other tunings do not apply: every call size computes the same rows."""
+    from .native import NativeBackend
+    _check_native(gguf)
+    return NativeBackend(gguf, n_threads=n_threads)
+
+
+def _check_native(gguf) -> None:
+    from ...models.gguf_any import MetadataGGUF
+    from .native import NativeUnsupported, check_model
+    if isinstance(gguf, MetadataGGUF):
+        raise NativeUnsupported(f"the native engine runs the families specedge reads; {gguf.unsupported}")
+    check_model(gguf.config, gguf.tensor_types())
+
+
+def _native_missing() -> str | None:
+    from .native_lib import available
+    return available()
+
+
+def _probe_native(backend, widths, prefixes) -> bool:
+    from .native import batch_invariant
+    return batch_invariant(backend, widths, prefixes)
+
+
 def _probe_ik(backend, widths, prefixes) -> bool:
     from .ik import batch_invariant
     return batch_invariant(backend, widths, prefixes)
@@ -190,6 +224,9 @@ REGISTRY: dict[BackendKind, BackendInfo] = {i.kind: i for i in (
     BackendInfo(BackendKind.IK, "ik_llama.cpp", Opens.GGUF, "ik_llama_cpp", "ik-llama-cpp-python", "ik", _open_ik,
                 plain_kernels="repacked", reads_any_gguf=True, draft_models=True, planned=True, gated=True,
                 probe=_probe_ik),
+    BackendInfo(BackendKind.NATIVE, "native", Opens.GGUF, None, "specedge", None, _open_native,
+                draft_models=True, many_caches=True, planned=True, gated=True, probe=_probe_native,
+                check=_check_native, why_missing=_native_missing),
     BackendInfo(BackendKind.ONNX, "onnx", Opens.ARTIFACT, "onnxruntime", "onnxruntime", "onnx", devices=True,
                 planned=True),
     BackendInfo(BackendKind.NUMPY, "numpy", Opens.GGUF, None, "numpy", None, _open_numpy, many_caches=True),

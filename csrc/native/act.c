@@ -1,0 +1,34 @@
+/* Activations -> int8 per 32-wide block with one float scale (as llama.cpp's q8_0/q8_1) and the block's integer sum
+ * (the min and offset terms of the weight formats need it). One implementation for every ISA: the rounding trick
+ * below is exact IEEE arithmetic, so the compiler may vectorise it without changing a bit. */
+#include "se.h"
+
+#include <math.h>
+
+void se_quantize_block(const float *x, int8_t *q, float *d, int32_t *s) {
+    float amax = 0.0f;
+    for (int j = 0; j < SE_BLOCK; j++) {
+        float a = fabsf(x[j]);
+        amax = a > amax ? a : amax;
+    }
+    float scale = amax / 127.0f, inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+    int32_t sum = 0;
+    for (int j = 0; j < SE_BLOCK; j++) {
+        /* round half to even: adding 1.5 * 2^23 leaves no fraction bits (|v| <= 127 here) */
+        float v = x[j] * inv;
+        float r = (v + 12582912.0f) - 12582912.0f;
+        int qi = (int)r;
+        qi = qi > 127 ? 127 : qi < -127 ? -127 : qi;
+        q[j] = (int8_t)qi;
+        sum += qi;
+    }
+    *d = scale;
+    *s = sum;
+}
+
+void se_quantize_rows(const float *x, int rows, int ldx, se_act *a) {
+    for (int r = 0; r < rows; r++)
+        for (int b = 0; b < a->nb; b++)
+            se_quantize_block(x + (size_t)r * ldx + b * SE_BLOCK, a->q + (size_t)r * a->k + b * SE_BLOCK,
+                              a->d + (size_t)r * a->nb + b, a->s + (size_t)r * a->nb + b);
+}

@@ -1,0 +1,117 @@
+/* Entry points for the Python side beyond the model: single matrices (tests, the kernel benchmark, a trimmed LM
+ * head) and the float primitives, each callable with a chosen ISA so every fast path is checked against the
+ * portable C. */
+#include <stdlib.h>
+
+#include "model.h"
+#include "pool.h"
+#include "se.h"
+
+se_mat *se_mat_new(int type, const uint8_t *raw, size_t row_bytes, int n, int k) {
+    se_mat *m = malloc(sizeof *m);
+    if (!m) return NULL;
+    if (se_pack(m, type, raw, row_bytes, n, k) != 0) {
+        se_mat_free(m);
+        free(m);
+        return NULL;
+    }
+    return m;
+}
+
+void se_mat_delete(se_mat *m) {
+    if (!m) return;
+    se_mat_free(m);
+    free(m);
+}
+
+size_t se_mat_bytes(const se_mat *m) { return m->group_bytes * (size_t)m->ngroups; }
+
+/* out [rows, n] = x [rows, k] times the matrix, activations quantized first; one thread, the given ISA's kernel. */
+int se_matmul(const se_mat *w, const float *x, int rows, float *out, int isa) {
+    if (rows <= 0) return -1;
+    se_act a = {malloc((size_t)rows * w->k), malloc((size_t)rows * w->nb * sizeof(float)),
+                malloc((size_t)rows * w->nb * sizeof(int32_t)), w->k, w->nb};
+    if (!a.q || !a.d || !a.s) {
+        free(a.q); free(a.d); free(a.s);
+        return -2;
+    }
+    se_quantize_rows(x, rows, w->k, &a);
+    int before = se_isa();
+    se_set_isa(isa);
+    se_mm_for(w)(w, &a, rows, out, w->n, 0, w->ngroups);
+    se_set_isa(before);
+    free(a.q); free(a.d); free(a.s);
+    return 0;
+}
+
+typedef struct { const se_mat *w; se_act *a; int rows; float *out; } mm_job;
+
+static void mm_job_run(void *p, int ith, int nth) {
+    mm_job *j = p;
+    int g0 = (int)((long long)j->w->ngroups * ith / nth), g1 = (int)((long long)j->w->ngroups * (ith + 1) / nth);
+    se_mm_for(j->w)(j->w, j->a, j->rows, j->out, j->w->n, g0, g1);
+}
+
+/* The kernel benchmark's call: pre-quantized activations, the pool's threads, reps repetitions. */
+int se_matmul_pool(se_pool *p, const se_mat *const *ws, int count, const int8_t *q, const float *d, const int32_t *s,
+                   int rows, float *out, int reps) {
+    for (int r = 0; r < reps; r++)
+        for (int i = 0; i < count; i++) {
+            se_act a = {(int8_t *)q, (float *)d, (int32_t *)s, ws[i]->k, ws[i]->nb};
+            mm_job j = {ws[i], &a, rows, out};
+            se_pool_run(p, mm_job_run, &j);
+        }
+    return 0;
+}
+
+void se_quantize(const float *x, int rows, int k, int8_t *q, float *d, int32_t *s) {
+    se_act a = {q, d, s, k, k / 32};
+    se_quantize_rows(x, rows, k, &a);
+}
+
+/* Float primitives under a chosen ISA (tests). */
+float se_vec_dot(const float *q, const uint16_t *k, int n, int isa) {
+    int before = se_isa();
+    se_set_isa(isa);
+    float r = se_vec()->dot_f16(q, k, n);
+    se_set_isa(before);
+    return r;
+}
+
+void se_vec_exp(float *x, int n, int isa) {
+    int before = se_isa();
+    se_set_isa(isa);
+    se_vec()->exp_inplace(x, n);
+    se_set_isa(before);
+}
+
+void se_vec_axpy(float *y, float a, const uint16_t *x, int n, int isa) {
+    int before = se_isa();
+    se_set_isa(isa);
+    se_vec()->axpy_f16(y, a, x, n);
+    se_set_isa(before);
+}
+
+int se_abi_version(void) { return 1; }
+
+typedef struct { const uint8_t *buf; size_t bytes; uint64_t sums[64]; } roof_job;
+
+static void roof_run(void *p, int ith, int nth) {
+    roof_job *j = p;
+    size_t lines = j->bytes / 64, a = lines * (size_t)ith / (size_t)nth, b = lines * (size_t)(ith + 1) / (size_t)nth;
+    uint64_t acc = 0;
+    for (size_t i = a; i < b; i++) {
+        const uint64_t *line = (const uint64_t *)(j->buf + i * 64);
+        acc ^= line[0] ^ line[7];
+    }
+    j->sums[ith % 64] = acc;
+}
+
+/* Read `bytes` of `buf` once with the pool's threads (the memory roof the kernel benchmark reports against). */
+uint64_t se_read_roof(se_pool *p, const uint8_t *buf, size_t bytes) {
+    roof_job j = {buf, bytes, {0}};
+    se_pool_run(p, roof_run, &j);
+    uint64_t x = 0;
+    for (int i = 0; i < 64; i++) x ^= j.sums[i];
+    return x;
+}

@@ -1,0 +1,107 @@
+/* AVX2 + FMA matmul: the AVX-512 kernel's arithmetic on two 8-lane halves of each 16-row group. Without VNNI the
+ * u8 x s8 dot is vpmaddubsw + vpmaddwd; 8-bit weights go through the sign trick (|q| x sign(x, q)) so no pair sum
+ * can saturate, and that yields sum(q * x) = sum(u * x) - 128 * sum(x), the same integer the other paths form. */
+#include "se.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+#define SE_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define PASS 4
+#define PF_L1 2048
+#define PF_L2 12288
+
+static inline SE_AVX2 __attribute__((always_inline)) __m256i dot4(__m256i w, __m256i x, int q8) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (q8) {
+        __m256i q = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
+        return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q)), ones);
+    }
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones);
+}
+
+static inline SE_AVX2 __attribute__((always_inline)) void
+pass_rows(const se_mat *w, const uint8_t *group, const se_act *x, int i0, const int R, float *out, int ldo, int col,
+          int lanes, int h) {
+    const int q8 = w->kern == SE_KERN_Q8;
+    const size_t scale_at = q8 ? 512 : 256;
+    const int offset = q8 ? 0 : w->offset; /* the sign trick already subtracted 128 * sum(x) */
+    const __m256i nib = _mm256_set1_epi8(0x0f);
+    __m256 acc[PASS];
+    for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();
+    for (int b = 0; b < w->nb; b++) {
+        const uint8_t *blk = group + (size_t)b * w->block_bytes;
+        if (h == 0)
+            for (size_t off = 0; off < w->block_bytes; off += 64) {
+                _mm_prefetch((const char *)blk + PF_L1 + off, _MM_HINT_T0);
+                _mm_prefetch((const char *)blk + PF_L2 + off, _MM_HINT_T1);
+            }
+        __m256i dot[PASS];
+        for (int i = 0; i < R; i++) dot[i] = _mm256_setzero_si256();
+        for (int t = 0; t < (q8 ? 8 : 4); t++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 * t + 32 * h));
+            __m256i lo = q8 ? v : _mm256_and_si256(v, nib);
+            for (int i = 0; i < R; i++) {
+                int32_t xa;
+                __builtin_memcpy(&xa, x->q + (size_t)(i0 + i) * x->k + b * SE_BLOCK + 4 * t, 4);
+                dot[i] = _mm256_add_epi32(dot[i], dot4(lo, _mm256_set1_epi32(xa), q8));
+            }
+            if (!q8) {
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                for (int i = 0; i < R; i++) {
+                    int32_t xa;
+                    __builtin_memcpy(&xa, x->q + (size_t)(i0 + i) * x->k + b * SE_BLOCK + 16 + 4 * t, 4);
+                    dot[i] = _mm256_add_epi32(dot[i], dot4(hi, _mm256_set1_epi32(xa), 0));
+                }
+            }
+        }
+        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + scale_at + 16 * h)));
+        if (w->has_min) {
+            __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + scale_at + 32 + 16 * h)));
+            for (int i = 0; i < R; i++) {
+                float xd = x->d[(size_t)(i0 + i) * x->nb + b];
+                float xs = (float)x->s[(size_t)(i0 + i) * x->nb + b];
+                __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(xd));
+                acc[i] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(dot[i]), acc[i]);
+                acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(xd * xs), acc[i]);
+            }
+        } else {
+            for (int i = 0; i < R; i++) {
+                float xd = x->d[(size_t)(i0 + i) * x->nb + b];
+                int32_t xs = x->s[(size_t)(i0 + i) * x->nb + b];
+                __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(xd));
+                __m256i sumi = _mm256_sub_epi32(dot[i], _mm256_set1_epi32(offset * xs));
+                acc[i] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(sumi), acc[i]);
+            }
+        }
+    }
+    int valid = lanes - 8 * h;
+    for (int i = 0; i < R; i++) {
+        float *dst = out + (size_t)(i0 + i) * ldo + col + 8 * h;
+        if (valid >= 8) {
+            _mm256_storeu_ps(dst, acc[i]);
+        } else if (valid > 0) {
+            float tmp[8];
+            _mm256_storeu_ps(tmp, acc[i]);
+            for (int r = 0; r < valid; r++) dst[r] = tmp[r];
+        }
+    }
+}
+
+SE_AVX2 void se_mm_avx2(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1) {
+    for (int g = g0; g < g1; g++) {
+        const uint8_t *group = w->data + (size_t)g * w->group_bytes;
+        int lanes = w->n - g * SE_GROUP;
+        for (int h = 0; h < 2; h++)
+            for (int i0 = 0; i0 < rows; i0 += PASS) {
+                int r = rows - i0 < PASS ? rows - i0 : PASS;
+                switch (r) {
+                case 1: pass_rows(w, group, x, i0, 1, out, ldo, g * SE_GROUP, lanes, h); break;
+                case 2: pass_rows(w, group, x, i0, 2, out, ldo, g * SE_GROUP, lanes, h); break;
+                case 3: pass_rows(w, group, x, i0, 3, out, ldo, g * SE_GROUP, lanes, h); break;
+                default: pass_rows(w, group, x, i0, 4, out, ldo, g * SE_GROUP, lanes, h); break;
+                }
+            }
+    }
+}
+#endif

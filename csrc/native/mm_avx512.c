@@ -1,0 +1,92 @@
+/* AVX-512 VNNI matmul: one zmm lane per output row of a 16-row group, vpdpbusd over 4 weights at a time. Each
+ * weight block is unpacked once and used for every activation row of the pass (up to PASS rows), and the weight
+ * stream is prefetched ahead: that is what keeps 2-8 rows nearly as cheap as one (docs/native.md). */
+#include "se.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+#define SE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
+#define PASS 8
+#define PF_L1 2048
+#define PF_L2 12288
+
+static inline SE_AVX512 __attribute__((always_inline)) void
+pass_rows(const se_mat *w, const uint8_t *group, const se_act *x, int i0, const int R, float *out, int ldo, int col,
+          int lanes) {
+    const int q8 = w->kern == SE_KERN_Q8;
+    const size_t scale_at = q8 ? 512 : 256;
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    __m512 acc[PASS];
+    for (int i = 0; i < R; i++) acc[i] = _mm512_setzero_ps();
+    for (int b = 0; b < w->nb; b++) {
+        const uint8_t *blk = group + (size_t)b * w->block_bytes;
+        for (size_t off = 0; off < w->block_bytes; off += 64) {
+            _mm_prefetch((const char *)blk + PF_L1 + off, _MM_HINT_T0);
+            _mm_prefetch((const char *)blk + PF_L2 + off, _MM_HINT_T1);
+        }
+        __m512i dot[PASS];
+        for (int i = 0; i < R; i++) dot[i] = _mm512_setzero_si512();
+        for (int t = 0; t < (q8 ? 8 : 4); t++) {
+            __m512i v = _mm512_loadu_si512((const void *)(blk + 64 * t));
+            __m512i lo = q8 ? v : _mm512_and_si512(v, nib);
+            for (int i = 0; i < R; i++) {
+                const int8_t *xq = x->q + (size_t)(i0 + i) * x->k + b * SE_BLOCK;
+                int32_t xa;
+                __builtin_memcpy(&xa, xq + 4 * t, 4);
+                dot[i] = _mm512_dpbusd_epi32(dot[i], lo, _mm512_set1_epi32(xa));
+            }
+            if (!q8) {
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+                for (int i = 0; i < R; i++) {
+                    const int8_t *xq = x->q + (size_t)(i0 + i) * x->k + b * SE_BLOCK;
+                    int32_t xa;
+                    __builtin_memcpy(&xa, xq + 16 + 4 * t, 4);
+                    dot[i] = _mm512_dpbusd_epi32(dot[i], hi, _mm512_set1_epi32(xa));
+                }
+            }
+        }
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + scale_at)));
+        if (w->has_min) {
+            __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + scale_at + 32)));
+            for (int i = 0; i < R; i++) {
+                float xd = x->d[(size_t)(i0 + i) * x->nb + b];
+                float xs = (float)x->s[(size_t)(i0 + i) * x->nb + b];
+                __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(xd));
+                acc[i] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(dot[i]), acc[i]);
+                acc[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(xd * xs), acc[i]);
+            }
+        } else {
+            for (int i = 0; i < R; i++) {
+                float xd = x->d[(size_t)(i0 + i) * x->nb + b];
+                int32_t xs = x->s[(size_t)(i0 + i) * x->nb + b];
+                __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(xd));
+                __m512i sumi = _mm512_sub_epi32(dot[i], _mm512_set1_epi32(w->offset * xs));
+                acc[i] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(sumi), acc[i]);
+            }
+        }
+    }
+    __mmask16 mask = lanes >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << lanes) - 1);
+    for (int i = 0; i < R; i++) _mm512_mask_storeu_ps(out + (size_t)(i0 + i) * ldo + col, mask, acc[i]);
+}
+
+SE_AVX512 void se_mm_avx512(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1) {
+    for (int g = g0; g < g1; g++) {
+        const uint8_t *group = w->data + (size_t)g * w->group_bytes;
+        int lanes = w->n - g * SE_GROUP;
+        for (int i0 = 0; i0 < rows; i0 += PASS) {
+            int r = rows - i0 < PASS ? rows - i0 : PASS;
+            switch (r) { /* constant row counts: the compiler keeps every accumulator in a register */
+            case 1: pass_rows(w, group, x, i0, 1, out, ldo, g * SE_GROUP, lanes); break;
+            case 2: pass_rows(w, group, x, i0, 2, out, ldo, g * SE_GROUP, lanes); break;
+            case 3: pass_rows(w, group, x, i0, 3, out, ldo, g * SE_GROUP, lanes); break;
+            case 4: pass_rows(w, group, x, i0, 4, out, ldo, g * SE_GROUP, lanes); break;
+            case 5: pass_rows(w, group, x, i0, 5, out, ldo, g * SE_GROUP, lanes); break;
+            case 6: pass_rows(w, group, x, i0, 6, out, ldo, g * SE_GROUP, lanes); break;
+            case 7: pass_rows(w, group, x, i0, 7, out, ldo, g * SE_GROUP, lanes); break;
+            default: pass_rows(w, group, x, i0, 8, out, ldo, g * SE_GROUP, lanes); break;
+            }
+        }
+    }
+}
+#endif

@@ -1,0 +1,28 @@
+#ifndef SE_MODEL_INTERNAL_H
+#define SE_MODEL_INTERNAL_H
+#include "model.h"
+
+typedef struct {
+    se_mat w[SE_W_NMATS];
+    float *v[SE_V_NVECS];
+} se_layer;
+
+struct se_model {
+    se_cfg cfg;
+    se_layer *layers;
+    se_mat embed, lm_head;
+    float *norm;
+    se_pool *pool;
+    int nthreads;
+    /* workspace for max_rows rows */
+    float *x, *a, *q, *k, *v, *att, *g, *u;
+    se_act act;
+    float **scratch;     /* per thread: attention scores and a row, grown to the cache's capacity */
+    size_t scratch_len;
+};
+
+static inline void se_split(int total, int ith, int nth, int *a, int *b) {
+    *a = (int)((long long)total * ith / nth);
+    *b = (int)((long long)total * (ith + 1) / nth);
+}
+#endif

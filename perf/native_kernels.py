@@ -1,0 +1,84 @@
+"""The native engine's matmul kernels against the memory roof, measured in the same run.
+
+    python -m specedge.perf.native_kernels [GGUF|catalogue name] --threads 2 --rows 1 2 5 9 16 --rounds 5
+
+Packs every layer matrix of the file (and the LM head), then times one pass of all of them (a forward's weight
+stream without attention or norms) for each row count, interleaved with reading a buffer of the same size with the
+same threads (the roof). Prints ms, effective GB/s, % of the roof and T(n)/T(1), medians over rounds.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import time
+
+import numpy as np
+
+from ..runtime.backends import native_lib as nl
+
+
+def pack_model(path: str) -> tuple[list[nl.PackedMatrix], str]:
+    from ..models.gguf_in import open_gguf
+    g = open_gguf(path)
+    mats = []
+    for name, kind in g.tensor_types().items():
+        short = name.rsplit(".", 1)[-1]
+        if name.startswith("layers.") and short in ("q", "k", "v", "o", "gate", "up", "down") or name in (
+                "lm_head",) or (name == "embed" and g.config.tied_embeddings):
+            kind, raw = g.raw_blocks(name)
+            mats.append(nl.PackedMatrix(kind, np.ascontiguousarray(raw)))
+    return mats, g.config.name or g.config.arch
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", nargs="?", default="smollm2-135m")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6, 8, 9, 12, 16])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--isa", choices=nl.ISA_NAMES, default=None, help="force an instruction set (default: the best)")
+    a = ap.parse_args(argv)
+    from pathlib import Path
+
+    from ..models.catalog import cached_path
+    path = a.model if Path(a.model).exists() else cached_path(a.model)
+    if path is None:
+        raise SystemExit(f"{a.model}: neither a file nor a pulled catalogue model (specedge pull {a.model})")
+    lib = nl.load()
+    if a.isa:
+        lib.se_set_isa(nl.ISA_NAMES.index(a.isa))
+    mats, name = pack_model(path)
+    total = sum(m.nbytes for m in mats)
+    kmax, rmax = max(m.k for m in mats), max(a.rows)
+    x = np.random.default_rng(0).standard_normal((rmax, kmax)).astype(np.float32)
+    q = np.empty((rmax, kmax), np.int8)
+    d = np.empty((rmax, kmax // 32), np.float32)
+    s = np.empty((rmax, kmax // 32), np.int32)
+    lib.se_quantize(nl.fptr(x), rmax, kmax, q.ctypes.data, d.ctypes.data, s.ctypes.data)
+    out = np.empty(rmax * max(m.n for m in mats), np.float32)
+    handles = (ctypes.c_void_p * len(mats))(*[m.handle for m in mats])
+    pool = lib.se_pool_new(a.threads)
+    buf = np.ones(max(total, 1 << 28), np.uint8)
+    times: dict[int, list[float]] = {n: [] for n in a.rows}
+    roof: list[float] = []
+    for _ in range(a.rounds):
+        t0 = time.perf_counter()
+        lib.se_read_roof(pool, buf.ctypes.data, total)
+        roof.append(total / (time.perf_counter() - t0) / 1e9)
+        for n in a.rows:
+            t0 = time.perf_counter()
+            lib.se_matmul_pool(pool, handles, len(mats), q.ctypes.data, d.ctypes.data, s.ctypes.data, n, nl.fptr(out), 1)
+            times[n].append(time.perf_counter() - t0)
+    lib.se_pool_free(pool)
+    gbs = float(np.median(roof))
+    t1 = float(np.median(times[a.rows[0]]))
+    print(f"{name}: {len(mats)} matrices, {total / 1e6:.1f} MB packed; {a.threads} threads, ISA "
+          f"{nl.isa_name(lib.se_isa())}; roof (reading {total / 1e6:.0f} MB) {gbs:.1f} GB/s, median of {a.rounds}")
+    print("rows | ms | GB/s | % of roof | T(n)/T(rows[0])")
+    for n in a.rows:
+        t = float(np.median(times[n]))
+        print(f"{n:4d} | {t * 1e3:6.2f} | {total / t / 1e9:5.1f} | {100 * total / t / 1e9 / gbs:5.1f}% | {t / t1:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""The native engine (csrc/native, runtime/backends/native.py): every kernel against the portable C bit for bit, the
+packed weights equal to the GGUF's dequantized values, whole forwards close to the NumPy reference, and its rows
+bitwise batch-invariant (widths 1..16, 1 and 2 threads, tree masks), so speculation on it equals its plain greedy.
+The real files are in the `real` tier; a sanitizer build runs the kernels and a damaged-file fuzz (`slow`)."""
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from specedge.runtime.backends import native_lib as nl
+
+if nl.available() is not None:
+    pytest.skip(f"native engine not built: {nl.available()}", allow_module_level=True)
+
+import specedge  # noqa: E402
+from specedge.models.gguf_in import open_gguf  # noqa: E402
+from specedge.models.tiny import TINY_ARCHS, write_tiny_gguf  # noqa: E402
+from specedge.runtime.backends import BackendKind, info  # noqa: E402
+from specedge.runtime.backends.base import LayerPlan  # noqa: E402
+from specedge.runtime.backends.native import NativeBackend, NativeUnsupported, batch_invariant  # noqa: E402
+from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
+
+LIB = nl.load()
+ISAS = list(range(LIB.se_cpu_isa() + 1))  # portable first; every SIMD path this CPU runs
+FORMATS = list(nl.PACKED)
+PROMPTS = ["the cat sat on the mat and the cat sat on the", "one two three one two three one two",
+           "hello world, hello world", "a b c d e f g a b c"]
+
+
+def random_matrix(fmt: str, n: int, k: int, seed: int = 0):
+    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
+    raw = quantize(w, GGMLQuantizationType[fmt])
+    return raw.view(np.uint8).reshape(n, -1), dequantize(raw, GGMLQuantizationType[fmt]).reshape(n, k)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_packing_keeps_every_weight_s_value(fmt):
+    raw, deq = random_matrix(fmt, 37, 96)  # 37 rows: a last group of 5 (padding lanes)
+    m = nl.PackedMatrix(fmt, raw)
+    assert all(np.array_equal(m.row(i), deq[i]) for i in range(37))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_isa_computes_the_portable_c_bit_for_bit_at_every_width(fmt):
+    raw, deq = random_matrix(fmt, 40, 128, seed=1)
+    m = nl.PackedMatrix(fmt, raw)
+    x = np.random.default_rng(2).standard_normal((16, 128)).astype(np.float32) * 3
+    want = m.matmul(x, isa=0)
+    for isa in ISAS:
+        assert np.array_equal(m.matmul(x, isa=isa), want), nl.isa_name(isa)
+        for n in range(1, 17):  # a row's result never depends on how many rows share the call
+            assert np.array_equal(m.matmul(x[:n], isa=isa), want[:n]), (nl.isa_name(isa), n)
+        assert np.array_equal(m.matmul(x[9:10], isa=isa)[0], want[9])
+    # and it is the product of the exact weights with int8-per-32 activations (llama.cpp's q8 scheme)
+    q = np.empty((16, 128), np.int8)
+    d = np.empty((16, 4), np.float32)
+    s = np.empty((16, 4), np.int32)
+    LIB.se_quantize(nl.fptr(x), 16, 128, q.ctypes.data, d.ctypes.data, s.ctypes.data)
+    xq = (q.reshape(16, 4, 32).astype(np.float64) * d[:, :, None]).reshape(16, 128)
+    exact = xq @ deq.T.astype(np.float64)
+    assert np.abs(want - exact).max() <= 1e-5 * np.abs(exact).max()
+    assert np.abs(want - x @ deq.T).max() <= 0.02 * np.abs(x @ deq.T).max()  # activation rounding only
+
+
+def test_activation_blocks_round_half_to_even_with_exact_sums():
+    x = np.zeros((1, 32), np.float32)
+    x[0, :4] = [127.0, 0.5 * 127 / 127, -1.5, 2.5]  # scale 1: 0.5 -> 0, -1.5 -> -2, 2.5 -> 2
+    q, d, s = np.empty((1, 32), np.int8), np.empty((1, 1), np.float32), np.empty((1, 1), np.int32)
+    LIB.se_quantize(nl.fptr(x), 1, 32, q.ctypes.data, d.ctypes.data, s.ctypes.data)
+    assert d[0, 0] == 1.0 and list(q[0, :4]) == [127, 0, -2, 2] and s[0, 0] == 127
+
+
+def test_float_primitives_agree_across_isas_and_with_numpy():
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal(256).astype(np.float32)
+    k = rng.standard_normal(256).astype(np.float16)
+    dots = [LIB.se_vec_dot(nl.fptr(q), k.ctypes.data, 256, isa) for isa in ISAS]
+    assert len(set(dots)) == 1 and abs(dots[0] - float(q @ k.astype(np.float32))) < 1e-4
+    x = np.concatenate([np.linspace(-100, 5, 203), [-87.5, -86.9, 0.0]]).astype(np.float32)
+    outs = []
+    for isa in ISAS:
+        y = x.copy()
+        LIB.se_vec_exp(nl.fptr(y), len(y), isa)
+        outs.append(y)
+    assert all(np.array_equal(o, outs[0]) for o in outs)
+    ref = np.exp(x.astype(np.float64))
+    ok = x >= -87.0
+    assert np.all(np.abs(outs[0][ok] - ref[ok]) <= 2e-7 * ref[ok] + 1e-37) and np.all(outs[0][~ok] == 0)
+    ys = []
+    for isa in ISAS:
+        y = np.ones(256, np.float32)
+        LIB.se_vec_axpy(nl.fptr(y), 0.75, k.ctypes.data, 256, isa)
+        ys.append(y)
+    assert all(np.array_equal(y, ys[0]) for y in ys)
+
+
+@pytest.fixture(scope="module")
+def tiny_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("native")
+    return {(arch, fmt): write_tiny_gguf(d / f"{arch}-{fmt}.gguf", arch=arch, dtype=fmt.lower(), seed=0, n_layers=2)
+            for arch in TINY_ARCHS for fmt in FORMATS}
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_tiny_model_computes_what_the_numpy_reference_computes(tiny_files, arch, fmt):
+    gguf = open_gguf(tiny_files[arch, fmt])
+    native, ref = NativeBackend(gguf, n_threads=2), NumpyBackend(gguf.load_weights())
+    toks = np.random.default_rng(0).integers(0, gguf.config.vocab_size, 40)
+    got = native.forward(toks, native.new_cache(64))
+    want = ref.forward(toks, ref.new_cache(64))
+    assert np.abs(got - want).max() <= 0.05 * np.abs(want).max()
+    assert (got.argmax(1) == want.argmax(1)).mean() >= 0.9
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_rows_are_bitwise_invariant_across_widths_threads_and_chunks(tiny_files, threads):
+    gguf = open_gguf(tiny_files["llama", "Q4_1"])
+    one = NativeBackend(gguf, n_threads=1)
+    backend = NativeBackend(gguf, n_threads=threads)
+    assert backend.caps.batch_invariant and batch_invariant(backend, range(1, 17), (0, 5, 70))
+    toks = np.random.default_rng(1).integers(0, gguf.config.vocab_size, 150)  # > MAX_ROWS: split into calls
+    all_at_once = backend.forward(toks, backend.new_cache(160))
+    cache = one.new_cache(160)
+    by_one = np.concatenate([one.forward(toks[i:i + 1], cache) for i in range(150)])
+    assert np.array_equal(all_at_once, by_one)
+
+
+def test_a_tree_verifies_each_path_as_its_chain_would(tiny_files):
+    """Root, two children, a grandchild under the first child: each node's logits equal the chain's along its path;
+    compacting the accepted path leaves the cache a chain would have built."""
+    gguf = open_gguf(tiny_files["qwen2", "Q8_0"])
+    b = NativeBackend(gguf, n_threads=2)
+    prefix, tree = np.array([5, 9, 11, 3], np.int32), np.array([20, 21, 22, 23], np.int32)
+    mask = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], bool)
+    cache = b.new_cache(32)
+    b.feed(prefix, cache)
+    got = b.forward(tree, cache, tree_mask=mask)
+    for path in ([0, 1, 3], [0, 2]):
+        c = b.new_cache(32)
+        b.feed(prefix, c)
+        assert np.array_equal(b.forward(tree[path], c), got[path])
+    cache.compact(np.array([4, 5, 7]), 4)
+    nxt = b.forward(np.array([30], np.int32), cache)
+    c = b.new_cache(32)
+    b.feed(np.concatenate([prefix, tree[[0, 1, 3]]]), c)
+    assert np.array_equal(b.forward(np.array([30], np.int32), c), nxt)
+
+
+def test_layer_plans_taps_and_a_trimmed_head(tiny_files):
+    gguf = open_gguf(tiny_files["llama", "Q8_0"])
+    b = NativeBackend(gguf, n_threads=2)
+    toks = np.array([4, 8, 15, 16, 23, 42], np.int32)
+    h, taps = b.hidden(toks, b.new_cache(16), taps=(0, 1, 2))
+    assert set(taps) == {0, 1, 2} and np.array_equal(taps[2], h)
+    assert np.array_equal(b.logits_from_hidden(h), b.forward(toks, b.new_cache(16)))
+    rows = np.array([3, 77, 150, 299])
+    assert np.array_equal(b.logits_from_hidden(h, rows), b.logits_from_hidden(h)[:, rows])
+    first, _ = b.hidden(toks, b.new_cache(16), plan=LayerPlan(exit_layer=1))
+    assert np.array_equal(first, taps[1])
+    skip, _ = b.hidden(toks, b.new_cache(16), plan=LayerPlan(layers=(1,)))
+    assert skip.shape == h.shape and not np.array_equal(skip, h)
+
+
+def test_files_it_cannot_run_are_refused_naming_the_tensor(tmp_path):
+    path = write_tiny_gguf(tmp_path / "f32.gguf", dtype="f32")
+    with pytest.raises(NativeUnsupported, match=r"tensor '.*' is F32; the native engine packs Q4_0, Q4_1, Q8_0.*"
+                                                r"--backend ik"):
+        NativeBackend(open_gguf(path))
+    with pytest.raises(ValueError, match="native engine packs"):
+        specedge.Engine.open(str(path), backend="native", drafter="none", cache_dir=tmp_path)
+
+
+def test_registered_as_a_planned_gated_engine():
+    engine = info("native")
+    assert engine.kind is BackendKind.NATIVE and engine.installed() and engine.planned and engine.gated
+    assert engine.many_caches and engine.draft_models
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "model:{path}+lookup", "recycle", "skip:1", "exit:1"])
+def test_speculation_on_native_equals_its_plain_decoding(tiny_files, tmp_path, drafter):
+    path = tiny_files["llama", "Q4_1"]
+    common = dict(backend="native", threads=2, ctx=256, cache_dir=tmp_path)
+    spec = specedge.Engine.open(str(path), drafter=drafter.format(path=path), **common)
+    plain = specedge.Engine.open(str(path), drafter="none", **common)
+    assert spec.model.backend.caps.batch_invariant
+    for text in PROMPTS:
+        want = plain.generate(text, temperature=0, max_tokens=40).tokens
+        assert spec.generate(text, temperature=0, max_tokens=40).tokens == want, (drafter, text)
+
+
+SANITIZED = r"""
+import numpy as np, sys
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import quantize
+from specedge.runtime.backends import native_lib as nl
+from specedge.models.gguf_in import open_gguf
+from specedge.runtime.backends.native import NativeBackend
+lib = nl.load()
+for fmt in nl.PACKED:
+    w = np.random.default_rng(0).standard_normal((40, 96)).astype(np.float32)
+    m = nl.PackedMatrix(fmt, quantize(w, Q[fmt]).view(np.uint8).reshape(40, -1))
+    x = np.random.default_rng(1).standard_normal((16, 96)).astype(np.float32)
+    outs = [m.matmul(x, isa) for isa in range(lib.se_cpu_isa() + 1)]
+    assert all(np.array_equal(o, outs[0]) for o in outs)
+    bad = lib.se_mat_new(nl.GGML_TYPES[fmt], x.ctypes.data, 7, 40, 96)  # a row length that is not the format's
+    assert not bad
+b = NativeBackend(open_gguf(sys.argv[1]), n_threads=2)
+c = b.new_cache(80)
+b.feed(np.arange(60, dtype=np.int32), c)
+b.forward(np.array([1, 2, 3], np.int32), c, tree_mask=np.tril(np.ones((3, 3), bool)))
+for bad in (np.array([10**6], np.int32), np.array([-1], np.int32)):
+    try:
+        b.forward(bad, c)
+    except ValueError:
+        pass
+    else:
+        raise SystemExit("a token id out of range was accepted")
+print("sanitized ok")
+"""
+
+
+@pytest.mark.slow
+def test_kernels_and_a_forward_under_address_and_undefined_behaviour_sanitizers(tiny_files, tmp_path):
+    root = Path(nl.__file__).resolve().parents[2]
+    sources = sorted((root / "csrc" / "native").glob("*.c"))
+    lib = tmp_path / "libse_asan.so"
+    cmd = ["cc", "-shared", "-fPIC", "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
+           "-ffp-contract=off", "-pthread", f"-I{sysconfig.get_paths()['include']}", *map(str, sources), "-o",
+           str(lib), "-lm"]
+    subprocess.run(cmd, check=True, capture_output=True)
+    asan = subprocess.run(["cc", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    env = {**os.environ, "SPECEDGE_NATIVE_LIB": str(lib), "LD_PRELOAD": asan,
+           "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1", "UBSAN_OPTIONS": "print_stacktrace=1"}
+    r = subprocess.run([sys.executable, "-c", SANITIZED, str(tiny_files["llama", "Q4_1"])], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "sanitized ok" in r.stdout, r.stderr[-3000:]
