@@ -125,8 +125,22 @@ def test_without_the_ik_package_the_plan_has_no_ik_target_and_says_so(tiny, monk
     lines = []
     targets = plan_run.discover_targets(str(path), plan_run.PlanSettings(threads=1, weights=()), cache_dir=cache,
                                         log=lines.append)
-    assert [t.engine for t in targets] == ["llamacpp"]
+    assert "ik" not in [t.engine for t in targets] and "llamacpp" in [t.engine for t in targets]
     assert any("ik_llama.cpp needs no_such_module_ik (pip install 'specedge[ik]')" in m for m in lines), lines
+
+
+def test_without_the_native_extension_the_plan_says_it_is_missing_and_why(tiny, monkeypatch):
+    from dataclasses import replace
+    from specedge.runtime.backends import registry
+    path, cache = tiny
+    why = "the native engine was not built when specedge was installed (no C compiler then)"
+    monkeypatch.setitem(registry.REGISTRY, registry.BackendKind.NATIVE,
+                        replace(registry.REGISTRY[registry.BackendKind.NATIVE], why_missing=lambda: why))
+    lines = []
+    targets = plan_run.discover_targets(str(path), plan_run.PlanSettings(threads=1, weights=()), cache_dir=cache,
+                                        log=lines.append)
+    assert "native" not in [t.engine for t in targets]
+    assert any(f"native is missing: {why}: native not planned" in m for m in lines), lines
 
 
 def _wait_burning(procs, timeout: float = 10.0) -> None:
