@@ -132,6 +132,21 @@ def test_rows_are_bitwise_invariant_across_widths_threads_and_chunks(tiny_files,
     assert np.array_equal(all_at_once, by_one)
 
 
+def test_a_whole_forward_is_bitwise_the_same_under_every_isa(tiny_files):
+    """Matmuls, attention, exp, the fp16 KV writes: the portable C and each SIMD path give identical logits."""
+    gguf = open_gguf(tiny_files["qwen2", "Q4_0"])
+    toks = np.random.default_rng(4).integers(0, gguf.config.vocab_size, 30)
+    best, outs = LIB.se_isa(), []
+    try:
+        for isa in ISAS:
+            LIB.se_set_isa(isa)
+            b = NativeBackend(gguf, n_threads=2)
+            outs.append(b.forward(toks, b.new_cache(32)))
+    finally:
+        LIB.se_set_isa(best)
+    assert all(np.array_equal(o, outs[0]) for o in outs)
+
+
 def test_a_tree_verifies_each_path_as_its_chain_would(tiny_files):
     """Root, two children, a grandchild under the first child: each node's logits equal the chain's along its path;
     compacting the accepted path leaves the cache a chain would have built."""

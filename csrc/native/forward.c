@@ -114,16 +114,24 @@ static void prepare_head(se_model *m, const se_call *c, int l, int r, int h) {
     size_t at = (((size_t)l * cf->n_kv_heads + kh) * (size_t)c->capacity + (size_t)(c->length + r)) * hd;
     float *v = m->v + (size_t)r * KVD + (size_t)kh * hd;
     if (cf->qkv_bias) add(v, L->v[SE_V_V_BIAS] + (size_t)kh * hd, hd);
-    for (int d = 0; d < hd; d++) {
-        c->k_cache[at + d] = se_f32_to_f16(x[d]);
-        c->v_cache[at + d] = se_f32_to_f16(v[d]);
-    }
+    se_vec()->to_f16(x, c->k_cache + at, hd);
+    se_vec()->to_f16(v, c->v_cache + at, hd);
 }
 
-static float activation(int kind, float g) {
-    if (kind == SE_ACT_SILU) return g / (1.0f + se_expf(-g));
+/* act(g) * u over one 32-wide block: silu(g) = g / (1 + exp(-g)) with the engine's exp (the same in every ISA), or
+ * gelu's tanh form. */
+static void gated_block(int kind, const float *g, const float *u, float *y) {
+    if (kind == SE_ACT_SILU) {
+        for (int j = 0; j < SE_BLOCK; j++) y[j] = -g[j];
+        se_vec()->exp_inplace(y, SE_BLOCK);
+        for (int j = 0; j < SE_BLOCK; j++) y[j] = g[j] / (1.0f + y[j]) * u[j];
+        return;
+    }
     const float k = (float)0.7978845608028654; /* sqrt(2 / pi) */
-    return 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
+    for (int j = 0; j < SE_BLOCK; j++) {
+        float x = g[j];
+        y[j] = 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x))) * u[j];
+    }
 }
 
 static void layer(se_model *m, const se_call *c, int l, int ith, int nth, float *tmp, float *scratch) {
@@ -170,7 +178,7 @@ static void layer(se_model *m, const se_call *c, int l, int ith, int nth, float 
     for (int it = a; it < b; it++) {
         int r = it / (F / SE_BLOCK), col = (it % (F / SE_BLOCK)) * SE_BLOCK;
         const float *g = m->g + (size_t)r * F + col, *u = m->u + (size_t)r * F + col;
-        for (int j = 0; j < SE_BLOCK; j++) tmp[j] = activation(cf->activation, g[j]) * u[j];
+        gated_block(cf->activation, g, u, tmp);
         quantize_span(tmp, SE_BLOCK, &xF, r, col);
     }
     se_barrier(m->pool);

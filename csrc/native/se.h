@@ -77,6 +77,7 @@ typedef struct {
     float (*dot_f16)(const float *q, const uint16_t *k, int n);             /* n % 16 == 0 */
     void (*axpy_f16)(float *y, float a, const uint16_t *x, int n);         /* y += a * x, n % 16 == 0 */
     void (*exp_inplace)(float *x, int n);                                    /* x = exp(x) */
+    void (*to_f16)(const float *x, uint16_t *y, int n);                      /* round to nearest even */
 } se_vec_ops;
 const se_vec_ops *se_vec(void);
 float se_expf(float x);  /* the engine's exp: the same polynomial in every ISA */

@@ -57,7 +57,11 @@ static void exp_portable(float *x, int n) {
     for (int i = 0; i < n; i++) x[i] = se_expf(x[i]);
 }
 
-static const se_vec_ops portable = {dot_f16_portable, axpy_f16_portable, exp_portable};
+static void to_f16_portable(const float *x, uint16_t *y, int n) {
+    for (int i = 0; i < n; i++) y[i] = se_f32_to_f16(x[i]);
+}
+
+static const se_vec_ops portable = {dot_f16_portable, axpy_f16_portable, exp_portable, to_f16_portable};
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -150,8 +154,24 @@ static T256 void exp_avx2(float *x, int n) {
     for (; i < n; i++) x[i] = se_expf(x[i]);
 }
 
-static const se_vec_ops avx512 = {dot_f16_avx512, axpy_f16_avx512, exp_avx512};
-static const se_vec_ops avx2 = {dot_f16_avx2, axpy_f16_avx2, exp_avx2};
+static T512 void to_f16_avx512(const float *x, uint16_t *y, int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(y + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; i++) y[i] = se_f32_to_f16(x[i]);
+}
+
+static T256 void to_f16_avx2(const float *x, uint16_t *y, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; i++) y[i] = se_f32_to_f16(x[i]);
+}
+
+static const se_vec_ops avx512 = {dot_f16_avx512, axpy_f16_avx512, exp_avx512, to_f16_avx512};
+static const se_vec_ops avx2 = {dot_f16_avx2, axpy_f16_avx2, exp_avx2, to_f16_avx2};
 #endif
 
 const se_vec_ops *se_vec(void) {
