@@ -46,9 +46,9 @@ int se_matmul(const se_mat *w, const float *x, int rows, float *out, int isa) {
 
 typedef struct { const se_mat *w; se_act *a; int rows; float *out; } mm_job;
 
-static void mm_job_run(void *p, int ith, int nth) {
+static void mm_job_run(void *p, int thread, int g0, int g1) {
     mm_job *j = p;
-    int g0 = (int)((long long)j->w->ngroups * ith / nth), g1 = (int)((long long)j->w->ngroups * (ith + 1) / nth);
+    (void)thread;
     se_mm_for(j->w)(j->w, j->a, j->rows, j->out, j->w->n, g0, g1);
 }
 
@@ -59,7 +59,8 @@ int se_matmul_pool(se_pool *p, const se_mat *const *ws, int count, const int8_t 
         for (int i = 0; i < count; i++) {
             se_act a = {(int8_t *)q, (float *)d, (int32_t *)s, ws[i]->k, ws[i]->nb};
             mm_job j = {ws[i], &a, rows, out};
-            se_pool_run(p, mm_job_run, &j);
+            int chunk = ws[i]->ngroups / (8 * se_pool_threads(p));
+            se_pool_for(p, ws[i]->ngroups, chunk < 1 ? 1 : chunk > 16 ? 16 : chunk, mm_job_run, &j);
         }
     return 0;
 }
@@ -96,21 +97,24 @@ int se_abi_version(void) { return 1; }
 
 typedef struct { const uint8_t *buf; size_t bytes; uint64_t sums[64]; } roof_job;
 
-static void roof_run(void *p, int ith, int nth) {
+#define ROOF_CHUNK 4096 /* lines (256 KB) per item */
+
+static void roof_run(void *p, int thread, int a, int b) {
     roof_job *j = p;
-    size_t lines = j->bytes / 64, a = lines * (size_t)ith / (size_t)nth, b = lines * (size_t)(ith + 1) / (size_t)nth;
+    size_t lines = j->bytes / 64, end = (size_t)b * ROOF_CHUNK < lines ? (size_t)b * ROOF_CHUNK : lines;
     uint64_t acc = 0;
-    for (size_t i = a; i < b; i++) {
+    for (size_t i = (size_t)a * ROOF_CHUNK; i < end; i++) {
         const uint64_t *line = (const uint64_t *)(j->buf + i * 64);
         acc ^= line[0] ^ line[7];
     }
-    j->sums[ith % 64] = acc;
+    j->sums[thread % 64] ^= acc;
 }
 
 /* Read `bytes` of `buf` once with the pool's threads (the memory roof the kernel benchmark reports against). */
 uint64_t se_read_roof(se_pool *p, const uint8_t *buf, size_t bytes) {
     roof_job j = {buf, bytes, {0}};
-    se_pool_run(p, roof_run, &j);
+    int items = (int)((bytes / 64 + ROOF_CHUNK - 1) / ROOF_CHUNK);
+    se_pool_for(p, items, (items + 2 * se_pool_threads(p) - 1) / (2 * se_pool_threads(p)), roof_run, &j);
     uint64_t x = 0;
     for (int i = 0; i < 64; i++) x ^= j.sums[i];
     return x;

@@ -6,14 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
-    se_model *m;
-    const se_call *c;
-    const float *h_in;   /* se_head: hidden states instead of a forward */
-    const se_mat *head;
-    float *logits;
-    int n_head_rows;
-} job_ctx;
 
 static void rms_norm(const float *x, const float *w, int n, float eps, float *y) {
     float ss = 0.0f;
@@ -38,18 +30,6 @@ static se_act act_view(se_model *m, int k) {
 }
 
 typedef struct { const se_mat *w; float *out; int ldo; } mm_task;
-
-/* This thread's share of the output groups of several matrices over the same activations. */
-static void matmuls(const mm_task *t, int count, const se_act *x, int rows, int ith, int nth) {
-    int total = 0;
-    for (int i = 0; i < count; i++) total += t[i].w->ngroups;
-    int a, b;
-    se_split(total, ith, nth, &a, &b);
-    for (int i = 0, base = 0; i < count; base += t[i].w->ngroups, i++) {
-        int g0 = a > base ? a - base : 0, g1 = b - base < t[i].w->ngroups ? b - base : t[i].w->ngroups;
-        if (g0 < g1) se_mm_for(t[i].w)(t[i].w, x, rows, t[i].out, t[i].ldo, g0, g1);
-    }
-}
 
 static void rope(float *x, const float *cos, const float *sin, int half) {
     for (int j = 0; j < half; j++) {
@@ -109,7 +89,10 @@ static void prepare_head(se_model *m, const se_call *c, int l, int r, int h) {
     float *x = is_q ? m->q + (size_t)r * QD + (size_t)h * hd : m->k + (size_t)r * KVD + (size_t)kh * hd;
     if (cf->qkv_bias) add(x, L->v[is_q ? SE_V_Q_BIAS : SE_V_K_BIAS] + (size_t)kh * hd, hd);
     if (cf->qk_norm) rms_norm(x, L->v[is_q ? SE_V_Q_NORM : SE_V_K_NORM], hd, cf->rms_eps, x);
-    if (half) rope(x, c->rope_cos[l] + (size_t)r * half, c->rope_sin[l] + (size_t)r * half, half);
+    if (half) {
+        size_t at = (size_t)c->positions[r] * half;
+        rope(x, c->rope_cos[l] + at, c->rope_sin[l] + at, half);
+    }
     if (is_q) return;
     size_t at = (((size_t)l * cf->n_kv_heads + kh) * (size_t)c->capacity + (size_t)(c->length + r)) * hd;
     float *v = m->v + (size_t)r * KVD + (size_t)kh * hd;
@@ -134,35 +117,79 @@ static void gated_block(int kind, const float *g, const float *u, float *y) {
     }
 }
 
-static void layer(se_model *m, const se_call *c, int l, int ith, int nth, float *tmp, float *scratch) {
+/* ---- phases: each is a parallel-for over independent items (pool.h) ---- */
+
+typedef struct {
+    se_model *m;
+    const se_call *c;
+    int l;                       /* the layer */
+    const mm_task *tasks;        /* matmul phases */
+    int ntasks;
+    const se_act *x;
+    int rows;
+    const float *h;              /* head phases: hidden states and which rows */
+    const int32_t *hrows;
+    int residual, norm_next;     /* row phase: add m->a into x first; then norm + quantize for layer l */
+} phase;
+
+static float *tmp_of(se_model *m, int thread) {
+    return m->scratch[thread] + m->scratch_len - (size_t)m->cfg.d_model - 64 - SE_BLOCK;
+}
+
+/* items: output groups, numbered across the tasks' matrices */
+static void mm_items(void *p, int thread, int a, int b) {
+    const phase *ph = p;
+    (void)thread;
+    for (int i = 0, base = 0; i < ph->ntasks; base += ph->tasks[i].w->ngroups, i++) {
+        const mm_task *t = &ph->tasks[i];
+        int g0 = a > base ? a - base : 0, g1 = b - base < t->w->ngroups ? b - base : t->w->ngroups;
+        if (g0 < g1) se_mm_for(t->w)(t->w, ph->x, ph->rows, t->out, t->ldo, g0, g1);
+    }
+}
+
+static void matmul_phase(se_model *m, const mm_task *t, int count, const se_act *x, int rows) {
+    int total = 0;
+    for (int i = 0; i < count; i++) total += t[i].w->ngroups;
+    int chunk = total / (8 * m->nthreads);
+    phase ph = {.m = m, .tasks = t, .ntasks = count, .x = x, .rows = rows};
+    se_pool_for(m->pool, total, chunk < 1 ? 1 : chunk > 16 ? 16 : chunk, mm_items, &ph);
+}
+
+/* items: rows. The residual of the previous sublayer, taps, then the norm + quantization the next matmul reads. */
+static void row_items(void *p, int thread, int a, int b) {
+    const phase *ph = p;
+    se_model *m = ph->m;
+    const se_call *c = ph->c;
     const se_cfg *cf = &m->cfg;
-    const se_layer *L = &m->layers[l];
-    int n = c->n, D = cf->d_model, F = cf->d_ff, H = cf->n_heads, KV = cf->n_kv_heads, hd = cf->head_dim;
-    int QD = H * hd, KVD = KV * hd, r0, r1, a, b;
-    se_split(n, ith, nth, &r0, &r1);
-    se_act xD = act_view(m, D), xQ = act_view(m, QD), xF = act_view(m, F);
-    for (int r = r0; r < r1; r++) {
-        rms_norm(m->x + (size_t)r * D, L->v[SE_V_ATTN_NORM], D, cf->rms_eps, tmp);
-        quantize_span(tmp, D, &xD, r, 0);
+    int D = cf->d_model;
+    float *tmp = tmp_of(m, thread);
+    se_act xD = act_view(m, D);
+    for (int r = a; r < b; r++) {
+        float *xr = m->x + (size_t)r * D, *ar = m->a + (size_t)r * D;
+        if (ph->residual) { /* the MLP's output of the layer before l */
+            const se_layer *P = &m->layers[ph->residual - 1];
+            if (cf->post_norms) rms_norm(ar, P->v[SE_V_POST_FFN_NORM], D, cf->rms_eps, ar);
+            add(xr, ar, D);
+            for (int t = 0; t < c->n_taps; t++)
+                if (c->taps[t] == ph->residual) memcpy(c->tap_out[t] + (size_t)r * D, xr, D * sizeof(float));
+        }
+        if (ph->norm_next) {
+            rms_norm(xr, m->layers[ph->l].v[SE_V_ATTN_NORM], D, cf->rms_eps, tmp);
+            quantize_span(tmp, D, &xD, r, 0);
+        }
     }
-    se_barrier(m->pool);
-    mm_task qkv[3] = {{&L->w[SE_W_Q], m->q, QD}, {&L->w[SE_W_K], m->k, KVD}, {&L->w[SE_W_V], m->v, KVD}};
-    matmuls(qkv, 3, &xD, n, ith, nth);
-    se_barrier(m->pool);
-    se_split(n * (H + KV), ith, nth, &a, &b);
-    for (int it = a; it < b; it++) prepare_head(m, c, l, it / (H + KV), it % (H + KV));
-    se_barrier(m->pool);
-    se_split(n * H, ith, nth, &a, &b);
-    for (int it = a; it < b; it++) attend(m, c, l, it / H, it % H, scratch);
-    se_barrier(m->pool);
-    if (hd % SE_BLOCK) {
-        for (int r = r0; r < r1; r++) quantize_span(m->att + (size_t)r * QD, QD, &xQ, r, 0);
-        se_barrier(m->pool);
-    }
-    mm_task o = {&L->w[SE_W_O], m->a, D};
-    matmuls(&o, 1, &xQ, n, ith, nth);
-    se_barrier(m->pool);
-    for (int r = r0; r < r1; r++) {
+}
+
+/* items: rows. The attention output's residual, then the MLP's norm + quantization. */
+static void mid_items(void *p, int thread, int a, int b) {
+    const phase *ph = p;
+    se_model *m = ph->m;
+    const se_cfg *cf = &m->cfg;
+    const se_layer *L = &m->layers[ph->l];
+    int D = cf->d_model;
+    float *tmp = tmp_of(m, thread);
+    se_act xD = act_view(m, D);
+    for (int r = a; r < b; r++) {
         float *ar = m->a + (size_t)r * D, *xr = m->x + (size_t)r * D;
         if (cf->o_bias) add(ar, L->v[SE_V_O_BIAS], D);
         if (cf->post_norms) rms_norm(ar, L->v[SE_V_POST_ATTN_NORM], D, cf->rms_eps, ar);
@@ -170,81 +197,113 @@ static void layer(se_model *m, const se_call *c, int l, int ith, int nth, float 
         rms_norm(xr, L->v[SE_V_FFN_NORM], D, cf->rms_eps, tmp);
         quantize_span(tmp, D, &xD, r, 0);
     }
-    se_barrier(m->pool);
-    mm_task gu[2] = {{&L->w[SE_W_GATE], m->g, F}, {&L->w[SE_W_UP], m->u, F}};
-    matmuls(gu, 2, &xD, n, ith, nth);
-    se_barrier(m->pool);
-    se_split(n * (F / SE_BLOCK), ith, nth, &a, &b);
+}
+
+static void head_prep_items(void *p, int thread, int a, int b) {
+    const phase *ph = p;
+    int H = ph->m->cfg.n_heads, KV = ph->m->cfg.n_kv_heads;
+    (void)thread;
+    for (int it = a; it < b; it++) prepare_head(ph->m, ph->c, ph->l, it / (H + KV), it % (H + KV));
+}
+
+static void attend_items(void *p, int thread, int a, int b) {
+    const phase *ph = p;
+    int H = ph->m->cfg.n_heads;
+    for (int it = a; it < b; it++) attend(ph->m, ph->c, ph->l, it / H, it % H, ph->m->scratch[thread]);
+}
+
+static void att_quant_items(void *p, int thread, int a, int b) {
+    const phase *ph = p;
+    int QD = ph->m->cfg.n_heads * ph->m->cfg.head_dim;
+    se_act xQ = act_view(ph->m, QD);
+    (void)thread;
+    for (int r = a; r < b; r++) quantize_span(ph->m->att + (size_t)r * QD, QD, &xQ, r, 0);
+}
+
+static void gated_items(void *p, int thread, int a, int b) {
+    const phase *ph = p;
+    se_model *m = ph->m;
+    int F = m->cfg.d_ff, nbF = F / SE_BLOCK;
+    float *tmp = tmp_of(m, thread);
+    se_act xF = act_view(m, F);
     for (int it = a; it < b; it++) {
-        int r = it / (F / SE_BLOCK), col = (it % (F / SE_BLOCK)) * SE_BLOCK;
-        const float *g = m->g + (size_t)r * F + col, *u = m->u + (size_t)r * F + col;
-        gated_block(cf->activation, g, u, tmp);
+        int r = it / nbF, col = (it % nbF) * SE_BLOCK;
+        gated_block(m->cfg.activation, m->g + (size_t)r * F + col, m->u + (size_t)r * F + col, tmp);
         quantize_span(tmp, SE_BLOCK, &xF, r, col);
     }
-    se_barrier(m->pool);
-    mm_task down = {&L->w[SE_W_DOWN], m->a, D};
-    matmuls(&down, 1, &xF, n, ith, nth);
-    se_barrier(m->pool);
-    for (int r = r0; r < r1; r++) {
-        float *ar = m->a + (size_t)r * D;
-        if (cf->post_norms) rms_norm(ar, L->v[SE_V_POST_FFN_NORM], D, cf->rms_eps, ar);
-        add(m->x + (size_t)r * D, ar, D);
+}
+
+static void head_norm_items(void *p, int thread, int a, int b) {
+    const phase *ph = p;
+    se_model *m = ph->m;
+    int D = m->cfg.d_model;
+    float *tmp = tmp_of(m, thread);
+    se_act xD = act_view(m, D);
+    for (int i = a; i < b; i++) {
+        rms_norm(ph->h + (size_t)(ph->hrows ? ph->hrows[i] : i) * D, m->norm, D, m->cfg.rms_eps, tmp);
+        quantize_span(tmp, D, &xD, i, 0);
     }
-    /* no barrier: the next phase that reads these rows (the next layer's norm, a tap) is this thread's own */
+}
+
+static void embed_items(void *p, int thread, int a, int b) {
+    const phase *ph = p;
+    se_model *m = ph->m;
+    int D = m->cfg.d_model;
+    (void)thread;
+    for (int r = a; r < b; r++) {
+        float *x = m->x + (size_t)r * D;
+        se_dequant_row(&m->embed, ph->c->tokens[r], x);
+        if (m->cfg.embed_scale != 1.0f)
+            for (int d = 0; d < D; d++) x[d] = x[d] * m->cfg.embed_scale;
+        for (int t = 0; t < ph->c->n_taps; t++)
+            if (ph->c->taps[t] == 0) memcpy(ph->c->tap_out[t] + (size_t)r * D, x, D * sizeof(float));
+    }
+}
+
+static void layer(se_model *m, const se_call *c, int l, int li) {
+    const se_cfg *cf = &m->cfg;
+    const se_layer *L = &m->layers[l];
+    int n = c->n, D = cf->d_model, F = cf->d_ff, H = cf->n_heads, KV = cf->n_kv_heads, hd = cf->head_dim;
+    int QD = H * hd, KVD = KV * hd;
+    se_act xD = act_view(m, D), xQ = act_view(m, QD), xF = act_view(m, F);
+    phase ph = {.m = m, .c = c, .l = l, .residual = li ? c->layers[li - 1] + 1 : 0, .norm_next = 1};
+    se_pool_for(m->pool, n, 1, row_items, &ph);
+    mm_task qkv[3] = {{&L->w[SE_W_Q], m->q, QD}, {&L->w[SE_W_K], m->k, KVD}, {&L->w[SE_W_V], m->v, KVD}};
+    matmul_phase(m, qkv, 3, &xD, n);
+    se_pool_for(m->pool, n * (H + KV), 1, head_prep_items, &ph);
+    se_pool_for(m->pool, n * H, 1, attend_items, &ph);
+    if (hd % SE_BLOCK) se_pool_for(m->pool, n, 1, att_quant_items, &ph);
+    mm_task o = {&L->w[SE_W_O], m->a, D};
+    matmul_phase(m, &o, 1, &xQ, n);
+    se_pool_for(m->pool, n, 1, mid_items, &ph);
+    mm_task gu[2] = {{&L->w[SE_W_GATE], m->g, F}, {&L->w[SE_W_UP], m->u, F}};
+    matmul_phase(m, gu, 2, &xD, n);
+    se_pool_for(m->pool, n * (F / SE_BLOCK), 8, gated_items, &ph);
+    mm_task down = {&L->w[SE_W_DOWN], m->a, D};
+    matmul_phase(m, &down, 1, &xF, n);
 }
 
 /* Final norm + LM head over rows `rows` (NULL: 0..count-1) of hidden states h. */
-static void head(se_model *m, const float *h, const int32_t *rows, int count, const se_mat *w, float *logits,
-                 int ith, int nth, float *tmp) {
-    int D = m->cfg.d_model, r0, r1;
-    se_act xD = act_view(m, D);
-    se_split(count, ith, nth, &r0, &r1);
-    for (int i = r0; i < r1; i++) {
-        rms_norm(h + (size_t)(rows ? rows[i] : i) * D, m->norm, D, m->cfg.rms_eps, tmp);
-        quantize_span(tmp, D, &xD, i, 0);
-    }
-    se_barrier(m->pool);
+static void head(se_model *m, const float *h, const int32_t *rows, int count, const se_mat *w, float *logits) {
+    phase ph = {.m = m, .h = h, .hrows = rows};
+    se_pool_for(m->pool, count, 1, head_norm_items, &ph);
+    se_act xD = act_view(m, m->cfg.d_model);
     mm_task t = {w, logits, w->n};
-    matmuls(&t, 1, &xD, count, ith, nth);
+    matmul_phase(m, &t, 1, &xD, count);
 }
 
-static void job(void *p, int ith, int nth) {
-    job_ctx *j = p;
-    se_model *m = j->m;
-    const se_call *c = j->c;
-    int D = m->cfg.d_model, r0, r1;
-    float *scratch = m->scratch[ith];
-    float *tmp = scratch + m->scratch_len - (size_t)D - 64 - SE_BLOCK;
-    if (j->h_in) {
-        head(m, j->h_in, NULL, j->n_head_rows, j->head, j->logits, ith, nth, tmp);
-        return;
+static void run_forward(se_model *m, const se_call *c) {
+    int D = m->cfg.d_model;
+    phase ph = {.m = m, .c = c};
+    se_pool_for(m->pool, c->n, 1, embed_items, &ph);
+    for (int li = 0; li < c->n_run; li++) layer(m, c, c->layers[li], li);
+    if (c->n_run) { /* the last layer's MLP residual (and its tap) */
+        phase last = {.m = m, .c = c, .residual = c->layers[c->n_run - 1] + 1, .norm_next = 0};
+        se_pool_for(m->pool, c->n, 1, row_items, &last);
     }
-    const se_mat *lm = m->cfg.tied ? &m->embed : &m->lm_head;
-    se_split(c->n, ith, nth, &r0, &r1);
-    for (int r = r0; r < r1; r++) {
-        float *x = m->x + (size_t)r * D;
-        se_dequant_row(&m->embed, c->tokens[r], x);
-        if (m->cfg.embed_scale != 1.0f)
-            for (int d = 0; d < D; d++) x[d] = x[d] * m->cfg.embed_scale;
-    }
-    for (int t = 0; t < c->n_taps; t++)
-        if (c->taps[t] == 0)
-            for (int r = r0; r < r1; r++) memcpy(c->tap_out[t] + (size_t)r * D, m->x + (size_t)r * D, D * sizeof(float));
-    se_barrier(m->pool);
-    for (int li = 0; li < c->n_run; li++) {
-        int l = c->layers[li];
-        layer(m, c, l, ith, nth, tmp, scratch);
-        for (int t = 0; t < c->n_taps; t++)
-            if (c->taps[t] == l + 1)
-                for (int r = r0; r < r1; r++)
-                    memcpy(c->tap_out[t] + (size_t)r * D, m->x + (size_t)r * D, D * sizeof(float));
-    }
-    if (c->h_out)
-        for (int r = r0; r < r1; r++) memcpy(c->h_out + (size_t)r * D, m->x + (size_t)r * D, D * sizeof(float));
-    if (c->logits && c->n_out > 0) {
-        se_barrier(m->pool); /* the head's rows may belong to another thread's share */
-        head(m, m->x, c->out_rows, c->n_out, lm, c->logits, ith, nth, tmp);
-    }
+    if (c->h_out) memcpy(c->h_out, m->x, (size_t)c->n * D * sizeof(float));
+    if (c->logits && c->n_out > 0)
+        head(m, m->x, c->out_rows, c->n_out, m->cfg.tied ? &m->embed : &m->lm_head, c->logits);
 }
 
 static int ensure_scratch(se_model *m, int capacity) {
@@ -269,14 +328,12 @@ int se_forward(se_model *m, const se_call *c) {
         if (c->layers[i] < 0 || c->layers[i] >= m->cfg.n_layers || (i && c->layers[i] <= c->layers[i - 1])) return -4;
     if (se_model_ready(m) != 0) return -5;
     if (ensure_scratch(m, c->capacity)) return -6;
-    job_ctx j = {m, c, NULL, NULL, NULL, 0};
-    se_pool_run(m->pool, job, &j);
+    run_forward(m, c);
     return 0;
 }
 
 int se_head(se_model *m, const float *h, int n, float *logits, const se_mat *w) {
     if (n <= 0 || n > m->cfg.max_rows || se_model_ready(m) != 0 || ensure_scratch(m, 1)) return -1;
-    job_ctx j = {m, NULL, h, w ? w : (m->cfg.tied ? &m->embed : &m->lm_head), logits, n};
-    se_pool_run(m->pool, job, &j);
+    head(m, h, NULL, n, w ? w : (m->cfg.tied ? &m->embed : &m->lm_head), logits);
     return 0;
 }

@@ -25,8 +25,8 @@ typedef struct se_model se_model;
 
 /* One call: n rows appended at cache slots length .. length + n - 1.
  * mask: NULL for a chain, else [n, n] bytes (mask[i*n + j]: new row i sees new row j); positions: [n] RoPE
- * positions (length + i for a chain, length + depth for a tree); rope_cos/sin[layer]: [n, rope_half[layer]] tables
- * (rope_half 0: no RoPE), window[layer]: 0 or the sliding window. k_cache/v_cache: fp16 [layers, kv heads, capacity,
+ * positions (length + i for a chain, length + depth for a tree); rope_cos/sin[layer]: [positions, rope_half[layer]]
+ * tables indexed by position, covering every position of the call (rope_half 0: no RoPE), window[layer]: 0 or the sliding window. k_cache/v_cache: fp16 [layers, kv heads, capacity,
  * head_dim]. layers: the layer indices to run (ascending), taps: after how many layers h is copied to tap_out[t]
  * ([n, d_model] each). h_out: [n, d_model] after the last layer, before the final norm (NULL: not wanted).
  * logits: [n_out, vocab] for rows out_rows (NULL: no LM head). */

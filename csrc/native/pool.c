@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -15,16 +16,17 @@
 #define CPU_RELAX() ((void)0)
 #endif
 
-#define SPIN_BEFORE_YIELD 4096   /* barrier: pause-spins before giving the core away */
-#define IDLE_SPIN_NS 200000      /* worker: spin this long for the next job before sleeping */
+#define SPIN_BEFORE_YIELD 2048   /* waiting for a phase's last items: pause-spins before giving the core away */
+#define IDLE_SPIN_NS 300000      /* a worker spins this long for the next phase before sleeping */
 
 struct se_pool {
     int nth;
     pthread_t *threads;
-    _Atomic int job_seq, done, stop, sleepers;
-    _Atomic int bar_count, bar_gen;
-    se_job fn;
-    void *ctx;
+    /* the current phase: high 32 bits its number, low 32 bits the next unclaimed item */
+    _Atomic uint64_t state;
+    _Atomic(se_items) fn;
+    _Atomic(void *) ctx;
+    _Atomic int n, chunk, done, stop, sleepers;
     pthread_mutex_t mu;
     pthread_cond_t cv;
 };
@@ -37,40 +39,46 @@ static long long now_ns(void) {
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-void se_barrier(se_pool *p) {
-    if (p->nth == 1) return;
-    int gen = atomic_load(&p->bar_gen);
-    if (atomic_fetch_add(&p->bar_count, 1) == p->nth - 1) {
-        atomic_store(&p->bar_count, 0);
-        atomic_fetch_add(&p->bar_gen, 1);
-        return;
-    }
-    for (int spins = 0; atomic_load(&p->bar_gen) == gen; spins++) {
-        if (spins < SPIN_BEFORE_YIELD) CPU_RELAX();
-        else sched_yield();
+/* Claim and run chunks of the phase `phase` until none is left; returns whether the phase was still current. */
+static void work(se_pool *p, uint32_t phase, int ith) {
+    for (;;) {
+        uint64_t s = atomic_load(&p->state);
+        if ((uint32_t)(s >> 32) != phase) return;
+        int n = atomic_load(&p->n), chunk = atomic_load(&p->chunk);
+        se_items fn = atomic_load(&p->fn);
+        void *ctx = atomic_load(&p->ctx);
+        int i = (int)(uint32_t)s;
+        if (i >= n) return;
+        int end = i + chunk < n ? i + chunk : n;
+        /* The claim succeeds only if the phase did not move since `s` was read: then fn, ctx and n are this
+         * phase's (the caller writes the next phase's only after every item of this one is done). */
+        if (!atomic_compare_exchange_weak(&p->state, &s, (s & 0xffffffff00000000ull) | (uint32_t)end)) continue;
+        fn(ctx, ith, i, end);
+        atomic_fetch_add(&p->done, end - i);
     }
 }
 
 static void *worker(void *arg) {
     se_pool *p = ((worker_arg *)arg)->p;
-    int ith = ((worker_arg *)arg)->ith, seen = 0;
+    int ith = ((worker_arg *)arg)->ith;
     free(arg);
+    uint32_t seen = 0;
     for (;;) {
         long long start = now_ns();
-        for (int spins = 0; atomic_load(&p->job_seq) == seen && !atomic_load(&p->stop); spins++) {
+        for (int spins = 0; (uint32_t)(atomic_load(&p->state) >> 32) == seen && !atomic_load(&p->stop); spins++) {
             CPU_RELAX();
             if ((spins & 255) == 255 && now_ns() - start > IDLE_SPIN_NS) {
                 pthread_mutex_lock(&p->mu);
                 atomic_fetch_add(&p->sleepers, 1);
-                while (atomic_load(&p->job_seq) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->cv, &p->mu);
+                while ((uint32_t)(atomic_load(&p->state) >> 32) == seen && !atomic_load(&p->stop))
+                    pthread_cond_wait(&p->cv, &p->mu);
                 atomic_fetch_sub(&p->sleepers, 1);
                 pthread_mutex_unlock(&p->mu);
             }
         }
         if (atomic_load(&p->stop)) return NULL;
-        seen = atomic_load(&p->job_seq);
-        p->fn(p->ctx, ith, p->nth);
-        atomic_fetch_add(&p->done, 1);
+        seen = (uint32_t)(atomic_load(&p->state) >> 32);
+        work(p, seen, ith);
     }
 }
 
@@ -109,22 +117,27 @@ void se_pool_free(se_pool *p) {
     free(p);
 }
 
-void se_pool_run(se_pool *p, se_job fn, void *ctx) {
-    if (p->nth == 1) {
-        fn(ctx, 0, 1);
+void se_pool_for(se_pool *p, int n, int chunk, se_items fn, void *ctx) {
+    if (n <= 0) return;
+    chunk = chunk < 1 ? 1 : chunk;
+    if (p->nth == 1 || n <= chunk) { /* one chunk: no one to share it with */
+        fn(ctx, 0, 0, n);
         return;
     }
-    p->fn = fn;
-    p->ctx = ctx;
+    atomic_store(&p->fn, fn);
+    atomic_store(&p->ctx, ctx);
+    atomic_store(&p->n, n);
+    atomic_store(&p->chunk, chunk);
     atomic_store(&p->done, 0);
-    atomic_fetch_add(&p->job_seq, 1);
+    uint32_t phase = (uint32_t)(atomic_load(&p->state) >> 32) + 1;
+    atomic_store(&p->state, (uint64_t)phase << 32);
     if (atomic_load(&p->sleepers) > 0) {
         pthread_mutex_lock(&p->mu);
         pthread_cond_broadcast(&p->cv);
         pthread_mutex_unlock(&p->mu);
     }
-    fn(ctx, 0, p->nth);
-    for (int spins = 0; atomic_load(&p->done) < p->nth - 1; spins++) {
+    work(p, phase, 0);
+    for (int spins = 0; atomic_load(&p->done) < n; spins++) {
         if (spins < SPIN_BEFORE_YIELD) CPU_RELAX();
         else sched_yield();
     }

@@ -142,6 +142,10 @@ class NativeBackend:
         self._half = np.array([0 if r is None else len(self._inv[r]) for r in self._ropes], dtype=np.int32)
         self._window = np.array([spec.layer(i).window or 0 for i in range(cfg.n_layers)], dtype=np.int32)
         self._all_layers = np.arange(cfg.n_layers, dtype=np.int32)
+        self._half_p, self._window_p = nl.iptr(self._half), nl.iptr(self._window)
+        self._rows = np.arange(MAX_ROWS, dtype=np.int32)
+        self._rows_p = nl.iptr(self._rows)
+        self._rope_len = 0
         self._trimmed: dict[bytes, nl.PackedMatrix] = {}
         self.isa = nl.isa_name(lib.se_isa())
         self.caps = replace(type(self).caps, max_context=cfg.context_length)
@@ -218,12 +222,12 @@ class NativeBackend:
         if t == 0:
             raise ValueError("forward needs at least one token")
         check_room(cache, t)
-        if tokens.min() < 0 or tokens.max() >= self.config.vocab_size:
-            raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), got {tokens.min()}..{tokens.max()}")
-        plan = plan or LayerPlan()
-        if plan.reuse:
+        if plan is None:
+            layers = self._all_layers
+        elif plan.reuse:
             raise ValueError(self.caps.reuse_hint)
-        layers = self._all_layers if plan == LayerPlan() else np.asarray(plan.resolve(self.config.n_layers), np.int32)
+        else:
+            layers = np.asarray(plan.resolve(self.config.n_layers), np.int32)
         D, V = self.config.d_model, self.config.vocab_size
         out = np.empty((t, V), dtype=np.float32) if logits else None
         h = np.empty((t, D), dtype=np.float32) if want_h else None
@@ -245,45 +249,45 @@ class NativeBackend:
                        None if out is None else out[part])
         return out, h, tapped
 
+    def _rope_tables(self, positions: int) -> None:
+        """cos/sin for every position below `positions` (grown by doubling), per distinct RoPE, as the NumPy
+        reference computes them (float64 angles, then float32), and the per-layer pointers the call struct holds."""
+        if positions <= self._rope_len:
+            return
+        n = max(positions, 2 * self._rope_len, 256)
+        pos = np.arange(n, dtype=np.float64)
+        self._tables = {}
+        for r, inv in self._inv.items():
+            angles = pos[:, None] * inv[None, :]
+            m = r.scaling.attn_factor
+            self._tables[r] = (np.ascontiguousarray((np.cos(angles) * m).astype(np.float32)),
+                               np.ascontiguousarray((np.sin(angles) * m).astype(np.float32)))
+        L = self.config.n_layers
+        self._cos_p, self._sin_p = (ctypes.POINTER(ctypes.c_float) * L)(), (ctypes.POINTER(ctypes.c_float) * L)()
+        for i, r in enumerate(self._ropes):
+            if r is not None:
+                self._cos_p[i], self._sin_p[i] = nl.fptr(self._tables[r][0]), nl.fptr(self._tables[r][1])
+        self._rope_len = n
+
     def _call(self, tokens, cache, positions, mask, layers, tapped, h, out) -> None:
         n = len(tokens)
         positions = np.ascontiguousarray(positions, dtype=np.int32)
-        cos_p, sin_p = (ctypes.POINTER(ctypes.c_float) * self.config.n_layers)(), \
-            (ctypes.POINTER(ctypes.c_float) * self.config.n_layers)()
-        keep = []
-        tables = {}
-        for r, inv in self._inv.items():
-            angles = positions.astype(np.float64)[:, None] * inv[None, :]
-            m = r.scaling.attn_factor
-            cos = np.ascontiguousarray((np.cos(angles) * m).astype(np.float32))
-            sin = np.ascontiguousarray((np.sin(angles) * m).astype(np.float32))
-            tables[r] = (nl.fptr(cos), nl.fptr(sin))
-            keep += [cos, sin]
-        for i, r in enumerate(self._ropes):
-            if r is not None:
-                cos_p[i], sin_p[i] = tables[r]
+        self._rope_tables(int(positions.max()) + 1)
         tap_keys = np.array(list(tapped), dtype=np.int32)
-        tap_bufs = [np.ascontiguousarray(v) for v in tapped.values()]
-        tap_p = (ctypes.POINTER(ctypes.c_float) * max(1, len(tap_bufs)))(*[nl.fptr(b) for b in tap_bufs])
-        h_buf = None if h is None else np.empty((n, self.config.d_model), dtype=np.float32)
+        tap_p = (ctypes.POINTER(ctypes.c_float) * max(1, len(tapped)))(*[nl.fptr(b) for b in tapped.values()])
         out_buf = None if out is None else (out if out.flags.c_contiguous else np.empty_like(out))
-        rows = np.arange(n, dtype=np.int32)
         u16 = ctypes.POINTER(ctypes.c_uint16)
         call = nl.Call(n, cache.length, cache.capacity, nl.iptr(tokens), nl.iptr(positions),
                        None if mask is None else mask.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)),
-                       cos_p, sin_p, nl.iptr(self._half), nl.iptr(self._window),
+                       self._cos_p, self._sin_p, self._half_p, self._window_p,
                        cache.k.ctypes.data_as(u16), cache.v.ctypes.data_as(u16),
                        nl.iptr(layers), len(layers), nl.iptr(tap_keys), len(tap_keys), tap_p,
-                       None if h_buf is None else nl.fptr(h_buf), nl.iptr(rows), n if out is not None else 0,
+                       None if h is None else nl.fptr(h), self._rows_p, n if out is not None else 0,
                        None if out_buf is None else nl.fptr(out_buf))
         rc = self._lib.se_forward(self._model, ctypes.byref(call))
         if rc != 0:
-            raise RuntimeError(f"the native forward refused its call (code {rc}): {n} rows at {cache.length}")
-        for dst, src in zip(tapped.values(), tap_bufs):
-            if dst is not src:
-                dst[...] = src
-        if h is not None:
-            h[...] = h_buf
+            why = {-2: "a token id outside the vocabulary"}.get(rc, f"code {rc}")
+            raise ValueError(f"the native forward refused its call ({why}): {n} rows at {cache.length}")
         if out is not None and out_buf is not out:
             out[...] = out_buf
         cache.advance(n)
