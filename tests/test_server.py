@@ -137,9 +137,10 @@ def test_the_specedge_extension_carries_the_speculative_statistics(server):
     r = client(server).completions.create(model="tiny", prompt="a b a b a b", max_tokens=24, temperature=0)
     ext = r.model_extra["specedge"]
     for key in ("tau", "acceptance_rate", "n_drafted", "n_accepted", "tokens_per_s", "ttft_s",
-                "reused_prompt_tokens", "drafter"):
+                "reused_prompt_tokens", "drafter", "prompt_tokens_per_s"):
         assert key in ext, key
     assert ext["drafter"] == "ngram" and ext["tau"] >= 1.0 and ext["ttft_s"] > 0
+    assert ext["prompt_tokens_per_s"] == pytest.approx(ext["n_prefilled"] / ext["prefill_s"])
     assert ext["n_accepted"] <= ext["n_drafted"]
 
 
