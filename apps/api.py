@@ -70,10 +70,12 @@ class Engine:
     must match); logprobs (None; n: each Response's `logprob` with the n most likely alternatives, 0..20).
     """
 
-    def __init__(self, decoder: Decoder, name: str | None = None, cores: CoreShare | None = None) -> None:
+    def __init__(self, decoder: Decoder, name: str | None = None, cores: CoreShare | None = None,
+                 same_logits: bool | None = None) -> None:
         """cores: the process's CoreShare (runtime/cores.py), given where calls of several engines may compute at
         once (the server): each step of a call then runs with its share of the decoder's thread count, where the
-        backend's logits are the same at every thread count (probed here, before the session takes the cache)."""
+        backend's logits are the same at every thread count: `same_logits` when known (the server caches it),
+        else probed here, before the session takes the cache."""
         if not isinstance(decoder, Decoder):
             raise TypeError(f"Engine(decoder) takes a Decoder (assembly/open.py open_decoder); to open a model by "
                             f"name use Engine.open({decoder!r}, ...)")
@@ -82,8 +84,8 @@ class Engine:
         backend = decoder.model.backend
         self.threads = int(backend.threads) if isinstance(backend, ThreadedBackend) else None  # alone: the plan's
         self.cores = cores
-        self.shares_threads = bool(cores is not None and self.threads and self.threads > 1
-                                   and same_logits_across_threads(backend, self.threads))
+        self.shares_threads = bool(cores is not None and self.threads and self.threads > 1 and (
+            same_logits if same_logits is not None else same_logits_across_threads(backend, self.threads)))
         self.session = Session(decoder.model.backend, decoder.model_settings.ctx)
         self._lock = threading.Lock()
         self._embed_lock, self._embedder = threading.Lock(), None  # embed(): llama.cpp's embedding context

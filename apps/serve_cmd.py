@@ -145,7 +145,7 @@ def serve_cmd(**o) -> None:
         from ..runtime.cores import CoreShare
         from .api import Engine
         from .model_pool import ModelPool, PoolEntry, format_bytes
-        from .serve_threads import threads_line
+        from .serve_threads import known_same_logits, remember_same_logits, threads_line
         from .server import ServerConfig, create_app, engine_bytes, model_id_for
     except ImportError as e:
         raise click.ClickException(f"{e}: install the server extra, pip install 'specedge[serve]'") from None
@@ -162,7 +162,10 @@ def serve_cmd(**o) -> None:
                 return embedder
             decoder = open_decoder(replace(model_s, model=model), decode_s, plan=not o["no_plan"], auto=o["auto"],
                                    log=lambda m: log(f"{model_id}: {m}"))
-            engine = Engine(decoder, model, cores=cores)
+            known = known_same_logits(decoder, o["cache_dir"])
+            engine = Engine(decoder, model, cores=cores, same_logits=known)
+            if known is None:
+                remember_same_logits(decoder, o["cache_dir"], engine)
             log(threads_line(engine, model_id, given=o["threads"] is not None))
             log(f"model {model_id}: {engine.backend_kind}, drafter {engine.drafter_name}, ctx {engine.context_length}")
             return engine

@@ -3,11 +3,49 @@
 A call that has the cores to itself runs with the plan's thread count (or --threads): the plan measured one request
 at a time, and a local server mostly serves one person, whose client sleeps while it waits. Calls that compute at
 the same time (several models, an embedding beside a generation) share the cores: each step runs with
-max(1, threads // running) (runtime/cores.py; an engine's own calls queue on its lock and do not compute at once).
-No load test decides it: one whose clients run on the same cores measures the clients too (it chose 1 thread for
-SmolLM2 on 2 cores, about 30% slower for every single request, and took ~20 s at every start).
+max(1, threads // running) (runtime/cores.py; an engine's own calls queue on its lock and do not compute at once),
+where the engine's logits are the same at every thread count (probed once per file, engine, version, thread count
+and machine, cached at `<model cache>/thread_probes/`; about a second on SmolLM2). No load test decides it: one
+whose clients run on the same cores measures the clients too (it chose 1 thread for SmolLM2 on 2 cores, about 30%
+slower for every single request, and took ~20 s at every start).
 """
 from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from ..assembly.auto import engine_version
+from ..assembly.decoder import Decoder
+from ..assembly.plan import device_fingerprint
+from ..assembly.profile import model_fingerprint
+from ..assembly.schema import write_json_atomic
+from ..models.catalog import model_cache_dir
+
+VERSION = 1  # of runtime/cores.py's probe
+
+
+def probe_path(decoder: Decoder, cache_dir: Path | None) -> Path:
+    s, kind = decoder.model_settings, decoder.model.kind
+    key = json.dumps([VERSION, model_fingerprint(decoder.model.path), kind.value, engine_version(kind),
+                      getattr(decoder.model.backend, "threads", None), s.exact_batches, device_fingerprint()],
+                     sort_keys=True, default=str)
+    return model_cache_dir(cache_dir) / "thread_probes" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def known_same_logits(decoder: Decoder, cache_dir: Path | None) -> bool | None:
+    """The cached probe for this decoder's engine (None: never probed here)."""
+    try:
+        return bool(json.loads(probe_path(decoder, cache_dir).read_text())["same_logits"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def remember_same_logits(decoder: Decoder, cache_dir: Path | None, engine) -> None:
+    """Cache what the engine's probe found (only where it ran: more than one thread)."""
+    if engine.cores is not None and engine.threads and engine.threads > 1:
+        write_json_atomic({"same_logits": engine.shares_threads, "threads": engine.threads},
+                          probe_path(decoder, cache_dir))
 
 
 def threads_line(engine, model_id: str, given: bool) -> str:

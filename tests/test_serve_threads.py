@@ -101,15 +101,23 @@ def test_the_start_line_says_the_choice(tiny):
 
 
 @pytest.mark.llamacpp
-def test_serve_defaults_to_the_single_request_thread_count_and_measures_nothing(tiny, monkeypatch):
-    """No --threads: llama.cpp at the count a plan uses (resolved_threads(None)), said at start, no load test."""
+def test_serve_defaults_to_the_single_request_thread_count_and_measures_nothing(tiny, tmp_path, monkeypatch):
+    """No --threads: llama.cpp at the count a plan uses (resolved_threads(None)), said at start, no load test; the
+    thread probe runs once per engine and machine, then comes from the cache."""
     import uvicorn
+    from specedge.apps import api
     served = {}
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.update(kw))
-    r = CliRunner().invoke(cli, ["serve", str(tiny), "--backend", "llamacpp", "--drafter", "none", "--ctx", "512",
-                                 "--port", "0"])
+    args = ["serve", str(tiny), "--backend", "llamacpp", "--drafter", "none", "--ctx", "512", "--port", "0",
+            "--cache-dir", str(tmp_path)]
+    r = CliRunner().invoke(cli, args)
     assert r.exit_code == 0, r.output
     n = resolved_threads(None)
     line = next(ln for ln in r.output.splitlines() if ln.startswith("serve: t.gguf: "))
     assert line.startswith(f"serve: t.gguf: {n} engine thread") and "measur" not in r.output
     assert served["port"] == 0
+    if n > 1:
+        assert len(list((tmp_path / "thread_probes").glob("*.json"))) == 1
+        monkeypatch.setattr(api, "same_logits_across_threads", lambda *a: pytest.fail("probed again"))
+        again = CliRunner().invoke(cli, args)
+        assert again.exit_code == 0 and line in again.output, again.output
