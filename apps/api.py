@@ -25,6 +25,7 @@ repeated system prompt) prefills only the rest.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from pathlib import Path
 from dataclasses import dataclass, field, replace
@@ -36,6 +37,7 @@ from ..assembly.decoder import CallSettings, CallStream, DecodeSettings, Decoder
 from ..assembly.load import LoadedModel, parse_drafter
 from ..assembly.open import open_decoder, settings_from
 from ..runtime.backends.llamacpp_embed import LlamaCppEmbedder
+from ..runtime.cores import CoreShare, ThreadedBackend, same_logits_across_threads
 from ..runtime.decode import check_prompt
 from ..runtime.generate import collect
 from ..runtime.session import Session
@@ -68,12 +70,22 @@ class Engine:
     must match); logprobs (None; n: each Response's `logprob` with the n most likely alternatives, 0..20).
     """
 
-    def __init__(self, decoder: Decoder, name: str | None = None) -> None:
+    def __init__(self, decoder: Decoder, name: str | None = None, cores: CoreShare | None = None,
+                 same_logits: bool | None = None) -> None:
+        """cores: the process's CoreShare (runtime/cores.py), given where calls of several engines may compute at
+        once (the server): each step of a call then runs with its share of the decoder's thread count, where the
+        backend's logits are the same at every thread count: `same_logits` when known (the server caches it),
+        else probed here, before the session takes the cache."""
         if not isinstance(decoder, Decoder):
             raise TypeError(f"Engine(decoder) takes a Decoder (assembly/open.py open_decoder); to open a model by "
                             f"name use Engine.open({decoder!r}, ...)")
         self.decoder, self.name = decoder, name or decoder.model_settings.model
         self.plan = decoder.plan  # the plan that chose the decoder's settings (None: they were given)
+        backend = decoder.model.backend
+        self.threads = int(backend.threads) if isinstance(backend, ThreadedBackend) else None  # alone: the plan's
+        self.cores = cores
+        self.shares_threads = bool(cores is not None and self.threads and self.threads > 1 and (
+            same_logits if same_logits is not None else same_logits_across_threads(backend, self.threads)))
         self.session = Session(decoder.model.backend, decoder.model_settings.ctx)
         self._lock = threading.Lock()
         self._embed_lock, self._embedder = threading.Lock(), None  # embed(): llama.cpp's embedding context
@@ -224,7 +236,7 @@ class Engine:
         has no embedding mode (use a GGUF, or specedge.open_embedder("all-minilm-l6-v2"))."""
         if isinstance(texts, str):
             texts = [texts]
-        with self._embed_lock:
+        with self._embed_lock, self._computing():
             if self._embedder is None:
                 path = Path(self.model.path)
                 if path.suffix != ".gguf":
@@ -241,18 +253,29 @@ class Engine:
             self.session.reset()
             self._last = None
 
+    def _computing(self):
+        """Count this engine's call as computing on the shared cores (a no-op without a CoreShare)."""
+        return self.cores.computing() if self.cores is not None else contextlib.nullcontext()
+
+    def _fit_threads(self) -> None:
+        """Before each step: this call's share of the planned threads, given the calls computing now."""
+        if self.shares_threads:
+            self.decoder.model.backend.set_threads(self.cores.threads(self.threads))
+
     def _locked(self, ids: np.ndarray, call: CallSettings, cancel, out: CallStream,
                 text: str | None = None) -> Iterator[Response]:
-        with self._lock:
+        with self._lock, self._computing():
             self._last = None
             inner = self.decoder.stream(ids, call, session=self.session, cancel=cancel)
             texts, tokens = [], []
             try:
+                self._fit_threads()
                 for r in inner:
                     texts.append(r.text or "")
                     if r.token is not None:
                         tokens.append(int(r.token))
                     yield r
+                    self._fit_threads()
             finally:
                 inner.close()
                 out.stats = inner.stats

@@ -107,14 +107,16 @@ class Conversation:
 
 def stats_line(s: CallStats) -> str:
     """One line per answer: speed, tau, time to first token, prompt tokens new + reused (they sum to the prompt: the
-    new ones include the last, which the first decoding step reads), finish reason, what decoded ("plain" for no
+    new ones include the last, which the first decoding step reads) and how fast the new ones were processed
+    (prefilled tokens / prefill seconds; '-' when none were), finish reason, what decoded ("plain" for no
     drafter)."""
     d = s.decode
     ttft_txt = "-" if s.ttft_s is None else f"{s.ttft_s:.3f} s"
+    prompt_rate = f"{d.prompt_tokens_per_s:.0f} tok/s" if d.prompt_tokens_per_s > 0 else "-"
     how = "plain" if s.drafter == "none" else s.drafter
     return (f"[{d.tokens_per_s:.1f} tok/s | tau {d.mean_accepted_length:.2f} | TTFT {ttft_txt} | prompt "
-            f"{s.prompt_tokens} tokens: {s.prompt_tokens - s.reused_prompt_tokens} new, {s.reused_prompt_tokens} "
-            f"reused | {d.n_generated} tokens, {s.finish_reason} | {how}]")
+            f"{s.prompt_tokens} tokens: {s.prompt_tokens - s.reused_prompt_tokens} new ({prompt_rate}), "
+            f"{s.reused_prompt_tokens} reused | {d.n_generated} tokens, {s.finish_reason} | {how}]")
 
 
 def parse_option(key: str, value: str, current: dict) -> dict:

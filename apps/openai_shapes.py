@@ -30,7 +30,7 @@ def extension(stats: CallStats) -> dict:
     """The `specedge` field: the call's speculative-decoding statistics (docs/server.md)."""
     keys = ("drafter", "n_generated", "n_drafted", "n_accepted", "acceptance_rate", "n_target_forwards",
             "tokens_per_s", "ttft_s", "prompt_tokens", "reused_prompt_tokens", "n_prefilled", "prefill_s",
-            "decode_s", "wall_s", "finish_reason", "sampling")
+            "prompt_tokens_per_s", "decode_s", "wall_s", "finish_reason", "sampling")
     d = stats.to_dict()
     return {**{k: d[k] for k in keys}, "tau": d["mean_accepted_length"]}
 

@@ -106,23 +106,6 @@ def parse_max_memory(ctx, param, value: str | None) -> int | None:
         raise click.BadParameter(str(e)) from None
 
 
-def later_model_threads(decoder, model_id: str, cache_dir, log):
-    """A model loaded on a request after start: its cached serve-threads choice, else the plan's threads (a
-    measurement would keep the request waiting), said in one line (apps/serve_threads.py)."""
-    from ..assembly.plan_run import resolved_threads
-    from .serve_threads import cached_threads
-    planned = resolved_threads(decoder.model_settings.threads)
-    choice = cached_threads(decoder, cache_dir)
-    if choice is None:
-        log(f"{model_id}: {planned} engine thread{'s' if planned > 1 else ''} (the plan's; not measured under "
-            f"concurrency, which `specedge serve {model_id}` as the first model does once and caches)")
-        return decoder
-    log(f"{model_id}: " + choice.summary().removeprefix("serve: "))
-    if choice.threads == planned:
-        return decoder
-    return open_decoder(replace(decoder.model_settings, threads=choice.threads), decoder.settings, plan=False)
-
-
 @click.command("serve")
 @click.argument("models", nargs=-1)
 @click.option("--models-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
@@ -159,52 +142,31 @@ def serve_cmd(**o) -> None:
         import uvicorn
 
         from ..assembly.embedding import is_embedding_model, open_embedder
+        from ..runtime.cores import CoreShare
         from .api import Engine
         from .model_pool import ModelPool, PoolEntry, format_bytes
+        from .serve_threads import known_same_logits, remember_same_logits, threads_line
         from .server import ServerConfig, create_app, engine_bytes, model_id_for
     except ImportError as e:
         raise click.ClickException(f"{e}: install the server extra, pip install 'specedge[serve]'") from None
     log = lambda m: click.echo(m, err=True)  # noqa: E731
     first = next((m for m in sources if not is_embedding_model(m)), sources[0])
     model_s, decode_s = engine_settings({**o, "model": first})  # a bad --drafter / --lossy fails here
-
-    # the first model's engine threads, measured under concurrency (apps/serve_threads.py) unless --threads is given
-    first_decoder, pinned = None, None
-    if o["threads"] is None and not o["no_plan"] and not is_embedding_model(sources[0]):
-        from ..assembly.plan_run import resolved_threads
-        from .serve_threads import serve_threads
-        try:
-            first_decoder = open_decoder(replace(model_s, model=sources[0]), decode_s, plan=True, auto=o["auto"],
-                                         log=log)
-            # the NumPy reference has no thread setting of its own (its BLAS's): nothing to measure
-            choice = None if first_decoder.model.kind.value == "numpy" else \
-                serve_threads(first_decoder, cache_dir=o["cache_dir"], log=log)
-        except (ValueError, FileNotFoundError, ImportError, RuntimeError) as e:
-            raise click.ClickException(str(e)) from None
-        if choice is not None:
-            log(choice.summary())
-        if choice is not None and choice.threads != resolved_threads(first_decoder.model_settings.threads):
-            # the plan's engine and drafter, at the measured thread count
-            pinned, first_decoder = (replace(first_decoder.model_settings, threads=choice.threads),
-                                     first_decoder.settings), None
+    cores = CoreShare()  # the process's cores, shared by the calls computing at once (apps/serve_threads.py)
 
     def loader(model: str, model_id: str):
         def load() -> Engine:  # errors reach the pool: at start a CLI error, later a 500 naming the model
-            nonlocal first_decoder
             if is_embedding_model(model):  # /v1/embeddings only (assembly/embedding.py)
                 embedder = open_embedder(model, cache_dir=o["cache_dir"], threads=model_s.threads)
                 log(f"model {model_id}: embeddings, {embedder.dim} dimensions, {embedder.pooling} pooling")
                 return embedder
-            if model == sources[0] and first_decoder is not None:  # opened above: used once
-                decoder, first_decoder = first_decoder, None
-            elif model == sources[0] and pinned is not None:
-                decoder = open_decoder(*pinned, plan=False, log=lambda m: log(f"{model_id}: {m}"))
-            else:
-                decoder = open_decoder(replace(model_s, model=model), decode_s, plan=not o["no_plan"],
-                                       auto=o["auto"], log=lambda m: log(f"{model_id}: {m}"))
-                if o["threads"] is None and not o["no_plan"] and decoder.model.kind.value != "numpy":
-                    decoder = later_model_threads(decoder, model_id, o["cache_dir"], log)
-            engine = Engine(decoder, model)
+            decoder = open_decoder(replace(model_s, model=model), decode_s, plan=not o["no_plan"], auto=o["auto"],
+                                   log=lambda m: log(f"{model_id}: {m}"))
+            known = known_same_logits(decoder, o["cache_dir"])
+            engine = Engine(decoder, model, cores=cores, same_logits=known)
+            if known is None:
+                remember_same_logits(decoder, o["cache_dir"], engine)
+            log(threads_line(engine, model_id, given=o["threads"] is not None))
             log(f"model {model_id}: {engine.backend_kind}, drafter {engine.drafter_name}, ctx {engine.context_length}")
             return engine
         return load

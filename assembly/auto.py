@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..models.catalog import model_cache_dir
-from .contention import CpuWatch
+from .contention import CpuWatch, not_settled
 from .environment import environment
 from .profile import (PLAIN, Choice, DeviceProfile, choose, k_label, load_profile, model_fingerprint,
                             profile_key, profile_path, save_profile)
-from .profile_measure import MeasureSettings, measure
+from .profile_measure import MeasureSettings, measure, warm_page_cache
 from ..runtime.backends import BackendKind, info
 from .load import DrafterKind, LoadedModel, load_model, make_drafter, parse_drafter
 
@@ -105,6 +105,7 @@ def load_or_measure(target: LoadedModel, label: str, specs: Sequence[str], *, th
         "prompts twice)")
     drafters = {s: make_drafter(parse_drafter(s), target, ctx=ctx, threads=threads, cache_dir=cache_dir,
                                 device=device) for s in specs}
+    warm_page_cache(Path(target.path))  # the first round must not be the one that reads the weights from disk
     with CpuWatch(threads) as watch:
         fields = measure(target, drafters, settings, log=log, step=step)
     profile = DeviceProfile(key=key, target=label, backend=target.kind.value, model=str(target.path),
@@ -112,7 +113,7 @@ def load_or_measure(target: LoadedModel, label: str, specs: Sequence[str], *, th
                             machine={**environment(threads), "load": watch.load.to_dict()},
                             created=time.strftime("%Y-%m-%d %H:%M:%S"), **fields)
     if watch.load.busy:  # a measurement taken while another process used the CPU says nothing about the engine
-        log(f"device profile of {label} measured on a busy machine ({watch.load.describe()}): used now, not cached")
+        log(f"device profile of {label}: {not_settled(watch.load)}: used now, not cached")
         return profile, path
     save_profile(profile, path)
     log(f"device profile saved to {path}")

@@ -99,3 +99,13 @@ def drifted(a: float, b: float) -> bool:
     """Two measurements of the same speed disagree by more than DRIFT (relative to the faster)."""
     top = max(a, b)
     return top > 0 and abs(a - b) / top > DRIFT
+
+
+def not_settled(load: Load, disagreed: str = "") -> str:
+    """Why a measurement is not cached, in words that add up: other processes kept the cores busy, or (they did not)
+    its rounds disagreed, which is noise (a page cache still filling, a CPU changing speed); never "busy" and "quiet"
+    at once. disagreed: 'the rounds disagreed by 31% (...)' or ""."""
+    if load.busy:
+        return (f"other processes kept the machine busy while it measured ({load.other_cores:.2f} cores on average, "
+                f"load {load.loadavg:.1f})" + (f"; {disagreed}" if disagreed else ""))
+    return f"{disagreed}, with other processes at {load.other_cores:.2f} cores: noise in the measurement"

@@ -43,12 +43,12 @@ from ..models.manifest import FORMAT, MANIFEST, PAD_ROW_NONE, Manifest, Profile,
 from ..models.ref import RefKind, model_ref
 from ..runtime.backends import artifact_engine, gguf_engines, info
 from .auto import candidate_specs, load_or_measure
-from .contention import CpuWatch, drifted
+from .contention import CpuWatch, drifted, not_settled
 from .environment import environment
 from .load import LoadedModel, artifact_name, load_model
 from .plan import Plan, PlanRow, PlanTarget, load_plan, new_plan, plan_key, plan_path, save_plan, target_rows
 from .profile import model_fingerprint
-from .profile_measure import MeasureSettings, measure_steps
+from .profile_measure import MeasureSettings, measure_steps, warm_page_cache
 
 if TYPE_CHECKING:
     from .decoder import DecodeSettings, ModelSettings
@@ -99,15 +99,16 @@ def plan_for(model: str, settings: PlanSettings = PlanSettings(), *, cache_dir: 
     t0 = time.perf_counter()
     with CpuWatch(threads) as watch:  # other processes' CPU use over the whole planning
         targets = discover_targets(model, settings, cache_dir=cache_dir, log=log)
+        for t in dict.fromkeys(t.path for t in targets):  # a model just pulled is read from disk once, before
+            warm_page_cache(Path(t))  # anything is timed
         targets, rows, drift = measure_targets(targets, settings, threads, cache_dir=cache_dir, force=refresh,
                                                log=log, started=t0)
     load = watch.load
     plan = new_plan(key, model, targets, rows, threads, environment(threads), time.perf_counter() - t0,
-                    load={**load.to_dict(), "busy": load.busy or bool(drift), "drift": drift},
-                    budget_s=settings.budget_s)
+                    load={**load.to_dict(), "busy": load.busy, "drift": drift}, budget_s=settings.budget_s)
     if load.busy or drift:
-        log(f"plan: measured on a busy machine ({load.describe()}{'; ' + drift if drift else ''}): used for this run "
-            f"only, not cached; `specedge plan {model} --refresh` on a quiet machine caches one")
+        log(f"plan: {not_settled(load, drift)}: used for this run only, not cached; `specedge plan {model} "
+            "--refresh` measures again")
         return plan, True
     save_plan(plan, path)
     log(f"plan saved to {path} ({plan.seconds:.0f} s, {load.describe()})")
@@ -400,8 +401,8 @@ def head_to_head(targets: list[PlanTarget], models: list[LoadedModel], per_targe
     second in reverse order, so a drift hits all alike), and each target's rows are scaled by its head-to-head
     plain speed over its profile's. Example: llama.cpp's profile says plain 97 tok/s, ONNX int4's 76; head to head
     they run 80 and 70: llama.cpp's rows x 0.82, ONNX's x 0.92. The two rounds of a target disagreeing by more than
-    contention.DRIFT means the machine's speed changed while they ran: returned as the second value (why), "" if
-    none did. `seconds`: about how long the rounds may take (the tokens per prompt shrink for slow targets)."""
+    contention.DRIFT means the machine's speed changed while they ran: returned as the second value ('the rounds
+    disagreed by 31% (... ran 60.1 then 41.5 tok/s)'), "" if none did. `seconds`: about how long the rounds may take (the tokens per prompt shrink for slow targets)."""
     from .profile_measure import dev_prompts, run_rounds
     prompts = dev_prompts(HEAD_TO_HEAD.prompts)
     tokens = [HEAD_TO_HEAD.max_tokens] * len(targets)
@@ -425,8 +426,17 @@ def head_to_head(targets: list[PlanTarget], models: list[LoadedModel], per_targe
         say(f"plan: {t.label}: plain {now:.1f} tok/s head to head (profile {profiled:.1f}; rows x {scale:.2f})")
         out.append([replace(r, predicted_tok_s=r.predicted_tok_s * scale) for r in rows])
         if secs >= MIN_DRIFT_S and drifted(*s):  # rounds of a few ms (tiny models) are all noise
-            drift.append(f"{t.label} ran {s[0]:.1f} then {s[1]:.1f} tok/s")
-    return out, ("the engines' rounds disagree: " + ", ".join(drift)) if drift else ""
+            drift.append((abs(s[0] - s[1]) / max(s), f"{t.label} ran {s[0]:.1f} then {s[1]:.1f} tok/s"))
+    return out, disagreement(drift)
+
+
+def disagreement(drift: list[tuple[float, str]]) -> str:
+    """'the rounds disagreed by 31% (a ran 60.1 then 41.5 tok/s; b ...)' from (relative gap, what) pairs; "" for
+    none."""
+    if not drift:
+        return ""
+    return f"the rounds disagreed by {100 * max(g for g, _ in drift):.0f}% ({'; '.join(w for _, w in drift)})"
+
 
 
 def _bar(enabled: bool):

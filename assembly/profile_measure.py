@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
@@ -224,3 +225,18 @@ def measure(target, drafters: dict[str, object], settings: MeasureSettings = Mea
                                    float(ad.mean_accepted_length) if ad else 0.0)
     return {"verify_s": verify_s, "overhead_s": list(fit_line(over_x, over_y)), "drafters": out, "ctx": ctx,
             "plain_tok_s_measured": float(plain.tokens_per_s)}
+
+
+def warm_page_cache(path: Path, chunk: int = 8 << 20) -> None:
+    """Read a model's files once (a GGUF, or an artifact directory's files), so that the first measured round
+    does not read the weights from disk while the second finds them in memory (the two then disagree, and a plan
+    just pulled was never cached). Reads what the OS already caches at memory speed."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else []
+    buf = bytearray(chunk)
+    for f in files:
+        try:
+            with open(f, "rb", buffering=0) as fh:
+                while fh.readinto(buf):
+                    pass
+        except OSError:  # unreadable here: loading the model reports it
+            continue

@@ -202,6 +202,9 @@ def _row(m: Measured, same: Measured | None, ident: Measured | None, llama: Meas
     for t in trials:
         agg.merge(t)
     tps = trials_summary([t.tokens_per_s for t in trials])
+    ends = {"prompt_tokens_per_s": trials_summary([t.prompt_tokens_per_s for t in trials]),
+            "first_token_s": trials_summary([t.mean_first_token_s for t in trials]),
+            "end_to_end_tokens_per_s": trials_summary([t.end_to_end_tokens_per_s for t in trials])}
 
     def mean_tps(x: Measured | None, cat: str | None = None) -> float | None:
         if x is None:
@@ -224,7 +227,7 @@ def _row(m: Measured, same: Measured | None, ident: Measured | None, llama: Meas
         identical = sum(a == b for a, b in zip(m.outputs, ident.outputs))
     return {
         "label": c.label, "family": c.family, "target": c.target, "drafter": c.drafter, "k": c.k,
-        "adaptive": c.adaptive, "tokens_per_s": tps,
+        "adaptive": c.adaptive, "tokens_per_s": tps, **ends,
         "speedup_vs_plain": _ratio(tps["mean"], mean_tps(same)),
         "speedup_vs_llamacpp": _ratio(tps["mean"], mean_tps(llama)),
         "geomean_speedup_over_categories": geomean(v["speedup_vs_plain"] for v in by_cat.values()),

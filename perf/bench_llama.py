@@ -66,7 +66,8 @@ def llama_configs(gguf: Path, tokenizer, *, ks, max_tokens: int, threads: int, c
                     break
             # the first token comes with the prefill; the rest are one decode step each (ours: one forward each)
             s = DecodeStats(prefill_s=t_first - t0, decode_s=time.perf_counter() - t_first,
-                            n_generated=max(len(out) - 1, 0))
+                            n_generated=max(len(out) - 1, 0), n_prefilled=len(ids), n_calls=1,
+                            first_token_s=t_first - t0, first_in_prefill=min(len(out), 1))
             if draft_k is None:  # one forward per token; prompt lookup's forwards are not reported
                 s.n_target_forwards = s.n_emitted = s.n_generated
             return (out[:-1] if out and out[-1] in eos else out), s

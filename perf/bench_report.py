@@ -10,7 +10,8 @@ from ..assembly.environment import SIMD, environment  # noqa: F401  (environment
 from ..assembly.profile import k_label
 from ..assembly.schema import check_schema as _check_schema
 
-SCHEMA_VERSION = 2  # 2: predicted_tokens_per_s on every configuration; 'auto' and 'profiles' from --auto
+SCHEMA_VERSION = 3  # 2: predicted_tokens_per_s on every configuration; 'auto' and 'profiles' from --auto;
+#                    3: prompt_tokens_per_s, first_token_s and end_to_end_tokens_per_s on every configuration
 
 _NUM = {"type": "number"}
 _NUM_OR_NULL = {"type": ["number", "null"]}
@@ -26,12 +27,15 @@ _CONFIG = {
     "required": ["label", "family", "target", "drafter", "k", "adaptive", "tokens_per_s", "speedup_vs_plain",
                  "speedup_vs_llamacpp", "mean_accepted_length", "accepted_hist", "acceptance_by_position",
                  "time_split", "weight_bytes_per_token", "mbsu", "identical_to_plain", "n_prompts", "by_category",
-                 "predicted_tokens_per_s"],
+                 "predicted_tokens_per_s", "prompt_tokens_per_s", "first_token_s", "end_to_end_tokens_per_s"],
     "properties": {
         "label": {"type": "string"}, "family": {"type": "string", "enum": ["specedge", "llama.cpp"]},
         "target": {"type": "string"}, "drafter": {"type": "string"}, "k": {"type": "integer"},
         "adaptive": {"type": "boolean"},
-        "tokens_per_s": _SUMMARY,  # over trials
+        "tokens_per_s": _SUMMARY,  # decode: answer tokens / seconds after the prompt's processing, over trials
+        "prompt_tokens_per_s": _SUMMARY,  # prompt tokens prefilled / prefill seconds
+        "first_token_s": _SUMMARY,  # mean seconds from a call's start to its first token (the prompt included)
+        "end_to_end_tokens_per_s": _SUMMARY,  # answer tokens / whole-call seconds: what a user waits for
         "speedup_vs_plain": _NUM_OR_NULL,  # mean tok/s / mean tok/s of plain decoding on the same backend
         "speedup_vs_llamacpp": _NUM_OR_NULL,  # ... / llama.cpp plain (null without the baselines)
         "geomean_speedup_over_categories": _NUM_OR_NULL,
@@ -104,13 +108,16 @@ def markdown(results: dict) -> str:
              "MB; packages " + ", ".join(f"{k} {v}" for k, v in env["packages"].items() if v), "",
              f"{len(results['prompts'])} prompts, settings: " + ", ".join(f"{k}={v}" for k, v in
                                                                          results["settings"].items()), "",
-             "| configuration | tok/s mean | median | min | max | speedup vs plain | vs llama.cpp | geomean over "
-             "categories | tau | MBSU | identical to plain | MB/token |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| configuration | end-to-end tok/s | prompt tok/s | first token ms | decode tok/s mean | median | min | "
+             "max | speedup vs plain | vs llama.cpp | geomean over categories | tau | MBSU | identical to plain | "
+             "MB/token |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         t = r["tokens_per_s"]
         ident = "-" if r["identical_to_plain"] is None else f"{r['identical_to_plain']}/{r['n_prompts']}"
-        lines.append(f"| {r['label']} | {t['mean']:.1f} | {t['median']:.1f} | {t['min']:.1f} | {t['max']:.1f} | "
+        lines.append(f"| {r['label']} | {r['end_to_end_tokens_per_s']['mean']:.1f} | "
+                     f"{r['prompt_tokens_per_s']['mean']:.0f} | {1e3 * r['first_token_s']['mean']:.0f} | "
+                     f"{t['mean']:.1f} | {t['median']:.1f} | {t['min']:.1f} | {t['max']:.1f} | "
                      f"{_f(r['speedup_vs_plain'], '{:.2f}x')} | {_f(r['speedup_vs_llamacpp'], '{:.2f}x')} | "
                      f"{_f(r['geomean_speedup_over_categories'], '{:.2f}x')} | {_f(r['mean_accepted_length'])} | "
                      f"{_f(r['mbsu'])} | {ident} | {_f(r['weight_bytes_per_token'] and r['weight_bytes_per_token'] / 1e6)} |")

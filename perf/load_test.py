@@ -2,12 +2,16 @@
 
     python -m specedge.perf.load_test --model smollm2-135m --backend llamacpp --drafter ngram \\
         --clients 8 --requests 50 --max-tokens 32
+    python -m specedge.perf.load_test --plan --clients 1 --requests 12 --max-tokens 128 --stream never  # one user
 
-Starts the server as a subprocess (`python -m specedge.apps.cli serve`, this process's environment passed through),
-runs a single-request greedy reference for every prompt, then the load: each client (its own `openai` client in a
-thread) sends chat requests over the dev prompts, alternating streamed and plain responses. Checks: zero errors,
-every greedy output identical to its reference, the server's RSS (sampled from /proc) stable. Reports latency
-p50/p90/p99, time to first token of the streamed requests, throughput and RSS first/last/max as JSON.
+Starts the server as a subprocess (`python -m specedge.apps.cli serve`, this process's environment passed through;
+--server-pythonpath DIR runs another checkout's server, e.g. a directory whose `specedge` links to main), runs a
+single-request greedy reference for every prompt, then the load: each client (its own `openai` client in a
+thread, asleep on its socket while it waits, as an app's client is) sends chat requests over the dev prompts,
+streamed and plain alternating (--stream never: every answer whole, so the client does no work per token).
+Checks: zero errors, every greedy output identical to its reference, the server's RSS (sampled from /proc)
+stable. Reports latency p50/p90/p99, each request's end-to-end latency and tok/s (completion tokens / latency),
+time to first token of the streamed requests, throughput and RSS first/last/max as JSON.
 """
 from __future__ import annotations
 
@@ -48,6 +52,8 @@ class LoadReport:
     tokens_per_s: float
     latency_s: dict  # p50, p90, p99, max
     ttft_s: dict  # streamed requests
+    end_to_end_tokens_per_s: dict = field(default_factory=dict)  # per request: completion tokens / latency
+    per_request: list = field(default_factory=list)  # every request: client, prompt, stream, latency_s, ttft_s, tokens
     rss_mib: dict = field(default_factory=dict)  # first, last, max (server process)
     error_samples: list = field(default_factory=list)
     mismatch_samples: list = field(default_factory=list)
@@ -142,18 +148,24 @@ class RssSampler:
         return {"first": s[0], "last": s[-1], "max": max(s), "n": len(s), "trace": trace}
 
 
+STREAM = {"alternate": lambda j: j % 2 == 1, "never": lambda j: False, "always": lambda j: True}
+
+
 def run_load(url: str, prompts: list[list[dict]], expected: list[str], *, clients: int, requests: int,
-             max_tokens: int, api_key: str | None = None, server_pid: int | None = None) -> LoadReport:
+             max_tokens: int, api_key: str | None = None, server_pid: int | None = None,
+             stream: str = "alternate") -> LoadReport:
     """`clients` threads x `requests` each; request j of client c uses prompt (c + j) % len(prompts), streamed when
-    j is odd. Outputs are compared with `expected` (the single-request references)."""
+    j is odd (stream="alternate"; "never", "always"). Outputs are compared with `expected` (the single-request
+    references)."""
     results: list[Outcome] = []
     lock = threading.Lock()
+    streamed = STREAM[stream]
 
     def client_loop(c: int) -> None:
         client = make_client(url, api_key)
         for j in range(requests):
             i = (c + j) % len(prompts)
-            o = one_request(client, prompts[i], max_tokens, j % 2 == 1, Outcome(c, i, j % 2 == 1))
+            o = one_request(client, prompts[i], max_tokens, streamed(j), Outcome(c, i, streamed(j)))
             with lock:
                 results.append(o)
 
@@ -174,6 +186,10 @@ def run_load(url: str, prompts: list[list[dict]], expected: list[str], *, client
         requests_per_s=len(results) / wall, tokens_per_s=sum(o.completion_tokens for o in ok) / wall,
         latency_s=percentiles([o.latency_s for o in ok]),
         ttft_s=percentiles([o.ttft_s for o in ok if o.stream and o.ttft_s is not None]),
+        end_to_end_tokens_per_s=percentiles([o.completion_tokens / o.latency_s for o in ok if o.latency_s > 0]),
+        per_request=[{"client": o.client, "prompt": o.prompt, "stream": o.stream, "latency_s": round(o.latency_s, 4),
+                      "ttft_s": None if o.ttft_s is None else round(o.ttft_s, 4), "tokens": o.completion_tokens,
+                      "error": o.error} for o in results],
         rss_mib=rss.summary(), error_samples=[o.error for o in errors[:5]],
         mismatches_by_prompt={i: [sum(o.prompt == i for o in mismatches), sum(o.prompt == i for o in ok)]
                               for i in sorted({o.prompt for o in mismatches})},
@@ -218,9 +234,15 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--prompts", type=int, default=16, help="distinct dev prompts")
     ap.add_argument("--ctx", type=int, default=2048)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="server backend threads (0: the backend's default); llama.cpp's spinning workers collapse "
-                         "to <1 token/s when the cores are shared with other work, one thread does not")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="server engine threads (0: serve's own default, the plan's or the engine's)")
+    ap.add_argument("--plan", action="store_true",
+                    help="serve MODEL as `specedge serve MODEL` does (the plan's engine and drafter; --backend and "
+                         "--drafter unused)")
+    ap.add_argument("--stream", choices=sorted(STREAM), default="alternate",
+                    help="which requests stream (never: each client sleeps until its whole answer)")
+    ap.add_argument("--server-pythonpath", default=None,
+                    help="PYTHONPATH for the server only: measure another checkout's `specedge serve`")
     ap.add_argument("--fixed-k", action="store_true",
                     help="serve with --fixed-k: verify batch shapes then depend on the prompt alone, not on timing "
                          "(llama.cpp's logits depend on the batch shape, so adaptive k can flip greedy near-ties)")
@@ -228,18 +250,20 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "specedge.apps.cli", "serve", a.model, "--backend", a.backend, "--drafter",
-           a.drafter, "--port", str(port), "--ctx", str(a.ctx), "--max-queue", str(a.clients), "--log-level",
+    engine = [] if a.plan else ["--backend", a.backend, "--drafter", a.drafter]
+    cmd = [sys.executable, "-m", "specedge.apps.cli", "serve", a.model, *engine, "--port", str(port), "--ctx",
+           str(a.ctx), "--max-queue", str(a.clients), "--log-level",
            "warning"] + (["--threads", str(a.threads)] if a.threads else []) + (["--fixed-k"] if a.fixed_k else [])
-    print(" ".join(cmd), file=sys.stderr)
-    proc = subprocess.Popen(cmd, env=os.environ.copy())
+    env = os.environ.copy() if a.server_pythonpath is None else {**os.environ, "PYTHONPATH": a.server_pythonpath}
+    print(" ".join(cmd) + (f"  (PYTHONPATH={a.server_pythonpath})" if a.server_pythonpath else ""), file=sys.stderr)
+    proc = subprocess.Popen(cmd, env=env)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally below: never leave the server behind
     try:
         wait_ready(url, proc)
         prompts = dev_messages(a.prompts)
         expected = reference(url, prompts, a.max_tokens)
         report = run_load(url, prompts, expected, clients=a.clients, requests=a.requests, max_tokens=a.max_tokens,
-                          server_pid=proc.pid)
+                          server_pid=proc.pid, stream=a.stream)
     finally:
         proc.terminate()
         proc.wait(timeout=30)

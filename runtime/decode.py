@@ -76,6 +76,7 @@ def decode(target: Backend, prompt: Tokens, spec: Speculation = PLAIN, req: Requ
         raise
     stats.prefill_s += time.perf_counter() - t0
     stats.n_prefilled += n_prefilled
+    stats.n_calls += 1
     produced, dec0, gen0 = 0, stats.decode_s, stats.n_generated  # the stats may accumulate over calls
     t_dec = time.perf_counter()
     try:
@@ -85,6 +86,8 @@ def decode(target: Backend, prompt: Tokens, spec: Speculation = PLAIN, req: Requ
             lps = stepper.step_logprobs if req.logprobs is not None else None
             for j, tok in enumerate(emitted):
                 produced += 1
+                if produced == 1:
+                    stats.first_token_s += time.perf_counter() - t0
                 reason = FinishReason.EOS if tok in eos else (
                     FinishReason.LENGTH if produced >= max_tokens else None)
                 stats.decode_s, stats.n_generated = dec0 + time.perf_counter() - t_dec, gen0 + produced

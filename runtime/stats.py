@@ -28,6 +28,9 @@ class DecodeStats:
     n_accepted: int = 0
     n_generated: int = 0  # tokens handed to the caller (< n_emitted when a round is cut by eos / max_tokens)
     n_prefilled: int = 0  # prompt tokens run through the target (a Session skips the prefix it holds)
+    n_calls: int = 0  # decode calls recorded (the mean first-token time's denominator)
+    first_token_s: float = 0.0  # from each call's start (before its prefill) to its first token, summed
+    first_in_prefill: int = 0  # tokens timed inside prefill_s (llama.cpp baselines time their first token with it)
     prefill_s: float = 0.0
     decode_s: float = 0.0
     draft_s: float = 0.0
@@ -57,7 +60,8 @@ class DecodeStats:
         self._grow(len(other.accepted_hist) - 1)
         n = len(other.accepted_hist)
         for name in ("n_target_forwards", "n_emitted", "n_drafted", "n_accepted", "n_generated", "n_prefilled",
-                     "prefill_s", "decode_s", "draft_s", "verify_s", "forward_s"):
+                     "n_calls", "first_token_s", "first_in_prefill", "prefill_s", "decode_s", "draft_s", "verify_s",
+                     "forward_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.accepted_hist[:n] += other.accepted_hist
         self.proposed_at[:n - 1] += other.proposed_at
@@ -92,6 +96,23 @@ class DecodeStats:
         n = self.n_generated or self.n_emitted
         return n / self.decode_s if self.decode_s > 0 else 0.0
 
+    @property
+    def prompt_tokens_per_s(self) -> float:
+        """Prompt tokens prefilled per second of prefill (0.0 when nothing was prefilled)."""
+        return self.n_prefilled / self.prefill_s if self.n_prefilled and self.prefill_s > 0 else 0.0
+
+    @property
+    def mean_first_token_s(self) -> float:
+        """Seconds from a call's start to its first token, the prompt's processing included (mean over calls)."""
+        return self.first_token_s / self.n_calls if self.n_calls else 0.0
+
+    @property
+    def end_to_end_tokens_per_s(self) -> float:
+        """Answer tokens per second of the whole call, the prompt's processing included: what a user waits for.
+        Example: prefill 0.5 s, 20 tokens decoded in 1.5 s -> 10 tok/s end to end (decode 13.3)."""
+        wall = self.prefill_s + self.decode_s
+        return ((self.n_generated or self.n_emitted) + self.first_in_prefill) / wall if wall > 0 else 0.0
+
     def to_dict(self) -> dict:
         """JSON-ready (plain ints, floats and lists)."""
         return {
@@ -104,14 +125,18 @@ class DecodeStats:
             "n_prefilled": self.n_prefilled, "prefill_s": float(self.prefill_s), "decode_s": float(self.decode_s),
             "draft_s": float(self.draft_s),
             "verify_s": float(self.verify_s), "forward_s": float(self.forward_s),
-            "tokens_per_s": float(self.tokens_per_s),
+            "tokens_per_s": float(self.tokens_per_s), "prompt_tokens_per_s": float(self.prompt_tokens_per_s),
+            "n_calls": self.n_calls, "first_token_s": float(self.first_token_s),
+            "first_in_prefill": self.first_in_prefill,
+            "end_to_end_tokens_per_s": float(self.end_to_end_tokens_per_s),
         }
 
     def summary(self) -> str:
         """One line, llama.cpp style."""
         n = self.n_generated or self.n_emitted
         line = (f"decoded {n} tokens in {self.decode_s:.2f} s ({self.tokens_per_s:.1f} t/s), "
-                f"prefill {self.prefill_s:.2f} s, {self.n_target_forwards} target forwards, "
+                f"prefill {self.n_prefilled} tokens in {self.prefill_s:.2f} s ({self.prompt_tokens_per_s:.1f} t/s), "
+                f"{self.n_target_forwards} target forwards, "
                 f"tau {self.mean_accepted_length:.2f}")
         if self.n_drafted:
             line += (f", drafted {self.n_drafted}, accepted {self.n_accepted} ({100 * self.acceptance_rate:.1f}%), "

@@ -204,3 +204,26 @@ def test_drafters_qualified_by_backend_apply_to_that_backend_only():
     assert drafter_for("skip:1.5@onnx:x-layered", BackendKind.ONNX, "onnx:x") is None
     with pytest.raises(ValueError, match="@llamacpp"):
         drafter_for("model:x@gpu", BackendKind.ONNX)
+
+
+def test_rows_report_prompt_speed_first_token_and_end_to_end_beside_decode():
+    """Each configuration: prompt tok/s, first-token time and end-to-end tok/s (the prompt's processing included)
+    beside decode tok/s, in results.json and in report.md's first table."""
+    from specedge.perf.bench_report import markdown
+
+    def run(p):
+        s = stats_of([(0, 0)] * 10, decode_s=1.0)
+        s.n_prefilled, s.prefill_s, s.n_calls, s.first_token_s = 200, 0.25, 1, 0.3
+        return [1] * 10, s
+    rows = bench.summarize(bench.run_bench([bench.Config("numpy", "none", 0, False, run, target_bytes=1)],
+                                           [Prompt(0, "qa", "a"), Prompt(1, "qa", "b")], trials=1))
+    r = rows[0]
+    assert r["tokens_per_s"]["mean"] == pytest.approx(10.0) and r["prompt_tokens_per_s"]["mean"] == pytest.approx(800)
+    assert r["first_token_s"]["mean"] == pytest.approx(0.3) and r["end_to_end_tokens_per_s"]["mean"] == pytest.approx(8)
+    results = {"schema_version": SCHEMA_VERSION, "command": "specedge bench x", "categories": ["qa"],
+               "environment": {"packages": {}, "threads": 1, "cpu_model": "x", "cpu_flags": [], "git_commit": None},
+               "settings": {}, "prompts": [{"qid": 0, "category": "qa"}], "configs": rows}
+    assert_valid_results(json.loads(json.dumps(results)))
+    table = markdown(results)
+    assert "| configuration | end-to-end tok/s | prompt tok/s | first token ms | decode tok/s mean |" in table
+    assert "| numpy plain | 8.0 | 800 | 300 | 10.0 |" in table

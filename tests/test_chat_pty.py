@@ -12,8 +12,8 @@ import pytest
 
 from specedge.models.tiny import tiny_config, tiny_weights, write_tiny_gguf
 
-STATS = re.compile(r"\[([\d.]+) tok/s \| tau ([\d.]+) \| TTFT ([\d.]+) s \| prompt (\d+) tokens: (\d+) new, "
-                   r"(\d+) reused \| (\d+) tokens, (\w+) \| ([^\]\s]+)\]")
+STATS = re.compile(r"\[([\d.]+) tok/s \| tau ([\d.]+) \| TTFT ([\d.]+) s \| prompt (\d+) tokens: (\d+) new "
+                   r"\((?:\d+ tok/s|-)\), (\d+) reused \| (\d+) tokens, (\w+) \| ([^\]\s]+)\]")
 SHAPE = dict(n_layers=6, d_model=256, n_heads=8, n_kv_heads=4, d_ff=512, context=4096, tied=False)
 
 

@@ -125,3 +125,16 @@ def test_a_model_without_a_chat_template_gets_capped_answers_and_says_why(tmp_pa
     r = CliRunner().invoke(cli, ["chat", str(tiny), "--backend", "numpy", "--drafter", "none", "--ctx", 1024,
                                  "--max-tokens", 8], input="hello\n/exit\n")
     assert "ships no chat template" not in r.stderr and "8 tokens, length" in r.stderr  # an explicit cap wins
+
+
+def test_the_stats_line_says_prompt_speed_and_first_token_time():
+    from specedge.apps.chat_state import stats_line
+    from specedge.runtime.stats import CallStats, DecodeStats
+    from specedge.runtime.types import FinishReason, SamplingParams
+    d = DecodeStats(n_prefilled=720, prefill_s=2.4, decode_s=1.0, n_generated=50, n_target_forwards=50,
+                    n_emitted=50)
+    line = stats_line(CallStats(d, 721, FinishReason.EOS, "none", SamplingParams(), ttft_s=2.45))
+    assert line.startswith("[50.0 tok/s | tau 1.00 | TTFT 2.450 s | prompt 721 tokens: 721 new (300 tok/s), 0 reused")
+    again = CallStats(DecodeStats(n_generated=5), 721, FinishReason.EOS, "ngram", SamplingParams(),
+                      reused_prompt_tokens=720, ttft_s=0.02)
+    assert "prompt 721 tokens: 1 new (-), 720 reused" in stats_line(again)  # nothing prefilled: no rate

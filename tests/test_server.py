@@ -137,9 +137,10 @@ def test_the_specedge_extension_carries_the_speculative_statistics(server):
     r = client(server).completions.create(model="tiny", prompt="a b a b a b", max_tokens=24, temperature=0)
     ext = r.model_extra["specedge"]
     for key in ("tau", "acceptance_rate", "n_drafted", "n_accepted", "tokens_per_s", "ttft_s",
-                "reused_prompt_tokens", "drafter"):
+                "reused_prompt_tokens", "drafter", "prompt_tokens_per_s"):
         assert key in ext, key
     assert ext["drafter"] == "ngram" and ext["tau"] >= 1.0 and ext["ttft_s"] > 0
+    assert ext["prompt_tokens_per_s"] == pytest.approx(ext["n_prefilled"] / ext["prefill_s"])
     assert ext["n_accepted"] <= ext["n_drafted"]
 
 
@@ -244,6 +245,11 @@ def test_small_load_has_no_errors_and_exact_greedy_outputs(server):
     assert report.requests == 20 and report.errors == 0, report.error_samples
     assert report.mismatches == 0, report.mismatch_samples
     assert report.latency_s["n"] == 20 and report.ttft_s["n"] == 8
+    assert len(report.per_request) == 20 and report.end_to_end_tokens_per_s["n"] == 20
+    assert all(r["latency_s"] > 0 and r["tokens"] >= 1 for r in report.per_request)
+    whole = run_load(server.url, prompts, expected, clients=2, requests=2, max_tokens=16, stream="never")
+    assert whole.errors == whole.mismatches == 0 and not any(r["stream"] for r in whole.per_request)
+    assert whole.ttft_s == {}  # nothing streamed: the clients slept until each whole answer
 
 
 def test_serve_refuses_a_public_address_without_a_key():

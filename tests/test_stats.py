@@ -97,3 +97,37 @@ def test_merge_equals_recording_everything_in_one():
     np.testing.assert_array_equal(merged.accepted_hist, both.accepted_hist)
     np.testing.assert_array_equal(merged.acceptance_by_position, both.acceptance_by_position)
     assert merged.forward_s == both.forward_s and merged.decode_s == 4.0 and merged.n_generated == 14
+
+
+def test_end_to_end_measures():
+    """Prompt tok/s = prompt tokens prefilled / prefill seconds; first-token time per call, the prompt included;
+    end-to-end tok/s counts the prompt's processing too (a token timed inside prefill_s, as llama.cpp baselines
+    time their first, counts as answered)."""
+    s = DecodeStats(n_prefilled=300, prefill_s=0.5, decode_s=1.5, n_generated=20, n_calls=2, first_token_s=1.2)
+    assert s.prompt_tokens_per_s == pytest.approx(600.0) and s.mean_first_token_s == pytest.approx(0.6)
+    assert s.end_to_end_tokens_per_s == pytest.approx(10.0) and s.tokens_per_s == pytest.approx(20 / 1.5)
+    baseline = DecodeStats(n_prefilled=300, prefill_s=0.5, decode_s=1.5, n_generated=19, first_in_prefill=1)
+    assert baseline.end_to_end_tokens_per_s == pytest.approx(10.0)
+    both = DecodeStats()
+    both.merge(s)
+    both.merge(s)
+    assert both.n_calls == 4 and both.mean_first_token_s == pytest.approx(0.6)
+    d = s.to_dict()
+    assert d["prompt_tokens_per_s"] == pytest.approx(600.0) and d["end_to_end_tokens_per_s"] == pytest.approx(10.0)
+    assert "prefill 300 tokens in 0.50 s (600.0 t/s)" in s.summary()
+    empty = DecodeStats()
+    assert empty.prompt_tokens_per_s == empty.mean_first_token_s == empty.end_to_end_tokens_per_s == 0.0
+
+
+def test_the_decode_loop_times_the_first_token_and_counts_calls(tmp_path):
+    from specedge.models.gguf_in import open_gguf
+    from specedge.models.tiny import write_tiny_gguf
+    from specedge.runtime.backends.numpy_ref import NumpyBackend
+    from specedge.runtime.decode import decode
+    from specedge.runtime.request import PLAIN, Request
+    backend = NumpyBackend(open_gguf(write_tiny_gguf(tmp_path / "t.gguf", seed=0)).load_weights())
+    s = DecodeStats()
+    for _ in range(2):
+        list(decode(backend, np.arange(1, 40, dtype=np.int32), PLAIN, Request(max_tokens=5), stats=s))
+    assert s.n_calls == 2 and s.n_prefilled == 2 * 38 and s.prompt_tokens_per_s > 0
+    assert 0 < s.first_token_s <= s.prefill_s + s.decode_s and s.end_to_end_tokens_per_s < s.tokens_per_s

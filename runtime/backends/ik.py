@@ -141,6 +141,7 @@ _SIGS = {  # name: (argtypes, restype), as ik's llama.h declares them (several t
     "llama_get_logits": ([c_void_p], _P(c_float)),
     "llama_kv_cache_seq_rm": ([c_void_p, c_int32, c_int32, c_int32], c_bool),
     "llama_kv_cache_clear": ([c_void_p], None),
+    "llama_set_n_threads": ([c_void_p, c_uint32, c_uint32], None),
     "llama_get_model_tensor": ([c_void_p, c_char_p], c_void_p),
     "iqk_repack_tensor": ([c_void_p], None),  # libggml's, found through libllama's dependencies
 }
@@ -382,6 +383,12 @@ class IkBackend:
             self._lib.iqk_repack_tensor(tensor)
             n += c_int32.from_address(tensor).value != before
         return n
+
+    def set_threads(self, n: int) -> None:
+        """The thread count of the next calls (runtime/cores.py ThreadedBackend; llama_set_n_threads)."""
+        if n != self.threads:
+            self._lib.llama_set_n_threads(self._ctx, int(n), int(n))
+            self.threads = int(n)
 
     def new_cache(self, max_len: int) -> IkCache:
         if max_len > self.n_ctx:

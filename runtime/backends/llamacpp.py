@@ -112,7 +112,8 @@ class LlamaCppBackend:
         rounds Q/K/V to float16 inside attention, so exact comparisons turn it off.
         """
         llama_cpp = _import_llama()
-        threads = n_threads or min(os.cpu_count() or 1, 8)
+        self._lib = llama_cpp
+        self.threads = threads = n_threads or min(os.cpu_count() or 1, 8)
         kv_type = llama_cpp.GGML_TYPE_F32 if f32_kv else llama_cpp.GGML_TYPE_F16
         self.config = config
         self.n_ctx = int(n_ctx or config.context_length)
@@ -164,6 +165,13 @@ class LlamaCppBackend:
         apart = np.concatenate([self.forward([t], cache) for t in ids[prefix:]])
         self.new_cache(1)
         return bool(np.array_equal(together, apart))
+
+    def set_threads(self, n: int) -> None:
+        """The thread count of the next calls (runtime/cores.py ThreadedBackend; llama_set_n_threads). The weights'
+        layout was chosen at load for the thread count given then (repacked beyond 1 thread)."""
+        if n != self.threads:
+            self._lib.llama_set_n_threads(self._llm._ctx.ctx, int(n), int(n))
+            self.threads = int(n)
 
     def new_cache(self, max_len: int) -> LlamaCppCache:
         if max_len > self.n_ctx:
