@@ -150,9 +150,11 @@ static void mm_items(void *p, int thread, int a, int b) {
 static void matmul_phase(se_model *m, const mm_task *t, int count, const se_act *x, int rows) {
     int total = 0;
     for (int i = 0; i < count; i++) total += t[i].w->ngroups;
-    int chunk = total / (8 * m->nthreads);
+    /* a few long runs of groups per thread keep each weight stream sequential (prefetchers); still small enough
+     * that a descheduled worker's chunk is a fraction of the phase */
+    int chunk = (total + 4 * m->nthreads - 1) / (4 * m->nthreads);
     phase ph = {.m = m, .tasks = t, .ntasks = count, .x = x, .rows = rows};
-    se_pool_for(m->pool, total, chunk < 1 ? 1 : chunk > 16 ? 16 : chunk, mm_items, &ph);
+    se_pool_for(m->pool, total, chunk, mm_items, &ph);
 }
 
 /* items: rows. The residual of the previous sublayer, taps, then the norm + quantization the next matmul reads. */
