@@ -214,7 +214,7 @@ def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, skip,
                                   "--no-baselines")
             from ..assembly.load import gguf_tokenizer
             gguf = resolve_model(model, cache_dir)
-            tokenizer = gguf_tokenizer(gguf)  # ours, or llama.cpp's for a file we cannot tokenize
+            tokenizer = gguf_tokenizer(gguf, cache_dir)  # ours, or llama.cpp's for a file we cannot tokenize
             configs += llama_configs(gguf, tokenizer, ks=k_list, max_tokens=max_tokens, threads=threads, ctx=ctx)
     except (ValueError, FileNotFoundError, ImportError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None

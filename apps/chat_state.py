@@ -3,6 +3,8 @@ per-call options /set changes, the session totals, and the answer room kept free
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import get_type_hints
@@ -84,7 +86,7 @@ class Conversation:
         doc = {"format": SAVE_FORMAT, "model": engine.name, "backend": engine.backend_kind,
                "drafter": engine.drafter_name, "k": engine.k, "ctx": engine.context_length, "system": self.system,
                "options": self.options, "messages": messages, "totals": asdict(totals)}
-        path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        write_private(path, json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
 
     @classmethod
     def load(cls, path: Path) -> "Conversation":
@@ -103,6 +105,20 @@ class Conversation:
         # messages dropped or shortened to fit the saved chat's context come back whole: the first turn trims again to this --ctx
         return cls(doc.get("system"), [{k: v for k, v in m.items() if k not in ("dropped", "view")} for m in msgs],
                    opts)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `text` to `path` readable by its owner only (0600: a transcript is private), atomically: a new file in
+    the same folder renamed over it, so an older, wider-readable file is replaced, never left half-written. OSError
+    as open() raises it (a missing folder, no permission)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # created 0600
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def stats_line(s: CallStats) -> str:

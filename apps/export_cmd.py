@@ -111,7 +111,7 @@ def export_cmd(model, fmt, weights, out, layers, profile, gpu, verify_width, max
     if hf and fmt != "onnx":
         raise click.BadParameter("a Hugging Face directory exports to --format onnx", param_hint="--format")
     try:
-        source = None if hf else open_gguf(resolve_model(model, cache_dir))
+        source = None if hf else open_gguf(resolve_model(model, cache_dir), cache_dir)
     except (ValueError, FileNotFoundError) as e:
         raise click.ClickException(str(e)) from None
     if gpu:

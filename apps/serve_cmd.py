@@ -2,12 +2,14 @@
 ModelPool, apps/model_pool.py: several models load on first use, least recently used evicted beyond --max-memory).
 
 Binds 127.0.0.1 by default. Any other address needs --api-key (or SPECEDGE_API_KEY) or an explicit
---allow-remote, so that a model is never exposed to the network without the user asking for it.
+--allow-remote, so that a model is never exposed to the network without the user asking for it. Web pages are kept
+out by apps/server_guard.py: Host and Origin checks (--cors-origin lets named origins in), JSON bodies only.
 """
 from __future__ import annotations
 
 import ipaddress
 import threading
+from urllib.parse import urlsplit
 from dataclasses import replace
 from pathlib import Path
 
@@ -96,6 +98,26 @@ def estimate_bytes(model: str, cache_dir: Path | None) -> int:
         return 0
 
 
+def is_origin(value: str) -> bool:
+    """scheme://host[:port] and nothing more, as a browser's Origin header has it."""
+    try:
+        u = urlsplit(value)
+        u.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+    except ValueError:
+        return False
+    return "://" in value and bool(u.scheme and u.hostname) and not (u.path or u.query or u.fragment) \
+        and "@" not in u.netloc and not value.endswith((":", "?", "#"))
+
+
+def parse_origins(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
+    """--cors-origin values, lower case as browsers send them, or '*' (BadParameter for anything else)."""
+    for v in values:
+        if v != "*" and not is_origin(v):
+            raise click.BadParameter(f"{v!r} is not an origin: give scheme://host[:port] as the browser sends it "
+                                     "(e.g. http://localhost:5173, no path or trailing slash), or '*' for any origin")
+    return tuple(v.lower() for v in values)
+
+
 def parse_max_memory(ctx, param, value: str | None) -> int | None:
     from .model_pool import parse_bytes
     if value is None:
@@ -113,8 +135,9 @@ def parse_max_memory(ctx, param, value: str | None) -> int | None:
 @click.option("--max-memory", callback=parse_max_memory, default=None,
               help="Weight bytes the loaded models may take (e.g. 2GB, 1.5GiB); loading another evicts the least "
                    "recently used idle ones. Default: no limit.")
-@click.option("--cors-origin", "cors_origins", multiple=True,
-              help="Let browser pages from ORIGIN call the server (repeatable; '*' for any). Default: no CORS.")
+@click.option("--cors-origin", "cors_origins", multiple=True, callback=parse_origins, metavar="ORIGIN",
+              help="Let browser pages from ORIGIN (e.g. http://localhost:5173) call the server (repeatable; '*' for "
+                   "any). Default: requests with an Origin header get 403.")
 @engine_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
@@ -179,7 +202,8 @@ def serve_cmd(**o) -> None:
     except (ValueError, FileNotFoundError, ImportError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
     config = ServerConfig(api_key=o["api_key"] or None, max_queue=o["max_queue"],
-                          max_request_bytes=o["max_request_bytes"], cors_origins=tuple(o["cors_origins"]))
+                          max_request_bytes=o["max_request_bytes"], cors_origins=o["cors_origins"],
+                          bind_host=o["host"])
     memory = f"max memory {format_bytes(o['max_memory'])}" if o["max_memory"] else "no memory limit"
     log(f"specedge serve: {', '.join(ids)} on http://{o['host']}:{o['port']}/v1 - max queue {config.max_queue}, "
         f"API key {'required' if config.api_key else 'not required'}, {memory}"

@@ -1,6 +1,7 @@
 """The ASGI app behind `specedge serve`: OpenAI-compatible routes over specedge.Engines (one per model).
 
-    client ──HTTP──> auth (401) ─> body limit (413) ─> JSON + fields (400) ─> admission (429) ─> worker thread
+    client ──HTTP──> Host, Origin (403) ─> CORS ─> auth (401) ─> Content-Type (415) ─> body limit (413)
+                                    ─> JSON depth, JSON, fields (400) ─> admission (429) ─> worker thread
                                                                                                │ Engine.stream
     client <──SSE or JSON── asyncio queue <── chunks (call_soon_threadsafe) <──────────────────┘
 
@@ -9,6 +10,8 @@ The Engine decodes one call at a time (one lock, one KV cache). Admission bounds
 request never waits for a thread) and blocks on the Engine's lock until its turn. Every call carries a
 threading.Event: a client that disconnects (seen as http.disconnect, for streamed and plain responses alike)
 sets it and the Engine stops at its next token, which frees the lock for the next request.
+
+Cross-site requests (a web page calling the local server, DNS rebinding) are refused by apps/server_guard.py.
 
 Models: a ModelPool (apps/model_pool.py) maps ids to engines, loads them on first use and evicts idle ones
 least-recently-used beyond --max-memory; a call holds a Lease on its engine from the route until it finishes.
@@ -42,6 +45,7 @@ from .api import Engine
 from .generation import Outcome, choices_of, drive, events, outcome_of, response_events, response_of
 from .model_pool import Lease, ModelNotFound, ModelPool, PoolFull, disk_bytes
 from .openai_protocol import APIError, GenRequest, Shape
+from .server_guard import SiteGuard, SitePolicy, check_content_type, check_depth
 from .server_metrics import CONTENT_TYPE, Metrics, PromMetrics
 from .tokenize_protocol import parse_detokenize, parse_tokenize
 from .sse import SSEResponse, watch_disconnect
@@ -53,7 +57,11 @@ class ServerConfig:
     api_key: str | None = None
     max_queue: int = 8  # requests waiting for an engine; one more runs
     max_request_bytes: int = 1 << 20
-    cors_origins: tuple[str, ...] = ()  # origins browsers may call from ("*": any); none: no CORS headers
+    cors_origins: tuple[str, ...] = ()  # origins browsers may call from ("*": any); others get 403
+    bind_host: str = "127.0.0.1"  # the --host: without api_key, Host headers must name it or loopback
+
+    def site_policy(self) -> SitePolicy:
+        return SitePolicy(self.bind_host, check_host=self.api_key is None, cors_origins=self.cors_origins)
 
 
 def model_id_for(model: str) -> str:
@@ -118,9 +126,11 @@ class Server:
                   Route("/health", self.health, methods=["GET"])]
         self._paths = {r.path for r in routes}
         handlers = {APIError: self._api_error, HTTPException: self._http_error, Exception: self._crash}
+        guard = [Middleware(SiteGuard, policy=config.site_policy(), refused=self._refused)]
         cors = [Middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])] if config.cors_origins else []
-        self.app = Starlette(routes=routes, exception_handlers=handlers, lifespan=self._lifespan, middleware=cors)
+        self.app = Starlette(routes=routes, exception_handlers=handlers, lifespan=self._lifespan,
+                             middleware=guard + cors)
 
     # ---- plumbing ---------------------------------------------------------------------------------------------
 
@@ -141,9 +151,17 @@ class Server:
             self.prom.request(getattr(request.state, "model", ""), self._route(request), outcome)
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
+    def _refused(self, path: str) -> None:
+        """A request SiteGuard refused (403): a client error of no model."""
+        with self.metrics.lock:
+            self.metrics.client_errors += 1
+        self.prom.request("", self._label(path), "client_error")
+
     def _route(self, request: Request) -> str:
+        return self._label(request.url.path)
+
+    def _label(self, path: str) -> str:
         """The route's path for metric labels (one label for every /v1/models/{id}, "other" for unknown paths)."""
-        path = request.url.path
         return path if path in self._paths else "/v1/models/{model_id}" if path.startswith("/v1/models/") \
             else "other"
 
@@ -213,7 +231,9 @@ class Server:
                            "started with (--api-key or SPECEDGE_API_KEY)", code="invalid_api_key")
 
     async def _json(self, request: Request) -> dict:
-        """The request body as a JSON object, read at most max_request_bytes deep (413 beyond)."""
+        """The request body as a JSON object: sent as application/json (415 otherwise), at most max_request_bytes
+        long (413 beyond), nested at most MAX_JSON_DEPTH deep (400 beyond)."""
+        check_content_type(request.headers.get("content-type"))
         limit = self.config.max_request_bytes
         too_big = APIError(413, f"request body larger than {limit} bytes: shorten the prompt, or start the server "
                            "with a larger --max-request-bytes", code="request_too_large")
@@ -225,9 +245,10 @@ class Server:
             data += piece
             if len(data) > limit:
                 raise too_big
+        check_depth(bytes(data))
         try:
             body = json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, and an integer over 4300 digits
             raise proto.invalid(f"the body is not valid JSON ({e}): send a JSON object with "
                                 "Content-Type: application/json") from None
         if not isinstance(body, dict):

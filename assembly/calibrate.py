@@ -26,7 +26,7 @@ def calibrate_model(target: str, *, limit: int | None = 10, max_tokens: int = 64
         hf = open_hf(target)
         tokenizer, engine, backend = Tokenizer(hf.tokenizer_spec()), "numpy", NumpyBackend(hf.load_weights())
     else:
-        gguf = open_gguf(resolve_model(target, cache_dir))
+        gguf = open_gguf(resolve_model(target, cache_dir), cache_dir)
         tokenizer = Tokenizer(gguf.tokenizer_spec())
         kind = gguf_engines()[0].kind  # the preferred installed GGUF engine (llama.cpp, else the NumPy reference)
         longest = max(len(tokenizer.chat_ids(t))

@@ -132,16 +132,17 @@ def engine_gate(path: Path, engine: BackendInfo, *, threads: int | None = None, 
         except (ValueError, TypeError):
             pass  # another version's file: measure again
     log(f"{engine.name}: checking {Path(path).name} once (faithfulness by call size, batch invariance)")
-    gate = _measure_in_child(Path(path), engine, threads, key, where)
+    gate = _measure_in_child(Path(path), engine, threads, key, where, cache_dir)
     write_json_atomic(asdict(gate), where)
     log(gate.summary())
     return gate
 
 
-def _measure_in_child(path: Path, engine: BackendInfo, threads: int, key: str, where: Path) -> Gate:
+def _measure_in_child(path: Path, engine: BackendInfo, threads: int, key: str, where: Path,
+                      cache_dir: Path | None) -> Gate:
     out = where.with_suffix(".child.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run(_child_command(path, engine, threads, key, out), capture_output=True, text=True,
+    r = subprocess.run(_child_command(path, engine, threads, key, out, cache_dir), capture_output=True, text=True,
                        timeout=GATE_TIMEOUT_S)
     try:
         if r.returncode == 0:
@@ -156,9 +157,9 @@ def _measure_in_child(path: Path, engine: BackendInfo, threads: int, key: str, w
                 crashed=f"{how}: {last[:300]}", created=time.strftime("%Y-%m-%d %H:%M:%S"))
 
 
-def measure_gate(path: Path, engine: BackendInfo, threads: int, key: str) -> Gate:
+def measure_gate(path: Path, engine: BackendInfo, threads: int, key: str, cache_dir: Path | None = None) -> Gate:
     t0 = time.perf_counter()
-    gguf = open_any_gguf(path)
+    gguf = open_any_gguf(path, cache_dir)  # its tokenizer cached in the model cache
     sequences = _sequences(gguf, engine, threads)
     reference, ref_name = _reference(path, gguf, sequences, engine, threads)
     positions = sum(len(s) for s in sequences)
@@ -203,9 +204,10 @@ def _plain_agreement(gguf, engine: BackendInfo, sequences, reference, threads: i
                _agreement(_argmax(backend, sequences), reference))
 
 
-def _child_command(path: Path, engine: BackendInfo, threads: int, key: str, out: Path) -> list[str]:
+def _child_command(path: Path, engine: BackendInfo, threads: int, key: str, out: Path,
+                   cache_dir: Path | None = None) -> list[str]:
     return [sys.executable, "-m", "specedge.assembly.engine_gate", str(path), engine.value, str(threads), key,
-            str(out)]
+            str(out), "" if cache_dir is None else str(cache_dir)]
 
 
 def _ctx(sequences: list[np.ndarray]) -> int:
@@ -274,10 +276,11 @@ def _agreement(got: list[np.ndarray], want: list[np.ndarray]) -> float:
 
 
 def main(argv=None) -> None:
-    """The child process of engine_gate: PATH ENGINE THREADS KEY OUT -> the measured Gate as JSON in OUT."""
+    """The child process of engine_gate: PATH ENGINE THREADS KEY OUT [CACHE_DIR] -> the measured Gate as JSON in OUT
+    (CACHE_DIR: the model cache, "" for the default)."""
     from ..runtime.backends import info
-    path, engine, threads, key, out = (argv or sys.argv[1:])[:5]
-    gate = measure_gate(Path(path), info(engine), int(threads), key)
+    path, engine, threads, key, out, *rest = (argv or sys.argv[1:])[:6]
+    gate = measure_gate(Path(path), info(engine), int(threads), key, Path(rest[0]) if rest and rest[0] else None)
     Path(out).write_text(json.dumps(asdict(gate)))
 
 

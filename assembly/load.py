@@ -143,7 +143,7 @@ def load_model(name_or_path: str, kind: BackendKind | None = None, *, ctx: int |
                          "files; use --backend onnx, or leave --backend out (the engine follows the model)")
     path = resolve_model(name_or_path, cache_dir)
     # an engine that reads any GGUF runs files without a family module as metadata only (gguf_any)
-    gguf = open_any_gguf(path) if engine.reads_any_gguf else open_gguf(path)
+    gguf = open_any_gguf(path, cache_dir) if engine.reads_any_gguf else open_gguf(path, cache_dir)
     try:
         tokenizer: TextTokenizer | None = Tokenizer(gguf.tokenizer_spec())
     except UnsupportedModelError:  # no family, or a tokenizer we do not build: the engine's own, if it has one
@@ -179,13 +179,14 @@ def model_tokenizer(name_or_path: str, cache_dir: Path | None = None) -> TextTok
         return _artifact_tokenizer(root, read_manifest(root, verify=False))
     if ref.kind is RefKind.CHECKPOINT:
         raise ValueError(ref.export_hint())
-    return gguf_tokenizer(resolve_model(name_or_path, cache_dir))
+    return gguf_tokenizer(resolve_model(name_or_path, cache_dir), cache_dir)
 
 
-def gguf_tokenizer(path: Path) -> TextTokenizer:
-    """The tokenizer load_model gives a GGUF on llama.cpp, without loading the weights: ours, or llama.cpp's
-    (vocabulary only) for a file our code cannot tokenize."""
-    gguf = open_any_gguf(path)
+def gguf_tokenizer(path: Path, cache_dir: Path | None = None) -> TextTokenizer:
+    """The tokenizer load_model gives a GGUF on llama.cpp, without loading the weights: ours (cached in the model
+    cache `cache_dir` when built from a large vocabulary), or llama.cpp's (vocabulary only) for a file our code
+    cannot tokenize."""
+    gguf = open_any_gguf(path, cache_dir)
     try:
         return Tokenizer(gguf.tokenizer_spec())
     except UnsupportedModelError:

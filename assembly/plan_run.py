@@ -148,12 +148,12 @@ def _onnx_targets(model: str, gguf: Path, settings: PlanSettings, cache_dir: Pat
     for w in settings.weights:
         out = model_cache_dir(cache_dir) / artifact_name(model, w)
         if _plannable(out, sha, (Profile.DYNAMIC,)) is None and settings.export:
-            why = _cannot_export(gguf, w, settings.budget_s)
+            why = _cannot_export(gguf, w, settings.budget_s, cache_dir)
             if why:
                 log(f"plan: not exporting {out.name}: {why}")
                 continue
             try:
-                export_onnx(gguf, out, w, settings.threads, log)
+                export_onnx(gguf, out, w, settings.threads, log, cache_dir)
             except (ValueError, ImportError, RuntimeError) as e:
                 log(f"plan: the {w} export failed, ONNX {w} not planned: {e}")
                 continue
@@ -197,13 +197,14 @@ def _plannable(root: Path, sha: str, profiles: tuple[Profile, ...]) -> Manifest 
     return m if ok else None
 
 
-def _cannot_export(gguf: Path, weights: str, budget_s: float | None = None) -> str | None:
+def _cannot_export(gguf: Path, weights: str, budget_s: float | None = None, cache_dir: Path | None = None
+                   ) -> str | None:
     """Why `weights` should not be exported here (None: go): an architecture our builder does not emit, an artifact
     that would take more than half the memory available now, or an export estimated over a quarter of the plan's
     budget (EXPORT_S_PER_MPARAM)."""
     from ..models.families import SUPPORTED_ARCHS
     try:
-        model = open_gguf(gguf)
+        model = open_gguf(gguf, cache_dir)
         model.tokenizer_spec()  # the artifact carries our tokenizer
     except UnsupportedModelError as e:  # no family module, or a tokenizer we do not build: llama.cpp only
         return str(e)
@@ -237,7 +238,8 @@ def _available_memory() -> int | None:
         return None
 
 
-def export_onnx(gguf: Path, out: Path, weights: str, threads: int | None, log: Log) -> Path:
+def export_onnx(gguf: Path, out: Path, weights: str, threads: int | None, log: Log, cache_dir: Path | None = None
+                ) -> Path:
     """Export the GGUF to a parity-gated ONNX artifact at `out` (staged, then published atomically)."""
     from ..export.onnx_export import WeightFormat, export_gguf_to_onnx
     from ..export.publish import publish, stage_dir
@@ -247,7 +249,7 @@ def export_onnx(gguf: Path, out: Path, weights: str, threads: int | None, log: L
     t0 = time.perf_counter()
     stage = stage_dir(out)
     try:
-        export_gguf_to_onnx(open_gguf(gguf), stage, WeightFormat(weights), threads=threads)
+        export_gguf_to_onnx(open_gguf(gguf, cache_dir), stage, WeightFormat(weights), threads=threads)
         publish(stage, out)
     finally:
         shutil.rmtree(stage, ignore_errors=True)

@@ -90,12 +90,12 @@ def describe_config(meta: dict[str, Any], n_tokens: int | None) -> ModelConfig:
                        name=str(meta.get("general.name", "")))
 
 
-def open_any_gguf(path: str | Path) -> GGUFModel | MetadataGGUF:
+def open_any_gguf(path: str | Path, cache_dir: Path | None = None) -> GGUFModel | MetadataGGUF:
     """The file as a family model, or as a MetadataGGUF when no family module covers its architecture (only
     that: a damaged file still raises ModelFileError naming the problem)."""
     path = Path(path)
     reader = _open_reader(path)
     try:
-        return GGUFModel(path, reader)
+        return GGUFModel(path, reader, cache_dir)
     except UnsupportedModelError as e:
         return MetadataGGUF(path, reader, str(e))

@@ -73,8 +73,9 @@ def _open_reader(path: Path) -> GGUFFile:
 class GGUFModel:
     """One opened GGUF file: `.path`, `.metadata`, `.config`, `.chat_template`; weights loaded on demand."""
 
-    def __init__(self, path: Path, reader: GGUFFile) -> None:
+    def __init__(self, path: Path, reader: GGUFFile, cache_dir: Path | None = None) -> None:
         self.path = path
+        self.cache_dir = cache_dir  # the model cache (--cache-dir) whose tokenizers/ folder tokenizer_spec uses
         self._reader = reader
         self._spec: TokenizerSpec | None = None
         self.metadata: dict[str, Any] = {k: _field_value(f) for k, f in reader.fields.items()
@@ -202,7 +203,7 @@ class GGUFModel:
             # general.name too: llama.cpp strips spaces after special tokens for a model named Phi-3
             fields = {**self.fields("tokenizer."), "general.name": self.metadata.get("general.name")}
             try:
-                self._spec = _family_defaults(tokenizer_spec_from_gguf(fields), self.family, fields)
+                self._spec = _family_defaults(tokenizer_spec_from_gguf(fields, self.cache_dir), self.family, fields)
             except UnsupportedModelError as e:
                 raise UnsupportedModelError(f"{self.path}: {e}; {LLAMACPP_RUNS_IT} with llama.cpp's own "
                                             "tokenizer") from None
@@ -226,7 +227,8 @@ def _family_defaults(spec: TokenizerSpec, fam: ModuleType, fields: dict[str, Any
     return dataclasses.replace(spec, chat_template=template, eos_ids=eos)
 
 
-def open_gguf(path: str | Path) -> GGUFModel:
-    """Open (memory-map) and validate a GGUF model file; ModelFileError names the problem."""
+def open_gguf(path: str | Path, cache_dir: Path | None = None) -> GGUFModel:
+    """Open (memory-map) and validate a GGUF model file; ModelFileError names the problem. `cache_dir`: the model
+    cache (--cache-dir) where its tokenizer is cached, if built from a large SentencePiece vocabulary."""
     path = Path(path)
-    return GGUFModel(path, _open_reader(path))
+    return GGUFModel(path, _open_reader(path), cache_dir)

@@ -8,6 +8,7 @@ pre-tokenizer named by `tokenizer.ggml.pre` and then BPE merges.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -141,7 +142,7 @@ def _checked_ids(fields: Mapping[str, Any], n_tokens: int) -> tuple[int | None, 
     return special_ids(fields)
 
 
-def _spm_json(fields: Mapping[str, Any], tokens: list[str], types: list[int] | None) -> str:
+def _spm_json(fields: Mapping[str, Any], tokens: list[str], types: list[int] | None, cache_dir: Path | None) -> str:
     """The SentencePiece vocabulary's tokenizer JSON (tokenizer_spm.build_spm_tokenizer)."""
     scores = fields.get("tokenizer.ggml.scores")
     if scores is None:
@@ -151,11 +152,12 @@ def _spm_json(fields: Mapping[str, Any], tokens: list[str], types: list[int] | N
         raise ValueError(f"tokenizer.ggml.scores must be an array of numbers, not {type(scores).__name__}")
     if len(scores) < len(tokens):
         raise ValueError(f"tokenizer.ggml.scores has {len(scores)} entries for {len(tokens)} tokens")
-    return spm_tokenizer_json(tokens, scores, types, spm_options(fields))
+    return spm_tokenizer_json(tokens, scores, types, spm_options(fields), cache_dir)
 
 
-def tokenizer_spec_from_gguf(fields: Mapping[str, Any]) -> TokenizerSpec:
-    """TokenizerSpec from GGUF `tokenizer.*` fields (tokens, token_type and merges as full lists).
+def tokenizer_spec_from_gguf(fields: Mapping[str, Any], cache_dir: Path | None = None) -> TokenizerSpec:
+    """TokenizerSpec from GGUF `tokenizer.*` fields (tokens, token_type and merges as full lists); a large
+    SentencePiece vocabulary's build is cached under the model cache `cache_dir` (tokenizer_spm.tokenizer_cache_dir).
 
     requires: values as read from the file (any types: a damaged file is refused with a ValueError naming the key).
     """
@@ -174,7 +176,7 @@ def tokenizer_spec_from_gguf(fields: Mapping[str, Any]) -> TokenizerSpec:
         raise ValueError(f"tokenizer.chat_template must be a string, not {type(template).__name__}")
     bos, eos = _checked_ids(fields, len(tokens))
     if model == "llama":
-        tok_json = _spm_json(fields, tokens, types)
+        tok_json = _spm_json(fields, tokens, types, cache_dir)
     else:
         if fields.get("tokenizer.ggml.merges") is None:
             raise ValueError("the file's tokenizer lacks tokenizer.ggml.merges")

@@ -16,7 +16,8 @@ detokenize: "▁" -> " ", byte tokens -> bytes, and the first token loses one le
 `add_space_prefix`.
 
 Building for a 262k vocabulary (Gemma 3) takes ~7 s, so vocabularies of CACHE_MIN_TOKENS or more are cached
-as tokenizer JSON keyed by a hash of the vocabulary and options (spm_tokenizer_json).
+as tokenizer JSON keyed by a hash of the vocabulary and options (spm_tokenizer_json), in the model cache's
+tokenizers/ folder (tokenizer_cache_dir: --cache-dir's, like the plans and gates).
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+
+from .catalog import model_cache_dir
 
 TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_BYTE = 2, 3, 4, 6
 SPACE = "\u2581"  # "▁", SentencePiece's visible space
@@ -104,12 +107,12 @@ CACHE_MIN_TOKENS = 32768  # smaller vocabularies build in well under a second: n
 _BUILD_VERSION = "spm-1"  # bump when build_spm_tokenizer's output changes, so stale cache entries are not used
 
 
-def tokenizer_cache_dir() -> Path:
-    """$SPECEDGE_TOKENIZER_CACHE, else the user cache dir + /tokenizers."""
-    if os.environ.get("SPECEDGE_TOKENIZER_CACHE"):
+def tokenizer_cache_dir(cache_dir: str | Path | None = None) -> Path:
+    """The tokenizers/ folder of the model cache `cache_dir` (--cache-dir); without one, $SPECEDGE_TOKENIZER_CACHE
+    if set, else the default model cache's ($SPECEDGE_CACHE or the user cache dir + /models) tokenizers/."""
+    if cache_dir is None and os.environ.get("SPECEDGE_TOKENIZER_CACHE"):
         return Path(os.environ["SPECEDGE_TOKENIZER_CACHE"])
-    from platformdirs import user_cache_dir
-    return Path(user_cache_dir("specedge")) / "tokenizers"
+    return model_cache_dir(cache_dir) / "tokenizers"
 
 
 def vocab_key(tokens: Sequence[str], scores: Sequence[float], token_types: Sequence[int] | None,
@@ -123,11 +126,12 @@ def vocab_key(tokens: Sequence[str], scores: Sequence[float], token_types: Seque
 
 
 def spm_tokenizer_json(tokens: Sequence[str], scores: Sequence[float], token_types: Sequence[int] | None,
-                       options: Mapping[str, object]) -> str:
-    """build_spm_tokenizer(...).to_str(), from the cache for large vocabularies (written on first build)."""
+                       options: Mapping[str, object], cache_dir: str | Path | None = None) -> str:
+    """build_spm_tokenizer(...).to_str(), from tokenizer_cache_dir(cache_dir) for large vocabularies (written on
+    first build)."""
     if len(tokens) < CACHE_MIN_TOKENS:
         return build_spm_tokenizer(tokens, scores, token_types, **options).to_str()
-    path = tokenizer_cache_dir() / f"spm-{vocab_key(tokens, scores, token_types, options)}.json"
+    path = tokenizer_cache_dir(cache_dir) / f"spm-{vocab_key(tokens, scores, token_types, options)}.json"
     try:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):

@@ -138,3 +138,25 @@ def test_the_stats_line_says_prompt_speed_and_first_token_time():
     again = CallStats(DecodeStats(n_generated=5), 721, FinishReason.EOS, "ngram", SamplingParams(),
                       reused_prompt_tokens=720, ttft_s=0.02)
     assert "prompt 721 tokens: 1 new (-), 720 reused" in stats_line(again)  # nothing prefilled: no rate
+
+
+def test_saved_chats_are_private(tiny, tmp_path):
+    """/save writes the transcript 0600 (owner only) whatever the umask, replacing an older world-readable file."""
+    import os
+    import stat
+    new, old, missing = tmp_path / "new.json", tmp_path / "old.json", tmp_path / "no-such-dir" / "c.json"
+    old.write_text("{}")
+    old.chmod(0o644)
+    saves = "".join(f"/save {p}\n" for p in (new, old, missing))
+    mask = os.umask(0)  # the widest: files would be created 0666 by open()
+    try:
+        r = CliRunner().invoke(cli, ["chat", str(tiny), "--backend", "numpy", "--drafter", "none", "--ctx", CTX,
+                                     "--max-tokens", 4], input=f"hello\n{saves}/exit\n")
+    finally:
+        os.umask(mask)
+    assert r.exit_code == 0, r.output
+    for p in (new, old):
+        assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
+        assert len(json.loads(p.read_text())["messages"]) == 2
+    assert f"error: cannot write {missing}" in r.output and not missing.parent.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.json", "old.json"]  # no temporary files left

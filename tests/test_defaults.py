@@ -139,7 +139,7 @@ def test_cli_engine_and_server_resolve_the_same_defaults(models, name, want):
     by_cli = cli_json(path, prompt, "--backend", "numpy", "--drafter", "ngram", "--ctx", 128, "--max-tokens", 16,
                       "--raw")
     assert by_cli["stats"]["sampling"] == used and by_cli["tokens"] == by_engine.tokens
-    with TestClient(create_app(engine, ServerConfig("tiny"))) as client:
+    with TestClient(create_app(engine, ServerConfig("tiny")), base_url="http://127.0.0.1") as client:
         r = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 16})
         assert r.status_code == 200, r.text
         body = r.json()
@@ -153,7 +153,7 @@ def test_server_without_max_tokens_runs_to_the_end(models):
 
     from specedge.apps.server import ServerConfig, create_app
     engine = specedge.Engine.open(str(models["endless"]), backend="numpy", drafter="ngram", ctx=64)
-    with TestClient(create_app(engine, ServerConfig("tiny"))) as client:
+    with TestClient(create_app(engine, ServerConfig("tiny")), base_url="http://127.0.0.1") as client:
         for route, body in (("/v1/completions", {"prompt": "the cat"}),
                             ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
             r = client.post(route, json={**body, "temperature": 0})
@@ -162,7 +162,7 @@ def test_server_without_max_tokens_runs_to_the_end(models):
             assert out["choices"][0]["finish_reason"] == "length"
             assert out["usage"]["total_tokens"] == 64  # the whole context: prompt + answer
     eos = specedge.Engine.open(str(models["eos"]), backend="numpy", drafter="ngram", ctx=128)
-    with TestClient(create_app(eos, ServerConfig("tiny"))) as client:
+    with TestClient(create_app(eos, ServerConfig("tiny")), base_url="http://127.0.0.1") as client:
         out = client.post("/v1/completions", json={"prompt": "the cat sat on the mat", "temperature": 0}).json()
         assert out["choices"][0]["finish_reason"] == "stop" and out["usage"]["completion_tokens"] <= 6
 

@@ -16,6 +16,7 @@ from specedge.apps.server import ServerConfig, create_app, engine_bytes
 from specedge.models.tiny import write_tiny_gguf
 
 PROMPT = "the cat sat on the mat and the cat sat on the"
+LOCAL = "http://127.0.0.1"  # TestClient's own "testserver" is not a Host the server answers without a key
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,7 @@ def complete(client, model, max_tokens=24, **extra):
 # ---- /metrics -------------------------------------------------------------------------------------------------
 
 def test_prometheus_metrics_count_a_request(engines):
-    with TestClient(create_app(engines["a"], ServerConfig("tiny"))) as c:
+    with TestClient(create_app(engines["a"], ServerConfig("tiny")), base_url=LOCAL) as c:
         before = samples(c.get("/metrics").text)
         assert total(before, "specedge_generated_tokens_total") == 0
         body = complete(c, "whatever", max_tokens=40)
@@ -113,7 +114,7 @@ def test_prometheus_metrics_count_a_request(engines):
 
 
 def test_metrics_need_the_key_and_health_does_not(engines):
-    with TestClient(create_app(engines["a"], ServerConfig("tiny", api_key="k"))) as c:
+    with TestClient(create_app(engines["a"], ServerConfig("tiny", api_key="k")), base_url=LOCAL) as c:
         assert c.get("/metrics").status_code == 401
         assert c.get("/metrics", headers={"Authorization": "Bearer k"}).status_code == 200
         h = c.get("/health")
@@ -121,8 +122,8 @@ def test_metrics_need_the_key_and_health_does_not(engines):
 
 
 def test_each_server_has_its_own_registry(engines):
-    with TestClient(create_app(engines["a"], ServerConfig("one"))) as c1, \
-            TestClient(create_app(engines["a"], ServerConfig("two"))) as c2:
+    with TestClient(create_app(engines["a"], ServerConfig("one")), base_url=LOCAL) as c1, \
+            TestClient(create_app(engines["a"], ServerConfig("two")), base_url=LOCAL) as c2:
         complete(c1, "one", max_tokens=4)
         assert total(samples(c1.get("/metrics").text), "specedge_requests_total") == 1
         assert total(samples(c2.get("/metrics").text), "specedge_requests_total") == 0
@@ -135,8 +136,8 @@ PREFLIGHT = {"Origin": "http://app.example", "Access-Control-Request-Method": "P
 
 
 def test_cors_headers_only_with_an_origin(engines):
-    with TestClient(create_app(engines["a"], ServerConfig("tiny", api_key="k",
-                                                          cors_origins=("http://app.example",)))) as c:
+    config = ServerConfig("tiny", api_key="k", cors_origins=("http://app.example",))
+    with TestClient(create_app(engines["a"], config), base_url=LOCAL) as c:
         pre = c.options("/v1/chat/completions", headers=PREFLIGHT)
         assert pre.status_code == 200
         assert pre.headers["access-control-allow-origin"] == "http://app.example"
@@ -147,14 +148,17 @@ def test_cors_headers_only_with_an_origin(engines):
         denied = c.get("/v1/models", headers={"Origin": "http://app.example"})  # 401s carry it too
         assert denied.status_code == 401 and denied.headers["access-control-allow-origin"] == "http://app.example"
         other = c.options("/v1/chat/completions", headers={**PREFLIGHT, "Origin": "http://evil.example"})
-        assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
-    with TestClient(create_app(engines["a"], ServerConfig("tiny", cors_origins=("*",)))) as c:
+        assert other.status_code == 403 and "access-control-allow-origin" not in other.headers
+    with TestClient(create_app(engines["a"], ServerConfig("tiny", cors_origins=("*",))), base_url=LOCAL) as c:
         r = c.get("/v1/models", headers={"Origin": "http://anything.example"})
         assert r.headers["access-control-allow-origin"] == "*"
-    with TestClient(create_app(engines["a"], ServerConfig("tiny"))) as c:
-        assert "access-control-allow-origin" not in c.options("/v1/chat/completions", headers=PREFLIGHT).headers
+    with TestClient(create_app(engines["a"], ServerConfig("tiny")), base_url=LOCAL) as c:
+        pre = c.options("/v1/chat/completions", headers=PREFLIGHT)  # no --cors-origin: every Origin refused
+        assert pre.status_code == 403 and "access-control-allow-origin" not in pre.headers
         r = c.get("/v1/models", headers={"Origin": "http://app.example"})
-        assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+        assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
+        assert "--cors-origin http://app.example" in r.json()["error"]["message"]
+        assert c.get("/v1/models").status_code == 200  # no Origin: not a browser page
 
 
 # ---- /tokenize, /detokenize -----------------------------------------------------------------------------------
@@ -162,7 +166,7 @@ def test_cors_headers_only_with_an_origin(engines):
 def test_tokenize_and_detokenize_round_trip(engines):
     engine = engines["a"]
     text = "Hello world, the cat sat."
-    with TestClient(create_app(engine, ServerConfig("tiny"))) as c:
+    with TestClient(create_app(engine, ServerConfig("tiny")), base_url=LOCAL) as c:
         with_bos = c.post("/tokenize", json={"content": text, "add_special": True}).json()["tokens"]
         plain = c.post("/tokenize", json={"content": text}).json()["tokens"]
         assert with_bos == engine.encode(text)
@@ -186,7 +190,7 @@ def test_tokenize_and_detokenize_round_trip(engines):
 def test_two_models_answer_by_name_like_their_own_engines(paths, engines):
     want = {n: engines[n].generate(PROMPT, max_tokens=24, temperature=0).text for n in ("a", "b")}
     assert want["a"] != want["b"]
-    with TestClient(create_app(pool_of(paths), ServerConfig())) as c:
+    with TestClient(create_app(pool_of(paths), ServerConfig()), base_url=LOCAL) as c:
         cards = c.get("/v1/models").json()["data"]
         assert [(m["id"], m["specedge"]["loaded"]) for m in cards] == [("a.gguf", False), ("b.gguf", False)]
         for n in ("b", "a"):
@@ -216,7 +220,7 @@ def test_lru_eviction_under_max_memory(paths, engines):
 
     def loaded(c):
         return {k: v["loaded"] for k, v in c.get("/health").json()["models"].items()}
-    with TestClient(create_app(pool, ServerConfig())) as c:
+    with TestClient(create_app(pool, ServerConfig()), base_url=LOCAL) as c:
         assert complete(c, "a.gguf", 12)["choices"][0]["text"] == want["a"]
         assert loaded(c) == {"a.gguf": True, "b.gguf": False}
         assert complete(c, "b.gguf", 12)["choices"][0]["text"] == want["b"]
@@ -229,7 +233,7 @@ def test_lru_eviction_under_max_memory(paths, engines):
 
 
 def test_a_model_larger_than_max_memory_gets_503(paths):
-    with TestClient(create_app(pool_of(paths, max_bytes=1000), ServerConfig())) as c:
+    with TestClient(create_app(pool_of(paths, max_bytes=1000), ServerConfig()), base_url=LOCAL) as c:
         r = c.post("/v1/completions", json={"model": "a.gguf", "prompt": "hi", "max_tokens": 2})
     assert r.status_code == 503 and "--max-memory" in r.json()["error"]["message"]
     assert r.json()["error"]["code"] == "model_pool_full"
@@ -384,7 +388,7 @@ def test_serve_takes_the_shared_engine_options_lossy_and_auto_included(paths, mo
     assert r.exit_code == 0, r.output
     engine = ran["app"].state.server.models.lease("a.gguf").engine
     assert "lossy loradrop" in engine.drafter_name
-    with TestClient(ran["app"]) as client:
+    with TestClient(ran["app"], base_url=LOCAL) as client:
         body = client.post("/v1/completions", json={"prompt": "the cat", "max_tokens": 4, "temperature": 0}).json()
         assert "lossy loradrop" in body["specedge"]["drafter"]
     for bad in (["--lossy", "sometimes"], ["--drafter", "nonsense"]):

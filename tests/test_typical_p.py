@@ -40,7 +40,7 @@ def test_every_edge_carries_typical_p_to_the_sampler(tiny, engine):
     assert r.exit_code == 0, r.output
     by_cli = json.loads(r.stdout.strip().splitlines()[-1])
     assert by_cli["stats"]["sampling"]["typical_p"] == 0.4 and by_cli["tokens"] == by_engine.tokens
-    with TestClient(create_app(engine, ServerConfig("tiny"))) as client:
+    with TestClient(create_app(engine, ServerConfig("tiny")), base_url="http://127.0.0.1") as client:
         body = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 12, "temperature": 0.8,
                                                     "typical_p": 0.4, "seed": 3}).json()
         assert body["specedge"]["sampling"]["typical_p"] == 0.4
