@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO, Iterator, Sequence
 
 from . import staging
+from .progress import progress_bar
 from .errors import ModelFileError
 from .staging import pid_alive  # noqa: F401  (export/publish.py judges its stages with it)
 
@@ -147,6 +148,21 @@ def file_sha256(path: str | Path) -> str:
     return digest
 
 
+def repair_hint(path: str | Path) -> str:
+    """What to do about a damaged model file, true for where it came from: a catalogue file is re-pulled by name, a
+    file pulled from the Hugging Face Hub (<cache>/hf/OWNER--REPO/<commit>/FILE) by its ref; any other file is the
+    user's own, which `specedge pull` cannot replace."""
+    path = Path(path)
+    entry = next((e for e in CATALOG.values() if e.filename == path.name), None)
+    if entry is not None:
+        return f"re-pull it (specedge pull {entry.name}): the pull checks its SHA-256"
+    parts = path.parts
+    if len(parts) >= 4 and parts[-4] == "hf" and "--" in parts[-3]:
+        return f"re-pull it (specedge pull hf:{parts[-3].replace('--', '/', 1)}/{path.name})"
+    return ("re-download it from where it came from, or re-convert it to GGUF (llama.cpp's convert_hf_to_gguf.py): "
+            "it is not a catalogue model, so `specedge pull` cannot replace it")
+
+
 def cached_path(entry: str | CatalogEntry, cache_dir: str | Path | None = None) -> Path | None:
     """The verified cached file of a catalogue model, or None."""
     entry = get_entry(entry)
@@ -225,8 +241,7 @@ def _stream(sources: Sequence[tuple[Path, str]]) -> Iterator[bytes]:
 
 def _write_verified(entry: CatalogEntry, blocks: Iterator[bytes], out: IO[bytes], progress: bool) -> tuple[str, int]:
     h, n = hashlib.sha256(), 0
-    from tqdm import tqdm
-    with tqdm(total=entry.size, unit="B", unit_scale=True, desc=entry.name, disable=not progress) as bar:
+    with progress_bar(entry.size, unit="B", unit_scale=True, desc=entry.name, enabled=progress) as bar:
         for block in blocks:
             out.write(block)
             h.update(block)
