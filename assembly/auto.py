@@ -112,7 +112,7 @@ def load_or_measure(target: LoadedModel, label: str, specs: Sequence[str], *, th
                             machine={**environment(threads), "load": watch.load.to_dict()},
                             created=time.strftime("%Y-%m-%d %H:%M:%S"), **fields)
     if watch.load.busy:  # a measurement taken while another process used the CPU says nothing about the engine
-        log(f"device profile of {label} measured on a busy machine ({watch.load.describe()}): used now, not cached")
+        log(f"device profile of {label} measured while the machine was {watch.load.describe()}: used now, not cached")
         return profile, path
     save_profile(profile, path)
     log(f"device profile saved to {path}")

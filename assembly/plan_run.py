@@ -110,8 +110,7 @@ def plan_for(model: str, settings: PlanSettings = PlanSettings(), *, cache_dir: 
                     load={**load.to_dict(), "busy": load.busy or bool(drift), "drift": drift},
                     budget_s=settings.budget_s)
     if load.busy or drift:
-        where = "a busy machine" if load.busy else "a machine whose speed changed"
-        log(f"plan: measured on {where} ({load.describe(drift)}): used for this run only, not cached; "
+        log(f"plan: measured while the machine was {load.describe(drift)}: used for this run only, not cached; "
             f"`specedge plan {model} --refresh` while nothing else runs caches one")
         return plan, True
     save_plan(plan, path)
