@@ -75,7 +75,7 @@ def _lock(path: Path) -> int | None:
     path's folder is gone. The fd is checked to still be the file at `path` (a sweeper may have removed it)."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    except (FileNotFoundError, NotADirectoryError):
+    except OSError:  # the folder is gone (another sweep), or not ours to lock (a read-only cache): not claimed
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -117,9 +117,13 @@ class Leftover:
 
 
 def _size(path: Path) -> int:
-    if not path.is_dir():
-        return path.stat().st_size if path.exists() else 0
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+    """Bytes under `path`; 0 for what vanished meanwhile (another sweep, a pull finishing)."""
+    try:
+        if not path.is_dir():
+            return path.stat().st_size
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+    except OSError:
+        return 0
 
 
 def _model_of(folder: Path) -> str:
