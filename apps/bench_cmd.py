@@ -91,10 +91,12 @@ def _split(values) -> list[str]:
 
 
 def _progress(total: int):
-    """A tqdm bar on stderr, or plain stderr lines where tqdm is missing."""
+    """A tqdm bar on a terminal; elsewhere (a log, a pipe) or without tqdm, one stderr line per decode."""
     try:
         from tqdm import tqdm
     except ImportError:
+        tqdm = None
+    if tqdm is None or not sys.stderr.isatty():
         state = {"n": 0}
 
         def step(label: str) -> None:

@@ -33,7 +33,8 @@ from ..assembly.decoder import CallSettings, parse_logit_bias
 from ..runtime.stats import CallStats
 from ..runtime.types import FinishReason
 from .api import Engine
-from .chat_state import OPTION_NAMES, Conversation, Totals, SHORT_ANSWER, answer_reserve, parse_option, stats_line
+from .chat_state import (OPTION_NAMES, SHORT_ANSWER, Conversation, Totals, answer_reserve, parse_option, stats_line,
+                         unset_value)
 from .options import STOP, call_options, call_settings, engine_options, open_from
 
 COMMANDS = {
@@ -270,13 +271,14 @@ class ChatLoop:
         if not value.strip():
             call = CallSettings(**{k: self.conv.options.get(k) for k in OPTION_NAMES
                                    if self.conv.options.get(k) is not None})
-            used, source = call.sampling(self.engine.sampling_defaults), self.engine.sampling_defaults.source
+            defaults = self.engine.sampling_defaults
+            used = call.sampling(defaults)
             for k in OPTION_NAMES:
                 value = getattr(call, k)
                 if k == "max_tokens" and value is None:
                     value = "none (to the end of the turn or the context limit)"
-                elif value is None:  # a sampling value the model's defaults fill (CallSettings.sampling's names)
-                    value = f"{getattr(used, SAMPLING_NAMES.get(k, k))} (the model's default: {source})"
+                elif value is None:  # a sampling value the defaults fill (CallSettings.sampling's names)
+                    value = unset_value(k, getattr(used, SAMPLING_NAMES.get(k, k)), used.greedy, defaults)
                 click.echo(f"  {k} = {value}")
             return
         try:

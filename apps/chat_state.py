@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import get_type_hints
 
 from ..assembly.decoder import CallSettings, parse_logit_bias
+from ..assembly.sampling_defaults import SamplingDefaults
 from ..runtime.stats import CallStats
 from ..runtime.types import FinishReason
 from .api import Engine
@@ -28,6 +29,19 @@ def bias_option(text: str) -> dict[int, float]:
 
 
 OPTION_NAMES = tuple(f.name for f in fields(CallSettings) if f.name not in ("stop", "grammar", "logprobs"))
+PENALTIES = ("repeat_penalty", "dry_multiplier")  # specedge's defaults for sampled answers, off when greedy
+
+
+def unset_value(name: str, value, greedy: bool, defaults: SamplingDefaults) -> str:
+    """What /set shows for an option left unset: the value used and where it comes from, true for each field (the
+    model's own value, the chat default the model did not override, or a penalty that greedy answers turn off)."""
+    if name in PENALTIES:
+        if greedy:
+            return f"{value} (off: a greedy answer stays exactly greedy; {getattr(defaults, name)} when sampling)"
+        return f"{value} (specedge's default for sampled answers)"
+    if name in defaults.stated:
+        return f"{value} (the model's own: {defaults.source})"
+    return f"{value} (the chat default: the model states no {name})"
 
 
 def _parser(name: str):

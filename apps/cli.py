@@ -93,21 +93,34 @@ def models_cmd(cache_dir: Path | None, as_json: bool) -> None:
 
 
 @cli.command("rm")
-@click.argument("name")
+@click.argument("name", required=False)
 @CACHE_OPT
 @click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
-def rm_cmd(name: str, cache_dir: Path | None, dry_run: bool) -> None:
+@click.option("--leftovers", is_flag=True,
+              help="Delete what interrupted pulls left in the cache (`specedge models` lists it); a pull running "
+                   "now keeps its folder.")
+def rm_cmd(name: str | None, cache_dir: Path | None, dry_run: bool, leftovers: bool) -> None:
     """Delete a cached model (a catalogue name, a GGUF file name in the cache, or an exported artifact's name) and
-    the plans and device profiles that reference it."""
+    the plans and device profiles that reference it; with --leftovers, what interrupted pulls left behind."""
     from ..models.inventory import delete, removal
-    try:
-        paths, notes = removal(name, cache_dir)
-    except ValueError as e:
-        raise click.ClickException(str(e)) from None
-    for n in notes:
-        click.echo(f"note: {n}", err=True)
-    if not dry_run:
-        delete(paths)
+    if name is None and not leftovers:
+        raise click.UsageError("name a cached model to delete (see `specedge models`), or give --leftovers")
+    paths: list[Path] = []
+    if name is not None:
+        try:
+            paths, notes = removal(name, cache_dir)
+        except ValueError as e:
+            raise click.ClickException(str(e)) from None
+        for n in notes:
+            click.echo(f"note: {n}", err=True)
+        if not dry_run:
+            delete(paths)
+    if leftovers:
+        gone = [x for x in catalog.pull_leftovers(cache_dir) if not x.live] if dry_run else \
+            catalog.remove_pull_leftovers(cache_dir)
+        paths += [x.path for x in gone]
+        if not gone:
+            click.echo("no leftovers of interrupted pulls", err=True)
     for p in paths:
         click.echo(f"{'would delete' if dry_run else 'deleted'} {p}")
 

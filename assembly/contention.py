@@ -3,7 +3,7 @@
 planner and the auto-tuner watch every measurement and never cache one taken on a busy machine.
 
     with CpuWatch() as watch:      ...measure...
-    load = watch.load              # Load(other_cores, loadavg, wall_s); load.busy
+    load = watch.load              # Load(other_cores, loadavg, wall_s, cores); load.busy; load.describe()
 
 other_cores: the cores other processes kept busy on average during the window: the machine's busy time over the
 window (/proc/stat: user, nice, system, irq and softirq; a VM's steal time, the hypervisor's share for other guests,
@@ -19,23 +19,39 @@ import time
 from dataclasses import asdict, dataclass
 
 BUSY_CORES = 0.25  # other processes using more than a quarter of a core on average: the measurement is suspect
+LOADED = 0.75  # a load average of this share of the cores or more is not "quiet", even when it is our own threads
 DRIFT = 0.25  # two rounds of the same measurement disagreeing by more than this: the machine's speed changed
 
 
 @dataclass(frozen=True)
 class Load:
     other_cores: float  # cores other processes kept busy, on average over the window
-    loadavg: float  # 1-minute load average at the end
+    loadavg: float  # 1-minute load average at the end (our own measuring threads included)
     wall_s: float
+    cores: int = 0  # the machine's cores (0: not recorded, as in plans made before it was)
 
     @property
     def busy(self) -> bool:
         return self.other_cores > BUSY_CORES
 
-    def describe(self) -> str:
-        """'quiet (other processes 0.02 cores, load 1.1)' | 'BUSY (other processes 1.45 cores, load 3.9)'"""
-        state = "BUSY" if self.busy else "quiet"
-        return f"{state} (other processes {self.other_cores:.2f} cores, load {self.loadavg:.1f})"
+    def state(self, drift: str = "") -> str:
+        """One verdict: BUSY (other processes used the CPU), UNSTEADY (the machine's speed changed: `drift`), loaded
+        (nothing else competed, but the load average is near the core count: our own threads), else quiet."""
+        if self.busy:
+            return "BUSY"
+        if drift:
+            return "UNSTEADY"
+        return "loaded" if self.cores and self.loadavg >= LOADED * self.cores else "quiet"
+
+    def describe(self, drift: str = "") -> str:
+        """'quiet (other processes 0.02 cores; load average 0.4 on 2 cores)' | 'loaded (other processes 0.02 cores;
+        load average 1.9 on 2 cores, this measurement's threads included)' | 'BUSY (other processes 1.45 cores;
+        load average 3.9 on 2 cores)' | 'UNSTEADY (...; <drift>)': never two verdicts in one line."""
+        state = self.state(drift)
+        on = f" on {self.cores} cores" if self.cores else ""
+        ours = ", this measurement's threads included" if state == "loaded" else ""
+        return (f"{state} (other processes {self.other_cores:.2f} cores; load average {self.loadavg:.1f}{on}{ours}"
+                f"{'; ' + drift if drift and state == 'UNSTEADY' else ''})")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -85,7 +101,7 @@ class CpuWatch:
             other = max(0.0, (busy - self._busy0) - (_own_cpu_s() - self._own0)) / wall
         else:
             other = max(0.0, _loadavg() - self.own_threads)
-        self.load = Load(round(other, 3), round(_loadavg(), 2), round(wall, 3))
+        self.load = Load(round(other, 3), round(_loadavg(), 2), round(wall, 3), os.cpu_count() or 0)
         return self.load
 
     def __enter__(self) -> "CpuWatch":

@@ -152,7 +152,10 @@ class CallSettings:
         except (TypeError, ValueError):
             raise ValueError(f"logit_bias must map token ids to numeric biases, got {self.logit_bias!r}") from None
         object.__setattr__(self, "logit_bias", bias)
-        self.sampling()  # raises ValueError naming a bad value
+        try:
+            self.sampling()  # raises ValueError naming a bad value
+        except ValueError as e:  # named as the caller set it: --repeat-penalty, /set repeat_penalty, repeat_penalty=
+            raise ValueError(str(e).replace("repetition_penalty", "repeat_penalty")) from None
 
     def sampling(self, defaults: SamplingDefaults = CHAT_DEFAULTS) -> SamplingParams:
         """The SamplingParams of this call: every field both declare, by name (`defaults` for an unset temperature /

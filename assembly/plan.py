@@ -100,13 +100,12 @@ class Plan:
 
     def measured(self) -> str:
         """When and under what load: 'measured 2026-11-25 08:12:24 in 64 s (budget 70 s), quiet (other processes
-        0.02 cores, load 1.1)'."""
+        0.02 cores; load average 1.1 on 2 cores)' (assembly/contention.py Load.describe)."""
         from .contention import Load
         load = self.load
         how = "" if not load else ", " + Load(load.get("other_cores", 0.0), load.get("loadavg", 0.0),
-                                               load.get("wall_s", 0.0)).describe()
-        if load.get("drift"):
-            how += f"; {load['drift']}"
+                                               load.get("wall_s", 0.0), load.get("cores", 0)
+                                               ).describe(load.get("drift") or "")
         budget = "measured fully" if self.budget_s is None else f"budget {self.budget_s:.0f} s"
         return f"measured {self.created} in {self.seconds:.0f} s ({budget}){how}"
 

@@ -16,7 +16,7 @@ docs/algorithms.md).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..models.generation import from_gguf_metadata, stated
@@ -35,6 +35,8 @@ class SamplingDefaults:
     source: str = "chat default"
     repeat_penalty: float = 1.0  # 1 = off; for sampled calls only (a greedy call stays exactly greedy)
     dry_multiplier: float = 0.0  # 0 = off; DRY for sampled calls only, likewise
+    stated: frozenset[str] = field(default=frozenset(), compare=False)  # the fields the model stated (`source`);
+    #                                                                     the others are CHAT_DEFAULTS'
 
 
 # A chat default close to what instruct models ship (Llama 3, Qwen 2.5: 0.6-0.7, top_p 0.8-0.9): varied but on topic.
@@ -48,7 +50,7 @@ def resolve(values: Mapping[str, Any], source: str) -> SamplingDefaults:
     got = stated(values)
     if not got:
         return CHAT_DEFAULTS
-    return SamplingDefaults(**{**asdict(CHAT_DEFAULTS), **got, "source": source})
+    return SamplingDefaults(**{**asdict(CHAT_DEFAULTS), **got, "source": source, "stated": frozenset(got)})
 
 
 def model_sampling(model: "LoadedModel") -> SamplingDefaults:

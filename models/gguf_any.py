@@ -13,7 +13,8 @@ from typing import Any, NoReturn
 
 from .config import ModelConfig
 from .errors import ModelFileError, UnsupportedModelError
-from .gguf_in import _REPULL, GGUFModel, _field_value, _is_long_array, _open_reader
+from .catalog import repair_hint
+from .gguf_in import GGUFModel, _field_value, _is_long_array, _open_reader
 from .gguf_read import GGUFFile
 
 
@@ -31,7 +32,7 @@ class MetadataGGUF:
         try:
             self.config = describe_config(self.metadata, self._n_tokens())
         except (ValueError, TypeError, ArithmeticError) as e:
-            raise ModelFileError(f"{path}: bad model metadata ({e}); {_REPULL}") from None
+            raise ModelFileError(f"{path}: bad model metadata ({e}); {repair_hint(path)}") from None
 
     def _n_tokens(self) -> int | None:
         tokens = self._reader.fields.get("tokenizer.ggml.tokens")

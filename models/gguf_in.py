@@ -14,6 +14,7 @@ from gguf import GGMLQuantizationType, GGUFValueType
 from gguf.gguf_writer import GGUFValue
 from gguf.quants import dequantize
 
+from .catalog import repair_hint
 from .config import ModelConfig, Weights
 from .errors import ModelFileError, UnsupportedModelError
 from .families import family
@@ -27,7 +28,6 @@ MAX_META_ARRAY = 64  # longer arrays (vocab, merges) stay out of `.metadata`; re
 _Q = GGMLQuantizationType
 SUPPORTED_TYPES = frozenset({_Q.F32, _Q.F16, _Q.BF16, _Q.Q4_0, _Q.Q4_1, _Q.Q5_0, _Q.Q5_1, _Q.Q8_0,
                              _Q.Q2_K, _Q.Q3_K, _Q.Q4_K, _Q.Q5_K, _Q.Q6_K})
-_REPULL = "re-pull it (specedge pull <name>) or re-download the file"
 LLAMACPP_RUNS_IT = "use the llama.cpp backend (--backend llamacpp), which runs any GGUF llama.cpp can load"
 
 
@@ -50,7 +50,7 @@ def _check_magic(path: Path) -> None:
         head = f.read(4)
     if head != GGUF_MAGIC:
         raise ModelFileError(f"{path} is not a GGUF file (starts with {head!r}, expected {GGUF_MAGIC!r}); "
-                              f"pass a .gguf model file, or {_REPULL} if it should be one")
+                              f"pass a .gguf model file, or, if it should be one, {repair_hint(path)}")
 
 
 def _open_reader(path: Path) -> GGUFFile:
@@ -60,13 +60,13 @@ def _open_reader(path: Path) -> GGUFFile:
     except (KeyboardInterrupt, MemoryError, ModelFileError):
         raise
     except Exception as e:  # a check the walk lacks: still a clean error, never a traceback
-        raise ModelFileError(f"{path} is truncated or corrupt ({type(e).__name__}: {e}); {_REPULL}") from e
+        raise ModelFileError(f"{path} is truncated or corrupt ({type(e).__name__}: {e}); {repair_hint(path)}") from e
     size = path.stat().st_size
     for t in reader.tensors:
         end = int(t.data_offset) + int(t.n_bytes)
         if end > size or t.data.nbytes != int(t.n_bytes):
             raise ModelFileError(f"{path} is truncated: tensor {t.name!r} ends at byte {end} but the file has "
-                                 f"{size}; {_REPULL}")
+                                 f"{size}; {repair_hint(path)}")
     return reader
 
 
@@ -99,15 +99,15 @@ class GGUFModel:
         try:
             self.config: ModelConfig = self.family.config_from_gguf(meta, shapes, self._config_tensor)
         except (ValueError, TypeError, ArithmeticError) as e:  # metadata of the wrong type or zero head counts
-            raise ModelFileError(f"{path}: bad model metadata ({e}); {_REPULL}") from None
+            raise ModelFileError(f"{path}: bad model metadata ({e}); {repair_hint(path)}") from None
         names = self.family.NAMES
         unknown = [n for n in self._tensors
                    if names.gguf_to_canonical(n) is None and n not in names.gguf_config]
         if unknown:
-            raise ModelFileError(f"{path}: unexpected tensors for a {arch} model: {unknown[:5]}; {_REPULL}")
+            raise ModelFileError(f"{path}: unexpected tensors for a {arch} model: {unknown[:5]}; {repair_hint(path)}")
         if self.config.n_layers > len(self._tensors):  # every layer has tensors; also bounds tensor_names() loops
             raise ModelFileError(f"{path}: {arch}.block_count is {self.config.n_layers} but the file holds only "
-                                 f"{len(self._tensors)} tensors; {_REPULL}")
+                                 f"{len(self._tensors)} tensors; {repair_hint(path)}")
 
     def _config_tensor(self, name: str) -> np.ndarray:
         """A GGUF tensor that carries configuration (Names.gguf_config: llama3's rope_freqs), float32 as stored."""
@@ -119,7 +119,8 @@ class GGUFModel:
         except (KeyboardInterrupt, MemoryError):
             raise
         except Exception as e:
-            raise ModelFileError(f"{self.path}: cannot decode tensor {t.name!r} ({e}); {_REPULL}") from e
+            raise ModelFileError(f"{self.path}: cannot decode tensor {t.name!r} ({e}); "
+                                 f"{repair_hint(self.path)}") from e
 
     def config_tensors(self) -> dict[str, tuple[Any, np.ndarray]]:
         """GGUF name -> (GGMLQuantizationType, data as stored) of the file's configuration tensors, for writers."""
@@ -150,7 +151,8 @@ class GGUFModel:
         except (KeyboardInterrupt, MemoryError):
             raise
         except Exception as e:
-            raise ModelFileError(f"{self.path}: cannot decode tensor {t.name!r} ({e}); {_REPULL}") from e
+            raise ModelFileError(f"{self.path}: cannot decode tensor {t.name!r} ({e}); "
+                                 f"{repair_hint(self.path)}") from e
         w = self.family.from_gguf_layout(canonical, w, self.config)
         return np.ascontiguousarray(w, dtype=dtype)
 
@@ -176,7 +178,7 @@ class GGUFModel:
         except ValueError as e:
             if isinstance(e, ModelFileError):
                 raise
-            raise ModelFileError(f"{self.path}: {e}; {_REPULL}") from None
+            raise ModelFileError(f"{self.path}: {e}; {repair_hint(self.path)}") from None
 
     def fields(self, prefix: str) -> dict[str, Any]:
         """Every metadata field under `prefix`, long arrays included (e.g. 'tokenizer.')."""
@@ -208,7 +210,7 @@ class GGUFModel:
                 raise UnsupportedModelError(f"{self.path}: {e}; {LLAMACPP_RUNS_IT} with llama.cpp's own "
                                             "tokenizer") from None
             except ValueError as e:
-                raise ModelFileError(f"{self.path}: {e}; {_REPULL}") from None
+                raise ModelFileError(f"{self.path}: {e}; {repair_hint(self.path)}") from None
         return self._spec
 
     def __repr__(self) -> str:

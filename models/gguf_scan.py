@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
+from .catalog import repair_hint
 from .errors import ModelFileError
 
 SUPPORTED_VERSIONS = (2, 3)  # what gguf-py's reader reads (version 1 used 32-bit counts)
@@ -35,7 +36,6 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_ARRAY_ITEMS = 1 << 21  # 2M: far above any vocabulary (256k); each item becomes a Python object
 MAX_NESTING = 3  # arrays of arrays; deeper nesting is refused rather than recursed into
 MAX_ELEMENTS = 1 << 62  # llama.cpp's bound (INT64_MAX / type size) on a tensor's element count
-_REPULL = "re-pull it (specedge pull <name>) or re-download the file"
 
 # GGUF value type -> (struct code, size); 8 = string and 9 = array are handled apart.
 _SCALARS = {0: ("B", 1), 1: ("b", 1), 2: ("H", 2), 3: ("h", 2), 4: ("I", 4), 5: ("i", 4), 6: ("f", 4), 7: ("?", 1),
@@ -122,7 +122,8 @@ class _Cursor:
         self.slots: list[Slot] | None = [] if record else None
 
     def fail(self, what: str) -> ModelFileError:
-        return ModelFileError(f"{self.path} is truncated or corrupt: {what} (at byte {self.pos}); {_REPULL}")
+        return ModelFileError(f"{self.path} is truncated or corrupt: {what} (at byte {self.pos}); "
+                              f"{repair_hint(self.path)}")
 
     def left(self) -> int:
         return self.size - self.pos
@@ -266,7 +267,8 @@ def open_map(path: str | Path) -> mmap.mmap:
     path = Path(path)
     size = path.stat().st_size
     if size < 24:
-        raise ModelFileError(f"{path} is truncated: {size} bytes is shorter than a GGUF header (24); {_REPULL}")
+        raise ModelFileError(f"{path} is truncated: {size} bytes is shorter than a GGUF header (24); "
+                             f"{repair_hint(path)}")
     with open(path, "rb") as f:
         return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
@@ -281,7 +283,7 @@ def walk_gguf(path: str | Path, buf, *, record: bool = False) -> GGUFHeader:
     path, size = Path(path), len(buf)
     if buf[:4] != b"GGUF":
         raise ModelFileError(f"{path} is not a GGUF file (starts with {bytes(buf[:4])!r}, expected b'GGUF'); "
-                             f"pass a .gguf model file, or {_REPULL} if it should be one")
+                             f"pass a .gguf model file, or, if it should be one, {repair_hint(path)}")
     version = struct.unpack_from("<I", buf, 4)[0]
     order = "<" if version & 0xFFFF else ">"  # a byte-swapped file reads as 0x0N000000 (as gguf-py detects it)
     c = _Cursor(path, buf, order, record)
@@ -290,7 +292,7 @@ def walk_gguf(path: str | Path, buf, *, record: bool = False) -> GGUFHeader:
     if version not in SUPPORTED_VERSIONS:
         raise ModelFileError(f"{path}: GGUF version {version} is not supported (this reader reads "
                              f"{', '.join(map(str, SUPPORTED_VERSIONS))}); re-convert the model with a current "
-                             "llama.cpp or " + _REPULL)
+                             "llama.cpp, or, if the file is damaged, " + repair_hint(path))
     n_tensors = c.read("Q", 8, "count", "the tensor count")
     n_kv = c.read("Q", 8, "count", "the metadata key count")
     if n_kv * _MIN_KV + n_tensors * _MIN_TENSOR_INFO > c.left():
@@ -307,7 +309,7 @@ def walk_gguf(path: str | Path, buf, *, record: bool = False) -> GGUFHeader:
             raise c.fail(f"tensor {t.name!r} data offset {t.offset} is not a multiple of the alignment {alignment}")
         if data_start + t.offset + t.n_bytes > size:
             raise ModelFileError(f"{path} is truncated: tensor {t.name!r} ends at byte "
-                                 f"{data_start + t.offset + t.n_bytes} but the file has {size}; {_REPULL}")
+                                 f"{data_start + t.offset + t.n_bytes} but the file has {size}; {repair_hint(path)}")
     layout = GGUFLayout(version, n_tensors, n_kv, alignment, data_start, size, tuple(c.slots or ()))
     return GGUFHeader(layout, fields, tuple(infos), order)
 

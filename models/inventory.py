@@ -7,6 +7,8 @@
     <cache>/plans/*.json                        cached plans: {"model": name given, "sources": [paths measured],
                                                 "choice": {..., "summary"?}, "created"}
     <cache>/profiles/*.json                     device profiles: {"model": path measured, "backend", "created", ...}
+    <cache>/.pull-<pid>-*/                      a running pull's staging folder, or a killed pull's leftover
+                                                (models/staging.py); <cache>/<file>.partial-<pid> from older versions
 
 Listing reads manifests without hashing their files (`load` verifies them) and skips unreadable plans and profiles
 with a note. Removal deletes a model's files and every plan and profile that references it, and nothing outside the
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from . import hub
-from .catalog import CATALOG, license_name, model_cache_dir
+from .catalog import CATALOG, license_name, model_cache_dir, pull_leftovers
 from .errors import ModelFileError
 from .manifest import FORMAT, MANIFEST, PAD_ROW_NONE, read_manifest
 
@@ -75,6 +77,14 @@ class ProfileRow:
 
 
 @dataclass(frozen=True)
+class LeftoverRow:
+    path: str
+    model: str  # the model the pull was fetching ("?" when not recorded)
+    size: int  # bytes on disk
+    live: bool  # a running pull holds it (kept); else an interrupted pull's leftover (`specedge rm --leftovers`)
+
+
+@dataclass(frozen=True)
 class Inventory:
     cache: Path
     catalogue: list[CatalogueRow]
@@ -84,13 +94,15 @@ class Inventory:
     profiles: list[ProfileRow]
     notes: list[str] = field(default_factory=list)  # files skipped, and why
     hf: list[hub.HubRow] = field(default_factory=list)  # pulled from the Hugging Face Hub
+    leftovers: list[LeftoverRow] = field(default_factory=list)  # staging folders of running or killed pulls
 
     def to_dict(self) -> dict[str, Any]:
         return {"cache": str(self.cache), "catalogue": [asdict(r) for r in self.catalogue],
                 "gguf": [asdict(r) for r in self.ggufs], "hf": [asdict(r) for r in self.hf],
                 "artifacts": [asdict(r) for r in self.artifacts],
                 "plans": [{**asdict(r), "sources": list(r.sources)} for r in self.plans],
-                "profiles": [asdict(r) for r in self.profiles], "notes": list(self.notes)}
+                "profiles": [asdict(r) for r in self.profiles],
+                "leftovers": [asdict(r) for r in self.leftovers], "notes": list(self.notes)}
 
 
 def _tree_size(root: Path) -> int:
@@ -167,7 +179,8 @@ def scan(cache_dir: str | Path | None = None) -> Inventory:
     notes += [f"{a.name}: {a.note}" for a in artifacts if a.note]
     plans = [r for _, r in read_plans(cache, notes)]
     profiles = [r for _, r in read_profiles(cache, notes)]
-    return Inventory(cache, catalogue, ggufs, artifacts, plans, profiles, notes, hub.list_cached(cache))
+    leftovers = [LeftoverRow(str(x.path), x.model, x.size, x.live) for x in pull_leftovers(cache)]
+    return Inventory(cache, catalogue, ggufs, artifacts, plans, profiles, notes, hub.list_cached(cache), leftovers)
 
 
 def _mb(n: int) -> str:
@@ -194,9 +207,25 @@ def format_inventory(inv: Inventory) -> str:
         or ["  (none)"]
     out += ["", "device profiles"]
     out += [f"  {r.backend:8s} {r.model}   {r.created}   [{r.file}]" for r in inv.profiles] or ["  (none)"]
+    out += _leftover_lines(inv.leftovers)
     if inv.notes:
         out += ["", "notes"] + [f"  {n}" for n in inv.notes]
     return "\n".join(out)
+
+
+def _leftover_lines(rows: list[LeftoverRow]) -> list[str]:
+    """The leftovers of interrupted pulls, and the folders of pulls running now (kept): sections shown only when
+    there is something in them."""
+    def lines(rs: list[LeftoverRow], state: str) -> list[str]:
+        return [f"  {r.model:34s} {_mb(r.size)}  {state}   {r.path}" for r in rs]
+    dead, live = [r for r in rows if not r.live], [r for r in rows if r.live]
+    out = []
+    if dead:
+        out += ["", f"leftovers of interrupted pulls: {_mb(sum(r.size for r in dead)).strip()} (`specedge rm "
+                    "--leftovers` removes them; so does the next `specedge pull`)"] + lines(dead, "interrupted")
+    if live:
+        out += ["", "pulls running now"] + lines(live, "running (kept)")
+    return out
 
 
 # -- removal ----------------------------------------------------------------------------------------------------

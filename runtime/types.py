@@ -56,28 +56,30 @@ class SamplingParams:
         bias = tuple((int(t), float(b)) for t, b in dict(self.logit_bias).items())
         object.__setattr__(self, "logit_bias", bias)
         object.__setattr__(self, "dry_breakers", frozenset(int(t) for t in self.dry_breakers))
-        checks = [
-            (np.isfinite(self.temperature) and self.temperature >= 0, "temperature must be >= 0 (0 = greedy)"),
-            (int(self.top_k) == self.top_k and self.top_k >= 0, "top_k must be an integer >= 0 (0 = off)"),
-            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1] (1 = off)"),
-            (0.0 <= self.min_p < 1.0, "min_p must be in [0, 1) (0 = off)"),
-            (0.0 < self.typical_p <= 1.0, "typical_p must be in (0, 1] (1 = off)"),
-            (np.isfinite(self.repetition_penalty) and self.repetition_penalty > 0,
-             "repetition_penalty must be > 0 (1 = off)"),
-            (self.repeat_last_n >= 0, "repeat_last_n must be >= 0"),
-            (np.isfinite(self.presence_penalty), "presence_penalty must be a finite number (0 = off)"),
-            (np.isfinite(self.frequency_penalty), "frequency_penalty must be a finite number (0 = off)"),
-            (all(t >= 0 and (np.isfinite(b) or b == -np.inf) for t, b in bias),
-             "logit_bias maps token ids >= 0 to finite biases (or -inf to ban a token)"),
-            (np.isfinite(self.dry_multiplier) and self.dry_multiplier >= 0, "dry_multiplier must be >= 0 (0 = off)"),
-            (np.isfinite(self.dry_base) and self.dry_base > 1.0, "dry_base must be > 1"),
+        bad_bias = [(t, b) for t, b in bias if not (t >= 0 and (np.isfinite(b) or b == -np.inf))]
+        checks = [  # (holds, the field, its rule)
+            (np.isfinite(self.temperature) and self.temperature >= 0, "temperature", "must be >= 0 (0 = greedy)"),
+            (int(self.top_k) == self.top_k and self.top_k >= 0, "top_k", "must be an integer >= 0 (0 = off)"),
+            (0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1] (1 = off)"),
+            (0.0 <= self.min_p < 1.0, "min_p", "must be in [0, 1) (0 = off)"),
+            (0.0 < self.typical_p <= 1.0, "typical_p", "must be in (0, 1] (1 = off)"),
+            (np.isfinite(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty",
+             "must be > 0 (1 = off)"),
+            (self.repeat_last_n >= 0, "repeat_last_n", "must be >= 0"),
+            (np.isfinite(self.presence_penalty), "presence_penalty", "must be a finite number (0 = off)"),
+            (np.isfinite(self.frequency_penalty), "frequency_penalty", "must be a finite number (0 = off)"),
+            (not bad_bias, "logit_bias", "maps token ids >= 0 to finite biases (or -inf to ban a token)"),
+            (np.isfinite(self.dry_multiplier) and self.dry_multiplier >= 0, "dry_multiplier", "must be >= 0 (0 = off)"),
+            (np.isfinite(self.dry_base) and self.dry_base > 1.0, "dry_base", "must be > 1"),
             (int(self.dry_allowed_length) == self.dry_allowed_length and self.dry_allowed_length >= 1,
-             "dry_allowed_length must be an integer >= 1"),
-            (self.dry_last_n >= 0, "dry_last_n must be >= 0 (0 = the whole history)"),
+             "dry_allowed_length", "must be an integer >= 1"),
+            (self.dry_last_n >= 0, "dry_last_n", "must be >= 0 (0 = the whole history)"),
         ]
-        for ok, msg in checks:
-            if not ok:
-                raise ValueError(f"invalid sampling parameter: {msg}; got {self!r}")
+        for ok, name, rule in checks:
+            if not ok:  # the field and its value, not the whole repr: the user set one of them, not all 16
+                got = ", ".join(f"{t}: {b}" for t, b in bad_bias[:3]) if name == "logit_bias" else \
+                    repr(getattr(self, name))
+                raise ValueError(f"invalid sampling parameter: {name} {rule}; got {name} = {got}")
 
     @property
     def greedy(self) -> bool:

@@ -40,9 +40,9 @@ def tiny(tmp_path_factory):
     ("--min-p", "-0.1", "min_p must be in [0, 1)"),
     ("--min-p", "1.5", "min_p must be in [0, 1)"),
     ("--min-p", "nan", "min_p must be in [0, 1)"),
-    ("--repeat-penalty", "0", "repetition_penalty must be > 0"),
-    ("--repeat-penalty", "-1", "repetition_penalty must be > 0"),
-    ("--repeat-penalty", "nan", "repetition_penalty must be > 0"),
+    ("--repeat-penalty", "0", "repeat_penalty must be > 0"),
+    ("--repeat-penalty", "-1", "repeat_penalty must be > 0"),
+    ("--repeat-penalty", "nan", "repeat_penalty must be > 0"),
 ])
 def test_invalid_sampling_values(tiny, flag, value, message):
     r = run("generate", tiny, "hi", "--backend", "numpy", flag, value)

@@ -114,7 +114,7 @@ def test_turns_slash_commands_save_and_load(endless, tmp_path):
     assert turn(child, "fourth")["tau"] > 1  # the target drafting for itself: every draft token accepted
     command(child, "/set max_tokens 5", r"\(max_tokens = 5\)")
     command(child, "/set temperature -1", r"error: .*temperature")
-    command(child, "/set", r"repeat_penalty = 1.1 \(the model's default: chat default\)\s+dry_multiplier = 0.8 \(")
+    command(child, "/set", r"repeat_penalty = 1.1 \(specedge's default for sampled answers\)\s+dry_multiplier = 0.8 \(")
     assert turn(child, "short")["tokens"] == 5
     command(child, "/help", r"/drafter SPEC.*\n.*/set KEY VALUE")
     command(child, "/system You are terse.", r"system prompt set; conversation cleared")

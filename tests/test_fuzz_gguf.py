@@ -130,7 +130,7 @@ def test_huge_array_count_is_refused_before_the_reader_loops(base):
     data = bytearray(raw)
     _put(data, arr.offset - 4, 4, 0)  # items of u8: gguf-py reads one byte per item, then empty views for ever
     _put(data, arr.offset, 8, 2**64 - 1)
-    with pytest.raises(ModelFileError, match=f"claims {2**64 - 1} items.*re-pull"):
+    with pytest.raises(ModelFileError, match=f"claims {2**64 - 1} items.*re-download"):
         with time_limit():
             open_gguf(_write(path, data))
     _put(data, arr.offset, 8, MAX_ARRAY_ITEMS + 1)

@@ -128,7 +128,7 @@ def test_wrong_typed_gguf_metadata_is_a_clean_error(base, data):
             Tokenizer(m.tokenizer_spec()).encode("hi there")
             m.load_weights()
     except ModelFileError as e:
-        assert str(path) in str(e) and ("re-pull" in str(e) or "supported" in str(e)), str(e)
+        assert str(path) in str(e) and ("re-download" in str(e) or "supported" in str(e)), str(e)
 
 
 @pytest.mark.parametrize("key, value, match", [
@@ -146,7 +146,7 @@ def test_wrong_metadata_errors_name_key_and_fix(base, key, value, match):
         with time_limit():
             m = open_gguf(path)
             m.tokenizer_spec()
-    assert "re-pull" in str(e.value)
+    assert "re-download" in str(e.value)
 
 
 # ---- chat templates ----------------------------------------------------------------------------------------------

@@ -148,7 +148,9 @@ def test_models_json(cache):
     r = run("models", "--cache-dir", cache, "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    assert set(doc) == {"cache", "catalogue", "gguf", "hf", "artifacts", "plans", "profiles", "notes", "engines"}
+    assert set(doc) == {"cache", "catalogue", "gguf", "hf", "artifacts", "plans", "profiles", "leftovers", "notes",
+                        "engines"}
+    assert doc["leftovers"] == []
     assert doc["engines"]["numpy"] and "llama.cpp" in doc["engines"]  # name -> installed version (None: missing)
     assert {e["name"]: e["license"] for e in doc["catalogue"]} == {n: CATALOG[n].license for n in CATALOG}
     assert doc["catalogue"][0]["license"] == "Apache-2.0"

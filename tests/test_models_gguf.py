@@ -165,7 +165,7 @@ def test_truncated_file(tmp_path, tiny_llama, keep):
     p.write_bytes(data[:max(8, int(len(data) * keep))])
     with pytest.raises(ModelFileError, match="truncated|corrupt") as e:
         open_gguf(p)
-    assert "cut.gguf" in str(e.value) and "re-pull" in str(e.value)
+    assert "cut.gguf" in str(e.value) and "re-download" in str(e.value) and "re-pull" not in str(e.value)
 
 
 def test_corrupt_header_after_magic(tmp_path, tiny_llama):
