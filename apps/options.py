@@ -104,7 +104,8 @@ _PLAN = [
                  help="Pick the drafter and k with the most expected tokens/s within one engine (--backend) from "
                       "its device profile (measured and cached on first use); the choice goes to stderr."),
     click.option("--no-plan", "no_plan", is_flag=True,
-                 help="Do not plan: run --backend/--drafter/--k as given, else the model's engine + ngram k<=4. "
+                 help="Do not plan: run --backend/--drafter/--k as given, else the model's engine + ngram k<=4 "
+                      "where that is lossless at these threads, else plain decoding. "
                       "(Without this, and without --backend/--drafter/--k/--lossy/--auto/--device, the command "
                       "runs the plan for this model and machine: `specedge plan MODEL`, measured on first use.)"),
 ]
