@@ -165,3 +165,20 @@ def test_chat_set_switches_the_stop_and_the_limit():
         parse_option("repetition_stop", "maybe", {})
     assert parse_option("max_tokens", "none", {})["max_tokens"] is None  # no limit
     assert parse_option("max_tokens", "default", {"max_tokens": 5})["max_tokens"] == DEFAULT_MAX_TOKENS
+
+
+def test_the_server_runs_to_the_end_of_the_turn_with_the_stop(looping):
+    """No max_tokens on the server: OpenAI's "to the end", not the Engine's 1024; the repetition stop still ends a
+    loop, as finish_reason "stop" for OpenAI clients and "repetition" in the specedge statistics."""
+    from starlette.testclient import TestClient
+
+    from specedge.apps.server import ServerConfig, create_app
+    engine = specedge.Engine.open(str(looping), backend="numpy", drafter="ngram", ctx=512)
+    want = engine.generate("the cat sat on the mat", temperature=0, max_tokens=None)
+    assert want.finish_reason == "repetition"
+    with TestClient(create_app(engine, ServerConfig("tiny"))) as client:
+        r = client.post("/v1/completions", json={"prompt": "the cat sat on the mat", "temperature": 0})
+        assert r.status_code == 200, r.text
+        out = r.json()
+    assert out["choices"][0]["finish_reason"] == "stop" and out["specedge"]["finish_reason"] == "repetition"
+    assert out["usage"]["completion_tokens"] == len(want.tokens) and out["choices"][0]["text"] == want.text
