@@ -42,9 +42,9 @@ COMMANDS = {
     "/system TEXT": "set the system prompt and start over (/system alone shows it; /system - removes it)",
     "/stats": "the last answer's full statistics and the session totals",
     "/drafter SPEC": "switch the drafter live (ngram, none, model:<...>, exit:<l>, recycle, ...); alone: show it",
-    "/set KEY VALUE": "change a sampling option (max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, "
-                      "dry_multiplier, presence_penalty, frequency_penalty, logit_bias ID+BIAS ..., seed; `none` = the default: to "
-                      "the end / the model's / no bias); alone: show them",
+    "/set KEY VALUE": "change a sampling option (max_tokens, repetition_stop on|off, temperature, top_p, top_k, min_p, "
+                      "repeat_penalty, dry_multiplier, presence_penalty, frequency_penalty, logit_bias ID+BIAS ..., "
+                      "seed; `default` = the default; `none` = no limit / the model's / no bias); alone: show them",
     "/save PATH": "write the conversation and settings as JSON (resume with `specedge chat MODEL --load PATH`)",
     "/help": "this list",
     "/exit": "quit (also /quit, Ctrl-D, Ctrl-C twice at the prompt)",
