@@ -3,7 +3,8 @@
 
     from specedge import Engine
     engine = Engine.open("smollm2-135m")  # the plan for this machine; Engine.open("smollm2-135m", plan=False):
-    # the engine the model names (llama.cpp for a GGUF; "smollm2-135m-onnx-int4": ONNX Runtime) + ngram k<=4
+    # the engine the model names (llama.cpp for a GGUF; "smollm2-135m-onnx-int4": ONNX Runtime) + ngram k<=4 where
+    # that is lossless at these threads, else plain
     print(engine.chat([{"role": "user", "content": "Hi!"}], max_tokens=64).text)
     for chunk in engine.stream("Once upon a time", max_tokens=32, temperature=0.8, seed=1):
         print(chunk.text, end="", flush=True)
@@ -26,6 +27,7 @@ repeated system prompt) prefills only the rest.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from pathlib import Path
 from dataclasses import dataclass, field, replace
@@ -35,6 +37,7 @@ import numpy as np
 
 from ..assembly.decoder import CallSettings, CallStream, DecodeSettings, Decoder
 from ..assembly.load import LoadedModel, parse_drafter
+from ..assembly.notice import Measuring
 from ..assembly.open import open_decoder, settings_from
 from ..runtime.backends.llamacpp_embed import LlamaCppEmbedder
 from ..runtime.cores import CoreShare, ThreadedBackend, same_logits_across_threads
@@ -44,6 +47,15 @@ from ..runtime.session import Session
 from ..runtime.types import FinishReason, GenerationResult, Response
 from .tools import Tool, ToolCall, ToolChoice, forced_grammar, parse_tool_calls, render_messages, resolve_choice, \
     tools_of
+
+
+LOGGER = logging.getLogger("specedge.engine")
+
+
+def engine_log(message: str) -> None:
+    """Engine.open's default log: a measurement's announcement (assembly/notice.py Measuring) at WARNING, so it is
+    never silent, the other lines at INFO."""
+    LOGGER.log(logging.WARNING if isinstance(message, Measuring) else logging.INFO, message)
 
 
 @dataclass(frozen=True)
@@ -60,7 +72,9 @@ class Engine:
     `stream` yields runtime Responses (text, token, from_draft, tokens_per_s, finish_reason, logprob); `generate`
     and `chat` return a GenerationResult (text, tokens, finish_reason, prompt_tokens, stats: CallStats, logprobs).
 
-    Call options (CallSettings): max_tokens None = to the end of the turn (EOS, a stop string) or the context limit;
+    Call options (CallSettings): max_tokens 1024 by default (None = to the end of the turn: EOS, a stop string, or
+    the context limit); repetition_stop True (an answer repeating itself ends with finish_reason "repetition", its
+    text a prefix of the answer without the stop);
     temperature, top_p, top_k, min_p None = the model's own defaults (`sampling_defaults`: GGUF general.sampling.*,
     an artifact's recorded generation config, else temperature 0.7, top_p 0.9); temperature=0 is greedy; typical_p
     1 (off); repeat_penalty (default 1.1 when sampling, off when greedy), presence_penalty, frequency_penalty
@@ -100,10 +114,16 @@ class Engine:
         drafter, k, adaptive_k, verifier, lossy), text or typed. With none of backend, device, gpu_layers, drafter,
         k and lossy given and plan=True, the engine runs the plan for this model and machine (assembly/plan.py:
         engine, weight format, drafter and k measured fastest; measured on first use, then cached; `self.plan` holds
-        it); otherwise they are honoured exactly (defaults: the engine the model names, ngram, k 4). auto=True: the device profile picks
-        the drafter and k. ctx: positions the KV cache holds (prompt + answer); default min(model context, 4096)."""
+        it; at a thread count with no plan, the plan of the nearest other one); otherwise they are honoured exactly
+        (defaults: the engine the model names, with ngram k 4 where that is lossless at these threads, else plain
+        decoding). auto=True: the device profile picks the drafter and k. ctx: positions the KV cache holds (prompt
+        + answer); default min(model context, 4096).
+
+        log: where the lines the CLI prints go (what was chosen, and before any measurement its reason, estimate and
+        how to skip it); default: the `specedge.engine` logger, measurements at WARNING (shown even with logging
+        unconfigured), the rest at INFO."""
         model_s, decode_s = settings_from(model, **settings)
-        return cls(open_decoder(model_s, decode_s, plan=plan, auto=auto, log=log), model)
+        return cls(open_decoder(model_s, decode_s, plan=plan, auto=auto, log=log or engine_log), model)
 
     @property
     def model(self) -> LoadedModel:

@@ -13,8 +13,9 @@ An interrupted answer stays in the conversation (marked "interrupted" in /save f
 message usually refers to it ("go on", "shorter"), and its tokens are already in the KV cache, so keeping it costs
 nothing while dropping it would make the next turn re-prefill from the cut.
 
-Answers run to the end of the turn by default (max_tokens unset) and sample with the model's defaults
-(assembly/sampling_defaults.py). When the rendered conversation plus room for the answer (answer_reserve: min(512,
+Answers run to the end of the turn, at most 1024 tokens by default (--max-tokens, /set max_tokens none: no limit),
+stop where they start repeating themselves (finish `repetition`; /set repetition_stop off), and sample with the
+model's defaults (assembly/sampling_defaults.py). When the rendered conversation plus room for the answer (answer_reserve: min(512,
 ctx // 4) tokens, or max_tokens when smaller) would not fit the context (--ctx), the oldest user/assistant turns
 are dropped, in pairs, until it fits; the system prompt is always kept, and one line on stderr says so. The model
 sees the trimmed conversation (the next turn re-prefills it: the cached prefix changed); /save keeps every message,
@@ -33,8 +34,8 @@ from ..assembly.decoder import CallSettings, parse_logit_bias
 from ..runtime.stats import CallStats
 from ..runtime.types import FinishReason
 from .api import Engine
-from .chat_state import (OPTION_NAMES, SHORT_ANSWER, Conversation, Totals, answer_reserve, parse_option, stats_line,
-                         unset_value)
+from .chat_state import (OPTION_NAMES, OPTIONAL, SHORT_ANSWER, Conversation, Totals, answer_reserve, parse_option,
+                         stats_line, unset_value)
 from .options import STOP, call_options, call_settings, engine_options, open_from
 
 COMMANDS = {
@@ -42,9 +43,9 @@ COMMANDS = {
     "/system TEXT": "set the system prompt and start over (/system alone shows it; /system - removes it)",
     "/stats": "the last answer's full statistics and the session totals",
     "/drafter SPEC": "switch the drafter live (ngram, none, model:<...>, exit:<l>, recycle, ...); alone: show it",
-    "/set KEY VALUE": "change a sampling option (max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, "
-                      "dry_multiplier, presence_penalty, frequency_penalty, logit_bias ID+BIAS ..., seed; `none` = the default: to "
-                      "the end / the model's / no bias); alone: show them",
+    "/set KEY VALUE": "change a sampling option (max_tokens, repetition_stop on|off, temperature, top_p, top_k, min_p, "
+                      "repeat_penalty, dry_multiplier, presence_penalty, frequency_penalty, logit_bias ID+BIAS ..., "
+                      "seed; `default` = the default; `none` = no limit / the model's / no bias); alone: show them",
     "/save PATH": "write the conversation and settings as JSON (resume with `specedge chat MODEL --load PATH`)",
     "/help": "this list",
     "/exit": "quit (also /quit, Ctrl-D, Ctrl-C twice at the prompt)",
@@ -125,6 +126,9 @@ class ChatLoop:
         self.last = stats
         self.totals.add(stats)
         say(stats_line(stats))
+        if stats.finish_reason is FinishReason.REPETITION:
+            say("(the answer was repeating itself, so it stopped: /set repetition_stop off lets it run on, a "
+                "sampled answer (/set temperature 0.7) loops less)")
         if stats.finish_reason is FinishReason.LENGTH:
             limit = self.conv.options.get("max_tokens")
             if limit is not None and stats.decode.n_generated >= limit:
@@ -269,8 +273,9 @@ class ChatLoop:
     def set_option(self, arg: str) -> None:
         key, _, value = arg.partition(" ")
         if not value.strip():
-            call = CallSettings(**{k: self.conv.options.get(k) for k in OPTION_NAMES
-                                   if self.conv.options.get(k) is not None})
+            opts = self.conv.options
+            call = CallSettings(**{k: opts[k] for k in OPTION_NAMES
+                                   if k in opts and (opts[k] is not None or k in OPTIONAL)})
             defaults = self.engine.sampling_defaults
             used = call.sampling(defaults)
             for k in OPTION_NAMES:
@@ -341,7 +346,10 @@ def chat_cmd(**o) -> None:
         conv.options.update({k: v for k, v in loaded.options.items() if k not in given})
     conv.options["stop"] = list(o["stop"])
     engine = Engine(open_from(o), o["model"])
-    if base_model(engine) and conv.options.get("max_tokens") is None:
+    ctx = click.get_current_context()
+    chosen = ctx.get_parameter_source("max_tokens") is click.core.ParameterSource.COMMANDLINE or (
+        o["load_path"] is not None and "max_tokens" in loaded.options)
+    if base_model(engine) and not chosen:
         conv.options["max_tokens"] = BASE_MODEL_CAP
         say(f"({o['model']} ships no chat template: a base model continues text rather than answering in turns, "
             f"and rarely stops, so answers are capped at {BASE_MODEL_CAP} tokens; /set max_tokens changes it)")

@@ -44,16 +44,27 @@ def unset_value(name: str, value, greedy: bool, defaults: SamplingDefaults) -> s
     return f"{value} (the chat default: the model states no {name})"
 
 
+def switch(text: str) -> bool:
+    """/set repetition_stop on|off (true/false, yes/no, 1/0)."""
+    value = {"on": True, "true": True, "yes": True, "1": True, "off": False, "false": False, "no": False,
+             "0": False}.get(text.strip().lower())
+    if value is None:
+        raise ValueError(f"takes on or off, got {text!r}")
+    return value
+
+
 def _parser(name: str):
-    """How /set reads a value of CallSettings field `name`: its declared type (int or float), logit_bias's own."""
+    """How /set reads a value of CallSettings field `name`: its declared type (bool, int or float), logit_bias's
+    own."""
     if name == "logit_bias":
         return bias_option
-    hint = str(get_type_hints(CallSettings)[name])
-    return int if "int" in hint else float
+    hint = get_type_hints(CallSettings)[name]
+    return switch if hint is bool else int if "int" in str(hint) else float
 
 
 OPTION_TYPES = {name: _parser(name) for name in OPTION_NAMES}
-OPTIONAL = tuple(f.name for f in fields(CallSettings) if f.default is None and f.name in OPTION_NAMES)  # /set K none
+# /set K none: the fields that take None (max_tokens: no limit; the sampling values: the model's default)
+OPTIONAL = tuple(name for name in OPTION_NAMES if "None" in str(get_type_hints(CallSettings)[name]))
 RESERVE_CAP = 512  # answer room the chat keeps free when trimming: min(RESERVE_CAP, ctx // 4), or max_tokens
 SHORT_ANSWER = 8  # trimming shortens an answer longer than ctx // SHORT_ANSWER tokens to that many, longest first
 
@@ -150,16 +161,20 @@ def stats_line(s: CallStats) -> str:
 
 
 def parse_option(key: str, value: str, current: dict) -> dict:
-    """The options with KEY set to VALUE (typed as CallSettings declares it; `none` for the default of max_tokens
-    and the sampling values), validated. Raises ValueError."""
+    """The options with KEY set to VALUE (typed as CallSettings declares it; `default` for its default; `none` for
+    no limit (max_tokens) or the model's default (the sampling values)), validated. Raises ValueError."""
     if key not in OPTION_TYPES:
         raise ValueError(f"unknown option {key!r}; use one of {', '.join(OPTION_NAMES)}")
     kind = OPTION_TYPES[key]
-    if value.lower() in ("none", "default") and key in OPTIONAL:
+    if value.lower() == "default":
+        return {**current, key: CallSettings.__dataclass_fields__[key].default}
+    if value.lower() == "none" and key in OPTIONAL:
         return {**current, key: None}
     try:
         new = {**current, key: kind(value)}
-    except ValueError:
+    except ValueError as e:
+        if kind is switch:
+            raise ValueError(f"{key} {e}") from None
         if kind not in (int, float):
             raise  # a parser of its own (logit_bias) says what it takes
         also = " or none" if key in OPTIONAL else ""

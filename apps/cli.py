@@ -10,6 +10,7 @@ import click
 from ..models import catalog
 from ..assembly.decoder import DecodeSettings
 from ..runtime.drafters import NoneSpec
+from ..runtime.types import FinishReason
 from .bench_cmd import bench_cmd
 from .export_cmd import export_cmd
 from .chat_cmd import chat_cmd
@@ -173,6 +174,9 @@ def generate(**o) -> None:
         raise click.ClickException(str(e)) from None
     if echo is not None:
         click.echo("")
+    note = finish_note(result, call)
+    if note:
+        click.echo(note, err=True)
     s, stats = decoder.settings, result.stats.decode  # the plan or --auto may have replaced the engine, drafter, k
     drafter, backend = str(s.drafter), decoder.model.kind.value
     report = {**result.stats.to_dict(), "drafter": drafter, "backend": backend, "model": str(decoder.model.path),
@@ -194,13 +198,25 @@ def generate(**o) -> None:
         used = result.stats.sampling
         temp = "greedy" if used.greedy else f"temperature={used.temperature:g} top_p={used.top_p:g}"
         how = report.get("lossy") or ("plain" if is_plain else f"drafter={drafter} k={s.k}")
-        line = f"[{backend} {how} {temp}] {stats.summary()}"
+        line = f"[{backend} {how} {temp}] {stats.summary()}, finish {result.finish_reason}"
         if base is not None:
             line += (f"\n[{backend} plain] {base.tokens_per_s:.1f} tok/s -> speedup "
                      f"{report['speedup']:.2f}x, output identical to plain: {report['identical_to_baseline']}")
             if not used.greedy:  # sampled: the same distribution, not the same draws from the seed
                 line += " (sampled: lossless in distribution, not token for token; --temperature 0 compares tokens)"
         click.echo(line, err=True)
+
+def finish_note(result, call) -> str | None:
+    """The line saying why an answer stopped before the end of its turn (None when it ended there)."""
+    if result.finish_reason is FinishReason.REPETITION:
+        return ("(stopped: the answer was repeating itself; --no-repetition-stop lets it run on, a sampled answer "
+                "(--temperature 0.7) loops less)")
+    if result.finish_reason is FinishReason.LENGTH:
+        if call.max_tokens is not None and len(result.tokens) >= call.max_tokens:
+            return f"(stopped at --max-tokens {call.max_tokens}; a larger --max-tokens lets it run on)"
+        return "(stopped at the context limit; a larger --ctx lets it run on)"
+    return None
+
 
 @cli.command("embed")
 @click.argument("model")

@@ -12,9 +12,10 @@ Extension fields (llama.cpp's server uses the same names): request `top_k`, `min
 `dry_sequence_breakers` are refused: ours looks at the whole context and breaks at the model's newline, ':', '"', '*'
 and end-of-turn tokens), `grammar` (GBNF) and `json_schema` (a schema object), and our `regex`; response `specedge` with the speculative-decoding statistics of the call (see docs/server.md for its schema).
 
-Omitted fields take specedge's defaults, the same as the CLI and the Engine: no max_tokens / max_completion_tokens
-decodes to the end of the turn (EOS, a stop string) or the context limit, for both routes (finish_reason "length"
-only at the limit); no temperature / top_p / top_k / min_p samples with the model's own defaults
+Omitted fields take specedge's defaults, as the CLI and the Engine do, but for the length: no max_tokens /
+max_completion_tokens decodes to the end of the turn (EOS, a stop string) or the context limit, as OpenAI's, for
+both routes (finish_reason "length" only at the limit; the CLI and the Engine cap answers at 1024 tokens), an
+answer that repeats itself stopping there (CallSettings.repetition_stop, on); no temperature / top_p / top_k / min_p samples with the model's own defaults
 (assembly/sampling_defaults.py; temperature 0.7, top_p 0.9 when the model states none, repeat_penalty 1.1 for
 sampled calls), not OpenAI's temperature 1;
 temperature 0 is greedy; seed 0.

@@ -4,8 +4,8 @@
     decode_options   --drafter --k --adaptive-k/--fixed-k --verifier --lossy -> DecodeSettings  (generate chat serve)
     plan_options     --auto --no-plan                                         -> open_decoder's plan / auto
     call_options     one flag per CallSettings field declared with option(...) (assembly/decoder.py): --max-tokens
-                     --temperature --top-p --top-k --min-p --typical-p --repeat-penalty --presence-penalty
-                     --frequency-penalty --logit-bias --seed                  -> CallSettings    (generate chat)
+                     --[no-]repetition-stop --temperature --top-p --top-k --min-p --typical-p --repeat-penalty
+                     --presence-penalty --frequency-penalty --logit-bias --seed  -> CallSettings (generate chat)
     STOP                                                                      (generate chat)
     THREADS, CTX, MAX_TOKENS, CACHE_DIR(...)   single options `specedge bench` takes with its own defaults
 
@@ -104,7 +104,8 @@ _PLAN = [
                  help="Pick the drafter and k with the most expected tokens/s within one engine (--backend) from "
                       "its device profile (measured and cached on first use); the choice goes to stderr."),
     click.option("--no-plan", "no_plan", is_flag=True,
-                 help="Do not plan: run --backend/--drafter/--k as given, else the model's engine + ngram k<=4. "
+                 help="Do not plan: run --backend/--drafter/--k as given, else the model's engine + ngram k<=4 "
+                      "where that is lossless at these threads, else plain decoding. "
                       "(Without this, and without --backend/--drafter/--k/--lossy/--auto/--device, the command "
                       "runs the plan for this model and machine: `specedge plan MODEL`, measured on first use.)"),
 ]
@@ -113,6 +114,10 @@ def _call_option(f: Field, hint) -> Callable:
     its type from the annotation (int or float; text for a repeatable one), its default, help and click extras."""
     extra = dict(f.metadata["click"])
     low = extra.pop("min", None)
+    flag = "--" + f.name.replace("_", "-")
+    if hint is bool:  # --name/--no-name
+        return click.option(f"{flag}/--no-{flag[2:]}", f.name, default=f.default, show_default=True,
+                            help=f.metadata["help"], **extra)
     kind = int if "int" in str(hint).split("|")[0] else float
     if extra.get("multiple"):
         kind, default = str, ()
@@ -120,7 +125,7 @@ def _call_option(f: Field, hint) -> Callable:
         default = f.default
     if low is not None:
         kind = click.IntRange(low, None) if kind is int else click.FloatRange(low, None)
-    return click.option("--" + f.name.replace("_", "-"), f.name, type=kind, default=default,
+    return click.option(flag, f.name, type=kind, default=default,
                         show_default=default is not None and default != (), help=f.metadata["help"], **extra)
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..models.catalog import model_cache_dir
 from .contention import CpuWatch, not_settled
+from .notice import Measuring
 from .environment import environment
 from .profile import (PLAIN, Choice, DeviceProfile, choose, k_label, load_profile, model_fingerprint,
                             profile_key, profile_path, save_profile)
@@ -101,8 +102,10 @@ def load_or_measure(target: LoadedModel, label: str, specs: Sequence[str], *, th
             return old, path
         why = f"the device profile {path} has no measurements for {missing}"
         specs = list(old.drafters) + missing
-    log(f"{why}: measuring {label} (T(n), drafters {', '.join(specs)}; each drafter decodes {settings.prompts} "
-        "prompts twice)")
+    about = settings.budget_s if settings.budget_s is not None else 20 + 15 * len(specs)
+    log(Measuring(f"{why}: measuring {label} (T(n), drafters {', '.join(specs)}; each drafter decodes "
+                  f"{settings.prompts} prompts twice; about {about:.0f} s for a small model on 2 cores, once, then "
+                  "cached; --drafter and --k instead of --auto skip it)"))
     drafters = {s: make_drafter(parse_drafter(s), target, ctx=ctx, threads=threads, cache_dir=cache_dir,
                                 device=device) for s in specs}
     warm_page_cache(Path(target.path))  # the first round must not be the one that reads the weights from disk

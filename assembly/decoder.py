@@ -25,6 +25,7 @@ from ..runtime.constraint import GRAMMAR_TYPES, Grammar, GrammarCompiler
 from ..runtime.drafters.base import Drafter
 from ..runtime.generate import collect, stream
 from ..runtime.lossy import LossySpec
+from ..runtime.repetition import REPETITION_STOP
 from ..runtime.request import MAX_TOP_LOGPROBS, Request, Speculation
 from ..runtime.session import Session
 from ..runtime.stats import CallStats, DecodeStats
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from .plan import Plan
 
 Log = Callable[[str], None]
+DEFAULT_MAX_TOKENS = 1024  # an answer's bound unless the call says otherwise (CLI, chat, Engine; the server: None)
 
 
 @dataclass(frozen=True)
@@ -98,12 +100,18 @@ class CallSettings:
     (apps/options.py), a /set key (apps/chat_state.py) and an Engine keyword; with `wire`, an OpenAI body field too.
     Invalid values raise ValueError naming the field at construction.
 
-    max_tokens None: decode to the end of the turn (EOS or a stop string) or the context limit, whichever comes
-    first (finish_reason `length` only for the limit). temperature / top_p / top_k / min_p None: the model's default
+    max_tokens: at most DEFAULT_MAX_TOKENS by default (a bound a user can expect of any answer); None: to the end of
+    the turn (EOS or a stop string) or the context limit, whichever comes first (the server's default, as OpenAI's;
+    finish_reason `length` only for the limit). repetition_stop (on by default): an answer that repeats itself ends
+    there with finish_reason `repetition` (runtime/repetition.py: about 200 tokens of back-to-back copies of one
+    span); the text is a prefix of the answer without it, so greedy stays exactly greedy up to that point. temperature / top_p / top_k / min_p None: the model's default
     (assembly/sampling_defaults.py: GGUF general.sampling.*, an artifact's recorded generation config, else
     CHAT_DEFAULTS temperature 0.7, top_p 0.9); temperature 0 is greedy, exactly. The seed stays 0: reproducible."""
-    max_tokens: int | None = field(default=None, metadata=option(
-        "Most tokens to generate (default: until end of turn or the context limit).", min=1))
+    max_tokens: int | None = field(default=DEFAULT_MAX_TOKENS, metadata=option(
+        "Most tokens to generate (the server's default: to the end of the turn or the context limit).", min=1))
+    repetition_stop: bool = field(default=True, metadata=option(
+        "End an answer that repeats itself (one span of up to 64 tokens copied back to back over about 200 tokens) "
+        "with finish reason 'repetition'; the text is a prefix of the answer without the stop."))
     temperature: float | None = field(default=None, metadata=option(
         "0 = greedy. Default: the model's (GGUF general.sampling.temp, an exported artifact's generation config), "
         "else 0.7.", "number"))
@@ -138,7 +146,10 @@ class CallSettings:
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+            raise ValueError(f"max_tokens must be >= 1 (None: to the end of the turn or the context limit), got "
+                             f"{self.max_tokens}")
+        if not isinstance(self.repetition_stop, bool):
+            raise ValueError(f"repetition_stop must be True or False, got {self.repetition_stop!r}")
         if self.grammar is not None and not isinstance(self.grammar, GRAMMAR_TYPES):
             raise ValueError(f"grammar must be one of JsonSchema, JsonObject, Regex, Lark, Gbnf "
                              f"(specedge.runtime.constraint), got {type(self.grammar).__name__}")
@@ -287,7 +298,7 @@ class Decoder:
         if params.dry_multiplier > 0:
             params = replace(params, dry_breakers=self.dry_breakers())
         return Request(params, call.max_tokens, call.stop, call.seed, None, constraint, call.logprobs,
-                       self.model_settings.ctx)
+                       self.model_settings.ctx, REPETITION_STOP if call.repetition_stop else None)
 
     def dry_breakers(self) -> frozenset[int]:
         """Token ids no DRY repeat spans (and DRY never penalises): those whose text holds a newline, ':', '"' or
@@ -303,7 +314,7 @@ class Decoder:
                cancel: threading.Event | None = None) -> CallStream:
         """Decode prompt_ids (already templated and tokenized); the last Response carries the finish reason, and
         the stream's `stats` its CallStats. call.max_tokens None decodes to EOS / a stop string or to the room left
-        in the context. `cancel`, when set, ends the call at its next token (finish reason `cancelled`)."""
+        in the context (or until the answer repeats itself, with call.repetition_stop). `cancel`, when set, ends the call at its next token (finish reason `cancelled`)."""
         ids = np.asarray(prompt_ids, dtype=np.int32)
         return CallStream(lambda out: self._responses(ids, call, session, cancel, out))
 

@@ -40,6 +40,7 @@ from ..models.gguf_any import open_any_gguf
 from ..runtime.backends import BackendInfo
 from ..runtime.tokenizer import TextTokenizer, Tokenizer
 from .devset import load_prompts
+from .notice import Measuring
 from .profile import model_fingerprint
 from .schema import write_json_atomic
 
@@ -131,7 +132,9 @@ def engine_gate(path: Path, engine: BackendInfo, *, threads: int | None = None, 
             return Gate(**json.loads(where.read_text()))
         except (ValueError, TypeError):
             pass  # another version's file: measure again
-    log(f"{engine.name}: checking {Path(path).name} once (faithfulness by call size, batch invariance)")
+    log(Measuring(f"{engine.name}: no gate for {Path(path).name} at {threads} thread{'s' if threads > 1 else ''} "
+                  "yet: checking it once (faithfulness by call size, batch invariance; about 10-30 s for a few "
+                  "hundred MB on 2 cores, then cached; --backend llamacpp skips it)"))
     gate = _measure_in_child(Path(path), engine, threads, key, where, cache_dir)
     write_json_atomic(asdict(gate), where)
     log(gate.summary())

@@ -17,8 +17,10 @@ from typing import Callable
 from ..runtime.backends import info, parse_gpu_layers
 from ..runtime.lossy import parse_lossy
 from ..runtime.verify import VerifierKind
+from ..runtime.drafters import NoneSpec
 from .decoder import DecodeSettings, Decoder, ModelSettings
-from .load import LoadedModel, load_model, parse_drafter
+from .environment import cpu_info
+from .load import LoadedModel, batch_invariance_warning, load_model, parse_drafter
 
 Log = Callable[[str], None]
 
@@ -48,10 +50,12 @@ def open_decoder(model: ModelSettings, decode: DecodeSettings = DecodeSettings()
     measured on first use, then cached), said in one line to `log`; the caller's ctx, threads, cache and verifier
     are kept. auto=True: the target's device profile picks the drafter and k within its one engine
     (assembly/auto.py). interactive=True (the CLI): a progress bar while a plan is measured, and Ctrl-C then skips
-    planning for this run (the model's engine + ngram k<=4).
+    planning for this run. Without a plan (plan=False, or skipped) and nothing given: the engine the model names,
+    with ngram k<=4 where its verify batches are exact at these threads, else plain decoding (exact_default: what
+    runs by default is always lossless).
     Raises ValueError / FileNotFoundError / ImportError / RuntimeError naming what is wrong."""
     log = log or _quiet
-    chosen, name = None, model.model
+    chosen, name, given = None, model.model, decode.given
     if plan and not auto and wants_plan(model, decode):
         from .plan_run import planned
         try:
@@ -59,8 +63,8 @@ def open_decoder(model: ModelSettings, decode: DecodeSettings = DecodeSettings()
         except KeyboardInterrupt:
             if not interactive:
                 raise
-            log(f"plan: skipped (Ctrl-C); running the model's engine + ngram k<=4 (`specedge plan {name}` plans "
-                "later, `--no-plan` never plans)")
+            log(f"plan: skipped (Ctrl-C); running the model's engine, exactly (`specedge plan {name}` plans later, "
+                "`--no-plan` never plans)")
         else:
             hint = f"  [`specedge plan {name}` shows the table; --no-plan opts out]" if interactive else ""
             log(f"plan: {chosen.summary()}{hint}")
@@ -69,7 +73,25 @@ def open_decoder(model: ModelSettings, decode: DecodeSettings = DecodeSettings()
     if auto:
         from .auto import auto_settings
         decode = auto_settings(model, decode.resolved(), target, log=log)
+    elif not given:
+        decode = exact_default(decode, target, log)
     return Decoder(target, model, decode, chosen)
+
+
+def exact_default(decode: DecodeSettings, target: LoadedModel, log: Log) -> DecodeSettings:
+    """The decode settings where the user named none (no plan, a skipped plan, or a plan's choice): they must stay
+    lossless. Where the target's verify batches are exact here (batch_invariance_warning None: greedy speculation
+    is token-identical to plain greedy), the plan's drafter, else ngram k<=4; where they are not (llama.cpp at more
+    than one thread, a plan measured at another thread count), plain decoding, said in one line."""
+    resolved = decode.resolved()
+    if isinstance(resolved.drafter, NoneSpec):
+        return resolved
+    why = batch_invariance_warning(target, cpu_info()[1])
+    if why is None:
+        return resolved
+    log(f"plain decoding: {resolved.drafter} k<={resolved.k} would not be lossless here ({why.split(', so ')[0]}); "
+        "--drafter NAME runs it anyway")
+    return replace(resolved, drafter=NoneSpec())
 
 
 _PARSE = {"backend": lambda v: info(v).kind, "drafter": parse_drafter, "verifier": VerifierKind,

@@ -20,9 +20,13 @@ Example: llama.cpp plain measured 105 tok/s; ONNX int4 plain measured 86; its ng
 k = 8 where the cost model predicted 125 (scale 0.96), and the model predicts 130 at k = 4 -> 124.8 -> chosen (1.19x
 over llama.cpp plain). Had it come to 107 (< 105 x 1.03), llama.cpp plain would be chosen.
 
-Plans are cached at <model cache>/plans/<key>.json; the key covers the source model's fingerprint, the threads,
-the CPU (model name and SIMD flags) and the versions of specedge and the engines, so a new machine, package or
-model file re-plans. A plan whose measured artifacts are gone (`specedge rm`) is re-made.
+Plans are cached at <model cache>/plans/<key>.json; the key covers what changes the answer: the source model's
+fingerprint, the weight formats planned, the threads, the CPU (model name and SIMD flags) and the versions of the
+engines planned (llama.cpp, ik_llama.cpp, ONNX Runtime), so a new machine, engine or model file re-plans, and any
+other package (tokenizers, numpy, specedge itself: PLAN_VERSION says when planning changed) does not. Each plan
+records that basis (plan_basis), so a run at a thread count nobody planned for can reuse the plan of another
+(nearest_plan), and a re-plan can say what changed (what_changed). A plan whose measured artifacts are gone
+(`specedge rm`) is re-made.
 """
 from __future__ import annotations
 
@@ -45,7 +49,7 @@ PLAN_VERSION = 8  # 2: rows on the measured scale per drafter; 3: llama.cpp spec
 #                   without their logits (FeedingBackend), which made ik 1.4x faster per token after long prompts
 #                   8: ik_llama.cpp's repacked weights measured as a plain-only target (its plain kernels)
 PLAN_MARGIN = 0.03  # a speculative configuration must be predicted this much faster than the fastest plain engine
-_PACKAGES = ("specedge", "numpy", "tokenizers", *(e.distribution for e in REGISTRY.values()))
+_ENGINES = tuple(e.distribution for e in REGISTRY.values() if e.planned)  # their versions key plans
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,7 @@ class Plan:
     load: dict = field(default_factory=dict)  # contention.Load while measuring (other_cores, loadavg), busy, drift
     budget_s: float | None = None  # the time budget it was measured within (None: measured fully)
     version: int = PLAN_VERSION
+    basis: dict = field(default_factory=dict)  # plan_basis: what the plan holds for besides the threads
 
     @property
     def choice(self) -> PlanRow:
@@ -207,20 +212,26 @@ def select(rows: Sequence[PlanRow], margin: float = PLAN_MARGIN) -> tuple[int, i
 # -- key and cache ------------------------------------------------------------------------------------------------
 
 def device_fingerprint() -> dict:
-    """What the plan depends on besides the model: the CPU, the versions of specedge and the engines, and which
-    engines offload layers to a GPU by default."""
+    """What the plan depends on besides the model: the CPU, the versions of the engines it plans, and which engines
+    offload layers to a GPU by default. Not other packages: they do not change which engine is fastest."""
     model, flags = cpu_info()
     versions = {}
-    for name in _PACKAGES:
+    for name in _ENGINES:
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
-    device = {"cpu_model": model, "simd": sorted(f for f in flags if f in SIMD), "packages": versions}
+    device = {"cpu_model": model, "simd": sorted(f for f in flags if f in SIMD), "engines": versions}
     offload = [e.value for e in REGISTRY.values() if e.offloads()]
     if offload:  # engines whose build puts layers on a GPU by default (a CPU build's key is unchanged)
         device["gpu_offload"] = offload
     return device
+
+
+def plan_basis(model_fingerprint: str, weights: Sequence[str], device: dict | None = None) -> dict:
+    """What a plan holds for besides the thread count: the source model, the weight formats planned, the device."""
+    return {"model": model_fingerprint, "weights": sorted(weights),
+            "device": device if device is not None else device_fingerprint()}
 
 
 def plan_key(model_fingerprint: str, threads: int, weights: Sequence[str], device: dict | None = None) -> str:
@@ -228,6 +239,44 @@ def plan_key(model_fingerprint: str, threads: int, weights: Sequence[str], devic
     device = device if device is not None else device_fingerprint()
     text = json.dumps([PLAN_VERSION, model_fingerprint, threads, sorted(weights), device], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def cached_plans(cache_root: Path) -> list[Plan]:
+    """Every readable plan of this version under <cache_root>/plans whose measured artifacts all exist."""
+    out = []
+    for path in sorted((Path(cache_root) / "plans").glob("*.json")):
+        try:
+            plan = Plan.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+        if all(Path(s).exists() for s in plan.sources):
+            out.append(plan)
+    return out
+
+
+def nearest_plan(cache_root: Path, basis: dict, threads: int) -> Plan | None:
+    """A cached plan of the same model, weight formats and device measured at another thread count (the nearest;
+    ties: the fewer threads), or None. Its choice tells which engine, artifact and drafter to run; the caller keeps
+    its own thread count, and a speculative choice that is not lossless at it is run plain (assembly/open.py)."""
+    same = [p for p in cached_plans(cache_root) if p.basis == basis and p.threads != threads]
+    return min(same, key=lambda p: (abs(p.threads - threads), p.threads), default=None)
+
+
+def what_changed(cache_root: Path, basis: dict) -> str | None:
+    """Why a plan of this model and weight formats no longer holds, from the newest cached one made on another
+    device: 'llama_cpp_python 0.3.8 -> 0.3.9', 'another CPU (...)'; None when there is none."""
+    same = [p for p in cached_plans(cache_root) if p.basis.get("model") == basis["model"]
+            and p.basis.get("weights") == basis["weights"] and p.basis.get("device") != basis["device"]]
+    if not same:
+        return None
+    old, new = max(same, key=lambda p: p.created).basis["device"], basis["device"]
+    changes = [f"{name} {old.get('engines', {}).get(name)} -> {v}" for name, v in new.get("engines", {}).items()
+               if old.get("engines", {}).get(name) != v]
+    if (old.get("cpu_model"), old.get("simd")) != (new.get("cpu_model"), new.get("simd")):
+        changes.insert(0, f"another CPU ({new.get('cpu_model')})")
+    if old.get("gpu_offload") != new.get("gpu_offload"):
+        changes.append("another GPU offload")
+    return ", ".join(changes) or None
 
 
 def plan_path(cache_root: Path, key: str) -> Path:
@@ -243,13 +292,13 @@ def load_plan(path: Path, key: str) -> tuple[Plan | None, str]:
     """(plan, "") when `path` holds a valid plan with this key whose artifacts all still exist; else (None, why)."""
     path = Path(path)
     if not path.is_file():
-        return None, "no plan for this model, machine, threads and package versions yet"
+        return None, "no plan for this model, machine, threads and engine versions yet"
     try:
         plan = Plan.from_dict(json.loads(path.read_text()))
     except (ValueError, TypeError, KeyError) as e:
         return None, f"the cached plan {path} is unreadable or from another version ({e})"
     if plan.key != key:
-        return None, f"the cached plan {path} was made for another model, machine or package versions"
+        return None, f"the cached plan {path} was made for another model, machine or engine versions"
     gone = [s for s in plan.sources if not Path(s).exists()]
     if gone:
         return None, f"the cached plan measured {gone[0]}, which is gone"
@@ -258,7 +307,7 @@ def load_plan(path: Path, key: str) -> tuple[Plan | None, str]:
 
 def new_plan(key: str, model: str, targets: Sequence[PlanTarget], rows: Sequence[PlanRow], threads: int,
              machine: dict, seconds: float, margin: float = PLAN_MARGIN, load: dict | None = None,
-             budget_s: float | None = None) -> Plan:
+             budget_s: float | None = None, basis: dict | None = None) -> Plan:
     chosen, reference = select(rows, margin)
     return Plan(key, model, [t.path for t in targets], list(rows), chosen, reference, threads, machine,
-                time.strftime("%Y-%m-%d %H:%M:%S"), seconds, dict(load or {}), budget_s)
+                time.strftime("%Y-%m-%d %H:%M:%S"), seconds, dict(load or {}), budget_s, basis=dict(basis or {}))

@@ -19,8 +19,9 @@ demand, measure each target's device profile with a bounded budget, choose, cach
 Measurement (PLAN_MEASURE): T(n) for n = 1..9, then each drafter decodes 6 dev prompts (one per Spec-Bench task) x
 64 tokens at fixed k = 8 and with the adaptive length. For SmolLM2-135M on 2 cores: about 15 s per target with
 n-gram only, 40 s with the self-drafter hybrid; an int4/int8 export about 15 s each. Profiles are cached per
-target (assembly/auto.py), so a plan re-made after a package upgrade re-measures, but adding a target does not
-re-measure the others.
+target (assembly/auto.py), keyed by the engine's own version, so a plan re-made after an engine upgrade re-measures
+that engine only, and adding a target does not re-measure the others. A run at a thread count with no plan reuses
+the plan of the nearest other thread count (plan_for reuse=True) rather than measuring.
 """
 from __future__ import annotations
 
@@ -48,7 +49,9 @@ from .auto import candidate_specs, load_or_measure
 from .contention import CpuWatch, drifted, not_settled
 from .environment import environment
 from .load import LoadedModel, artifact_name, load_model
-from .plan import Plan, PlanRow, PlanTarget, load_plan, new_plan, plan_key, plan_path, save_plan, target_rows
+from .notice import Measuring
+from .plan import (Plan, PlanRow, PlanTarget, load_plan, nearest_plan, new_plan, plan_basis, plan_key, plan_path,
+                   save_plan, target_rows, what_changed)
 from .profile import model_fingerprint
 from .profile_measure import MeasureSettings, measure_steps, warm_page_cache
 
@@ -83,23 +86,36 @@ def resolved_threads(threads: int | None) -> int:
 
 
 def plan_for(model: str, settings: PlanSettings = PlanSettings(), *, cache_dir: Path | None = None,
-             refresh: bool = False, log: Log = lambda m: None) -> tuple[Plan, bool]:
+             refresh: bool = False, reuse: bool = False, log: Log = lambda m: None) -> tuple[Plan, bool]:
     """The cached plan for `model` on this machine, or a new one (measured now; `refresh` always re-measures).
-    Returns (plan, made_now). Raises ValueError/ModelFileError naming the problem (no engine can run the model)."""
+    reuse=True (what runs a model, not `specedge plan`): with no plan at these threads, the plan measured at the
+    nearest other thread count, said in one line, instead of measuring. Returns (plan, made_now). Raises
+    ValueError/ModelFileError naming the problem (no engine can run the model)."""
     threads = resolved_threads(settings.threads)
     ref = model_ref(model, cache_dir)
     artifact = ref.kind is RefKind.ARTIFACT
     source = ref.path if artifact else resolve_model(model, cache_dir)
-    key = plan_key(model_fingerprint(source), threads, () if artifact else settings.weights)
+    fingerprint, weights = model_fingerprint(source), () if artifact else settings.weights
+    basis, key = plan_basis(fingerprint, weights), plan_key(fingerprint, threads, weights)
     path = plan_path(model_cache_dir(cache_dir), key)
     if not refresh:
         plan, why = load_plan(path, key)
         if plan is not None:
             return plan, False
+        other = nearest_plan(model_cache_dir(cache_dir), basis, threads) if reuse else None
+        if other is not None:
+            log(f"plan: none measured at {threads} thread{'s' if threads > 1 else ''}; running the choice of the plan "
+                f"measured at {other.threads} ({other.choice.describe()}) at {threads} (`specedge plan {model} "
+                f"--threads {threads}` measures one for {threads})")
+            return other, False
+        changed = what_changed(model_cache_dir(cache_dir), basis)
+        why = f"the engines or the machine changed since the last plan ({changed})" if changed else why
     _check_source(source, artifact)  # a damaged file fails now, before a measurement is announced
     if not refresh:
         budget = f"within about {settings.budget_s:.0f} s" if settings.budget_s is not None else "fully"
-        log(f"plan: {why}; measuring this machine {budget} (first use; Ctrl-C skips, `--no-plan` never plans)")
+        skip = "Ctrl-C skips, " if settings.progress else ""
+        log(Measuring(f"plan: {why}; measuring this machine {budget} to choose the fastest engine and drafter "
+                      f"(once; {skip}`--no-plan` or Engine.open(..., plan=False) never plans)"))
     t0 = time.perf_counter()
     with CpuWatch(threads) as watch:  # other processes' CPU use over the whole planning
         targets = discover_targets(model, settings, cache_dir=cache_dir, log=log)
@@ -109,7 +125,8 @@ def plan_for(model: str, settings: PlanSettings = PlanSettings(), *, cache_dir: 
                                                log=log, started=t0)
     load = watch.load
     plan = new_plan(key, model, targets, rows, threads, environment(threads), time.perf_counter() - t0,
-                    load={**load.to_dict(), "busy": load.busy, "drift": drift}, budget_s=settings.budget_s)
+                    load={**load.to_dict(), "busy": load.busy, "drift": drift}, budget_s=settings.budget_s,
+                    basis=basis)
     if load.busy or drift:
         log(f"plan: {not_settled(load, drift)}: used for this run only, not cached; `specedge plan {model} "
             "--refresh` measures again")
@@ -463,10 +480,11 @@ def _bar(enabled: bool):
 
 def planned(model: "ModelSettings", decode: "DecodeSettings", *, progress: bool = True, log: Log = lambda m: None
             ) -> tuple[Plan, "ModelSettings", "DecodeSettings"]:
-    """The plan for model.model at model.threads (cached, or measured now) and the settings that run its choice:
-    what generate/chat/serve and Engine.open(MODEL) do by default (assembly/open.py)."""
+    """The plan for model.model at model.threads (cached; else one cached at another thread count; else measured
+    now) and the settings that run its choice: what generate/chat/serve and Engine.open(MODEL) do by default
+    (assembly/open.py)."""
     plan, _ = plan_for(model.model, PlanSettings(threads=model.threads, progress=progress),
-                       cache_dir=model.cache_dir, log=log)
+                       cache_dir=model.cache_dir, reuse=True, log=log)
     return (plan, *apply_plan(plan, model, decode))
 
 

@@ -1,8 +1,8 @@
 """The decode loop: one loop for every way of decoding. Plain decoding is a chain stepper with no drafter; the
 speculative chain and tree rounds and the labelled lossy modes are Steppers (runtime/steppers.py, runtime/lossy.py).
 
-The loop handles the prompt and length checks, the cache (or a Session's), prefill timing, stopping (eos, length),
-statistics and streaming; each round is `stepper.step`.
+The loop handles the prompt and length checks, the cache (or a Session's), prefill timing, stopping (eos, length,
+repetition), statistics and streaming; each round is `stepper.step`.
 """
 from __future__ import annotations
 
@@ -34,7 +34,9 @@ def decode(target: Backend, prompt: Tokens, spec: Speculation = PLAIN, req: Requ
            session: Session | None = None, stats: DecodeStats | None = None) -> Iterator[TokenEvent]:
     """Generate up to req.max_tokens tokens as `spec` says; yields one event per emitted token, the last one with a
     finish reason. max_tokens None: up to the room left in the context (its limit minus the prompt), so the decode
-    ends at EOS or there (finish LENGTH). Each round drafts at most the cache room left past the committed tokens,
+    ends at EOS or there (finish LENGTH). req.repetition: the call ends (finish REPETITION) at the first committed
+    token after which the answer repeats itself (runtime/repetition.py), checked token by token, so a step that
+    commits several tokens stops at the same token plain decoding would. Each round drafts at most the cache room left past the committed tokens,
     so a draft never overruns the cache, at the limit included.
 
     spec (runtime/request.py): the drafter and k; adaptive_k verifies only the prefix of each draft that pays for
@@ -62,6 +64,7 @@ def decode(target: Backend, prompt: Tokens, spec: Speculation = PLAIN, req: Requ
     rng = np.random.default_rng(req.seed)
     stats = stats if stats is not None else DecodeStats()
     eos = set(req.eos_ids or ())
+    watch = None if req.repetition is None else req.repetition.watch()
     t0 = time.perf_counter()
     if session is None:
         seq, start = SeqState(prompt, target.new_cache(min(limit, len(prompt) + max_tokens + stepper.reserve))), 0
@@ -84,11 +87,12 @@ def decode(target: Backend, prompt: Tokens, spec: Speculation = PLAIN, req: Requ
             emitted, step = stepper.step(seq, seq.cache.capacity - seq.cache.length - 1, rng)
             stats.record(step)
             lps = stepper.step_logprobs if req.logprobs is not None else None
-            for j, tok in enumerate(emitted):
+            for j, tok in enumerate(emitted):  # a step may commit several: the first that ends the call ends it
                 produced += 1
                 if produced == 1:
                     stats.first_token_s += time.perf_counter() - t0
                 reason = FinishReason.EOS if tok in eos else (
+                    FinishReason.REPETITION if watch is not None and watch.push(tok) else
                     FinishReason.LENGTH if produced >= max_tokens else None)
                 stats.decode_s, stats.n_generated = dec0 + time.perf_counter() - t_dec, gen0 + produced
                 yield TokenEvent(tok, j < step.n_accepted, reason, None if lps is None else lps[j])

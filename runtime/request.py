@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # the steppers import this module; these only annotate
     from .constraint import Constraint
     from .drafters.base import Drafter
     from .lossy import LossyMode
+    from .repetition import RepetitionStop
 
 MAX_TOP_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
 
@@ -33,6 +34,8 @@ class Request:
     max_tokens None: to EOS (eos_ids) or the room left in the context. max_context: the positions this call may use,
     prompt and answer (None: the target's context length; a Session's capacity wins). eos_ids None: the
     tokenizer's end-of-turn ids where a tokenizer decodes the text (runtime/generate.py), none in bare `decode`.
+    repetition: the answer ends (finish REPETITION) at its first token that completes a loop by this rule; the
+    output is then a prefix of the output without it (runtime/repetition.py).
     The call's random draws come from np.random.default_rng(seed): the same seed, the same output."""
     params: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int | None = None
@@ -42,6 +45,7 @@ class Request:
     constraint: Constraint | None = None  # the output must match it (runtime/constraint.py); None: free text
     logprobs: int | None = None  # None: off; n: each token's TokenLogprob with its n most likely alternatives
     max_context: int | None = None
+    repetition: RepetitionStop | None = None  # stop an answer repeating itself (runtime/repetition.py); None: off
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and self.max_tokens < 1:

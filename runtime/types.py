@@ -133,6 +133,7 @@ class FinishReason(str, enum.Enum):  # a str: "eos" == FinishReason.EOS for API 
     LENGTH = "length"
     STOP = "stop"
     CANCELLED = "cancelled"
+    REPETITION = "repetition"  # the answer was repeating itself (runtime/repetition.py)
 
     def __str__(self) -> str:  # "eos", as in f-strings, JSON and the OpenAI finish_reason
         return self.value

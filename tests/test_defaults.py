@@ -1,5 +1,6 @@
-"""Fast by default, per call (issue 18): answers run to the end of the turn or the context limit, sampling defaults
-come from the model (else the chat defaults), and the CLI, the Engine and the server resolve them the same way."""
+"""Fast by default, per call (issue 18): answers run to the end of the turn or the context limit (issue 44: at most
+DEFAULT_MAX_TOKENS on the CLI and the Engine, where the server still runs to the end), sampling defaults come from the
+model (else the chat defaults), and the CLI, the Engine and the server resolve them the same way."""
 import json
 
 import numpy as np
@@ -8,7 +9,7 @@ from click.testing import CliRunner
 
 import specedge
 from specedge.apps.cli import cli
-from specedge.assembly.decoder import CallSettings
+from specedge.assembly.decoder import DEFAULT_MAX_TOKENS, CallSettings
 from specedge.assembly.sampling_defaults import CHAT_DEFAULTS, SamplingDefaults, resolve
 from specedge.models.generation import from_generation_config, from_gguf_metadata
 from specedge.models.tiny import tiny_config, tiny_weights, write_tiny_gguf
@@ -45,11 +46,11 @@ def cli_json(*args):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-# ---- max_tokens None: to the end of the turn or the context limit ---------------------------------------------
+# ---- max_tokens None: to the end of the turn or the context limit (the CLI's and Engine's default: 1024) --------
 
 def test_call_settings_default_to_the_end_and_the_model_default():
     c = CallSettings()
-    assert c.max_tokens is None and c.temperature is None and c.top_p is None and c.seed == 0
+    assert c.max_tokens == DEFAULT_MAX_TOKENS and c.temperature is None and c.top_p is None and c.seed == 0
     assert c.sampling() == SamplingParams(temperature=0.7, top_p=0.9, repetition_penalty=1.1, dry_multiplier=0.8)
     greedy = CallSettings(temperature=0).sampling(SamplingDefaults(0.6, 0.95, 20, repeat_penalty=1.1,
                                                                    dry_multiplier=0.8))
@@ -70,7 +71,7 @@ def test_no_max_tokens_runs_to_the_context_limit_with_finish_length(models, draf
                              drafter=drafter.format(endless=models["endless"]))
     ids = engine.encode("the cat sat on the mat")
     for _ in range(2):  # the second call reuses the session's prefix: the same room
-        c = engine.generate(ids, temperature=0)
+        c = engine.generate(ids, temperature=0, max_tokens=None)
         assert c.finish_reason == "length" and len(c.tokens) == 64 - len(ids)
     plain = [e.token for e in decode(engine.model.backend, np.asarray(ids, np.int32), PLAIN,
                                      Request(max_tokens=None, max_context=64))]

@@ -286,15 +286,19 @@ def test_plan_round_trip_and_what_invalidates_the_cache(tmp_path):
     assert load_plan(path, "abc")[0] is None
 
 
-def test_the_plan_key_covers_model_threads_formats_cpu_and_packages():
-    dev = {"cpu_model": "AMD EPYC", "simd": ["avx2"], "packages": {"onnxruntime": "1.32.0"}}
+def test_the_plan_key_covers_model_threads_formats_cpu_and_engines():
+    dev = {"cpu_model": "AMD EPYC", "simd": ["avx2"], "engines": {"onnxruntime": "1.32.0"}}
     base = plan_key("fp", 2, ("int4",), dev)
     assert base == plan_key("fp", 2, ("int4",), dict(dev))
     assert base != plan_key("fp2", 2, ("int4",), dev)
     assert base != plan_key("fp", 1, ("int4",), dev)
     assert base != plan_key("fp", 2, ("int4", "int8"), dev)
     assert base != plan_key("fp", 2, ("int4",), {**dev, "simd": ["avx2", "avx512f"]})
-    assert base != plan_key("fp", 2, ("int4",), {**dev, "packages": {"onnxruntime": "1.33.0"}})
+    assert base != plan_key("fp", 2, ("int4",), {**dev, "engines": {"onnxruntime": "1.33.0"}})
+    # only the engines' versions: tokenizers, numpy or specedge itself do not change which engine is fastest
+    engines = planmod.device_fingerprint()["engines"]
+    assert set(engines) == {e.distribution for e in planmod.REGISTRY.values() if e.planned}
+    assert not {"tokenizers", "numpy", "specedge"} & set(engines)
 
 
 def test_wants_plan_only_when_nothing_says_what_to_run():
@@ -367,7 +371,7 @@ def test_generate_plans_on_first_use_then_reuses_the_plan_and_decodes_like_plain
         assert r.exit_code == 0 and "plan:" not in r.stderr, flags
 
 
-def test_a_new_package_version_or_cpu_replans(tiny, monkeypatch):
+def test_a_new_engine_version_or_cpu_replans_and_says_what_changed(tiny, monkeypatch):
     pytest.importorskip("llama_cpp")
     path, cache = tiny
     settings = plan_run.PlanSettings(threads=1, weights=())
@@ -376,8 +380,11 @@ def test_a_new_package_version_or_cpu_replans(tiny, monkeypatch):
     assert plan_run.plan_for(str(path), settings, cache_dir=cache)[1] is False  # cached
     real = planmod.device_fingerprint()
     monkeypatch.setattr(planmod, "device_fingerprint",
-                        lambda: {**real, "packages": {**real["packages"], "llama_cpp_python": "99.0"}})
-    assert plan_run.plan_for(str(path), settings, cache_dir=cache)[1] is True  # re-planned
+                        lambda: {**real, "engines": {**real["engines"], "llama_cpp_python": "99.0"}})
+    lines = []
+    assert plan_run.plan_for(str(path), settings, cache_dir=cache, log=lines.append)[1] is True  # re-planned
+    was = real["engines"]["llama_cpp_python"]
+    assert f"the engines or the machine changed since the last plan (llama_cpp_python {was} -> 99.0)" in lines[0]
     assert len(list((cache / "plans").glob("*.json"))) == 2
     assert plan_run.plan_for(str(path), settings, cache_dir=cache, refresh=True)[1] is True
 
