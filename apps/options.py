@@ -88,9 +88,10 @@ _DECODE = [
                       "a layered ONNX artifact), optionally +conf[:<t>] or +logistic[:<h>] to stop drafting early"),
     click.option("--k", "k", type=click.IntRange(0, 64), default=None,
                  help="Draft length, the maximum with --adaptive-k (default: the plan's, else 4)."),
-    click.option("--adaptive-k/--fixed-k", default=True, show_default=True,
+    click.option("--adaptive-k", "adaptive_flag", is_flag=True,
                  help="Verify only the part of each draft that pays for its verification, learned online from "
-                      "the target's call times and the drafter's acceptance (lossless either way)."),
+                      "the target's call times and the drafter's acceptance (lossless either way). The default."),
+    click.option("--fixed-k", "fixed_flag", is_flag=True, help="Verify every draft at its full length k."),
     click.option("--verifier", type=click.Choice([v.value for v in VerifierKind]), default="chain",
                  show_default=True, help="Sampled chain drafts: token-by-token (chain) or block verification "
                  "(block; accepts at least as much, exactly as lossless). Greedy is prefix match either way."),
@@ -166,11 +167,27 @@ def call_settings(o: dict, **extra) -> CallSettings:
         raise click.BadParameter(str(e)) from None
 
 
+CONFLICTS = (  # (option, option, why): both given is refused with one line naming both
+    ("adaptive_flag", "fixed_flag", "the draft length policy is one or the other"),
+    ("no_plan", "auto", "--auto measures this machine to choose (a device profile); --no-plan runs without measuring"),
+)
+FLAGS = {"adaptive_flag": "--adaptive-k", "fixed_flag": "--fixed-k", "no_plan": "--no-plan", "auto": "--auto"}
+
+
+def refuse_conflicts(o: dict) -> None:
+    """Flags that contradict each other are refused (click keeps the last of a pair silently)."""
+    for a, b, why in CONFLICTS:
+        if o.get(a) and o.get(b):
+            raise click.UsageError(f"{FLAGS[a]} and {FLAGS[b]} contradict each other ({why}): give one of them")
+
+
 def engine_settings(o: dict) -> tuple[ModelSettings, DecodeSettings]:
-    """ModelSettings and DecodeSettings from the parsed options (a bad --drafter or --lossy fails here, before any
-    load)."""
+    """ModelSettings and DecodeSettings from the parsed options (a bad --drafter or --lossy, or flags that
+    contradict each other, fail here, before any load)."""
+    refuse_conflicts(o)
     try:
-        return settings_from(o["model"], **{name: o[name] for name in (*MODEL_FIELDS, *DECODE_FIELDS)})
+        return settings_from(o["model"], adaptive_k=not o.get("fixed_flag"),
+                             **{name: o[name] for name in (*MODEL_FIELDS, *DECODE_FIELDS) if name != "adaptive_k"})
     except ValueError as e:
         raise click.ClickException(str(e)) from None
 

@@ -23,6 +23,7 @@ import numpy as np
 from ..runtime.backends import BackendKind, parse_gpu_layers
 from ..runtime.constraint import GRAMMAR_TYPES, Grammar, GrammarCompiler
 from ..runtime.drafters.base import Drafter
+from ..runtime.drafters.spec import DrafterKind
 from ..runtime.generate import collect, stream
 from ..runtime.lossy import LossySpec
 from ..runtime.repetition import REPETITION_STOP
@@ -74,6 +75,14 @@ class DecodeSettings:
     def __post_init__(self) -> None:
         if self.k is not None and self.k < 0:
             raise ValueError(f"k (the draft length) must be >= 0, got {self.k}")
+        drafts = self.drafter is None or self.drafter.kind is not DrafterKind.NONE
+        named = "ngram (the default)" if self.drafter is None else self.drafter.kind.value
+        if self.k == 0 and drafts and self.lossy is None:
+            raise ValueError(f"k 0 (--k 0) with drafter {named} drafts nothing: use --drafter none for plain "
+                             "decoding, or a k of 1 or more")
+        if self.lossy is not None and self.drafter is not None and self.drafter.kind is not DrafterKind.NONE:
+            raise ValueError(f"lossy mode {self.lossy} (--lossy) replaces the drafter, and drafter {named} (--drafter) was given too: give "
+                             "one of them")
 
     @property
     def given(self) -> bool:

@@ -137,3 +137,19 @@ def test_tokenize_prints_the_ids_generate_and_logit_bias_use(tiny_path):
     assert [p["id"] for p in pieces] == tok.chat_ids("hi").tolist() and "".join(p["piece"] for p in pieces)
     r = run("tokenize", tiny_path.parent / "missing.gguf", "x")
     assert r.exit_code == 1 and "missing.gguf" in r.output
+
+
+@pytest.mark.parametrize("args,both", [
+    (["--no-plan", "--auto"], ("--no-plan", "--auto")),
+    (["--fixed-k", "--adaptive-k"], ("--adaptive-k", "--fixed-k")),
+    (["--drafter", "ngram", "--k", "0"], ("--k 0", "drafter ngram")),
+    (["--k", "0"], ("--k 0", "drafter ngram")),
+    (["--lossy", "loradrop", "--drafter", "ngram"], ("--lossy", "--drafter")),
+])
+def test_flags_that_contradict_each_other_are_refused_naming_both(tmp_path, args, both):
+    """Refused before anything loads or measures (the model path does not even exist), in one line naming both."""
+    r = CliRunner().invoke(cli, ["generate", str(tmp_path / "missing.gguf"), "hi", *args])
+    assert r.exit_code != 0
+    line = r.output.strip().splitlines()[-1]
+    assert all(b in line for b in both), line
+    assert "missing.gguf" not in line  # the contradiction, not the missing file
