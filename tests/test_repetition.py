@@ -176,7 +176,7 @@ def test_the_server_runs_to_the_end_of_the_turn_with_the_stop(looping):
     engine = specedge.Engine.open(str(looping), backend="numpy", drafter="ngram", ctx=512)
     want = engine.generate("the cat sat on the mat", temperature=0, max_tokens=None)
     assert want.finish_reason == "repetition"
-    with TestClient(create_app(engine, ServerConfig("tiny"))) as client:
+    with TestClient(create_app(engine, ServerConfig("tiny")), base_url="http://127.0.0.1") as client:
         r = client.post("/v1/completions", json={"prompt": "the cat sat on the mat", "temperature": 0})
         assert r.status_code == 200, r.text
         out = r.json()
