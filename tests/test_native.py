@@ -33,24 +33,55 @@ PROMPTS = ["the cat sat on the mat and the cat sat on the", "one two three one t
            "hello world, hello world", "a b c d e f g a b c"]
 
 
+def random_kquant_blocks(fmt: str, n: int, k: int, rng) -> np.ndarray:
+    """Random Q4_K / Q6_K rows built byte by byte (gguf-py cannot quantize K-quants): every bit of the scales, mins
+    and quants random, the fp16 super-scales finite and of either sign."""
+    nsb = k // 256
+
+    def f16(scale):
+        return (rng.standard_normal((n, nsb, 1)) * scale).astype(np.float16).view(np.uint8)
+
+    def rand(width):
+        return rng.integers(0, 256, (n, nsb, width), dtype=np.uint8)
+
+    if fmt == "Q4_K":  # d, dmin, 12 bytes of 6-bit scales and mins, qs[128]
+        blocks = np.concatenate([f16(0.01), f16(0.01), rand(12), rand(128)], axis=-1)
+    else:  # Q6_K: ql[128], qh[64], int8 scales[16], d
+        blocks = np.concatenate([rand(128), rand(64), rand(16), f16(0.002)], axis=-1)
+    return blocks.reshape(n, -1)
+
+
 def random_matrix(fmt: str, n: int, k: int, seed: int = 0):
-    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
-    raw = quantize(w, GGMLQuantizationType[fmt])
-    return raw.view(np.uint8).reshape(n, -1), dequantize(raw, GGMLQuantizationType[fmt]).reshape(n, k)
+    """(GGUF rows uint8 [n, row_bytes], their exact values by gguf-py's dequantize [n, k])."""
+    rng = np.random.default_rng(seed)
+    if fmt in ("Q4_K", "Q6_K"):
+        raw = random_kquant_blocks(fmt, n, k, rng)
+    else:
+        raw = quantize(rng.standard_normal((n, k)).astype(np.float32), GGMLQuantizationType[fmt]).view(np.uint8)
+    raw = raw.reshape(n, -1)
+    return raw, dequantize(raw, GGMLQuantizationType[fmt]).reshape(n, k)
+
+
+def width(fmt: str, k: int) -> int:
+    """k, or the 256-multiple a K-quant needs (two superblocks at least)."""
+    return max(512, k // 256 * 256) if nl.BLOCKS[fmt][1] == 256 else k
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_packing_keeps_every_weight_s_value(fmt):
-    raw, deq = random_matrix(fmt, 37, 96)  # 37 rows: a last group of 5 (padding lanes)
+    raw, deq = random_matrix(fmt, 37, width(fmt, 96))  # 37 rows: a last group of 5 (padding lanes)
     m = nl.PackedMatrix(fmt, raw)
+    assert np.isfinite(deq).all() and np.abs(deq).max() > 0
     assert all(np.array_equal(m.row(i), deq[i]) for i in range(37))
+    assert m.nbytes <= raw.nbytes * 1.03 * 48 / 37  # 48: the rows of 3 whole groups; K-quants' 6-bit ints as bytes
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_isa_computes_the_portable_c_bit_for_bit_at_every_width(fmt):
-    raw, deq = random_matrix(fmt, 40, 128, seed=1)
+    k = width(fmt, 128)
+    raw, deq = random_matrix(fmt, 40, k, seed=1)
     m = nl.PackedMatrix(fmt, raw)
-    x = np.random.default_rng(2).standard_normal((16, 128)).astype(np.float32) * 3
+    x = np.random.default_rng(2).standard_normal((16, k)).astype(np.float32) * 3
     want = m.matmul(x, isa=0)
     for isa in ISAS:
         assert np.array_equal(m.matmul(x, isa=isa), want), nl.isa_name(isa)
@@ -58,22 +89,29 @@ def test_every_isa_computes_the_portable_c_bit_for_bit_at_every_width(fmt):
             assert np.array_equal(m.matmul(x[:n], isa=isa), want[:n]), (nl.isa_name(isa), n)
         assert np.array_equal(m.matmul(x[9:10], isa=isa)[0], want[9])
     # and it is the product of the exact weights with int8-per-32 activations (llama.cpp's q8 scheme)
-    q = np.empty((16, 128), np.int8)
-    d = np.empty((16, 4), np.float32)
-    s = np.empty((16, 4), np.int32)
-    LIB.se_quantize(nl.fptr(x), 16, 128, q.ctypes.data, d.ctypes.data, s.ctypes.data)
-    xq = (q.reshape(16, 4, 32).astype(np.float64) * d[:, :, None]).reshape(16, 128)
+    q, d, s, h = quantized(x)
+    xq = (q.reshape(16, k // 32, 32).astype(np.float64) * d[:, :, None]).reshape(16, k)
     exact = xq @ deq.T.astype(np.float64)
     assert np.abs(want - exact).max() <= 1e-5 * np.abs(exact).max()
     assert np.abs(want - x @ deq.T).max() <= 0.02 * np.abs(x @ deq.T).max()  # activation rounding only
 
 
+def quantized(x: np.ndarray):
+    """The engine's int8-per-32 activations of x: (q, d, s, h)."""
+    rows, k = x.shape
+    q, d = np.empty((rows, k), np.int8), np.empty((rows, k // 32), np.float32)
+    s, h = np.empty((rows, k // 32), np.int32), np.empty((rows, k // 32), np.int32)
+    LIB.se_quantize(nl.fptr(np.ascontiguousarray(x)), rows, k, q.ctypes.data, d.ctypes.data, s.ctypes.data,
+                    h.ctypes.data)
+    return q, d, s, h
+
+
 def test_activation_blocks_round_half_to_even_with_exact_sums():
     x = np.zeros((1, 32), np.float32)
     x[0, :4] = [127.0, 0.5 * 127 / 127, -1.5, 2.5]  # scale 1: 0.5 -> 0, -1.5 -> -2, 2.5 -> 2
-    q, d, s = np.empty((1, 32), np.int8), np.empty((1, 1), np.float32), np.empty((1, 1), np.int32)
-    LIB.se_quantize(nl.fptr(x), 1, 32, q.ctypes.data, d.ctypes.data, s.ctypes.data)
-    assert d[0, 0] == 1.0 and list(q[0, :4]) == [127, 0, -2, 2] and s[0, 0] == 127
+    x[0, 16:18] = [-7.0, 3.0]
+    q, d, s, h = quantized(x)
+    assert d[0, 0] == 1.0 and list(q[0, :4]) == [127, 0, -2, 2] and s[0, 0] == 123 and h[0, 0] == 127
 
 
 def test_float_primitives_agree_across_isas_and_with_numpy():
