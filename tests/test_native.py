@@ -141,7 +141,10 @@ def test_float_primitives_agree_across_isas_and_with_numpy():
 @pytest.fixture(scope="module")
 def tiny_files(tmp_path_factory):
     d = tmp_path_factory.mktemp("native")
-    return {(arch, fmt): write_tiny_gguf(d / f"{arch}-{fmt}.gguf", arch=arch, dtype=fmt.lower(), seed=0, n_layers=2)
+    # K-quants need rows of whole 256-superblocks: wider models, so every matrix (embedding included) is one
+    wide = {"Q4_K": {"d_model": 256, "d_ff": 512}, "Q6_K": {"d_model": 256, "d_ff": 512}}
+    return {(arch, fmt): write_tiny_gguf(d / f"{arch}-{fmt}.gguf", arch=arch, dtype=fmt.lower(), seed=0, n_layers=2,
+                                         **wide.get(fmt, {}))
             for arch in TINY_ARCHS for fmt in FORMATS}
 
 
@@ -149,6 +152,7 @@ def tiny_files(tmp_path_factory):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_tiny_model_computes_what_the_numpy_reference_computes(tiny_files, arch, fmt):
     gguf = open_gguf(tiny_files[arch, fmt])
+    assert set(gguf.tensor_types().values()) == {"F32", fmt}  # every matrix in the format under test
     native, ref = NativeBackend(gguf, n_threads=2), NumpyBackend(gguf.load_weights())
     toks = np.random.default_rng(0).integers(0, gguf.config.vocab_size, 40)
     got = native.forward(toks, native.new_cache(64))
@@ -208,7 +212,8 @@ def test_layer_plans_taps_and_a_trimmed_head(tiny_files):
 
 def test_files_it_cannot_run_are_refused_naming_the_tensor(tmp_path):
     path = write_tiny_gguf(tmp_path / "f32.gguf", dtype="f32")
-    with pytest.raises(NativeUnsupported, match=r"tensor '.*' is F32; the native engine packs Q4_0, Q4_1, Q8_0.*"
+    with pytest.raises(NativeUnsupported, match=r"tensor '.*' is F32; the native engine packs Q4_0, Q4_1, Q5_0, Q8_0, "
+                                                r"Q4_K, Q6_K .*"
                                                 r"--backend ik"):
         NativeBackend(open_gguf(path))
     with pytest.raises(ValueError, match="native engine packs"):
@@ -233,6 +238,35 @@ def test_speculation_on_native_equals_its_plain_decoding(tiny_files, tmp_path, d
         assert spec.generate(text, temperature=0, max_tokens=40).tokens == want, (drafter, text)
 
 
+STORY = ("The quick brown fox jumps over the lazy dog. In the beginning, the town was small and quiet; the river ran "
+         "past the mill, and every morning the baker opened his shop before sunrise. Children walked to school along "
+         "the old stone bridge, and their teacher, a patient woman with grey hair, taught them to read and to count.")
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_gemma3_270m_s_q5_0_q4_k_q6_k_file_predicts_what_the_numpy_reference_predicts():
+    """The catalogue's gemma3 (Q5_0 q/k/v/gate/up, Q4_K and Q6_K o/down, Q8_0 embedding; qk norms, post norms,
+    gelu, sliding layers, embedding scale), teacher-forced over 64 tokens of text."""
+    from specedge.models.catalog import model_cache_dir
+    from specedge.runtime.tokenizer import Tokenizer
+    path = model_cache_dir(None) / "gemma-3-270m-q4_k_m.gguf"
+    if not path.is_file():
+        pytest.skip("gemma3-270m is not pulled: run `specedge pull gemma3-270m`")
+    gguf = open_gguf(path)
+    assert {"Q5_0", "Q4_K", "Q6_K"} <= set(gguf.tensor_types().values())
+    ids = np.array(Tokenizer(gguf.tokenizer_spec()).encode(STORY)[:64], np.int32)
+    assert len(ids) == 64
+    native = NativeBackend(gguf, n_threads=2)
+    got = native.forward(ids, native.new_cache(64))
+    ref = NumpyBackend(gguf.load_weights())
+    want = ref.forward(ids, ref.new_cache(64))
+    top = np.sort(want, axis=1)
+    differ = got.argmax(1) != want.argmax(1)
+    assert differ.mean() <= 0.05 and np.all(top[differ, -1] - top[differ, -2] < 0.5)  # only near ties differ
+    assert batch_invariant(native, (1, 3), (0, 17))
+
+
 SANITIZED = r"""
 import numpy as np, sys
 from gguf import GGMLQuantizationType as Q
@@ -241,14 +275,19 @@ from specedge.runtime.backends import native_lib as nl
 from specedge.models.gguf_in import open_gguf
 from specedge.runtime.backends.native import NativeBackend
 lib = nl.load()
+from specedge.models.kquants import ENCODERS
 for fmt in nl.PACKED:
-    w = np.random.default_rng(0).standard_normal((40, 96)).astype(np.float32)
-    m = nl.PackedMatrix(fmt, quantize(w, Q[fmt]).view(np.uint8).reshape(40, -1))
-    x = np.random.default_rng(1).standard_normal((16, 96)).astype(np.float32)
+    k = 512 if fmt in ENCODERS else 96
+    w = np.random.default_rng(0).standard_normal((40, k)).astype(np.float32)
+    raw = ENCODERS[fmt](w) if fmt in ENCODERS else quantize(w, Q[fmt]).view(np.uint8).reshape(40, -1)
+    m = nl.PackedMatrix(fmt, raw)
+    x = np.random.default_rng(1).standard_normal((16, k)).astype(np.float32)
     outs = [m.matmul(x, isa) for isa in range(lib.se_cpu_isa() + 1)]
     assert all(np.array_equal(o, outs[0]) for o in outs)
-    bad = lib.se_mat_new(nl.GGML_TYPES[fmt], x.ctypes.data, 7, 40, 96)  # a row length that is not the format's
+    rows = np.stack([m.row(i) for i in range(40)])
+    bad = lib.se_mat_new(nl.GGML_TYPES[fmt], x.ctypes.data, 7, 40, k)  # a row length that is not the format's
     assert not bad
+assert not lib.se_mat_new(nl.GGML_TYPES["Q4_K"], x.ctypes.data, 144, 40, 96)  # k not whole superblocks
 b = NativeBackend(open_gguf(sys.argv[1]), n_threads=2)
 c = b.new_cache(80)
 b.feed(np.arange(60, dtype=np.int32), c)
