@@ -96,6 +96,14 @@ def test_every_isa_computes_the_portable_c_bit_for_bit_at_every_width(fmt):
     assert np.abs(want - x @ deq.T).max() <= 0.02 * np.abs(x @ deq.T).max()  # activation rounding only
 
 
+@pytest.mark.parametrize("fmt, rms", [("Q4_K", 0.1), ("Q6_K", 0.025)])
+def test_the_test_models_k_quant_encoders_round_trip_through_gguf_py(fmt, rms):
+    from specedge.models.kquants import ENCODERS
+    w = np.random.default_rng(4).standard_normal((8, 512)).astype(np.float32)
+    back = dequantize(ENCODERS[fmt](w), GGMLQuantizationType[fmt]).reshape(8, 512)
+    assert np.sqrt(np.mean((back - w) ** 2)) < rms  # 4- and 6-bit rounding of N(0, 1), nothing worse
+
+
 def quantized(x: np.ndarray):
     """The engine's int8-per-32 activations of x: (q, d, s, h)."""
     rows, k = x.shape
@@ -162,8 +170,9 @@ def test_a_tiny_model_computes_what_the_numpy_reference_computes(tiny_files, arc
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_rows_are_bitwise_invariant_across_widths_threads_and_chunks(tiny_files, threads):
-    gguf = open_gguf(tiny_files["llama", "Q4_1"])
+@pytest.mark.parametrize("fmt", ["Q4_1", "Q6_K"])
+def test_rows_are_bitwise_invariant_across_widths_threads_and_chunks(tiny_files, threads, fmt):
+    gguf = open_gguf(tiny_files["llama", fmt])
     one = NativeBackend(gguf, n_threads=1)
     backend = NativeBackend(gguf, n_threads=threads)
     assert backend.caps.batch_invariant and batch_invariant(backend, range(1, 17), (0, 5, 70))
@@ -195,8 +204,9 @@ def test_a_tree_verifies_each_path_as_its_chain_would(tiny_files):
     assert np.array_equal(b.forward(np.array([30], np.int32), c), nxt)
 
 
-def test_layer_plans_taps_and_a_trimmed_head(tiny_files):
-    gguf = open_gguf(tiny_files["llama", "Q8_0"])
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K"])
+def test_layer_plans_taps_and_a_trimmed_head(tiny_files, fmt):
+    gguf = open_gguf(tiny_files["llama", fmt])
     b = NativeBackend(gguf, n_threads=2)
     toks = np.array([4, 8, 15, 16, 23, 42], np.int32)
     h, taps = b.hidden(toks, b.new_cache(16), taps=(0, 1, 2))
@@ -288,17 +298,18 @@ for fmt in nl.PACKED:
     bad = lib.se_mat_new(nl.GGML_TYPES[fmt], x.ctypes.data, 7, 40, k)  # a row length that is not the format's
     assert not bad
 assert not lib.se_mat_new(nl.GGML_TYPES["Q4_K"], x.ctypes.data, 144, 40, 96)  # k not whole superblocks
-b = NativeBackend(open_gguf(sys.argv[1]), n_threads=2)
-c = b.new_cache(80)
-b.feed(np.arange(60, dtype=np.int32), c)
-b.forward(np.array([1, 2, 3], np.int32), c, tree_mask=np.tril(np.ones((3, 3), bool)))
-for bad in (np.array([10**6], np.int32), np.array([-1], np.int32)):
-    try:
-        b.forward(bad, c)
-    except ValueError:
-        pass
-    else:
-        raise SystemExit("a token id out of range was accepted")
+for path in sys.argv[1:]:
+    b = NativeBackend(open_gguf(path), n_threads=2)
+    c = b.new_cache(80)
+    b.feed(np.arange(60, dtype=np.int32), c)
+    b.forward(np.array([1, 2, 3], np.int32), c, tree_mask=np.tril(np.ones((3, 3), bool)))
+    for bad in (np.array([10**6], np.int32), np.array([-1], np.int32)):
+        try:
+            b.forward(bad, c)
+        except ValueError:
+            pass
+        else:
+            raise SystemExit("a token id out of range was accepted")
 print("sanitized ok")
 """
 
@@ -315,6 +326,7 @@ def test_kernels_and_a_forward_under_address_and_undefined_behaviour_sanitizers(
     asan = subprocess.run(["cc", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
     env = {**os.environ, "SPECEDGE_NATIVE_LIB": str(lib), "LD_PRELOAD": asan,
            "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1", "UBSAN_OPTIONS": "print_stacktrace=1"}
-    r = subprocess.run([sys.executable, "-c", SANITIZED, str(tiny_files["llama", "Q4_1"])], env=env,
+    files = [str(tiny_files["llama", fmt]) for fmt in ("Q4_1", "Q6_K", "Q4_K")]
+    r = subprocess.run([sys.executable, "-c", SANITIZED, *files], env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "sanitized ok" in r.stdout, r.stderr[-3000:]

@@ -70,7 +70,8 @@ static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x
             int b = sb * SE_SUPER + j;
             const uint8_t *blk = s + SE_Q6K_BLOCK * j;
             prefetch_sub(s, j);
-            __m512i h0 = _mm512_loadu_si512((const void *)(blk + 256)), h1 = _mm512_loadu_si512((const void *)(blk + 320));
+            __m512i h0 = _mm512_loadu_si512((const void *)(blk + 256));
+            __m512i h1 = _mm512_loadu_si512((const void *)(blk + 320));
             __m512i dot0[8], dot1[8];
             for (int i = 0; i < R; i++) dot0[i] = dot1[i] = _mm512_setzero_si512();
             for (int t = 0; t < 4; t++) {
