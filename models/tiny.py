@@ -15,6 +15,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter, TokenType
 from gguf.quants import quantize
 
+from . import kquants
 from .config import ModelConfig
 from .families import family
 from .generation import GGUF_KEYS
@@ -35,7 +36,9 @@ MERGES = (
 )
 _QTYPES = {"f32": GGMLQuantizationType.F32, "f16": GGMLQuantizationType.F16,
            "q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0,
-           "q4_1": GGMLQuantizationType.Q4_1}
+           "q4_1": GGMLQuantizationType.Q4_1, "q5_0": GGMLQuantizationType.Q5_0,
+           "q4_k": GGMLQuantizationType.Q4_K, "q6_k": GGMLQuantizationType.Q6_K}
+_FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7, "q4_0": 2, "q4_1": 3, "q5_0": 8, "q4_k": 15, "q6_k": 18}
 
 
 def _byte_symbols() -> list[str]:
@@ -96,7 +99,8 @@ def tiny_weights(config: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def _stored(name: str, w: np.ndarray, dtype: str) -> tuple[np.ndarray, GGMLQuantizationType]:
-    """Encode one GGUF-layout tensor; 1-D tensors and rows not a multiple of 32 stay f32 (as llama.cpp does)."""
+    """Encode one GGUF-layout tensor; 1-D tensors and rows not a multiple of 32 stay f32 (as llama.cpp does), K-quant
+    rows not a multiple of 256 take llama.cpp's fallback type (Q4_K: Q5_0, Q6_K: Q8_0)."""
     qtype = _QTYPES[dtype]
     if w.ndim == 1 or qtype == GGMLQuantizationType.F32:
         return w.astype(np.float32), GGMLQuantizationType.F32
@@ -104,6 +108,11 @@ def _stored(name: str, w: np.ndarray, dtype: str) -> tuple[np.ndarray, GGMLQuant
         return w.astype(np.float16), qtype
     if w.shape[-1] % 32:
         return w.astype(np.float32), GGMLQuantizationType.F32
+    if qtype.name in kquants.ENCODERS:  # K-quants: whole 256-superblocks, else llama.cpp's fallback type
+        if w.shape[-1] % kquants.QK_K:
+            qtype = GGMLQuantizationType[kquants.FALLBACK[qtype.name]]
+        else:
+            return kquants.ENCODERS[qtype.name](w.reshape(-1, w.shape[-1])).reshape(*w.shape[:-1], -1), qtype
     return quantize(w.astype(np.float32), qtype), qtype
 
 
@@ -201,7 +210,7 @@ def write_model_gguf(path: str | Path, cfg: ModelConfig, tensors: Mapping[str, n
     for name, value in (sampling or {}).items():
         key = GGUF_KEYS[name]
         wr.add_int32(key, int(value)) if name == "top_k" else wr.add_float32(key, float(value))
-    wr.add_file_type({"f32": 0, "f16": 1, "q8_0": 7, "q4_0": 2, "q4_1": 3}[dtype])
+    wr.add_file_type(_FILE_TYPES[dtype])
     for name in cfg.tensor_names():
         data, qtype = _stored(name, fam.to_gguf_layout(name, np.asarray(tensors[name], np.float32), cfg), dtype)
         wr.add_tensor(fam.NAMES.canonical_to_gguf(name), data, raw_dtype=qtype)

@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> None:
     q = np.empty((rmax, kmax), np.int8)
     d = np.empty((rmax, kmax // 32), np.float32)
     s = np.empty((rmax, kmax // 32), np.int32)
-    lib.se_quantize(nl.fptr(x), rmax, kmax, q.ctypes.data, d.ctypes.data, s.ctypes.data)
+    h = np.empty((rmax, kmax // 32), np.int32)
+    lib.se_quantize(nl.fptr(x), rmax, kmax, q.ctypes.data, d.ctypes.data, s.ctypes.data, h.ctypes.data)
     out = np.empty(rmax * max(m.n for m in mats), np.float32)
     handles = (ctypes.c_void_p * len(mats))(*[m.handle for m in mats])
     pool = lib.se_pool_new(a.threads)
@@ -67,7 +68,8 @@ def main(argv: list[str] | None = None) -> None:
         roof.append(total / (time.perf_counter() - t0) / 1e9)
         for n in a.rows:
             t0 = time.perf_counter()
-            lib.se_matmul_pool(pool, handles, len(mats), q.ctypes.data, d.ctypes.data, s.ctypes.data, n, nl.fptr(out), 1)
+            lib.se_matmul_pool(pool, handles, len(mats), q.ctypes.data, d.ctypes.data, s.ctypes.data, h.ctypes.data, n,
+                               nl.fptr(out), 1)
             times[n].append(time.perf_counter() - t0)
     lib.se_pool_free(pool)
     gbs = float(np.median(roof))

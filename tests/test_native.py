@@ -33,24 +33,55 @@ PROMPTS = ["the cat sat on the mat and the cat sat on the", "one two three one t
            "hello world, hello world", "a b c d e f g a b c"]
 
 
+def random_kquant_blocks(fmt: str, n: int, k: int, rng) -> np.ndarray:
+    """Random Q4_K / Q6_K rows built byte by byte (gguf-py cannot quantize K-quants): every bit of the scales, mins
+    and quants random, the fp16 super-scales finite and of either sign."""
+    nsb = k // 256
+
+    def f16(scale):
+        return (rng.standard_normal((n, nsb, 1)) * scale).astype(np.float16).view(np.uint8)
+
+    def rand(width):
+        return rng.integers(0, 256, (n, nsb, width), dtype=np.uint8)
+
+    if fmt == "Q4_K":  # d, dmin, 12 bytes of 6-bit scales and mins, qs[128]
+        blocks = np.concatenate([f16(0.01), f16(0.01), rand(12), rand(128)], axis=-1)
+    else:  # Q6_K: ql[128], qh[64], int8 scales[16], d
+        blocks = np.concatenate([rand(128), rand(64), rand(16), f16(0.002)], axis=-1)
+    return blocks.reshape(n, -1)
+
+
 def random_matrix(fmt: str, n: int, k: int, seed: int = 0):
-    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
-    raw = quantize(w, GGMLQuantizationType[fmt])
-    return raw.view(np.uint8).reshape(n, -1), dequantize(raw, GGMLQuantizationType[fmt]).reshape(n, k)
+    """(GGUF rows uint8 [n, row_bytes], their exact values by gguf-py's dequantize [n, k])."""
+    rng = np.random.default_rng(seed)
+    if fmt in ("Q4_K", "Q6_K"):
+        raw = random_kquant_blocks(fmt, n, k, rng)
+    else:
+        raw = quantize(rng.standard_normal((n, k)).astype(np.float32), GGMLQuantizationType[fmt]).view(np.uint8)
+    raw = raw.reshape(n, -1)
+    return raw, dequantize(raw, GGMLQuantizationType[fmt]).reshape(n, k)
+
+
+def width(fmt: str, k: int) -> int:
+    """k, or the 256-multiple a K-quant needs (two superblocks at least)."""
+    return max(512, k // 256 * 256) if nl.BLOCKS[fmt][1] == 256 else k
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_packing_keeps_every_weight_s_value(fmt):
-    raw, deq = random_matrix(fmt, 37, 96)  # 37 rows: a last group of 5 (padding lanes)
+    raw, deq = random_matrix(fmt, 37, width(fmt, 96))  # 37 rows: a last group of 5 (padding lanes)
     m = nl.PackedMatrix(fmt, raw)
+    assert np.isfinite(deq).all() and np.abs(deq).max() > 0
     assert all(np.array_equal(m.row(i), deq[i]) for i in range(37))
+    assert m.nbytes <= raw.nbytes * 1.03 * 48 / 37  # 48: the rows of 3 whole groups; K-quants' 6-bit ints as bytes
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_isa_computes_the_portable_c_bit_for_bit_at_every_width(fmt):
-    raw, deq = random_matrix(fmt, 40, 128, seed=1)
+    k = width(fmt, 128)
+    raw, deq = random_matrix(fmt, 40, k, seed=1)
     m = nl.PackedMatrix(fmt, raw)
-    x = np.random.default_rng(2).standard_normal((16, 128)).astype(np.float32) * 3
+    x = np.random.default_rng(2).standard_normal((16, k)).astype(np.float32) * 3
     want = m.matmul(x, isa=0)
     for isa in ISAS:
         assert np.array_equal(m.matmul(x, isa=isa), want), nl.isa_name(isa)
@@ -58,22 +89,37 @@ def test_every_isa_computes_the_portable_c_bit_for_bit_at_every_width(fmt):
             assert np.array_equal(m.matmul(x[:n], isa=isa), want[:n]), (nl.isa_name(isa), n)
         assert np.array_equal(m.matmul(x[9:10], isa=isa)[0], want[9])
     # and it is the product of the exact weights with int8-per-32 activations (llama.cpp's q8 scheme)
-    q = np.empty((16, 128), np.int8)
-    d = np.empty((16, 4), np.float32)
-    s = np.empty((16, 4), np.int32)
-    LIB.se_quantize(nl.fptr(x), 16, 128, q.ctypes.data, d.ctypes.data, s.ctypes.data)
-    xq = (q.reshape(16, 4, 32).astype(np.float64) * d[:, :, None]).reshape(16, 128)
+    q, d, s, h = quantized(x)
+    xq = (q.reshape(16, k // 32, 32).astype(np.float64) * d[:, :, None]).reshape(16, k)
     exact = xq @ deq.T.astype(np.float64)
     assert np.abs(want - exact).max() <= 1e-5 * np.abs(exact).max()
     assert np.abs(want - x @ deq.T).max() <= 0.02 * np.abs(x @ deq.T).max()  # activation rounding only
 
 
+@pytest.mark.parametrize("fmt, rms", [("Q4_K", 0.1), ("Q6_K", 0.025)])
+def test_the_test_models_k_quant_encoders_round_trip_through_gguf_py(fmt, rms):
+    from specedge.models.kquants import ENCODERS
+    w = np.random.default_rng(4).standard_normal((8, 512)).astype(np.float32)
+    back = dequantize(ENCODERS[fmt](w), GGMLQuantizationType[fmt]).reshape(8, 512)
+    assert np.sqrt(np.mean((back - w) ** 2)) < rms  # 4- and 6-bit rounding of N(0, 1), nothing worse
+
+
+def quantized(x: np.ndarray):
+    """The engine's int8-per-32 activations of x: (q, d, s, h)."""
+    rows, k = x.shape
+    q, d = np.empty((rows, k), np.int8), np.empty((rows, k // 32), np.float32)
+    s, h = np.empty((rows, k // 32), np.int32), np.empty((rows, k // 32), np.int32)
+    LIB.se_quantize(nl.fptr(np.ascontiguousarray(x)), rows, k, q.ctypes.data, d.ctypes.data, s.ctypes.data,
+                    h.ctypes.data)
+    return q, d, s, h
+
+
 def test_activation_blocks_round_half_to_even_with_exact_sums():
     x = np.zeros((1, 32), np.float32)
     x[0, :4] = [127.0, 0.5 * 127 / 127, -1.5, 2.5]  # scale 1: 0.5 -> 0, -1.5 -> -2, 2.5 -> 2
-    q, d, s = np.empty((1, 32), np.int8), np.empty((1, 1), np.float32), np.empty((1, 1), np.int32)
-    LIB.se_quantize(nl.fptr(x), 1, 32, q.ctypes.data, d.ctypes.data, s.ctypes.data)
-    assert d[0, 0] == 1.0 and list(q[0, :4]) == [127, 0, -2, 2] and s[0, 0] == 127
+    x[0, 16:18] = [-7.0, 3.0]
+    q, d, s, h = quantized(x)
+    assert d[0, 0] == 1.0 and list(q[0, :4]) == [127, 0, -2, 2] and s[0, 0] == 123 and h[0, 0] == 127
 
 
 def test_float_primitives_agree_across_isas_and_with_numpy():
@@ -103,7 +149,10 @@ def test_float_primitives_agree_across_isas_and_with_numpy():
 @pytest.fixture(scope="module")
 def tiny_files(tmp_path_factory):
     d = tmp_path_factory.mktemp("native")
-    return {(arch, fmt): write_tiny_gguf(d / f"{arch}-{fmt}.gguf", arch=arch, dtype=fmt.lower(), seed=0, n_layers=2)
+    # K-quants need rows of whole 256-superblocks: wider models, so every matrix (embedding included) is one
+    wide = {"Q4_K": {"d_model": 256, "d_ff": 512}, "Q6_K": {"d_model": 256, "d_ff": 512}}
+    return {(arch, fmt): write_tiny_gguf(d / f"{arch}-{fmt}.gguf", arch=arch, dtype=fmt.lower(), seed=0, n_layers=2,
+                                         **wide.get(fmt, {}))
             for arch in TINY_ARCHS for fmt in FORMATS}
 
 
@@ -111,6 +160,7 @@ def tiny_files(tmp_path_factory):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_tiny_model_computes_what_the_numpy_reference_computes(tiny_files, arch, fmt):
     gguf = open_gguf(tiny_files[arch, fmt])
+    assert set(gguf.tensor_types().values()) == {"F32", fmt}  # every matrix in the format under test
     native, ref = NativeBackend(gguf, n_threads=2), NumpyBackend(gguf.load_weights())
     toks = np.random.default_rng(0).integers(0, gguf.config.vocab_size, 40)
     got = native.forward(toks, native.new_cache(64))
@@ -120,8 +170,9 @@ def test_a_tiny_model_computes_what_the_numpy_reference_computes(tiny_files, arc
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_rows_are_bitwise_invariant_across_widths_threads_and_chunks(tiny_files, threads):
-    gguf = open_gguf(tiny_files["llama", "Q4_1"])
+@pytest.mark.parametrize("fmt", ["Q4_1", "Q6_K"])
+def test_rows_are_bitwise_invariant_across_widths_threads_and_chunks(tiny_files, threads, fmt):
+    gguf = open_gguf(tiny_files["llama", fmt])
     one = NativeBackend(gguf, n_threads=1)
     backend = NativeBackend(gguf, n_threads=threads)
     assert backend.caps.batch_invariant and batch_invariant(backend, range(1, 17), (0, 5, 70))
@@ -168,8 +219,9 @@ def test_a_tree_verifies_each_path_as_its_chain_would(tiny_files):
     assert np.array_equal(b.forward(np.array([30], np.int32), c), nxt)
 
 
-def test_layer_plans_taps_and_a_trimmed_head(tiny_files):
-    gguf = open_gguf(tiny_files["llama", "Q8_0"])
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K"])
+def test_layer_plans_taps_and_a_trimmed_head(tiny_files, fmt):
+    gguf = open_gguf(tiny_files["llama", fmt])
     b = NativeBackend(gguf, n_threads=2)
     toks = np.array([4, 8, 15, 16, 23, 42], np.int32)
     h, taps = b.hidden(toks, b.new_cache(16), taps=(0, 1, 2))
@@ -185,7 +237,8 @@ def test_layer_plans_taps_and_a_trimmed_head(tiny_files):
 
 def test_files_it_cannot_run_are_refused_naming_the_tensor(tmp_path):
     path = write_tiny_gguf(tmp_path / "f32.gguf", dtype="f32")
-    with pytest.raises(NativeUnsupported, match=r"tensor '.*' is F32; the native engine packs Q4_0, Q4_1, Q8_0.*"
+    with pytest.raises(NativeUnsupported, match=r"tensor '.*' is F32; the native engine packs Q4_0, Q4_1, Q5_0, Q8_0, "
+                                                r"Q4_K, Q6_K .*"
                                                 r"--backend ik"):
         NativeBackend(open_gguf(path))
     with pytest.raises(ValueError, match="native engine packs"):
@@ -210,6 +263,35 @@ def test_speculation_on_native_equals_its_plain_decoding(tiny_files, tmp_path, d
         assert spec.generate(text, temperature=0, max_tokens=40).tokens == want, (drafter, text)
 
 
+STORY = ("The quick brown fox jumps over the lazy dog. In the beginning, the town was small and quiet; the river ran "
+         "past the mill, and every morning the baker opened his shop before sunrise. Children walked to school along "
+         "the old stone bridge, and their teacher, a patient woman with grey hair, taught them to read and to count.")
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_gemma3_270m_s_q5_0_q4_k_q6_k_file_predicts_what_the_numpy_reference_predicts():
+    """The catalogue's gemma3 (Q5_0 q/k/v/gate/up, Q4_K and Q6_K o/down, Q8_0 embedding; qk norms, post norms,
+    gelu, sliding layers, embedding scale), teacher-forced over 64 tokens of text."""
+    from specedge.models.catalog import model_cache_dir
+    from specedge.runtime.tokenizer import Tokenizer
+    path = model_cache_dir(None) / "gemma-3-270m-q4_k_m.gguf"
+    if not path.is_file():
+        pytest.skip("gemma3-270m is not pulled: run `specedge pull gemma3-270m`")
+    gguf = open_gguf(path)
+    assert {"Q5_0", "Q4_K", "Q6_K"} <= set(gguf.tensor_types().values())
+    ids = np.array(Tokenizer(gguf.tokenizer_spec()).encode(STORY)[:64], np.int32)
+    assert len(ids) == 64
+    native = NativeBackend(gguf, n_threads=2)
+    got = native.forward(ids, native.new_cache(64))
+    ref = NumpyBackend(gguf.load_weights())
+    want = ref.forward(ids, ref.new_cache(64))
+    top = np.sort(want, axis=1)
+    differ = got.argmax(1) != want.argmax(1)
+    assert differ.mean() <= 0.05 and np.all(top[differ, -1] - top[differ, -2] < 0.5)  # only near ties differ
+    assert batch_invariant(native, (1, 3), (0, 17))
+
+
 SANITIZED = r"""
 import numpy as np, sys
 from gguf import GGMLQuantizationType as Q
@@ -218,25 +300,31 @@ from specedge.runtime.backends import native_lib as nl
 from specedge.models.gguf_in import open_gguf
 from specedge.runtime.backends.native import NativeBackend
 lib = nl.load()
+from specedge.models.kquants import ENCODERS
 for fmt in nl.PACKED:
-    w = np.random.default_rng(0).standard_normal((40, 96)).astype(np.float32)
-    m = nl.PackedMatrix(fmt, quantize(w, Q[fmt]).view(np.uint8).reshape(40, -1))
-    x = np.random.default_rng(1).standard_normal((16, 96)).astype(np.float32)
+    k = 512 if fmt in ENCODERS else 96
+    w = np.random.default_rng(0).standard_normal((40, k)).astype(np.float32)
+    raw = ENCODERS[fmt](w) if fmt in ENCODERS else quantize(w, Q[fmt]).view(np.uint8).reshape(40, -1)
+    m = nl.PackedMatrix(fmt, raw)
+    x = np.random.default_rng(1).standard_normal((16, k)).astype(np.float32)
     outs = [m.matmul(x, isa) for isa in range(lib.se_cpu_isa() + 1)]
     assert all(np.array_equal(o, outs[0]) for o in outs)
-    bad = lib.se_mat_new(nl.GGML_TYPES[fmt], x.ctypes.data, 7, 40, 96)  # a row length that is not the format's
+    rows = np.stack([m.row(i) for i in range(40)])
+    bad = lib.se_mat_new(nl.GGML_TYPES[fmt], x.ctypes.data, 7, 40, k)  # a row length that is not the format's
     assert not bad
-b = NativeBackend(open_gguf(sys.argv[1]), n_threads=2)
-c = b.new_cache(80)
-b.feed(np.arange(60, dtype=np.int32), c)
-b.forward(np.array([1, 2, 3], np.int32), c, tree_mask=np.tril(np.ones((3, 3), bool)))
-for bad in (np.array([10**6], np.int32), np.array([-1], np.int32)):
-    try:
-        b.forward(bad, c)
-    except ValueError:
-        pass
-    else:
-        raise SystemExit("a token id out of range was accepted")
+assert not lib.se_mat_new(nl.GGML_TYPES["Q4_K"], x.ctypes.data, 144, 40, 96)  # k not whole superblocks
+for path in sys.argv[1:]:
+    b = NativeBackend(open_gguf(path), n_threads=2)
+    c = b.new_cache(80)
+    b.feed(np.arange(60, dtype=np.int32), c)
+    b.forward(np.array([1, 2, 3], np.int32), c, tree_mask=np.tril(np.ones((3, 3), bool)))
+    for bad in (np.array([10**6], np.int32), np.array([-1], np.int32)):
+        try:
+            b.forward(bad, c)
+        except ValueError:
+            pass
+        else:
+            raise SystemExit("a token id out of range was accepted")
 print("sanitized ok")
 """
 
@@ -253,6 +341,7 @@ def test_kernels_and_a_forward_under_address_and_undefined_behaviour_sanitizers(
     asan = subprocess.run(["cc", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
     env = {**os.environ, "SPECEDGE_NATIVE_LIB": str(lib), "LD_PRELOAD": asan,
            "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1", "UBSAN_OPTIONS": "print_stacktrace=1"}
-    r = subprocess.run([sys.executable, "-c", SANITIZED, str(tiny_files["llama", "Q4_1"])], env=env,
+    files = [str(tiny_files["llama", fmt]) for fmt in ("Q4_1", "Q6_K", "Q4_K")]
+    r = subprocess.run([sys.executable, "-c", SANITIZED, *files], env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "sanitized ok" in r.stdout, r.stderr[-3000:]

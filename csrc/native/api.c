@@ -30,9 +30,10 @@ size_t se_mat_bytes(const se_mat *m) { return m->group_bytes * (size_t)m->ngroup
 int se_matmul(const se_mat *w, const float *x, int rows, float *out, int isa) {
     if (rows <= 0) return -1;
     se_act a = {malloc((size_t)rows * w->k), malloc((size_t)rows * w->nb * sizeof(float)),
-                malloc((size_t)rows * w->nb * sizeof(int32_t)), w->k, w->nb};
-    if (!a.q || !a.d || !a.s) {
-        free(a.q); free(a.d); free(a.s);
+                malloc((size_t)rows * w->nb * sizeof(int32_t)), malloc((size_t)rows * w->nb * sizeof(int32_t)), w->k,
+                w->nb};
+    if (!a.q || !a.d || !a.s || !a.h) {
+        free(a.q); free(a.d); free(a.s); free(a.h);
         return -2;
     }
     se_quantize_rows(x, rows, w->k, &a);
@@ -40,7 +41,7 @@ int se_matmul(const se_mat *w, const float *x, int rows, float *out, int isa) {
     se_set_isa(isa);
     se_mm_for(w)(w, &a, rows, out, w->n, 0, w->ngroups);
     se_set_isa(before);
-    free(a.q); free(a.d); free(a.s);
+    free(a.q); free(a.d); free(a.s); free(a.h);
     return 0;
 }
 
@@ -54,10 +55,10 @@ static void mm_job_run(void *p, int thread, int g0, int g1) {
 
 /* The kernel benchmark's call: pre-quantized activations, the pool's threads, reps repetitions. */
 int se_matmul_pool(se_pool *p, const se_mat *const *ws, int count, const int8_t *q, const float *d, const int32_t *s,
-                   int rows, float *out, int reps) {
+                   const int32_t *h, int rows, float *out, int reps) {
     for (int r = 0; r < reps; r++)
         for (int i = 0; i < count; i++) {
-            se_act a = {(int8_t *)q, (float *)d, (int32_t *)s, ws[i]->k, ws[i]->nb};
+            se_act a = {(int8_t *)q, (float *)d, (int32_t *)s, (int32_t *)h, ws[i]->k, ws[i]->nb};
             mm_job j = {ws[i], &a, rows, out};
             int chunk = ws[i]->ngroups / (8 * se_pool_threads(p));
             se_pool_for(p, ws[i]->ngroups, chunk < 1 ? 1 : chunk > 16 ? 16 : chunk, mm_job_run, &j);
@@ -65,8 +66,8 @@ int se_matmul_pool(se_pool *p, const se_mat *const *ws, int count, const int8_t 
     return 0;
 }
 
-void se_quantize(const float *x, int rows, int k, int8_t *q, float *d, int32_t *s) {
-    se_act a = {q, d, s, k, k / 32};
+void se_quantize(const float *x, int rows, int k, int8_t *q, float *d, int32_t *s, int32_t *h) {
+    se_act a = {q, d, s, h, k, k / 32};
     se_quantize_rows(x, rows, k, &a);
 }
 
@@ -93,7 +94,7 @@ void se_vec_axpy(float *y, float a, const uint16_t *x, int n, int isa) {
     se_set_isa(before);
 }
 
-int se_abi_version(void) { return 1; }
+int se_abi_version(void) { return 2; }
 
 typedef struct { const uint8_t *buf; size_t bytes; uint64_t sums[64]; } roof_job;
 

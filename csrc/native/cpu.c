@@ -34,14 +34,15 @@ int se_set_isa(int isa) {
 }
 
 se_mm_fn se_mm_for(const se_mat *w) {
-    (void)w;
-    switch (se_isa()) {
+    int isa = se_isa();
 #ifdef SE_X86
-    case SE_ISA_AVX512: return se_mm_avx512;
-    case SE_ISA_AVX2: return se_mm_avx2;
+    if (isa == SE_ISA_AVX512)
+        return w->kern == SE_KERN_Q4K ? se_mm_q4k_avx512 : w->kern == SE_KERN_Q6K ? se_mm_q6k_avx512 : se_mm_avx512;
+    if (isa == SE_ISA_AVX2)
+        return w->kern == SE_KERN_Q4K ? se_mm_q4k_avx2 : w->kern == SE_KERN_Q6K ? se_mm_q6k_avx2 : se_mm_avx2;
 #endif
-    default: return se_mm_portable;
-    }
+    (void)isa;
+    return w->kern == SE_KERN_Q4K ? se_mm_q4k_portable : w->kern == SE_KERN_Q6K ? se_mm_q6k_portable : se_mm_portable;
 }
 
 /* IEEE half <-> single, bit exact (no F16C dependency: the portable path must run anywhere). */

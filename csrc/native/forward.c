@@ -18,7 +18,7 @@ static void quantize_span(const float *x, int n, se_act *a, int row, int col) {
     for (int b = 0; b < n / SE_BLOCK; b++) {
         int blk = col / SE_BLOCK + b;
         se_quantize_block(x + b * SE_BLOCK, a->q + (size_t)row * a->k + blk * SE_BLOCK, a->d + (size_t)row * a->nb + blk,
-                          a->s + (size_t)row * a->nb + blk);
+                          a->s + (size_t)row * a->nb + blk, a->h + (size_t)row * a->nb + blk);
     }
 }
 

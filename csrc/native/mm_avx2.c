@@ -1,6 +1,7 @@
-/* AVX2 + FMA matmul: the AVX-512 kernel's arithmetic on two 8-lane halves of each 16-row group. Without VNNI the
- * u8 x s8 dot is vpmaddubsw + vpmaddwd; 8-bit weights go through the sign trick (|q| x sign(x, q)) so no pair sum
- * can saturate, and that yields sum(q * x) = sum(u * x) - 128 * sum(x), the same integer the other paths form. */
+/* AVX2 + FMA matmul of the 32-wide formats: the AVX-512 kernel's arithmetic on two 8-lane halves of each 16-row
+ * group. Without VNNI the u8 x s8 dot is vpmaddubsw + vpmaddwd; 8-bit weights go through the sign trick
+ * (|q| x sign(x, q)) so no pair sum can saturate, and that yields sum(q * x) = sum(u * x) - 128 * sum(x), the same
+ * integer the other paths form. */
 #include "se.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -20,11 +21,22 @@ static inline SE_AVX2 __attribute__((always_inline)) __m256i dot4(__m256i w, __m
     return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones);
 }
 
+/* Q5_0: 32 mask bits -> 32 bytes, byte k = 0x10 where bit k is set (bit 4 of the weight in that byte). */
+static inline SE_AVX2 __attribute__((always_inline)) __m256i high_bits(const uint8_t *blk, int j, int h) {
+    uint32_t m;
+    __builtin_memcpy(&m, blk + 256 + 8 * j + 4 * h, 4);
+    const __m256i idx = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                                         3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)m), idx);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), _mm256_set1_epi8(0x10));
+}
+
 static inline SE_AVX2 __attribute__((always_inline)) void
 pass_rows(const se_mat *w, const uint8_t *group, const se_act *x, int i0, const int R, float *out, int ldo, int col,
           int lanes, int h) {
-    const int q8 = w->kern == SE_KERN_Q8;
-    const size_t scale_at = q8 ? 512 : 256;
+    const int q8 = w->kern == SE_KERN_Q8, q5 = w->kern == SE_KERN_Q5;
+    const size_t scale_at = se_scale_at(w->kern);
     const int offset = q8 ? 0 : w->offset; /* the sign trick already subtracted 128 * sum(x) */
     const __m256i nib = _mm256_set1_epi8(0x0f);
     __m256 acc[PASS];
@@ -41,6 +53,7 @@ pass_rows(const se_mat *w, const uint8_t *group, const se_act *x, int i0, const 
         for (int t = 0; t < (q8 ? 8 : 4); t++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 * t + 32 * h));
             __m256i lo = q8 ? v : _mm256_and_si256(v, nib);
+            if (q5) lo = _mm256_or_si256(lo, high_bits(blk, t, h));
             for (int i = 0; i < R; i++) {
                 int32_t xa;
                 __builtin_memcpy(&xa, x->q + (size_t)(i0 + i) * x->k + b * SE_BLOCK + 4 * t, 4);
@@ -48,6 +61,7 @@ pass_rows(const se_mat *w, const uint8_t *group, const se_act *x, int i0, const 
             }
             if (!q8) {
                 __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                if (q5) hi = _mm256_or_si256(hi, high_bits(blk, 4 + t, h));
                 for (int i = 0; i < R; i++) {
                     int32_t xa;
                     __builtin_memcpy(&xa, x->q + (size_t)(i0 + i) * x->k + b * SE_BLOCK + 16 + 4 * t, 4);

@@ -1,4 +1,5 @@
-/* AVX-512 VNNI matmul: one zmm lane per output row of a 16-row group, vpdpbusd over 4 weights at a time. Each
+/* AVX-512 VNNI matmul of the 32-wide formats (Q4_0, Q4_1, Q5_0, Q8_0): one zmm lane per output row of a 16-row
+ * group, vpdpbusd over 4 weights at a time (Q5_0's fifth bit ORed in from a byte mask). Each
  * weight block is unpacked once and used for every activation row of the pass (up to PASS rows), and the weight
  * stream is prefetched ahead: that is what keeps 2-8 rows nearly as cheap as one (docs/native.md). */
 #include "se.h"
@@ -11,12 +12,19 @@
 #define PF_L1 2048
 #define PF_L2 12288
 
+/* Q5_0: bit 4 of the weights of vector j (one bit per byte, se.h). */
+static inline __mmask64 high_bits(const uint8_t *blk, int j) {
+    uint64_t m;
+    __builtin_memcpy(&m, blk + 256 + 8 * j, 8);
+    return (__mmask64)m;
+}
+
 static inline SE_AVX512 __attribute__((always_inline)) void
 pass_rows(const se_mat *w, const uint8_t *group, const se_act *x, int i0, const int R, float *out, int ldo, int col,
           int lanes) {
-    const int q8 = w->kern == SE_KERN_Q8;
-    const size_t scale_at = q8 ? 512 : 256;
-    const __m512i nib = _mm512_set1_epi8(0x0f);
+    const int q8 = w->kern == SE_KERN_Q8, q5 = w->kern == SE_KERN_Q5;
+    const size_t scale_at = se_scale_at(w->kern);
+    const __m512i nib = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
     __m512 acc[PASS];
     for (int i = 0; i < R; i++) acc[i] = _mm512_setzero_ps();
     for (int b = 0; b < w->nb; b++) {
@@ -30,6 +38,7 @@ pass_rows(const se_mat *w, const uint8_t *group, const se_act *x, int i0, const 
         for (int t = 0; t < (q8 ? 8 : 4); t++) {
             __m512i v = _mm512_loadu_si512((const void *)(blk + 64 * t));
             __m512i lo = q8 ? v : _mm512_and_si512(v, nib);
+            if (q5) lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(high_bits(blk, t), bit4));
             for (int i = 0; i < R; i++) {
                 const int8_t *xq = x->q + (size_t)(i0 + i) * x->k + b * SE_BLOCK;
                 int32_t xa;
@@ -38,6 +47,7 @@ pass_rows(const se_mat *w, const uint8_t *group, const se_act *x, int i0, const 
             }
             if (!q8) {
                 __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+                if (q5) hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(high_bits(blk, 4 + t), bit4));
                 for (int i = 0; i < R; i++) {
                     const int8_t *xq = x->q + (size_t)(i0 + i) * x->k + b * SE_BLOCK;
                     int32_t xa;

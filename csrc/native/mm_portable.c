@@ -1,18 +1,13 @@
-/* The reference matmul: out[i][o] = sum over blocks of (d_o * xd_i) * (integer dot - offset * xs_i)
+/* The reference matmul of the 32-wide formats (Q4_0, Q4_1, Q5_0, Q8_0; the K-quants' are in mm_q4k.c, mm_q6k.c):
+ * out[i][o] = sum over blocks of (d_o * xd_i) * (integer dot - offset * xs_i)
  * (+ m_o * (xd_i * xs_i) for formats with a min), accumulated with fmaf in block order. Every SIMD path computes
  * exactly these operations in exactly this order, so its results equal these bit for bit. */
 #include "se.h"
 
 #include <math.h>
 
-static int unpacked(const se_mat *w, const uint8_t *blk, int r, int j) {
-    if (w->kern == SE_KERN_Q8) return blk[(j / 4) * 64 + r * 4 + j % 4];
-    uint8_t byte = blk[((j % 16) / 4) * 64 + r * 4 + j % 4];
-    return j < 16 ? byte & 15 : byte >> 4;
-}
-
 void se_mm_portable(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1) {
-    size_t scale_at = w->kern == SE_KERN_Q4 ? 256 : 512;
+    size_t scale_at = se_scale_at(w->kern);
     for (int g = g0; g < g1; g++) {
         const uint8_t *group = w->data + (size_t)g * w->group_bytes;
         int lanes = w->n - g * SE_GROUP < SE_GROUP ? w->n - g * SE_GROUP : SE_GROUP;
@@ -26,7 +21,7 @@ void se_mm_portable(const se_mat *w, const se_act *x, int rows, float *out, int 
                     const uint8_t *blk = group + (size_t)b * w->block_bytes;
                     const uint16_t *d = (const uint16_t *)(blk + scale_at);
                     int32_t dot = 0;
-                    for (int j = 0; j < SE_BLOCK; j++) dot += unpacked(w, blk, r, j) * xq[b * SE_BLOCK + j];
+                    for (int j = 0; j < SE_BLOCK; j++) dot += se_unpacked(w->kern, blk, r, j) * xq[b * SE_BLOCK + j];
                     float dd = se_f16_to_f32(d[r]) * xd[b];
                     if (w->has_min) {
                         acc = fmaf(dd, (float)dot, acc);

@@ -24,7 +24,10 @@ size_t se_type_row_bytes(int type, int k) {
     switch (type) {
     case SE_Q4_0: return (size_t)(k / 32) * 18;
     case SE_Q4_1: return (size_t)(k / 32) * 20;
+    case SE_Q5_0: return (size_t)(k / 32) * 22;
     case SE_Q8_0: return (size_t)(k / 32) * 34;
+    case SE_Q4_K: return k % 256 ? 0 : (size_t)(k / 256) * 144;
+    case SE_Q6_K: return k % 256 ? 0 : (size_t)(k / 256) * 210;
     default: return 0;
     }
 }
@@ -33,45 +36,56 @@ static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 
 /* One GGUF block of row r -> its place in the packed block `dst` (lane r). */
 static void pack_block(const se_mat *m, int type, const uint8_t *src, uint8_t *dst, int r) {
-    uint16_t *d = (uint16_t *)(dst + (m->kern == SE_KERN_Q4 ? 256 : 512));
+    uint16_t *d = (uint16_t *)(dst + se_scale_at(m->kern));
+    d[r] = rd16(src);
     if (type == SE_Q8_0) {
-        d[r] = rd16(src);
         for (int j = 0; j < 8; j++)
             for (int i = 0; i < 4; i++) dst[j * 64 + r * 4 + i] = (uint8_t)(src[2 + 4 * j + i] ^ 0x80);
         return;
     }
-    const uint8_t *qs = src + (type == SE_Q4_1 ? 4 : 2);
-    d[r] = rd16(src);
+    const uint8_t *qs = src + (type == SE_Q4_1 ? 4 : type == SE_Q5_0 ? 6 : 2);
     if (type == SE_Q4_1) d[16 + r] = rd16(src + 2);
     /* GGUF: weight j < 16 is qs[j] & 15, weight 16 + j is qs[j] >> 4: byte 4t+i already holds the pair the packed
      * vector t wants in lane r. */
     for (int t = 0; t < 4; t++)
         for (int i = 0; i < 4; i++) dst[t * 64 + r * 4 + i] = qs[4 * t + i];
+    if (type == SE_Q5_0) { /* qh: bit j is bit 4 of weight j -> bit (r*4 + i) of mask j / 4 */
+        uint32_t qh = (uint32_t)src[2] | (uint32_t)src[3] << 8 | (uint32_t)src[4] << 16 | (uint32_t)src[5] << 24;
+        for (int j = 0; j < SE_BLOCK; j++)
+            if (qh >> j & 1) dst[256 + (j / 4) * 8 + (r * 4 + j % 4) / 8] |= (uint8_t)(1u << ((r * 4 + j % 4) % 8));
+    }
 }
 
 int se_pack(se_mat *m, int type, const uint8_t *raw, size_t row_bytes, int n, int k) {
     memset(m, 0, sizeof *m);
     size_t want = se_type_row_bytes(type, k);
     if (!want || want != row_bytes || n <= 0) return -1;
-    m->kern = type == SE_Q8_0 ? SE_KERN_Q8 : SE_KERN_Q4;
-    m->has_min = type == SE_Q4_1;
-    m->offset = type == SE_Q4_0 ? 8 : type == SE_Q8_0 ? 128 : 0;
+    m->kern = type == SE_Q8_0 ? SE_KERN_Q8 : type == SE_Q5_0 ? SE_KERN_Q5 : type == SE_Q4_K ? SE_KERN_Q4K
+            : type == SE_Q6_K ? SE_KERN_Q6K : SE_KERN_Q4;
+    m->has_min = type == SE_Q4_1 || type == SE_Q4_K;
+    m->offset = type == SE_Q4_0 ? 8 : type == SE_Q5_0 ? 16 : type == SE_Q6_K ? 32 : type == SE_Q8_0 ? 128 : 0;
+    int super = m->kern == SE_KERN_Q4K || m->kern == SE_KERN_Q6K;
     m->n = n;
     m->k = k;
     m->nb = k / SE_BLOCK;
     m->ngroups = (n + SE_GROUP - 1) / SE_GROUP;
-    m->block_bytes = m->kern == SE_KERN_Q8 ? 512 + 32 : 256 + 32 + (m->has_min ? 32 : 0);
-    m->group_bytes = m->block_bytes * (size_t)m->nb;
+    m->block_bytes = m->kern == SE_KERN_Q4K ? SE_Q4K_BYTES : m->kern == SE_KERN_Q6K ? SE_Q6K_BYTES
+                   : se_scale_at(m->kern) + 32 + (m->has_min ? 32 : 0);
+    int blocks = super ? m->nb / SE_SUPER : m->nb; /* packed blocks per row */
+    m->group_bytes = m->block_bytes * (size_t)blocks;
     size_t total = m->group_bytes * (size_t)m->ngroups;
     m->data = alloc_weights(total);
     if (!m->data) return -2;
     memset(m->data, 0, total);
-    size_t src_block = row_bytes / (size_t)m->nb;
+    size_t src_block = row_bytes / (size_t)blocks;
     for (int row = 0; row < n; row++) {
         uint8_t *group = m->data + (size_t)(row / SE_GROUP) * m->group_bytes;
-        for (int b = 0; b < m->nb; b++)
-            pack_block(m, type, raw + (size_t)row * row_bytes + (size_t)b * src_block, group + (size_t)b * m->block_bytes,
-                       row % SE_GROUP);
+        for (int b = 0; b < blocks; b++) {
+            const uint8_t *src = raw + (size_t)row * row_bytes + (size_t)b * src_block;
+            uint8_t *dst = group + (size_t)b * m->block_bytes;
+            if (super) se_pack_superblock(type, src, dst, row % SE_GROUP);
+            else pack_block(m, type, src, dst, row % SE_GROUP);
+        }
     }
     return 0;
 }
@@ -84,19 +98,17 @@ void se_mat_free(se_mat *m) {
 void se_dequant_row(const se_mat *m, int row, float *out) {
     const uint8_t *group = m->data + (size_t)(row / SE_GROUP) * m->group_bytes;
     int r = row % SE_GROUP;
+    if (m->kern == SE_KERN_Q4K || m->kern == SE_KERN_Q6K) {
+        for (int b = 0; b < m->nb / SE_SUPER; b++)
+            se_dequant_superblock(m, group + (size_t)b * m->block_bytes, r, out + b * SE_SUPER * SE_BLOCK);
+        return;
+    }
     for (int b = 0; b < m->nb; b++) {
         const uint8_t *blk = group + (size_t)b * m->block_bytes;
-        const uint16_t *d = (const uint16_t *)(blk + (m->kern == SE_KERN_Q4 ? 256 : 512));
+        const uint16_t *d = (const uint16_t *)(blk + se_scale_at(m->kern));
         float scale = se_f16_to_f32(d[r]), min = m->has_min ? se_f16_to_f32(d[16 + r]) : 0.0f;
         for (int j = 0; j < SE_BLOCK; j++) {
-            int u;
-            if (m->kern == SE_KERN_Q8) {
-                u = blk[(j / 4) * 64 + r * 4 + j % 4];
-            } else {
-                uint8_t byte = blk[((j % 16) / 4) * 64 + r * 4 + j % 4];
-                u = j < 16 ? byte & 15 : byte >> 4;
-            }
-            float v = scale * (float)(u - m->offset);
+            float v = scale * (float)(se_unpacked(m->kern, blk, r, j) - m->offset);
             out[b * SE_BLOCK + j] = m->has_min ? v + min : v;
         }
     }

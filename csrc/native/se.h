@@ -15,33 +15,45 @@
 #define SE_MAX_ROWS 16  /* activation rows one kernel pass takes at most (callers loop) */
 
 /* GGML type ids of the formats the engine packs (the GGUF's own numbering). */
-enum { SE_F32 = 0, SE_F16 = 1, SE_Q4_0 = 2, SE_Q4_1 = 3, SE_Q8_0 = 8, SE_Q4_K = 12, SE_Q6_K = 14 };
+enum { SE_F32 = 0, SE_F16 = 1, SE_Q4_0 = 2, SE_Q4_1 = 3, SE_Q5_0 = 6, SE_Q8_0 = 8, SE_Q4_K = 12, SE_Q6_K = 14 };
 
-/* Kernel families: how a 32-weight block's integers are stored in the packed form. */
-enum { SE_KERN_Q4 = 0, SE_KERN_Q8 = 1 };
+/* Kernel families: how a block's integers are stored in the packed form. Q4, Q5, Q8 pack 32-wide blocks; Q4K and
+ * Q6K pack 256-wide superblocks of 8 such blocks (SE_SUPER), their scales in a per-superblock header. */
+enum { SE_KERN_Q4 = 0, SE_KERN_Q8 = 1, SE_KERN_Q5 = 2, SE_KERN_Q4K = 3, SE_KERN_Q6K = 4 };
+#define SE_SUPER 8      /* 32-blocks per K-quant superblock */
 
 /* Instruction sets, best last. */
 enum { SE_ISA_PORTABLE = 0, SE_ISA_AVX2 = 1, SE_ISA_AVX512 = 2 };
 
-/* A weight matrix [n, k] (out x in) repacked: groups of 16 output rows, each group's 32-wide blocks contiguous.
- * Block layout (Q4): 4 x 64 bytes of nibbles, vector t byte (r*4 + i) = w[r][4t+i] | w[r][16+4t+i] << 4;
- *                    then 16 fp16 scales d; then (has_min) 16 fp16 mins m.
- * Block layout (Q8): 8 x 64 bytes, vector j byte (r*4 + i) = w[r][4j+i] + 128 (unsigned); then 16 fp16 scales d.
- * A weight's value: d * (u - offset) + (has_min ? m : 0), exactly the GGUF block's dequantized value. */
+/* A weight matrix [n, k] (out x in) repacked: groups of 16 output rows, each group's blocks contiguous. Lane r of a
+ * 64-byte vector is bytes r*4 .. r*4+3: four consecutive weights of row r (vpdpbusd's shape).
+ * Q4 (Q4_0, Q4_1), 32 wide: 4 x 64 bytes of nibbles, vector t byte (r*4 + i) = w[r][4t+i] | w[r][16+4t+i] << 4;
+ *    then 16 fp16 scales d; then (has_min) 16 fp16 mins m.
+ * Q5 (Q5_0), 32 wide: Q4's nibbles; then 8 x 64-bit masks, bit (r*4 + i) of mask j = bit 4 of w[r][4j+i]; then 16
+ *    fp16 d (352 bytes: Q5_0's 22 per row).
+ * Q8 (Q8_0), 32 wide: 8 x 64 bytes, vector j byte (r*4 + i) = w[r][4j+i] + 128 (unsigned); then 16 fp16 scales d.
+ * A weight's value: d * (u - offset) + (has_min ? m : 0), exactly the GGUF block's dequantized value.
+ * Q4K (Q4_K), 256 wide: 16 fp16 d, 16 fp16 dmin, u8 sc[8][16], u8 m[8][16] (sub-block j, lane r: the 6-bit ints),
+ *    then 8 Q4-layout nibble blocks (2368 bytes: 148 per row, Q4_K's 144 plus the unpacked 6-bit ints).
+ *    w = (d * sc_j) * u - dmin * m_j (both products exact in fp32).
+ * Q6K (Q6_K), 256 wide: 8 blocks of 384 bytes (Q4-layout nibbles of the low 4 bits, then 2 x 64 bytes: vector p byte
+ *    (r*4 + i) bits 2c..2c+1 = bits 4-5 of w[r][4j+i] with j = 4p + c); then int8 sc[16][16] (per 16 weights, lane
+ *    r), then 16 fp16 d (3360 bytes: Q6_K's 210 per row). w = (d * sc) * (u - 32), exact in fp32. */
 typedef struct {
-    int kern;        /* SE_KERN_Q4 | SE_KERN_Q8 */
+    int kern;        /* SE_KERN_* */
     int has_min;     /* per-block float min (Q4_1, Q4_K) */
-    int offset;      /* integer subtracted from every stored integer (8: Q4_0, 128: Q8_0, 0: Q4_1) */
-    int n, k, nb, ngroups;
-    size_t block_bytes, group_bytes;
+    int offset;      /* integer subtracted from every stored integer (8: Q4_0, 16: Q5_0, 32: Q6_K, 128: Q8_0) */
+    int n, k, nb, ngroups;   /* nb: 32-wide blocks per row */
+    size_t block_bytes, group_bytes;  /* block: 32 wide, or a 256-wide superblock (K kernels) */
     uint8_t *data;   /* 64-byte aligned, ngroups * group_bytes */
 } se_mat;
 
-/* Activations quantized per 32: q int8 [rows, k], d float [rows, k/32], s int32 [rows, k/32] (sum of each block's q). */
+/* Activations quantized per 32: q int8 [rows, k], d float [rows, k/32], s int32 [rows, k/32] (sum of each block's q),
+ * h int32 [rows, k/32] (sum of its first 16 q: Q6_K's scale changes every 16 weights; the second half's is s - h). */
 typedef struct {
     int8_t *q;
     float *d;
-    int32_t *s;
+    int32_t *s, *h;
     int k, nb;
 } se_act;
 
@@ -51,22 +63,53 @@ typedef void (*se_mm_fn)(const se_mat *w, const se_act *x, int rows, float *out,
 int se_cpu_isa(void);               /* the best ISA this CPU and build support */
 int se_isa(void);                   /* the ISA in use */
 int se_set_isa(int isa);            /* force one (tests); returns the ISA now in use (never above the CPU's) */
-se_mm_fn se_mm_for(const se_mat *w);
+se_mm_fn se_mm_for(const se_mat *w);  /* the kernel for w's family under the ISA in use */
 
 /* pack.c */
 int se_pack(se_mat *m, int type, const uint8_t *raw, size_t row_bytes, int n, int k);
 void se_mat_free(se_mat *m);
 void se_dequant_row(const se_mat *m, int row, float *out);  /* exact values of one row */
 size_t se_type_row_bytes(int type, int k);                   /* 0: unsupported type or k */
+/* pack_k.c: the K-quant superblocks (Q4_K, Q6_K) */
+void se_pack_superblock(int type, const uint8_t *src, uint8_t *dst, int r);
+void se_dequant_superblock(const se_mat *m, const uint8_t *sb, int r, float *out);
 
 /* act.c */
 void se_quantize_rows(const float *x, int rows, int ldx, se_act *a);
-void se_quantize_block(const float *x, int8_t *q, float *d, int32_t *s);
+void se_quantize_block(const float *x, int8_t *q, float *d, int32_t *s, int32_t *h);
 
 /* mm_*.c */
 void se_mm_portable(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
 void se_mm_avx2(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
 void se_mm_avx512(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
+void se_mm_q4k_portable(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
+void se_mm_q4k_avx2(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
+void se_mm_q4k_avx512(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
+void se_mm_q6k_portable(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
+void se_mm_q6k_avx2(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
+void se_mm_q6k_avx512(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
+
+/* Where a 32-wide block's fp16 scales start (after its integers). */
+static inline size_t se_scale_at(int kern) { return kern == SE_KERN_Q8 ? 512 : kern == SE_KERN_Q5 ? 320 : 256; }
+/* Weight j (0..31) of lane r in a packed 32-wide block, as the unsigned integer the kernels multiply: a Q4K
+ * sub-block's nibble, a Q6K block's 6 bits. */
+static inline int se_unpacked(int kern, const uint8_t *blk, int r, int j) {
+    int lane = r * 4 + j % 4;
+    if (kern == SE_KERN_Q8) return blk[(j / 4) * 64 + lane];
+    uint8_t byte = blk[((j % 16) / 4) * 64 + lane];
+    int u = j < 16 ? byte & 15 : byte >> 4;
+    if (kern == SE_KERN_Q5) u |= (blk[256 + (j / 4) * 8 + lane / 8] >> (lane % 8) & 1) << 4;
+    if (kern == SE_KERN_Q6K) u |= (blk[256 + (j / 16) * 64 + lane] >> (2 * ((j / 4) % 4)) & 3) << 4;
+    return u;
+}
+
+/* Superblock headers: Q4K's d, dmin, sc, m come first; Q6K's sc, d after its 8 blocks. */
+#define SE_Q4K_HEAD 320
+#define SE_Q4K_BYTES (SE_Q4K_HEAD + 8 * 256)
+#define SE_Q6K_BLOCK 384
+#define SE_Q6K_SC (8 * SE_Q6K_BLOCK)
+#define SE_Q6K_D (SE_Q6K_SC + 256)
+#define SE_Q6K_BYTES (SE_Q6K_D + 32)
 
 /* fp16 <-> fp32, exact (f32 -> f16 rounds to nearest even) */
 float se_f16_to_f32(uint16_t h);

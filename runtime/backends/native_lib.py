@@ -14,10 +14,12 @@ from functools import lru_cache
 
 import numpy as np
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 ISA_NAMES = ("portable", "avx2", "avx512")  # se.h SE_ISA_*
-GGML_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8}  # the GGUF numbering se.h uses
-PACKED = ("Q4_0", "Q4_1", "Q8_0")  # formats the kernels take as they are (docs/native.md)
+GGML_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}  # se.h's
+PACKED = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")  # formats the kernels take as they are (docs/native.md)
+BLOCKS = {"Q4_0": (18, 32), "Q4_1": (20, 32), "Q5_0": (22, 32), "Q8_0": (34, 32), "Q4_K": (144, 256),
+          "Q6_K": (210, 256)}  # (bytes, weights) of one GGUF block
 ACT = {"silu": 0, "gelu_tanh": 1}
 
 c_int, c_int32, c_float, c_size_t, c_void_p = ctypes.c_int, ctypes.c_int32, ctypes.c_float, ctypes.c_size_t, ctypes.c_void_p
@@ -63,10 +65,11 @@ _SIGNATURES = {
     "se_mat_delete": (None, [c_void_p]),
     "se_mat_bytes": (c_size_t, [c_void_p]),
     "se_matmul": (c_int, [c_void_p, _P(c_float), c_int, _P(c_float), c_int]),
-    "se_matmul_pool": (c_int, [c_void_p, _P(c_void_p), c_int, c_void_p, c_void_p, c_void_p, c_int, _P(c_float), c_int]),
+    "se_matmul_pool": (c_int, [c_void_p, _P(c_void_p), c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_int,
+                               _P(c_float), c_int]),
     "se_pool_new": (c_void_p, [c_int]),
     "se_pool_free": (None, [c_void_p]),
-    "se_quantize": (None, [_P(c_float), c_int, c_int, c_void_p, c_void_p, c_void_p]),
+    "se_quantize": (None, [_P(c_float), c_int, c_int, c_void_p, c_void_p, c_void_p, c_void_p]),
     "se_vec_dot": (c_float, [_P(c_float), c_void_p, c_int, c_int]),
     "se_vec_exp": (None, [_P(c_float), c_int, c_int]),
     "se_vec_axpy": (None, [_P(c_float), c_float, c_void_p, c_int, c_int]),
@@ -139,10 +142,10 @@ class PackedMatrix:
         self._lib = load()
         raw = np.ascontiguousarray(raw, dtype=np.uint8)
         self.n = raw.shape[0]
-        blocks = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}[gguf_type]
+        blocks, width = BLOCKS[gguf_type]
         if raw.ndim != 2 or raw.shape[1] % blocks:
             raise ValueError(f"{gguf_type} rows must be whole {blocks}-byte blocks, got shape {raw.shape}")
-        self.k = raw.shape[1] // blocks * 32
+        self.k = raw.shape[1] // blocks * width
         self.handle = self._lib.se_mat_new(GGML_TYPES[gguf_type], raw.ctypes.data, raw.shape[1], self.n, self.k)
         if not self.handle:
             raise MemoryError(f"cannot pack a {self.n} x {self.k} {gguf_type} matrix")

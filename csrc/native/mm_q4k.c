@@ -1,0 +1,189 @@
+/* Q4_K matmul, three ISAs in one file so the mirrored operation order is read side by side. A superblock holds 8
+ * Q4-layout sub-blocks of 32 (se.h); sub-block j's scale d * sc_j and min dmin * m_j are exact fp32 products, so
+ * it is Q4_1's shape with the scale and min formed in the kernel:
+ *     acc = fma(scale_j * xd, (float)dot, acc);  acc = fma(-min_j, xd * (float)xs, acc)
+ * for every 32-block in order, dot the exact integer sum of q * x (q 0..15). The SIMD paths compute the scale and
+ * min once per sub-block for all 16 lanes and reuse them for every activation row. */
+#include <math.h>
+
+#include "se.h"
+
+static inline const uint8_t *superblock(const se_mat *w, int g, int sb) {
+    return w->data + (size_t)g * w->group_bytes + (size_t)sb * w->block_bytes;
+}
+
+void se_mm_q4k_portable(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1) {
+    for (int g = g0; g < g1; g++) {
+        int lanes = w->n - g * SE_GROUP < SE_GROUP ? w->n - g * SE_GROUP : SE_GROUP;
+        for (int i = 0; i < rows; i++) {
+            const int8_t *xq = x->q + (size_t)i * x->k;
+            const float *xd = x->d + (size_t)i * x->nb;
+            const int32_t *xs = x->s + (size_t)i * x->nb;
+            for (int r = 0; r < lanes; r++) {
+                float acc = 0.0f;
+                for (int sb = 0; sb < w->nb / SE_SUPER; sb++) {
+                    const uint8_t *s = superblock(w, g, sb);
+                    float d = se_f16_to_f32(((const uint16_t *)s)[r]);
+                    float dmin = se_f16_to_f32(((const uint16_t *)(s + 32))[r]);
+                    for (int j = 0; j < SE_SUPER; j++) {
+                        int b = sb * SE_SUPER + j;
+                        int32_t dot = 0;
+                        for (int e = 0; e < SE_BLOCK; e++)
+                            dot += se_unpacked(SE_KERN_Q4K, s + SE_Q4K_HEAD + 256 * j, r, e) * xq[b * SE_BLOCK + e];
+                        float scale = d * (float)s[64 + 16 * j + r], min = dmin * (float)s[192 + 16 * j + r];
+                        acc = fmaf(scale * xd[b], (float)dot, acc);
+                        acc = fmaf(-min, xd[b] * (float)xs[b], acc);
+                    }
+                }
+                out[(size_t)i * ldo + g * SE_GROUP + r] = acc;
+            }
+        }
+    }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+#define SE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
+#define SE_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define PF 2048
+#define INL __attribute__((always_inline))
+
+static inline INL void prefetch_sub(const uint8_t *s, int j) { /* the superblock's lines, an eighth per sub-block */
+    for (int off = j * (SE_Q4K_BYTES / 8 / 64 + 1) * 64; off < (j + 1) * (SE_Q4K_BYTES / 8 / 64 + 1) * 64; off += 64)
+        _mm_prefetch((const char *)s + PF + off, _MM_HINT_T0);
+}
+
+static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x, int i0, const int R, float *out,
+                                          int ldo, int lanes) {
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    __m512 acc[8];
+    for (int i = 0; i < R; i++) acc[i] = _mm512_setzero_ps();
+    for (int sb = 0; sb < w->nb / SE_SUPER; sb++) {
+        const uint8_t *s = superblock(w, g, sb);
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s));
+        __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + 32)));
+        for (int j = 0; j < SE_SUPER; j++) {
+            int b = sb * SE_SUPER + j;
+            const uint8_t *blk = s + SE_Q4K_HEAD + 256 * j;
+            prefetch_sub(s, j);
+            __m512i dot[8];
+            for (int i = 0; i < R; i++) dot[i] = _mm512_setzero_si512();
+            for (int t = 0; t < 4; t++) {
+                __m512i v = _mm512_loadu_si512((const void *)(blk + 64 * t));
+                __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+                for (int i = 0; i < R; i++) {
+                    const int8_t *xq = x->q + (size_t)(i0 + i) * x->k + b * SE_BLOCK;
+                    int32_t a0, a1;
+                    __builtin_memcpy(&a0, xq + 4 * t, 4);
+                    __builtin_memcpy(&a1, xq + 16 + 4 * t, 4);
+                    dot[i] = _mm512_dpbusd_epi32(dot[i], lo, _mm512_set1_epi32(a0));
+                    dot[i] = _mm512_dpbusd_epi32(dot[i], hi, _mm512_set1_epi32(a1));
+                }
+            }
+            __m512 scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                                _mm_loadu_si128((const __m128i *)(s + 64 + 16 * j)))));
+            __m512 min = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                                 _mm_loadu_si128((const __m128i *)(s + 192 + 16 * j)))));
+            for (int i = 0; i < R; i++) {
+                float xd = x->d[(size_t)(i0 + i) * x->nb + b];
+                float xs = (float)x->s[(size_t)(i0 + i) * x->nb + b];
+                acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(scale, _mm512_set1_ps(xd)), _mm512_cvtepi32_ps(dot[i]), acc[i]);
+                acc[i] = _mm512_fnmadd_ps(min, _mm512_set1_ps(xd * xs), acc[i]);
+            }
+        }
+    }
+    __mmask16 mask = lanes >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << lanes) - 1);
+    for (int i = 0; i < R; i++) _mm512_mask_storeu_ps(out + (size_t)(i0 + i) * ldo + g * SE_GROUP, mask, acc[i]);
+}
+
+SE_AVX512 void se_mm_q4k_avx512(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1) {
+    for (int g = g0; g < g1; g++) {
+        int lanes = w->n - g * SE_GROUP;
+        for (int i0 = 0; i0 < rows; i0 += 8) {
+            switch (rows - i0 < 8 ? rows - i0 : 8) { /* constant row counts keep the accumulators in registers */
+            case 1: pass512(w, g, x, i0, 1, out, ldo, lanes); break;
+            case 2: pass512(w, g, x, i0, 2, out, ldo, lanes); break;
+            case 3: pass512(w, g, x, i0, 3, out, ldo, lanes); break;
+            case 4: pass512(w, g, x, i0, 4, out, ldo, lanes); break;
+            case 5: pass512(w, g, x, i0, 5, out, ldo, lanes); break;
+            case 6: pass512(w, g, x, i0, 6, out, ldo, lanes); break;
+            case 7: pass512(w, g, x, i0, 7, out, ldo, lanes); break;
+            default: pass512(w, g, x, i0, 8, out, ldo, lanes); break;
+            }
+        }
+    }
+}
+
+/* AVX2: lanes 8h .. 8h+7 of the group (h = 0, 1); u8 x s8 dots as vpmaddubsw + vpmaddwd (q <= 15: no pair sum
+ * saturates). */
+static inline SE_AVX2 INL __m256i dot4(__m256i w, __m256i x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
+}
+
+static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, int i0, const int R, float *out,
+                                       int ldo, int lanes, int h) {
+    const __m256i nib = _mm256_set1_epi8(0x0f);
+    __m256 acc[4];
+    for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();
+    for (int sb = 0; sb < w->nb / SE_SUPER; sb++) {
+        const uint8_t *s = superblock(w, g, sb);
+        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 16 * h)));
+        __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 32 + 16 * h)));
+        for (int j = 0; j < SE_SUPER; j++) {
+            int b = sb * SE_SUPER + j;
+            const uint8_t *blk = s + SE_Q4K_HEAD + 256 * j;
+            if (h == 0) prefetch_sub(s, j);
+            __m256i dot[4];
+            for (int i = 0; i < R; i++) dot[i] = _mm256_setzero_si256();
+            for (int t = 0; t < 4; t++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 * t + 32 * h));
+                __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                for (int i = 0; i < R; i++) {
+                    const int8_t *xq = x->q + (size_t)(i0 + i) * x->k + b * SE_BLOCK;
+                    int32_t a0, a1;
+                    __builtin_memcpy(&a0, xq + 4 * t, 4);
+                    __builtin_memcpy(&a1, xq + 16 + 4 * t, 4);
+                    dot[i] = _mm256_add_epi32(dot[i], dot4(lo, _mm256_set1_epi32(a0)));
+                    dot[i] = _mm256_add_epi32(dot[i], dot4(hi, _mm256_set1_epi32(a1)));
+                }
+            }
+            __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                                _mm_loadl_epi64((const __m128i *)(s + 64 + 16 * j + 8 * h)))));
+            __m256 min = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                                 _mm_loadl_epi64((const __m128i *)(s + 192 + 16 * j + 8 * h)))));
+            for (int i = 0; i < R; i++) {
+                float xd = x->d[(size_t)(i0 + i) * x->nb + b];
+                float xs = (float)x->s[(size_t)(i0 + i) * x->nb + b];
+                acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(scale, _mm256_set1_ps(xd)), _mm256_cvtepi32_ps(dot[i]), acc[i]);
+                acc[i] = _mm256_fnmadd_ps(min, _mm256_set1_ps(xd * xs), acc[i]);
+            }
+        }
+    }
+    int valid = lanes - 8 * h;
+    for (int i = 0; i < R; i++) {
+        float *dst = out + (size_t)(i0 + i) * ldo + g * SE_GROUP + 8 * h, tmp[8];
+        if (valid >= 8) {
+            _mm256_storeu_ps(dst, acc[i]);
+        } else {
+            _mm256_storeu_ps(tmp, acc[i]);
+            for (int r = 0; r < valid; r++) dst[r] = tmp[r];
+        }
+    }
+}
+
+SE_AVX2 void se_mm_q4k_avx2(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1) {
+    for (int g = g0; g < g1; g++) {
+        int lanes = w->n - g * SE_GROUP;
+        for (int h = 0; h < 2; h++)
+            for (int i0 = 0; i0 < rows; i0 += 4) {
+                switch (rows - i0 < 4 ? rows - i0 : 4) {
+                case 1: pass256(w, g, x, i0, 1, out, ldo, lanes, h); break;
+                case 2: pass256(w, g, x, i0, 2, out, ldo, lanes, h); break;
+                case 3: pass256(w, g, x, i0, 3, out, ldo, lanes, h); break;
+                default: pass256(w, g, x, i0, 4, out, ldo, lanes, h); break;
+                }
+            }
+    }
+}
+#endif

@@ -1,0 +1,197 @@
+/* Q6_K matmul, three ISAs in one file so the mirrored operation order is read side by side. Each 32-block of a
+ * superblock (se.h) holds 6-bit q as Q4-layout nibbles plus a 2-bit part; its two int8 scales cover 16 weights
+ * each, so the kernel forms two integer dots (q 0..63) and folds the offset and both scales in exactly, in int32:
+ *     isum = sc_0 * (dot_0 - 32 * h) + sc_1 * (dot_1 - 32 * (s - h))   (h: the activations' first-16 sum)
+ *     acc = fma(d * xd, (float)isum, acc)
+ * |isum| <= 2 * 128 * 16 * 32 * 127 < 2^24, so the conversion to float is exact too. */
+#include <math.h>
+
+#include "se.h"
+
+static inline const uint8_t *superblock(const se_mat *w, int g, int sb) {
+    return w->data + (size_t)g * w->group_bytes + (size_t)sb * w->block_bytes;
+}
+
+void se_mm_q6k_portable(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1) {
+    for (int g = g0; g < g1; g++) {
+        int lanes = w->n - g * SE_GROUP < SE_GROUP ? w->n - g * SE_GROUP : SE_GROUP;
+        for (int i = 0; i < rows; i++) {
+            const int8_t *xq = x->q + (size_t)i * x->k;
+            const float *xd = x->d + (size_t)i * x->nb;
+            const int32_t *xs = x->s + (size_t)i * x->nb, *xh = x->h + (size_t)i * x->nb;
+            for (int r = 0; r < lanes; r++) {
+                float acc = 0.0f;
+                for (int sb = 0; sb < w->nb / SE_SUPER; sb++) {
+                    const uint8_t *s = superblock(w, g, sb);
+                    float d = se_f16_to_f32(((const uint16_t *)(s + SE_Q6K_D))[r]);
+                    for (int j = 0; j < SE_SUPER; j++) {
+                        int b = sb * SE_SUPER + j;
+                        int32_t dot[2] = {0, 0};
+                        for (int e = 0; e < SE_BLOCK; e++)
+                            dot[e / 16] += se_unpacked(SE_KERN_Q6K, s + SE_Q6K_BLOCK * j, r, e) * xq[b * SE_BLOCK + e];
+                        int32_t sc0 = (int8_t)s[SE_Q6K_SC + 32 * j + r], sc1 = (int8_t)s[SE_Q6K_SC + 32 * j + 16 + r];
+                        int32_t isum = sc0 * (dot[0] - 32 * xh[b]) + sc1 * (dot[1] - 32 * (xs[b] - xh[b]));
+                        acc = fmaf(d * xd[b], (float)isum, acc);
+                    }
+                }
+                out[(size_t)i * ldo + g * SE_GROUP + r] = acc;
+            }
+        }
+    }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+#define SE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
+#define SE_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define PF 2048
+#define INL __attribute__((always_inline))
+
+static inline INL void prefetch_sub(const uint8_t *s, int j) { /* the superblock's lines, an eighth per block */
+    for (int off = j * (SE_Q6K_BYTES / 8 / 64 + 1) * 64; off < (j + 1) * (SE_Q6K_BYTES / 8 / 64 + 1) * 64; off += 64)
+        _mm_prefetch((const char *)s + PF + off, _MM_HINT_T0);
+}
+
+/* The 2-bit part of dot vector 4p + c sits at bits 2c..2c+1 of vector p's bytes: moved to bits 4-5. 16-bit shifts
+ * only carry bits across bytes outside 0x30. */
+#define HI2_512(H, c) _mm512_and_si512((c) == 3 ? _mm512_srli_epi16(H, 2) : _mm512_slli_epi16(H, 4 - 2 * (c)), m30)
+#define HI2_256(H, c) _mm256_and_si256((c) == 3 ? _mm256_srli_epi16(H, 2) : _mm256_slli_epi16(H, 4 - 2 * (c)), m30)
+
+static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x, int i0, const int R, float *out,
+                                          int ldo, int lanes) {
+    const __m512i nib = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    __m512 acc[8];
+    for (int i = 0; i < R; i++) acc[i] = _mm512_setzero_ps();
+    for (int sb = 0; sb < w->nb / SE_SUPER; sb++) {
+        const uint8_t *s = superblock(w, g, sb);
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + SE_Q6K_D)));
+        for (int j = 0; j < SE_SUPER; j++) {
+            int b = sb * SE_SUPER + j;
+            const uint8_t *blk = s + SE_Q6K_BLOCK * j;
+            prefetch_sub(s, j);
+            __m512i h0 = _mm512_loadu_si512((const void *)(blk + 256));
+            __m512i h1 = _mm512_loadu_si512((const void *)(blk + 320));
+            __m512i dot0[8], dot1[8];
+            for (int i = 0; i < R; i++) dot0[i] = dot1[i] = _mm512_setzero_si512();
+            for (int t = 0; t < 4; t++) {
+                __m512i v = _mm512_loadu_si512((const void *)(blk + 64 * t));
+                __m512i lo = _mm512_or_si512(_mm512_and_si512(v, nib), HI2_512(h0, t));
+                __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), nib), HI2_512(h1, t));
+                for (int i = 0; i < R; i++) {
+                    const int8_t *xq = x->q + (size_t)(i0 + i) * x->k + b * SE_BLOCK;
+                    int32_t a0, a1;
+                    __builtin_memcpy(&a0, xq + 4 * t, 4);
+                    __builtin_memcpy(&a1, xq + 16 + 4 * t, 4);
+                    dot0[i] = _mm512_dpbusd_epi32(dot0[i], lo, _mm512_set1_epi32(a0));
+                    dot1[i] = _mm512_dpbusd_epi32(dot1[i], hi, _mm512_set1_epi32(a1));
+                }
+            }
+            __m512i sc0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(s + SE_Q6K_SC + 32 * j)));
+            __m512i sc1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(s + SE_Q6K_SC + 32 * j + 16)));
+            for (int i = 0; i < R; i++) {
+                float xd = x->d[(size_t)(i0 + i) * x->nb + b];
+                int32_t xs = x->s[(size_t)(i0 + i) * x->nb + b], xh = x->h[(size_t)(i0 + i) * x->nb + b];
+                __m512i isum = _mm512_add_epi32(
+                    _mm512_mullo_epi32(sc0, _mm512_sub_epi32(dot0[i], _mm512_set1_epi32(32 * xh))),
+                    _mm512_mullo_epi32(sc1, _mm512_sub_epi32(dot1[i], _mm512_set1_epi32(32 * (xs - xh)))));
+                acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xd)), _mm512_cvtepi32_ps(isum), acc[i]);
+            }
+        }
+    }
+    __mmask16 mask = lanes >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << lanes) - 1);
+    for (int i = 0; i < R; i++) _mm512_mask_storeu_ps(out + (size_t)(i0 + i) * ldo + g * SE_GROUP, mask, acc[i]);
+}
+
+SE_AVX512 void se_mm_q6k_avx512(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1) {
+    for (int g = g0; g < g1; g++) {
+        int lanes = w->n - g * SE_GROUP;
+        for (int i0 = 0; i0 < rows; i0 += 8) {
+            switch (rows - i0 < 8 ? rows - i0 : 8) { /* constant row counts keep the accumulators in registers */
+            case 1: pass512(w, g, x, i0, 1, out, ldo, lanes); break;
+            case 2: pass512(w, g, x, i0, 2, out, ldo, lanes); break;
+            case 3: pass512(w, g, x, i0, 3, out, ldo, lanes); break;
+            case 4: pass512(w, g, x, i0, 4, out, ldo, lanes); break;
+            case 5: pass512(w, g, x, i0, 5, out, ldo, lanes); break;
+            case 6: pass512(w, g, x, i0, 6, out, ldo, lanes); break;
+            case 7: pass512(w, g, x, i0, 7, out, ldo, lanes); break;
+            default: pass512(w, g, x, i0, 8, out, ldo, lanes); break;
+            }
+        }
+    }
+}
+
+/* AVX2: lanes 8h .. 8h+7 of the group (h = 0, 1); u8 x s8 dots as vpmaddubsw + vpmaddwd (q <= 63: a pair sum is at
+ * most 2 * 63 * 127, no saturation). */
+static inline SE_AVX2 INL __m256i dot4(__m256i w, __m256i x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
+}
+
+static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, int i0, const int R, float *out,
+                                       int ldo, int lanes, int h) {
+    const __m256i nib = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    __m256 acc[4];
+    for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();
+    for (int sb = 0; sb < w->nb / SE_SUPER; sb++) {
+        const uint8_t *s = superblock(w, g, sb);
+        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + SE_Q6K_D + 16 * h)));
+        for (int j = 0; j < SE_SUPER; j++) {
+            int b = sb * SE_SUPER + j;
+            const uint8_t *blk = s + SE_Q6K_BLOCK * j;
+            if (h == 0) prefetch_sub(s, j);
+            __m256i h0 = _mm256_loadu_si256((const __m256i *)(blk + 256 + 32 * h));
+            __m256i h1 = _mm256_loadu_si256((const __m256i *)(blk + 320 + 32 * h));
+            __m256i dot0[4], dot1[4];
+            for (int i = 0; i < R; i++) dot0[i] = dot1[i] = _mm256_setzero_si256();
+            for (int t = 0; t < 4; t++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 * t + 32 * h));
+                __m256i lo = _mm256_or_si256(_mm256_and_si256(v, nib), HI2_256(h0, t));
+                __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), nib), HI2_256(h1, t));
+                for (int i = 0; i < R; i++) {
+                    const int8_t *xq = x->q + (size_t)(i0 + i) * x->k + b * SE_BLOCK;
+                    int32_t a0, a1;
+                    __builtin_memcpy(&a0, xq + 4 * t, 4);
+                    __builtin_memcpy(&a1, xq + 16 + 4 * t, 4);
+                    dot0[i] = _mm256_add_epi32(dot0[i], dot4(lo, _mm256_set1_epi32(a0)));
+                    dot1[i] = _mm256_add_epi32(dot1[i], dot4(hi, _mm256_set1_epi32(a1)));
+                }
+            }
+            __m256i sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(s + SE_Q6K_SC + 32 * j + 8 * h)));
+            __m256i sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(s + SE_Q6K_SC + 32 * j + 16 + 8 * h)));
+            for (int i = 0; i < R; i++) {
+                float xd = x->d[(size_t)(i0 + i) * x->nb + b];
+                int32_t xs = x->s[(size_t)(i0 + i) * x->nb + b], xh = x->h[(size_t)(i0 + i) * x->nb + b];
+                __m256i isum = _mm256_add_epi32(
+                    _mm256_mullo_epi32(sc0, _mm256_sub_epi32(dot0[i], _mm256_set1_epi32(32 * xh))),
+                    _mm256_mullo_epi32(sc1, _mm256_sub_epi32(dot1[i], _mm256_set1_epi32(32 * (xs - xh)))));
+                acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(xd)), _mm256_cvtepi32_ps(isum), acc[i]);
+            }
+        }
+    }
+    int valid = lanes - 8 * h;
+    for (int i = 0; i < R; i++) {
+        float *dst = out + (size_t)(i0 + i) * ldo + g * SE_GROUP + 8 * h, tmp[8];
+        if (valid >= 8) {
+            _mm256_storeu_ps(dst, acc[i]);
+        } else {
+            _mm256_storeu_ps(tmp, acc[i]);
+            for (int r = 0; r < valid; r++) dst[r] = tmp[r];
+        }
+    }
+}
+
+SE_AVX2 void se_mm_q6k_avx2(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1) {
+    for (int g = g0; g < g1; g++) {
+        int lanes = w->n - g * SE_GROUP;
+        for (int h = 0; h < 2; h++)
+            for (int i0 = 0; i0 < rows; i0 += 4) {
+                switch (rows - i0 < 4 ? rows - i0 : 4) {
+                case 1: pass256(w, g, x, i0, 1, out, ldo, lanes, h); break;
+                case 2: pass256(w, g, x, i0, 2, out, ldo, lanes, h); break;
+                case 3: pass256(w, g, x, i0, 3, out, ldo, lanes, h); break;
+                default: pass256(w, g, x, i0, 4, out, ldo, lanes, h); break;
+                }
+            }
+    }
+}
+#endif
