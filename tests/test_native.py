@@ -198,6 +198,20 @@ def test_a_whole_forward_is_bitwise_the_same_under_every_isa(tiny_files):
     assert all(np.array_equal(o, outs[0]) for o in outs)
 
 
+def test_the_pool_computes_the_same_rows_call_after_call(tiny_files):
+    """Hundreds of short phases in a row (the pool's hand-off from one phase to the next is where a race would
+    show): 2-thread forwards of every width equal the 1-thread ones, every time."""
+    gguf = open_gguf(tiny_files["llama", "Q8_0"])
+    one, two = NativeBackend(gguf, n_threads=1), NativeBackend(gguf, n_threads=2)
+    toks = np.random.default_rng(5).integers(0, gguf.config.vocab_size, 12)
+    want = one.forward(toks, one.new_cache(16))
+    for rep in range(40):
+        w = 1 + rep % 12
+        cache = two.new_cache(16)
+        got = np.concatenate([two.forward(toks[s:s + w], cache) for s in range(0, 12, w)])
+        assert np.array_equal(got, want), rep
+
+
 def test_a_tree_verifies_each_path_as_its_chain_would(tiny_files):
     """Root, two children, a grandchild under the first child: each node's logits equal the chain's along its path;
     compacting the accepted path leaves the cache a chain would have built."""

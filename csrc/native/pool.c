@@ -18,6 +18,7 @@
 
 #define SPIN_BEFORE_YIELD 2048   /* waiting for a phase's last items: pause-spins before giving the core away */
 #define IDLE_SPIN_NS 300000      /* a worker spins this long for the next phase before sleeping */
+#define CLOSED 0xffffffffu        /* a phase's next-item index once the caller is writing the next phase */
 
 struct se_pool {
     int nth;
@@ -47,8 +48,8 @@ static void work(se_pool *p, uint32_t phase, int ith) {
         int n = atomic_load(&p->n), chunk = atomic_load(&p->chunk);
         se_items fn = atomic_load(&p->fn);
         void *ctx = atomic_load(&p->ctx);
+        if ((uint32_t)s >= (uint32_t)n) return; /* all claimed, or closed */
         int i = (int)(uint32_t)s;
-        if (i >= n) return;
         int end = i + chunk < n ? i + chunk : n;
         /* The claim succeeds only if the phase did not move since `s` was read: then fn, ctx and n are this
          * phase's (the caller writes the next phase's only after every item of this one is done). */
@@ -124,12 +125,16 @@ void se_pool_for(se_pool *p, int n, int chunk, se_items fn, void *ctx) {
         fn(ctx, 0, 0, n);
         return;
     }
+    /* Close the finished phase first: a worker that read its state just before, and then reads the fields written
+     * below, would otherwise claim "the rest" of the old phase with the new phase's function (its CAS on the old
+     * state still succeeding) and count items the new phase never gave it. */
+    uint32_t phase = (uint32_t)(atomic_load(&p->state) >> 32) + 1;
+    atomic_store(&p->state, ((uint64_t)(phase - 1) << 32) | CLOSED);
     atomic_store(&p->fn, fn);
     atomic_store(&p->ctx, ctx);
     atomic_store(&p->n, n);
     atomic_store(&p->chunk, chunk);
     atomic_store(&p->done, 0);
-    uint32_t phase = (uint32_t)(atomic_load(&p->state) >> 32) + 1;
     atomic_store(&p->state, (uint64_t)phase << 32);
     if (atomic_load(&p->sleepers) > 0) {
         pthread_mutex_lock(&p->mu);
