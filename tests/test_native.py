@@ -146,6 +146,29 @@ def test_float_primitives_agree_across_isas_and_with_numpy():
     assert all(np.array_equal(y, ys[0]) for y in ys)
 
 
+@pytest.mark.parametrize("hd", [64, 80, 256])
+def test_attention_scores_and_weighted_sums_in_batches_equal_key_by_key(hd):
+    """Scores of 16 (AVX-512) or 4 (AVX2) keys at once reduce each key in dot_f16's order; weighted sums of V rows
+    in key order: every ISA equals the portable C, and the scores equal one dot per key."""
+    rng = np.random.default_rng(6)
+    q = rng.standard_normal(hd).astype(np.float32)
+    K = rng.standard_normal((50, hd)).astype(np.float16)
+    idx = rng.permutation(50)[:37].astype(np.int32)
+    w = rng.random(37).astype(np.float32)
+    scores, sums = [], []
+    for isa in ISAS:
+        out = np.empty(37, np.float32)
+        LIB.se_vec_scores(nl.fptr(q), K.ctypes.data, nl.iptr(idx), 37, hd, 0.125, nl.fptr(out), isa)
+        scores.append(out)
+        acc = np.empty(hd, np.float32)
+        LIB.se_vec_wsum(nl.fptr(w), K.ctypes.data, nl.iptr(idx), 37, hd, nl.fptr(acc), isa)
+        sums.append(acc)
+    assert all(np.array_equal(s, scores[0]) for s in scores) and all(np.array_equal(s, sums[0]) for s in sums)
+    one = [LIB.se_vec_dot(nl.fptr(q), K[i].ctypes.data, hd, 0) * np.float32(0.125) for i in idx]
+    assert np.array_equal(scores[0], np.array(one, np.float32))
+    assert np.allclose(sums[0], w @ K[idx].astype(np.float32), rtol=1e-5, atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def tiny_files(tmp_path_factory):
     d = tmp_path_factory.mktemp("native")

@@ -120,3 +120,18 @@ uint64_t se_read_roof(se_pool *p, const uint8_t *buf, size_t bytes) {
     for (int i = 0; i < 64; i++) x ^= j.sums[i];
     return x;
 }
+
+void se_vec_scores(const float *q, const uint16_t *K, const int32_t *idx, int cnt, int hd, float scale, float *out,
+                   int isa) {
+    int before = se_isa();
+    se_set_isa(isa);
+    se_vec()->scores(q, K, idx, cnt, hd, scale, out);
+    se_set_isa(before);
+}
+
+void se_vec_wsum(const float *w, const uint16_t *V, const int32_t *idx, int cnt, int hd, float *out, int isa) {
+    int before = se_isa();
+    se_set_isa(isa);
+    se_vec()->wsum(w, V, idx, cnt, hd, out);
+    se_set_isa(before);
+}

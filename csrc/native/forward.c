@@ -53,25 +53,19 @@ static void attend(se_model *m, const se_call *c, int l, int r, int h, float *sc
     float *sc = scratch, scale = (float)(1.0 / sqrt((double)hd));
     int32_t *idx = (int32_t *)(scratch + c->capacity + cf->max_rows);
     int win = c->window[l], pos = c->positions[r], cnt = 0;
-    for (int s = 0; s < c->length; s++) {
-        if (win && pos - s >= win) continue;
-        idx[cnt] = s;
-        sc[cnt++] = ops->dot_f16(q, K + (size_t)s * hd, hd) * scale;
-    }
+    for (int s = win && pos - win + 1 > 0 ? pos - win + 1 : 0; s < c->length; s++) idx[cnt++] = s;
     for (int j = 0; j < c->n; j++) {
         int seen = c->mask ? c->mask[r * c->n + j] : j <= r;
-        if (!seen || (win && pos - c->positions[j] >= win)) continue;
-        idx[cnt] = c->length + j;
-        sc[cnt++] = ops->dot_f16(q, K + (size_t)(c->length + j) * hd, hd) * scale;
+        if (seen && !(win && pos - c->positions[j] >= win)) idx[cnt++] = c->length + j;
     }
+    ops->scores(q, K, idx, cnt, hd, scale, sc);
     float mx = -INFINITY, sum = 0.0f;
     for (int i = 0; i < cnt; i++) mx = sc[i] > mx ? sc[i] : mx;
     for (int i = 0; i < cnt; i++) sc[i] = sc[i] - mx;
     ops->exp_inplace(sc, cnt);
     for (int i = 0; i < cnt; i++) sum += sc[i];
     float *out = m->att + (size_t)r * QD + (size_t)h * hd;
-    memset(out, 0, (size_t)hd * sizeof(float));
-    for (int i = 0; i < cnt; i++) ops->axpy_f16(out, sc[i], V + (size_t)idx[i] * hd, hd);
+    ops->wsum(sc, V, idx, cnt, hd, out);
     float inv = 1.0f / sum;
     for (int d = 0; d < hd; d++) out[d] = out[d] * inv;
     if (hd % SE_BLOCK == 0) { /* whole blocks: quantized here; else by rows once every head is done */

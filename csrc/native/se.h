@@ -121,6 +121,10 @@ typedef struct {
     void (*axpy_f16)(float *y, float a, const uint16_t *x, int n);         /* y += a * x, n % 16 == 0 */
     void (*exp_inplace)(float *x, int n);                                    /* x = exp(x) */
     void (*to_f16)(const float *x, uint16_t *y, int n);                      /* round to nearest even */
+    /* out[i] = dot_f16(q, K + idx[i] * hd) * scale, i < cnt: keys in batches, each key's sum in dot_f16's order */
+    void (*scores)(const float *q, const uint16_t *K, const int32_t *idx, int cnt, int hd, float scale, float *out);
+    /* out[d] = sum over i (in order, fused) of w[i] * V[idx[i] * hd + d], from 0: axpy_f16 key after key */
+    void (*wsum)(const float *w, const uint16_t *V, const int32_t *idx, int cnt, int hd, float *out);
 } se_vec_ops;
 const se_vec_ops *se_vec(void);
 float se_expf(float x);  /* the engine's exp: the same polynomial in every ISA */

@@ -61,7 +61,18 @@ static void to_f16_portable(const float *x, uint16_t *y, int n) {
     for (int i = 0; i < n; i++) y[i] = se_f32_to_f16(x[i]);
 }
 
-static const se_vec_ops portable = {dot_f16_portable, axpy_f16_portable, exp_portable, to_f16_portable};
+static void scores_portable(const float *q, const uint16_t *K, const int32_t *idx, int cnt, int hd, float scale,
+                            float *out) {
+    for (int i = 0; i < cnt; i++) out[i] = dot_f16_portable(q, K + (size_t)idx[i] * hd, hd) * scale;
+}
+
+static void wsum_portable(const float *w, const uint16_t *V, const int32_t *idx, int cnt, int hd, float *out) {
+    memset(out, 0, (size_t)hd * sizeof(float));
+    for (int i = 0; i < cnt; i++) axpy_f16_portable(out, w[i], V + (size_t)idx[i] * hd, hd);
+}
+
+static const se_vec_ops portable = {dot_f16_portable, axpy_f16_portable, exp_portable, to_f16_portable,
+                                    scores_portable, wsum_portable};
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -170,8 +181,109 @@ static T256 void to_f16_avx2(const float *x, uint16_t *y, int n) {
     for (; i < n; i++) y[i] = se_f32_to_f16(x[i]);
 }
 
-static const se_vec_ops avx512 = {dot_f16_avx512, axpy_f16_avx512, exp_avx512, to_f16_avx512};
-static const se_vec_ops avx2 = {dot_f16_avx2, axpy_f16_avx2, exp_avx2, to_f16_avx2};
+/* 16 keys at once: a[j] holds key j's 16 partial sums; the reduction tree below adds, for every key, exactly the
+ * pairs dot_f16 adds (lanes l and l+8, then +4, +2, +1), two, four, then eight keys per register; the result's
+ * lane 4L + p holds key L + 4p. */
+static T512 void scores16_avx512(const float *q, const uint16_t *K, const int32_t *idx, int hd, float scale,
+                                 float *out) {
+    __m512 a[16];
+    for (int j = 0; j < 16; j++) a[j] = _mm512_setzero_ps();
+    for (int c = 0; c < hd; c += 16) {
+        __m512 qc = _mm512_loadu_ps(q + c);
+        for (int j = 0; j < 16; j++)
+            a[j] = _mm512_fmadd_ps(qc, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(K + (size_t)idx[j] * hd + c))),
+                                   a[j]);
+    }
+    __m512 t[8], u[4], v[2];
+    for (int i = 0; i < 8; i++)
+        t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int m = 0; m < 4; m++)
+        u[m] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * m], t[2 * m + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(t[2 * m], t[2 * m + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int n = 0; n < 2; n++)
+        v[n] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * n], u[2 * n + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(u[2 * n], u[2 * n + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 w = _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_permutexvar_ps(order, w), _mm512_set1_ps(scale)));
+}
+
+static T512 void scores_avx512(const float *q, const uint16_t *K, const int32_t *idx, int cnt, int hd, float scale,
+                               float *out) {
+    int i = 0;
+    for (; i + 16 <= cnt; i += 16) scores16_avx512(q, K, idx + i, hd, scale, out + i);
+    for (; i < cnt; i++) out[i] = dot_f16_avx512(q, K + (size_t)idx[i] * hd, hd) * scale;
+}
+
+static T512 void wsum_avx512(const float *w, const uint16_t *V, const int32_t *idx, int cnt, int hd, float *out) {
+    for (int c0 = 0; c0 < hd; c0 += 64) {
+        int parts = hd - c0 >= 64 ? 4 : (hd - c0) / 16;
+        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int i = 0; i < cnt; i++) {
+            __m512 e = _mm512_set1_ps(w[i]);
+            const uint16_t *row = V + (size_t)idx[i] * hd + c0;
+            for (int t = 0; t < parts; t++)
+                acc[t] = _mm512_fmadd_ps(e, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 16 * t))), acc[t]);
+        }
+        for (int t = 0; t < parts; t++) _mm512_storeu_ps(out + c0 + 16 * t, acc[t]);
+    }
+}
+
+/* 4 keys at once, each key's 16 partial sums in two 8-lane registers (dims 0-7 and 8-15 of each chunk). */
+static T256 void scores4_avx2(const float *q, const uint16_t *K, const int32_t *idx, int hd, float scale,
+                              float *out) {
+    __m256 lo[4], hi[4];
+    for (int j = 0; j < 4; j++) lo[j] = hi[j] = _mm256_setzero_ps();
+    for (int c = 0; c < hd; c += 16) {
+        __m256 ql = _mm256_loadu_ps(q + c), qh = _mm256_loadu_ps(q + c + 8);
+        for (int j = 0; j < 4; j++) {
+            const uint16_t *k = K + (size_t)idx[j] * hd + c;
+            lo[j] = _mm256_fmadd_ps(ql, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)k)), lo[j]);
+            hi[j] = _mm256_fmadd_ps(qh, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + 8))), hi[j]);
+        }
+    }
+    __m256 r8[4];
+    for (int j = 0; j < 4; j++) r8[j] = _mm256_add_ps(lo[j], hi[j]);
+    __m256 x1 = _mm256_add_ps(_mm256_permute2f128_ps(r8[0], r8[1], 0x20), _mm256_permute2f128_ps(r8[0], r8[1], 0x31));
+    __m256 x2 = _mm256_add_ps(_mm256_permute2f128_ps(r8[2], r8[3], 0x20), _mm256_permute2f128_ps(r8[2], r8[3], 0x31));
+    __m256 y = _mm256_add_ps(_mm256_shuffle_ps(x1, x2, _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(x1, x2, _MM_SHUFFLE(3, 2, 3, 2)));
+    __m256 z = _mm256_add_ps(_mm256_shuffle_ps(y, y, _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm256_shuffle_ps(y, y, _MM_SHUFFLE(3, 1, 3, 1)));
+    float r[8];
+    _mm256_storeu_ps(r, z);  /* lane 0: key 0, 1: key 2, 4: key 1, 5: key 3 */
+    out[0] = r[0] * scale;
+    out[1] = r[4] * scale;
+    out[2] = r[1] * scale;
+    out[3] = r[5] * scale;
+}
+
+static T256 void scores_avx2(const float *q, const uint16_t *K, const int32_t *idx, int cnt, int hd, float scale,
+                             float *out) {
+    int i = 0;
+    for (; i + 4 <= cnt; i += 4) scores4_avx2(q, K, idx + i, hd, scale, out + i);
+    for (; i < cnt; i++) out[i] = dot_f16_avx2(q, K + (size_t)idx[i] * hd, hd) * scale;
+}
+
+static T256 void wsum_avx2(const float *w, const uint16_t *V, const int32_t *idx, int cnt, int hd, float *out) {
+    for (int c0 = 0; c0 < hd; c0 += 32) {
+        int parts = hd - c0 >= 32 ? 4 : (hd - c0) / 8;
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int i = 0; i < cnt; i++) {
+            __m256 e = _mm256_set1_ps(w[i]);
+            const uint16_t *row = V + (size_t)idx[i] * hd + c0;
+            for (int t = 0; t < parts; t++)
+                acc[t] = _mm256_fmadd_ps(e, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 8 * t))), acc[t]);
+        }
+        for (int t = 0; t < parts; t++) _mm256_storeu_ps(out + c0 + 8 * t, acc[t]);
+    }
+}
+
+static const se_vec_ops avx512 = {dot_f16_avx512, axpy_f16_avx512, exp_avx512, to_f16_avx512, scores_avx512,
+                                  wsum_avx512};
+static const se_vec_ops avx2 = {dot_f16_avx2, axpy_f16_avx2, exp_avx2, to_f16_avx2, scores_avx2, wsum_avx2};
 #endif
 
 const se_vec_ops *se_vec(void) {

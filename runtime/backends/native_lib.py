@@ -73,6 +73,8 @@ _SIGNATURES = {
     "se_vec_dot": (c_float, [_P(c_float), c_void_p, c_int, c_int]),
     "se_vec_exp": (None, [_P(c_float), c_int, c_int]),
     "se_vec_axpy": (None, [_P(c_float), c_float, c_void_p, c_int, c_int]),
+    "se_vec_scores": (None, [_P(c_float), c_void_p, _P(c_int32), c_int, c_int, c_float, _P(c_float), c_int]),
+    "se_vec_wsum": (None, [_P(c_float), c_void_p, _P(c_int32), c_int, c_int, _P(c_float), c_int]),
     "se_dequant_row": (None, [c_void_p, c_int, _P(c_float)]),
     "se_read_roof": (ctypes.c_uint64, [c_void_p, c_void_p, c_size_t]),
 }
