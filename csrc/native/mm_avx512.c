@@ -8,7 +8,7 @@
 #include <immintrin.h>
 
 #define SE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
-#define PASS 8
+#define PASS 12
 #define PF_L1 2048
 #define PF_L2 12288
 
@@ -94,7 +94,11 @@ SE_AVX512 void se_mm_avx512(const se_mat *w, const se_act *x, int rows, float *o
             case 5: pass_rows(w, group, x, i0, 5, out, ldo, g * SE_GROUP, lanes); break;
             case 6: pass_rows(w, group, x, i0, 6, out, ldo, g * SE_GROUP, lanes); break;
             case 7: pass_rows(w, group, x, i0, 7, out, ldo, g * SE_GROUP, lanes); break;
-            default: pass_rows(w, group, x, i0, 8, out, ldo, g * SE_GROUP, lanes); break;
+            case 8: pass_rows(w, group, x, i0, 8, out, ldo, g * SE_GROUP, lanes); break;
+            case 9: pass_rows(w, group, x, i0, 9, out, ldo, g * SE_GROUP, lanes); break;
+            case 10: pass_rows(w, group, x, i0, 10, out, ldo, g * SE_GROUP, lanes); break;
+            case 11: pass_rows(w, group, x, i0, 11, out, ldo, g * SE_GROUP, lanes); break;
+            default: pass_rows(w, group, x, i0, 12, out, ldo, g * SE_GROUP, lanes); break;
             }
         }
     }
