@@ -12,7 +12,8 @@ EXTRAS=${2:-llama,dev}
 # reports in /proc/cpuinfo explicitly and leave AMX off. CMAKE_ARGS from the environment wins.
 simd_args() {
   local flags="" args="-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
-  [ -r /proc/cpuinfo ] && flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+  local cpuinfo=${SIMD_CPUINFO:-/proc/cpuinfo}   # another file: tests compare this with perf/llama_server_build.py
+  [ -r "$cpuinfo" ] && flags=" $(grep -m1 '^flags' "$cpuinfo" | cut -d: -f2) "
   [[ "$flags" == *" avx "* ]] || { echo "-DGGML_NATIVE=ON"; return; }   # not x86 with AVX: let ggml decide
   local pair
   for pair in AVX:avx AVX2:avx2 FMA:fma F16C:f16c AVX512:avx512f AVX512_VBMI:avx512vbmi \
