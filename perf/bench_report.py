@@ -10,8 +10,10 @@ from ..assembly.environment import SIMD, environment  # noqa: F401  (environment
 from ..assembly.profile import k_label
 from ..assembly.schema import check_schema as _check_schema
 
-SCHEMA_VERSION = 3  # 2: predicted_tokens_per_s on every configuration; 'auto' and 'profiles' from --auto;
-#                    3: prompt_tokens_per_s, first_token_s and end_to_end_tokens_per_s on every configuration
+SCHEMA_VERSION = 4  # 2: predicted_tokens_per_s on every configuration; 'auto' and 'profiles' from --auto;
+#                    3: prompt_tokens_per_s, first_token_s and end_to_end_tokens_per_s on every configuration;
+#                    4: family 'llama-server' (--baseline llama-server), end_to_end_vs_llama_server on every
+#                       configuration, server_timings on llama-server's rows, the top-level 'llama_server'
 
 _NUM = {"type": "number"}
 _NUM_OR_NULL = {"type": ["number", "null"]}
@@ -22,14 +24,22 @@ _CATEGORY = {"type": "object", "required": ["tokens_per_s", "speedup_vs_plain", 
              "properties": {"tokens_per_s": _SUMMARY, "speedup_vs_plain": _NUM_OR_NULL,
                             "speedup_vs_llamacpp": _NUM_OR_NULL, "mean_accepted_length": _NUM_OR_NULL,
                             "mbsu": _NUM_OR_NULL}}
+_SERVER_TIMINGS = {"type": "object",
+                   "required": ["requests", "prompt_n", "prompt_ms", "predicted_n", "predicted_ms",
+                                "prompt_tokens_per_s", "decode_tokens_per_s"],
+                   "properties": {"requests": {"type": "integer"}, "prompt_n": {"type": "integer"},
+                                  "prompt_ms": _NUM, "predicted_n": {"type": "integer"}, "predicted_ms": _NUM,
+                                  "prompt_tokens_per_s": _NUM_OR_NULL, "decode_tokens_per_s": _NUM_OR_NULL}}
 _CONFIG = {
     "type": "object",
     "required": ["label", "family", "target", "drafter", "k", "adaptive", "tokens_per_s", "speedup_vs_plain",
                  "speedup_vs_llamacpp", "mean_accepted_length", "accepted_hist", "acceptance_by_position",
                  "time_split", "weight_bytes_per_token", "mbsu", "identical_to_plain", "n_prompts", "by_category",
-                 "predicted_tokens_per_s", "prompt_tokens_per_s", "first_token_s", "end_to_end_tokens_per_s"],
+                 "predicted_tokens_per_s", "prompt_tokens_per_s", "first_token_s", "end_to_end_tokens_per_s",
+                 "end_to_end_vs_llama_server"],
     "properties": {
-        "label": {"type": "string"}, "family": {"type": "string", "enum": ["specedge", "llama.cpp"]},
+        "label": {"type": "string"},
+        "family": {"type": "string", "enum": ["specedge", "llama.cpp", "llama-server"]},
         "target": {"type": "string"}, "drafter": {"type": "string"}, "k": {"type": "integer"},
         "adaptive": {"type": "boolean"},
         "tokens_per_s": _SUMMARY,  # decode: answer tokens / seconds after the prompt's processing, over trials
@@ -50,8 +60,22 @@ _CONFIG = {
         "n_prompts": {"type": "integer"}, "tokens": {"type": "integer"}, "load_mb": _NUM,
         "by_category": {"type": "object", "additionalProperties": _CATEGORY},
         "predicted_tokens_per_s": _NUM_OR_NULL,  # from the device profile (--auto); null otherwise
+        # end-to-end tok/s / llama-server's best row's (plain or --spec-default); null without --baseline llama-server
+        "end_to_end_vs_llama_server": _NUM_OR_NULL,
+        "server_timings": _SERVER_TIMINGS,  # llama-server's rows: its own `timings`, summed over the timed requests
     },
 }
+_LLAMA_SERVER = {  # --baseline llama-server: the binary, the servers' command lines, the headline ratio
+    "type": "object", "required": ["binary", "version", "source", "commands", "versus"],
+    "properties": {"binary": {"type": "string"}, "version": {"type": "string"},
+                   "source": {"type": "string", "enum": ["PATH", "cache"]},
+                   "commands": {"type": "array", "items": {"type": "array", "items": {"type": "string"}}},
+                   "versus": {"type": ["object", "null"],
+                              "required": ["specedge", "llama_server", "ratio", "plan"],
+                              "properties": {"specedge": {"type": "string"}, "llama_server": {"type": "string"},
+                                             "specedge_end_to_end_tokens_per_s": _NUM,
+                                             "llama_server_end_to_end_tokens_per_s": _NUM, "ratio": _NUM_OR_NULL,
+                                             "plan": {"type": "boolean"}}}}}
 _AUTO = {"type": "object",  # one per target under --auto: the chosen configuration, predicted vs measured
          "required": ["target", "drafter", "k", "predicted_tok_s", "measured_tok_s", "plain_predicted_tok_s",
                       "plain_measured_tok_s", "profile"],
@@ -86,6 +110,7 @@ RESULTS_SCHEMA = {
         "configs": {"type": "array", "items": _CONFIG},
         "auto": {"type": "array", "items": _AUTO},
         "profiles": {"type": "array", "items": _PROFILE},
+        "llama_server": _LLAMA_SERVER,
     },
 }
 
@@ -101,6 +126,7 @@ def check_schema(obj, schema: dict = RESULTS_SCHEMA, where: str = "$") -> list[s
 def markdown(results: dict) -> str:
     """Summary tables: every configuration overall, speedup (tau) by category, time split and bytes."""
     env, rows, cats = results["environment"], results["configs"], results["categories"]
+    server = results.get("llama_server")
     simd = [f for f in env["cpu_flags"] if f in SIMD]
     lines = ["# specedge bench", "", f"`{results['command']}`", "",
              f"{results.get('time', '')}; CPU {env['cpu_model']} (SIMD: {' '.join(simd) or 'n/a'}); threads "
@@ -108,19 +134,22 @@ def markdown(results: dict) -> str:
              "MB; packages " + ", ".join(f"{k} {v}" for k, v in env["packages"].items() if v), "",
              f"{len(results['prompts'])} prompts, settings: " + ", ".join(f"{k}={v}" for k, v in
                                                                          results["settings"].items()), "",
-             "| configuration | end-to-end tok/s | prompt tok/s | first token ms | decode tok/s mean | median | min | "
-             "max | speedup vs plain | vs llama.cpp | geomean over categories | tau | MBSU | identical to plain | "
-             "MB/token |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| configuration | end-to-end tok/s | " + ("vs llama-server best | " if server else "")
+             + "prompt tok/s | first token ms | decode tok/s mean | median | min | max | speedup vs plain | "
+             "vs llama.cpp | geomean over categories | tau | MBSU | identical to plain | MB/token |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if server else "")]
     for r in rows:
         t = r["tokens_per_s"]
         ident = "-" if r["identical_to_plain"] is None else f"{r['identical_to_plain']}/{r['n_prompts']}"
-        lines.append(f"| {r['label']} | {r['end_to_end_tokens_per_s']['mean']:.1f} | "
+        versus = f"{_f(r.get('end_to_end_vs_llama_server'), '{:.2f}x')} | " if server else ""
+        lines.append(f"| {r['label']} | {r['end_to_end_tokens_per_s']['mean']:.1f} | {versus}"
                      f"{r['prompt_tokens_per_s']['mean']:.0f} | {1e3 * r['first_token_s']['mean']:.0f} | "
                      f"{t['mean']:.1f} | {t['median']:.1f} | {t['min']:.1f} | {t['max']:.1f} | "
                      f"{_f(r['speedup_vs_plain'], '{:.2f}x')} | {_f(r['speedup_vs_llamacpp'], '{:.2f}x')} | "
                      f"{_f(r['geomean_speedup_over_categories'], '{:.2f}x')} | {_f(r['mean_accepted_length'])} | "
                      f"{_f(r['mbsu'])} | {ident} | {_f(r['weight_bytes_per_token'] and r['weight_bytes_per_token'] / 1e6)} |")
+    if server:
+        lines += ["", *llama_server_lines(server, rows)]
     lines += ["", "## Speedup vs plain (tau) by category", "", "| configuration | " + " | ".join(cats) + " |",
               "|---|" + "---|" * len(cats)]
     for r in rows:
@@ -151,6 +180,28 @@ def markdown(results: dict) -> str:
     if results.get("plots_note"):
         lines += ["", results["plots_note"]]
     return "\n".join(lines) + "\n"
+
+
+def llama_server_lines(server: dict, rows: list[dict]) -> list[str]:
+    """--baseline llama-server: the headline ratio (end to end), the binary, and llama-server's own timings."""
+    v, lines = server["versus"], []
+    if v:
+        who = "the plan's configuration" if v["plan"] else "the fastest specedge configuration"
+        lines += [f"**{who} ({v['specedge']}) end to end: {v['specedge_end_to_end_tokens_per_s']:.1f} tok/s, "
+                  f"{_f(v['ratio'], '{:.2f}x')} llama-server's best ({v['llama_server']}, "
+                  f"{v['llama_server_end_to_end_tokens_per_s']:.1f} tok/s)**", ""]
+    lines += [f"llama-server: `{server['binary']}` ({server['version']}; from {server['source']}), started as "
+              + " and ".join(f"`{' '.join(c)}`" for c in server["commands"]) + "; requests streamed over loopback "
+              "with `cache_prompt: false`; its times are the client's wall clock (first token: the first streamed "
+              "content), its --spec-default row's identity counts answers equal to its own plain greedy text.", "",
+              "| configuration | requests | prompt tok/s (its timings) | decode tok/s (its timings) |",
+              "|---|---|---|---|"]
+    for r in rows:
+        st = r.get("server_timings")
+        if st:
+            lines.append(f"| {r['label']} | {st['requests']} | {_f(st['prompt_tokens_per_s'], '{:.0f}')} | "
+                         f"{_f(st['decode_tokens_per_s'], '{:.1f}')} |")
+    return lines
 
 
 def plots(results: dict, out: Path) -> tuple[list[str], str | None]:
