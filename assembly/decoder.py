@@ -90,8 +90,9 @@ class DecodeSettings:
         return any(x is not None for x in (self.drafter, self.k, self.lossy))
 
     def resolved(self) -> "DecodeSettings":
-        """The settings with what was not given at its default: ngram, k = 4."""
-        return replace(self, drafter=self.drafter if self.drafter is not None else parse_drafter("ngram"),
+        """The settings with what was not given at its default: ngram (none under a lossy mode), k = 4."""
+        default = "none" if self.lossy is not None else "ngram"  # a lossy mode decodes without a drafter
+        return replace(self, drafter=self.drafter if self.drafter is not None else parse_drafter(default),
                        k=4 if self.k is None else self.k)
 
 

@@ -308,7 +308,7 @@ def test_wants_plan_only_when_nothing_says_what_to_run():
     o = {"model": "m", "backend": None, "ctx": None, "threads": None, "device": "auto", "gpu_layers": None,
          "cache_dir": None, "drafter": None, "k": None, "adaptive_k": True, "verifier": "chain", "lossy": None}
     assert wants_plan(*engine_settings(o))
-    for override in ({"backend": "llamacpp"}, {"drafter": "none"}, {"k": 0}, {"device": "cpu"},
+    for override in ({"backend": "llamacpp"}, {"drafter": "none"}, {"k": 1}, {"device": "cpu"},
                      {"lossy": "loradrop"}, {"gpu_layers": 0}):
         assert not wants_plan(*engine_settings({**o, **override})), override
     assert wants_plan(*engine_settings({**o, "threads": 1, "ctx": 256, "verifier": "block"}))
