@@ -41,6 +41,16 @@ class LengthCursor:
         """Positions >= length are stale; preallocated storage is simply overwritten later."""
 
 
+def compaction_slots(src, dst_start: int) -> tuple[np.ndarray, np.ndarray]:
+    """(src, dst) for moving the rows at slots `src` (ascending) to dst_start, dst_start + 1, ... (a tree's accepted
+    path into place); ValueError if a row would move away from the start."""
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.arange(dst_start, dst_start + len(src))
+    if len(src) and (src < dst).any():
+        raise ValueError("compaction only moves rows towards the start")
+    return src, dst
+
+
 @dataclass(frozen=True)
 class KVSnapshot:
     length: int
@@ -83,10 +93,7 @@ class KVCache(LengthCursor):
 
         Used after tree verification: the accepted path's KV moves into place.
         """
-        src = np.asarray(src, dtype=np.int64)
-        dst = np.arange(dst_start, dst_start + len(src))
-        if len(src) and (src < dst).any():
-            raise ValueError("compaction only moves rows towards the start")
+        src, dst = compaction_slots(src, dst_start)
         self.k[:, :, dst] = self.k[:, :, src]
         self.v[:, :, dst] = self.v[:, :, src]
         self.absent[:, dst] = self.absent[:, src]

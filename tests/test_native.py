@@ -23,7 +23,8 @@ from specedge.models.gguf_in import open_gguf  # noqa: E402
 from specedge.models.tiny import TINY_ARCHS, write_tiny_gguf  # noqa: E402
 from specedge.runtime.backends import BackendKind, info  # noqa: E402
 from specedge.runtime.backends.base import LayerPlan  # noqa: E402
-from specedge.runtime.backends.native import NativeBackend, NativeUnsupported, batch_invariant  # noqa: E402
+from specedge.runtime.backends.base import probe_batch_invariance as batch_invariant  # noqa: E402
+from specedge.runtime.backends.native import NativeBackend, NativeUnsupported  # noqa: E402
 from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
 
 LIB = nl.load()

@@ -213,3 +213,27 @@ def check_room(cache: Cache, n: int) -> None:
         raise ValueError(
             f"context full: {cache.length} cached + {n} new tokens exceeds the cache capacity {cache.capacity}; "
             "shorten the prompt or lower --max-tokens, or raise --ctx")
+
+
+def probe_batch_invariance(backend: Backend, widths: Sequence[int], prefixes: Sequence[int], seed: int = 0) -> bool:
+    """The batch-invariance probe the per-file gate runs (assembly/engine_gate.py): after each prefix of random
+    tokens, does a w-token call give, bit for bit, the logits of w one-token calls at the same positions, for every w
+    in `widths`? A prefix that does not fit the backend's context (caps.max_context) is skipped."""
+    rng = np.random.default_rng(seed)
+    V, room = backend.config.vocab_size, backend.caps.max_context
+    for plen in prefixes:
+        if room is not None and plen + max(widths) > room:
+            continue
+        prefix = rng.integers(1, V - 1, plen).astype(np.int32)
+        cache = backend.new_cache(plen + max(widths))
+        if plen:
+            feed(backend, prefix, cache)
+        for w in widths:
+            toks = rng.integers(1, V - 1, w).astype(np.int32)
+            together = backend.forward(toks, cache)
+            cache.rollback(plen)
+            apart = np.concatenate([backend.forward(toks[i:i + 1], cache) for i in range(w)])
+            cache.rollback(plen)
+            if not np.array_equal(together, apart):
+                return False
+    return True

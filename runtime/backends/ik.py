@@ -42,7 +42,7 @@ import numpy as np
 from ...models.config import ModelConfig
 from ..kv import LengthCursor
 from ..types import Logits, Mask, Tokens
-from .base import BackendCaps, LayerPlan, check_room
+from .base import BackendCaps, LayerPlan, check_room, probe_batch_invariance
 from .llamacpp_tokenizer import LlamaCppTokenizer
 
 DISTRIBUTION = "ik-llama-cpp-python"
@@ -465,24 +465,8 @@ class IkBackend:
 
 
 def batch_invariant(backend: IkBackend, widths: Sequence[int], prefixes: Sequence[int], seed: int = 0) -> bool:
-    """The probe: after each prefix (random tokens), does a w-token call give, bit for bit, the logits of w one-token
-    calls at the same positions, for every w in `widths`? The cache is left empty."""
-    rng = np.random.default_rng(seed)
-    V = backend.config.vocab_size
-    for plen in prefixes:
-        if plen + max(widths) > backend.n_ctx:
-            continue
-        prefix = rng.integers(1, V - 1, plen).astype(np.int32)
-        cache = backend.new_cache(plen + max(widths))
-        backend.feed(prefix, cache)
-        for w in widths:
-            toks = rng.integers(1, V - 1, w).astype(np.int32)
-            together = backend.forward(toks, cache)
-            cache.rollback(plen)
-            apart = np.concatenate([backend.forward(toks[i:i + 1], cache) for i in range(w)])
-            cache.rollback(plen)
-            if not np.array_equal(together, apart):
-                backend.new_cache(1)
-                return False
-    backend.new_cache(1)
-    return True
+    """base.probe_batch_invariance on ik's one sequence, which is left empty afterwards."""
+    try:
+        return probe_batch_invariance(backend, widths, prefixes, seed)
+    finally:
+        backend.new_cache(1)

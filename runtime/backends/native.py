@@ -21,7 +21,7 @@ import numpy as np
 from ...models import rope as rope_tables
 from ...models.block import Activation, Norm
 from ...models.config import ModelConfig
-from ..kv import LengthCursor
+from ..kv import LengthCursor, compaction_slots
 from ..types import Logits, Mask, Tokens
 from . import native_lib as nl
 from .base import BackendCaps, LayerPlan, check_room, tree_depths
@@ -72,10 +72,7 @@ class NativeCache(LengthCursor):
     def compact(self, src: np.ndarray, dst_start: int) -> None:
         """Move the rows at slots `src` (ascending) to dst_start, dst_start + 1, ... and set the length after them
         (the accepted path of a tree)."""
-        src = np.asarray(src, dtype=np.int64)
-        dst = np.arange(dst_start, dst_start + len(src))
-        if len(src) and (src < dst).any():
-            raise ValueError("compaction only moves rows towards the start")
+        src, dst = compaction_slots(src, dst_start)
         self.k[:, :, dst] = self.k[:, :, src]
         self.v[:, :, dst] = self.v[:, :, src]
         self._length = dst_start + len(src)
@@ -300,23 +297,3 @@ class NativeBackend:
     def __del__(self) -> None:
         self.close()
 
-
-def batch_invariant(backend: NativeBackend, widths, prefixes, seed: int = 0) -> bool:
-    """The probe (the gate runs it although the kernels are invariant by construction): after each prefix of random
-    tokens, a w-token call gives, bit for bit, the logits of w one-token calls, for every w in `widths`."""
-    rng = np.random.default_rng(seed)
-    V = backend.config.vocab_size
-    for plen in prefixes:
-        prefix = rng.integers(1, V - 1, plen).astype(np.int32)
-        cache = backend.new_cache(plen + max(widths))
-        if plen:
-            backend.feed(prefix, cache)
-        for w in widths:
-            toks = rng.integers(1, V - 1, w).astype(np.int32)
-            together = backend.forward(toks, cache)
-            cache.rollback(plen)
-            apart = np.concatenate([backend.forward(toks[i:i + 1], cache) for i in range(w)])
-            cache.rollback(plen)
-            if not np.array_equal(together, apart):
-                return False
-    return True

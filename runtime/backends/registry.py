@@ -207,8 +207,8 @@ def _native_missing() -> str | None:
 
 
 def _probe_native(backend, widths, prefixes) -> bool:
-    from .native import batch_invariant
-    return batch_invariant(backend, widths, prefixes)
+    from .base import probe_batch_invariance
+    return probe_batch_invariance(backend, widths, prefixes)
 
 
 def _probe_ik(backend, widths, prefixes) -> bool:
