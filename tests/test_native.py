@@ -207,9 +207,13 @@ def test_rows_are_bitwise_invariant_across_widths_threads_and_chunks(tiny_files,
     assert np.array_equal(all_at_once, by_one)
 
 
-def test_a_whole_forward_is_bitwise_the_same_under_every_isa(tiny_files):
-    """Matmuls, attention, exp, the fp16 KV writes: the portable C and each SIMD path give identical logits."""
-    gguf = open_gguf(tiny_files["qwen2", "Q4_0"])
+@pytest.mark.parametrize("heads", [None, (6, 2), (6, 1)])
+def test_a_whole_forward_is_bitwise_the_same_under_every_isa(tiny_files, tmp_path, heads):
+    """Matmuls, attention (GQA groups of 2, 3 and 6 query heads: one part, or two parts of 3), exp, the fp16 KV
+    writes: the portable C and each SIMD path give identical logits."""
+    path = tiny_files["qwen2", "Q4_0"] if heads is None else write_tiny_gguf(
+        tmp_path / "gqa.gguf", arch="qwen2", dtype="q4_0", d_model=96, n_heads=heads[0], n_kv_heads=heads[1])
+    gguf = open_gguf(path)
     toks = np.random.default_rng(4).integers(0, gguf.config.vocab_size, 30)
     best, outs = LIB.se_isa(), []
     try:

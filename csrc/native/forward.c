@@ -43,34 +43,46 @@ static void add(float *y, const float *x, int n) {
     for (int d = 0; d < n; d++) y[d] = y[d] + x[d];
 }
 
-static void attend(se_model *m, const se_call *c, int l, int r, int h, float *scratch) {
+/* Attention of row r for query heads h0 .. h0 + nq - 1, all of one KV head (they share its keys' loads). */
+static void attend(se_model *m, const se_call *c, int l, int r, int h0, int nq, float *scratch) {
     const se_cfg *cf = &m->cfg;
     const se_vec_ops *ops = se_vec();
-    int hd = cf->head_dim, QD = cf->n_heads * hd, kvh = h / (cf->n_heads / cf->n_kv_heads);
+    int hd = cf->head_dim, QD = cf->n_heads * hd, kvh = h0 / (cf->n_heads / cf->n_kv_heads);
     size_t head_base = ((size_t)l * cf->n_kv_heads + kvh) * (size_t)c->capacity * hd;
     const uint16_t *K = c->k_cache + head_base, *V = c->v_cache + head_base;
-    const float *q = m->q + (size_t)r * QD + (size_t)h * hd;
-    float *sc = scratch, scale = (float)(1.0 / sqrt((double)hd));
-    int32_t *idx = (int32_t *)(scratch + c->capacity + cf->max_rows);
+    size_t span = (size_t)c->capacity + (size_t)cf->max_rows;
+    int32_t *idx = (int32_t *)(scratch + SE_QUERIES * span);
+    float scale = (float)(1.0 / sqrt((double)hd));
     int win = c->window[l], pos = c->positions[r], cnt = 0;
     for (int s = win && pos - win + 1 > 0 ? pos - win + 1 : 0; s < c->length; s++) idx[cnt++] = s;
     for (int j = 0; j < c->n; j++) {
         int seen = c->mask ? c->mask[r * c->n + j] : j <= r;
         if (seen && !(win && pos - c->positions[j] >= win)) idx[cnt++] = c->length + j;
     }
-    ops->scores(q, K, idx, cnt, hd, scale, sc);
-    float mx = -INFINITY, sum = 0.0f;
-    for (int i = 0; i < cnt; i++) mx = sc[i] > mx ? sc[i] : mx;
-    for (int i = 0; i < cnt; i++) sc[i] = sc[i] - mx;
-    ops->exp_inplace(sc, cnt);
-    for (int i = 0; i < cnt; i++) sum += sc[i];
-    float *out = m->att + (size_t)r * QD + (size_t)h * hd;
-    ops->wsum(sc, V, idx, cnt, hd, out);
-    float inv = 1.0f / sum;
-    for (int d = 0; d < hd; d++) out[d] = out[d] * inv;
-    if (hd % SE_BLOCK == 0) { /* whole blocks: quantized here; else by rows once every head is done */
-        se_act a = act_view(m, QD);
-        quantize_span(out, hd, &a, r, h * hd);
+    const float *q[SE_QUERIES];
+    float *sc[SE_QUERIES], *out[SE_QUERIES], sum[SE_QUERIES];
+    for (int j = 0; j < nq; j++) {
+        q[j] = m->q + (size_t)r * QD + (size_t)(h0 + j) * hd;
+        sc[j] = scratch + j * span;
+        out[j] = m->att + (size_t)r * QD + (size_t)(h0 + j) * hd;
+    }
+    ops->scores_q(q, nq, K, idx, cnt, hd, scale, sc);
+    for (int j = 0; j < nq; j++) {
+        float mx = -INFINITY, total = 0.0f;
+        for (int i = 0; i < cnt; i++) mx = sc[j][i] > mx ? sc[j][i] : mx;
+        for (int i = 0; i < cnt; i++) sc[j][i] = sc[j][i] - mx;
+        ops->exp_inplace(sc[j], cnt);
+        for (int i = 0; i < cnt; i++) total += sc[j][i];
+        sum[j] = total;
+    }
+    ops->wsum_q((const float *const *)sc, nq, V, idx, cnt, hd, out);
+    for (int j = 0; j < nq; j++) {
+        float inv = 1.0f / sum[j];
+        for (int d = 0; d < hd; d++) out[j][d] = out[j][d] * inv;
+        if (hd % SE_BLOCK == 0) { /* whole blocks: quantized here; else by rows once every head is done */
+            se_act a = act_view(m, QD);
+            quantize_span(out[j], hd, &a, r, (h0 + j) * hd);
+        }
     }
 }
 
@@ -202,10 +214,16 @@ static void head_prep_items(void *p, int thread, int a, int b) {
     for (int it = a; it < b; it++) prepare_head(ph->m, ph->c, ph->l, it / (H + KV), it % (H + KV));
 }
 
+/* items: (row, KV head, part of its query heads of up to SE_QUERIES) */
 static void attend_items(void *p, int thread, int a, int b) {
     const phase *ph = p;
-    int H = ph->m->cfg.n_heads;
-    for (int it = a; it < b; it++) attend(ph->m, ph->c, ph->l, it / H, it % H, ph->m->scratch[thread]);
+    const se_cfg *cf = &ph->m->cfg;
+    int G = cf->n_heads / cf->n_kv_heads, parts = (G + SE_QUERIES - 1) / SE_QUERIES, per = cf->n_kv_heads * parts;
+    for (int it = a; it < b; it++) {
+        int r = it / per, g = (it % per) / parts, part = it % parts, h0 = g * G + part * SE_QUERIES;
+        int nq = G - part * SE_QUERIES < SE_QUERIES ? G - part * SE_QUERIES : SE_QUERIES;
+        attend(ph->m, ph->c, ph->l, r, h0, nq, ph->m->scratch[thread]);
+    }
 }
 
 static void att_quant_items(void *p, int thread, int a, int b) {
@@ -267,7 +285,8 @@ static void layer(se_model *m, const se_call *c, int l, int li) {
     mm_task qkv[3] = {{&L->w[SE_W_Q], m->q, QD}, {&L->w[SE_W_K], m->k, KVD}, {&L->w[SE_W_V], m->v, KVD}};
     matmul_phase(m, qkv, 3, &xD, n);
     se_pool_for(m->pool, n * (H + KV), 1, head_prep_items, &ph);
-    se_pool_for(m->pool, n * H, 1, attend_items, &ph);
+    int parts = (H / KV + SE_QUERIES - 1) / SE_QUERIES;
+    se_pool_for(m->pool, n * KV * parts, 1, attend_items, &ph);
     if (hd % SE_BLOCK) se_pool_for(m->pool, n, 1, att_quant_items, &ph);
     mm_task o = {&L->w[SE_W_O], m->a, D};
     matmul_phase(m, &o, 1, &xQ, n);
@@ -303,7 +322,8 @@ static void run_forward(se_model *m, const se_call *c) {
 }
 
 static int ensure_scratch(se_model *m, int capacity) {
-    size_t want = 2 * ((size_t)capacity + (size_t)m->cfg.max_rows) + (size_t)m->cfg.d_model + 64 + SE_BLOCK;
+    size_t want = (SE_QUERIES + 1) * ((size_t)capacity + (size_t)m->cfg.max_rows) + (size_t)m->cfg.d_model + 64 +
+                  SE_BLOCK;
     if (want <= m->scratch_len) return 0;
     for (int t = 0; t < m->nthreads; t++) {
         float *s = realloc(m->scratch[t], want * sizeof(float));

@@ -13,6 +13,7 @@
 #define SE_GROUP 16     /* output rows interleaved per group: one 32-bit lane each in a zmm */
 #define SE_BLOCK 32     /* weights per quantization block along K */
 #define SE_MAX_ROWS 16  /* activation rows one kernel pass takes at most (callers loop) */
+#define SE_QUERIES 3    /* query heads one attention item takes (a GQA group, in parts of up to 3) */
 
 /* GGML type ids of the formats the engine packs (the GGUF's own numbering). */
 enum { SE_F32 = 0, SE_F16 = 1, SE_Q4_0 = 2, SE_Q4_1 = 3, SE_Q5_0 = 6, SE_Q8_0 = 8, SE_Q4_K = 12, SE_Q6_K = 14 };
@@ -125,6 +126,12 @@ typedef struct {
     void (*scores)(const float *q, const uint16_t *K, const int32_t *idx, int cnt, int hd, float scale, float *out);
     /* out[d] = sum over i (in order, fused) of w[i] * V[idx[i] * hd + d], from 0: axpy_f16 key after key */
     void (*wsum)(const float *w, const uint16_t *V, const int32_t *idx, int cnt, int hd, float *out);
+    /* the same for nq <= SE_QUERIES queries of one KV head (a GQA group shares each key's load and conversion):
+     * out[j] = scores(q[j], ...), out[j] = wsum(w[j], ...), bit for bit */
+    void (*scores_q)(const float *const *q, int nq, const uint16_t *K, const int32_t *idx, int cnt, int hd,
+                     float scale, float *const *out);
+    void (*wsum_q)(const float *const *w, int nq, const uint16_t *V, const int32_t *idx, int cnt, int hd,
+                   float *const *out);
 } se_vec_ops;
 const se_vec_ops *se_vec(void);
 float se_expf(float x);  /* the engine's exp: the same polynomial in every ISA */

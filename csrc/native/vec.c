@@ -71,8 +71,18 @@ static void wsum_portable(const float *w, const uint16_t *V, const int32_t *idx,
     for (int i = 0; i < cnt; i++) axpy_f16_portable(out, w[i], V + (size_t)idx[i] * hd, hd);
 }
 
+static void scores_q_portable(const float *const *q, int nq, const uint16_t *K, const int32_t *idx, int cnt, int hd,
+                              float scale, float *const *out) {
+    for (int j = 0; j < nq; j++) scores_portable(q[j], K, idx, cnt, hd, scale, out[j]);
+}
+
+static void wsum_q_portable(const float *const *w, int nq, const uint16_t *V, const int32_t *idx, int cnt, int hd,
+                            float *const *out) {
+    for (int j = 0; j < nq; j++) wsum_portable(w[j], V, idx, cnt, hd, out[j]);
+}
+
 static const se_vec_ops portable = {dot_f16_portable, axpy_f16_portable, exp_portable, to_f16_portable,
-                                    scores_portable, wsum_portable};
+                                    scores_portable, wsum_portable, scores_q_portable, wsum_q_portable};
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -281,9 +291,88 @@ static T256 void wsum_avx2(const float *w, const uint16_t *V, const int32_t *idx
     }
 }
 
+/* 8 keys for up to 3 queries at once: each key's chunk is converted once and multiplied into every query's partial
+ * sums; each query's 8 keys are then reduced by the same pairs as dot_f16 (lanes l + l+8, +4, +2, +1). After the
+ * tree, lane 4L holds key L and lane 4L + 1 key 4 + L. */
+static inline T512 __attribute__((always_inline)) void
+scores8q_avx512(const float *const *q, const int nq, const uint16_t *K, const int32_t *idx, int hd, float scale,
+                float *const *out, int at) {
+    __m512 a[SE_QUERIES][8];
+    for (int j = 0; j < nq; j++)
+        for (int k = 0; k < 8; k++) a[j][k] = _mm512_setzero_ps();
+    for (int c = 0; c < hd; c += 16) {
+        __m512 qc[SE_QUERIES];
+        for (int j = 0; j < nq; j++) qc[j] = _mm512_loadu_ps(q[j] + c);
+        for (int k = 0; k < 8; k++) {
+            __m512 kc = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(K + (size_t)idx[k] * hd + c)));
+            for (int j = 0; j < nq; j++) a[j][k] = _mm512_fmadd_ps(qc[j], kc, a[j][k]);
+        }
+    }
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+    for (int j = 0; j < nq; j++) {
+        __m512 t[4], u[2];
+        for (int i = 0; i < 4; i++)
+            t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[j][2 * i], a[j][2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_f32x4(a[j][2 * i], a[j][2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+        for (int m = 0; m < 2; m++)
+            u[m] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * m], t[2 * m + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_f32x4(t[2 * m], t[2 * m + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+        __m512 v = _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 2, 3, 2)));
+        __m512 w = _mm512_add_ps(_mm512_shuffle_ps(v, v, _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(v, v, _MM_SHUFFLE(3, 1, 3, 1)));
+        _mm512_mask_storeu_ps(out[j] + at, 0xff, _mm512_mul_ps(_mm512_permutexvar_ps(order, w), _mm512_set1_ps(scale)));
+    }
+}
+
+static T512 void scores_q_avx512(const float *const *q, int nq, const uint16_t *K, const int32_t *idx, int cnt, int hd,
+                                 float scale, float *const *out) {
+    if (nq == 1) {
+        scores_avx512(q[0], K, idx, cnt, hd, scale, out[0]);
+        return;
+    }
+    int i = 0;
+    for (; i + 8 <= cnt; i += 8) {
+        if (nq == 2) scores8q_avx512(q, 2, K, idx + i, hd, scale, out, i);
+        else scores8q_avx512(q, 3, K, idx + i, hd, scale, out, i);
+    }
+    for (; i < cnt; i++)
+        for (int j = 0; j < nq; j++) out[j][i] = dot_f16_avx512(q[j], K + (size_t)idx[i] * hd, hd) * scale;
+}
+
+static T512 void wsum_q_avx512(const float *const *w, int nq, const uint16_t *V, const int32_t *idx, int cnt, int hd,
+                               float *const *out) {
+    for (int c0 = 0; c0 < hd; c0 += 64) {
+        int parts = hd - c0 >= 64 ? 4 : (hd - c0) / 16;
+        __m512 acc[SE_QUERIES][4];
+        for (int j = 0; j < nq; j++)
+            for (int t = 0; t < 4; t++) acc[j][t] = _mm512_setzero_ps();
+        for (int i = 0; i < cnt; i++) {
+            const uint16_t *row = V + (size_t)idx[i] * hd + c0;
+            for (int t = 0; t < parts; t++) {
+                __m512 vt = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 16 * t)));
+                for (int j = 0; j < nq; j++) acc[j][t] = _mm512_fmadd_ps(_mm512_set1_ps(w[j][i]), vt, acc[j][t]);
+            }
+        }
+        for (int j = 0; j < nq; j++)
+            for (int t = 0; t < parts; t++) _mm512_storeu_ps(out[j] + c0 + 16 * t, acc[j][t]);
+    }
+}
+
+static void scores_q_avx2(const float *const *q, int nq, const uint16_t *K, const int32_t *idx, int cnt, int hd,
+                          float scale, float *const *out) {
+    for (int j = 0; j < nq; j++) scores_avx2(q[j], K, idx, cnt, hd, scale, out[j]);
+}
+
+static void wsum_q_avx2(const float *const *w, int nq, const uint16_t *V, const int32_t *idx, int cnt, int hd,
+                        float *const *out) {
+    for (int j = 0; j < nq; j++) wsum_avx2(w[j], V, idx, cnt, hd, out[j]);
+}
+
 static const se_vec_ops avx512 = {dot_f16_avx512, axpy_f16_avx512, exp_avx512, to_f16_avx512, scores_avx512,
-                                  wsum_avx512};
-static const se_vec_ops avx2 = {dot_f16_avx2, axpy_f16_avx2, exp_avx2, to_f16_avx2, scores_avx2, wsum_avx2};
+                                  wsum_avx512, scores_q_avx512, wsum_q_avx512};
+static const se_vec_ops avx2 = {dot_f16_avx2, axpy_f16_avx2, exp_avx2, to_f16_avx2, scores_avx2, wsum_avx2,
+                                scores_q_avx2, wsum_q_avx2};
 #endif
 
 const se_vec_ops *se_vec(void) {
