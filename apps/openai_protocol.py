@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING
 
 from ..assembly.decoder import MAX_TOP_LOGPROBS, CallSettings
 from ..runtime.constraint import Gbnf, Grammar, JsonObject, JsonSchema, Regex
-from .tools import ForceTool, Tool, ToolCall, ToolChoice, closed_objects, forced_grammar, resolve_choice, tools_of
+from .tool_grammar import closed_objects, forced_grammar
+from .tools import ForceTool, Tool, ToolCall, ToolChoice, resolve_choice, tools_of
 
 if TYPE_CHECKING:
     from .openai_responses import ResponsesEcho
@@ -452,7 +453,7 @@ def chat_messages(body: dict) -> list[dict]:
 def parse_chat(body: dict, rendered: str, *, max_calls: int | None = None) -> GenRequest:
     """POST /v1/chat/completions, given the messages already rendered by the model's chat template (with the tools
     chat_tools returns). A forced tool_choice sets the grammar of its call(s) (at most max_calls; default: one per
-    tool, apps/tools.py forced_grammar); with response_format too: 400."""
+    tool, apps/tool_grammar.py forced_grammar); with response_format too: 400."""
     opts, stream, usage_, given, n = _common(body, chat=True)
     tools, choice, parallel = chat_tools(body)
     if choice not in ("auto", "none"):
