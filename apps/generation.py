@@ -13,7 +13,8 @@ from ..runtime.types import FinishReason
 from . import openai_responses as responses_api
 from . import openai_shapes as proto_shapes
 from .api import Engine
-from .openai_protocol import APIError, GenRequest, Shape
+from .openai_errors import APIError
+from .openai_protocol import GenRequest, Shape
 from .openai_shapes import TokenText
 from .stream_assembler import Call, End, Event, Failed, StreamAssembler, Text
 from .tool_parse import parse_tool_calls

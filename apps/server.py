@@ -42,7 +42,9 @@ from .api import Engine
 from .generation import (Outcome, assembler_for, choices_of, drive, events, outcome_of, response_events, response_of,
                          sender, unsent)
 from .model_pool import Lease, ModelNotFound, ModelPool, PoolFull, engine_bytes, generates
-from .openai_protocol import APIError, GenRequest, Shape
+from .openai_chat import chat_messages, chat_tools
+from .openai_errors import APIError, invalid
+from .openai_protocol import GenRequest, Shape
 from .server_guard import Admission, SiteGuard, SitePolicy, check_api_key, read_json
 from .server_metrics import CONTENT_TYPE, Metrics, PromMetrics, merged
 from .tokenize_protocol import parse_detokenize, parse_tokenize
@@ -144,9 +146,9 @@ class Server:
         any model)."""
         named = body.get("model")
         if named is not None and not isinstance(named, str):
-            raise proto.invalid(f"model must be a string, got {named!r}", "model")
+            raise invalid(f"model must be a string, got {named!r}", "model")
         if named is None and len(self.models.ids) > 1:
-            raise proto.invalid(f"model is required: this server has several models ({', '.join(self.models.ids)}; "
+            raise invalid(f"model is required: this server has several models ({', '.join(self.models.ids)}; "
                                 "GET /v1/models)", "model")
         try:
             model_id = self.models.resolve(named)
@@ -241,14 +243,14 @@ class Server:
     async def chat_completions(self, request: Request):
         check_api_key(request.headers, self.config.api_key)
         body = await read_json(request, self.config.max_request_bytes)
-        messages = proto.chat_messages(body)
-        tools, choice, _ = proto.chat_tools(body)
+        messages = chat_messages(body)
+        tools, choice, _ = chat_tools(body)
 
         async def build(engine: Engine) -> GenRequest:
             try:
                 rendered = await asyncio.to_thread(engine.render_chat, messages, tools, choice)
             except ValueError as e:
-                raise proto.invalid(f"{e}: check the roles and order of messages", "messages") from None
+                raise invalid(f"{e}: check the roles and order of messages", "messages") from None
             return proto.parse_chat(body, rendered)
         return await self._leased_generate(request, body, build)
 
@@ -257,7 +259,7 @@ class Server:
         body = await read_json(request, self.config.max_request_bytes)
         chat, messages = responses_api.to_chat(body)
         try:
-            tools, choice, _ = proto.chat_tools(chat)
+            tools, choice, _ = chat_tools(chat)
         except APIError as e:
             raise responses_api.renamed(e) from None
 
@@ -265,7 +267,7 @@ class Server:
             try:
                 rendered = await asyncio.to_thread(engine.render_chat, messages, tools, choice)
             except ValueError as e:
-                raise proto.invalid(f"{e}: check the roles and order of the input items", "input") from None
+                raise invalid(f"{e}: check the roles and order of the input items", "input") from None
             return responses_api.parse_responses(body, rendered, chat)
         return await self._leased_generate(request, body, build)
 
@@ -286,7 +288,7 @@ class Server:
                 vectors = await asyncio.to_thread(model.embed, texts)
                 embeddings_api.check_dimensions(body, vectors.shape[1])
             except ValueError as e:
-                raise proto.invalid(str(e), "input") from None
+                raise invalid(str(e), "input") from None
             finally:
                 self.admission.release()
         self.prom.request(lease.model_id, "/v1/embeddings", "completed")

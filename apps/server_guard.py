@@ -30,7 +30,7 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from .openai_protocol import APIError, invalid
+from .openai_errors import APIError, invalid
 
 LOOPBACK_NAME = "localhost"
 WILDCARDS = ("0.0.0.0", "::", "")
