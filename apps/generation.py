@@ -10,7 +10,7 @@ from typing import Callable
 
 from ..assembly.decoder import CallStream
 from ..runtime.types import FinishReason
-from . import openai_responses as responses_api
+from . import openai_responses_shapes as responses_shapes
 from . import openai_shapes as proto_shapes
 from .api import Engine
 from .openai_errors import APIError
@@ -152,11 +152,11 @@ def outcome_of(work) -> "Outcome | None":
 
 
 def response_of(shape, req: GenRequest, outcome: Outcome, stats, engine: Engine) -> dict:
-    """The non-streamed Response object of a /v1/responses call (apps/openai_responses.py)."""
+    """The non-streamed Response object of a /v1/responses call (apps/openai_responses_shapes.py)."""
     content, calls = parse_tool_calls(outcome.text, req.tools)
     calls = calls if req.parallel_tool_calls else calls[:1]
     text_of = TokenText(engine.tokenizer) if req.options.logprobs is not None else None
-    lps = responses_api.logprobs_of(outcome.logprobs, text_of)
+    lps = responses_shapes.logprobs_of(outcome.logprobs, text_of)
     output = shape.output(content if req.tools else outcome.text, calls, lps)
     return shape.response("completed", output, reason=outcome.reason, stats=stats,
                           completion_tokens=outcome.completion_tokens)
@@ -167,13 +167,13 @@ async def response_events(shape, req: GenRequest, queue: asyncio.Queue, call: Ca
     (with the logprobs of the tokens whose text it completes, when asked) or a whole function call item, then
     completed or incomplete with usage. A function_call item has no logprobs field: a call's logprobs, and those
     End carries, are not sent (the non-streamed output's message lists every token's)."""
-    es = responses_api.EventStream(shape)
+    es = responses_shapes.EventStream(shape)
     text_of = TokenText(engine.tokenizer) if req.options.logprobs is not None else None
     for out in es.start():
         yield out
     async for e in _events(queue):
         if isinstance(e, Text):
-            got = es.delta(e.text, responses_api.logprobs_of(e.logprobs, text_of))
+            got = es.delta(e.text, responses_shapes.logprobs_of(e.logprobs, text_of))
         elif isinstance(e, Call):
             got = es.call(e.call)
         elif isinstance(e, Failed):

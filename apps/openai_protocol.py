@@ -37,7 +37,7 @@ from .tool_grammar import forced_grammar
 from .tools import Tool
 
 if TYPE_CHECKING:
-    from .openai_responses import ResponsesEcho
+    from .openai_responses_shapes import ResponsesEcho
 
 _GRAMMAR_ERRORS = ("the JSON schema", "the GBNF grammar", "the Lark grammar", "the JsonSchema grammar",
                    "the JsonObject grammar", "the Regex grammar", "the Gbnf grammar")

@@ -45,6 +45,7 @@ from .model_pool import Lease, ModelNotFound, ModelPool, PoolFull, engine_bytes,
 from .openai_chat import chat_messages, chat_tools
 from .openai_errors import APIError, invalid
 from .openai_protocol import GenRequest, Shape
+from .openai_responses_shapes import ResponseShape
 from .server_guard import Admission, SiteGuard, SitePolicy, check_api_key, read_json
 from .server_metrics import CONTENT_TYPE, Metrics, PromMetrics, merged
 from .tokenize_protocol import parse_detokenize, parse_tokenize
@@ -316,7 +317,7 @@ class Server:
         self.active.add(cancel)
         lease.handed_off = True  # from here the call's end releases the lease
         shape = Shape.new(lease.model_id, req.chat) if req.responses is None else \
-            responses_api.ResponseShape.new(lease.model_id, req.responses)
+            ResponseShape.new(lease.model_id, req.responses)
         if req.stream:
             return self._stream(req, chunks, cancel, lease, shape)
         return await self._answer(request, req, chunks, cancel, lease, shape)
