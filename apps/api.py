@@ -45,8 +45,9 @@ from ..runtime.decode import check_prompt
 from ..runtime.generate import collect
 from ..runtime.session import Session
 from ..runtime.types import FinishReason, GenerationResult, Response
-from .tools import Tool, ToolCall, ToolChoice, forced_grammar, parse_tool_calls, render_messages, resolve_choice, \
-    tools_of
+from .tool_grammar import forced_grammar
+from .tool_parse import parse_tool_calls
+from .tools import Tool, ToolCall, ToolChoice, render_messages, resolve_choice, tools_of
 
 
 LOGGER = logging.getLogger("specedge.engine")
@@ -215,7 +216,7 @@ class Engine:
              tools: Sequence[Tool] = (), tool_choice: ToolChoice = "auto", parallel_tool_calls: bool = True,
              cancel: threading.Event | None = None, **options):
         """Render messages with the chat template and decode: a ChatResult (content and tool_calls parsed), or a
-        CallStream of Responses with stream=True (raw text, call markup included: apps.tools.ToolStream parses it).
+        CallStream of Responses with stream=True (raw text, call markup included: apps.tool_parse.ToolStream parses it).
         tools: Tool objects (or OpenAI dicts); tool_choice "auto" (the model decides), "none" (tools not offered,
         nothing parsed), "required" (the output is forced to be calls of the given tools) or a tool's name /
         ForceTool (forced to call it); parallel_tool_calls=False forces exactly one call. A forced choice sets the

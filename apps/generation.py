@@ -1,6 +1,6 @@
-"""One call's generation for `specedge serve`: the worker that drives Engine.stream, the SSE events of a streamed
-call, and the choices of a non-streamed one (apps/server.py routes, admits and leases; this module turns a call's
-Responses into OpenAI's shapes)."""
+"""One call's generation for `specedge serve`: the worker that drives Engine.stream through the stream assembler,
+the SSE payloads of a streamed call (the assembler's events mapped onto the chat / completions chunks or the
+Responses events), and the choices of a non-streamed one (apps/server.py routes, admits and leases)."""
 from __future__ import annotations
 
 import asyncio
@@ -9,14 +9,15 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..assembly.decoder import CallStream
-from ..runtime.generate import Collector
 from ..runtime.types import FinishReason
-from . import openai_responses as responses_api
+from . import openai_responses_shapes as responses_shapes
 from . import openai_shapes as proto_shapes
 from .api import Engine
-from .openai_protocol import APIError, GenRequest, Shape
+from .openai_errors import APIError
+from .openai_protocol import GenRequest, Shape
 from .openai_shapes import TokenText
-from .tools import ToolStream, parse_tool_calls
+from .stream_assembler import Call, End, Event, Failed, StreamAssembler, Text
+from .tool_parse import parse_tool_calls
 
 
 @dataclass
@@ -58,17 +59,27 @@ def choices_of(req: GenRequest, outcomes: list[Outcome], shape: Shape, engine: E
     return choices
 
 
-def drive(chunks, cancel: threading.Event, loop, queue: asyncio.Queue, stream: bool,
-          running: Callable[[int], None]) -> Outcome:
-    """Worker thread: drive Engine.stream (blocks on the engine's lock until this call's turn); streamed
-    pieces go to the event loop's queue as ("text", text, [TokenLogprob]): the logprobs of the tokens since the
-    last piece (a token whose text is held back, by a stop string or an unfinished UTF-8 character, travels
-    with the piece that carries its text; the EOS token's is dropped); returns the whole outcome. `running(+1/-1)` is called when decoding starts and ends."""
-    def put(item) -> None:
-        if stream:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
+def assembler_for(req: GenRequest) -> StreamAssembler:
+    """The stream assembler of a call: its tools, parallel_tool_calls and (Responses) max_tool_calls."""
+    max_calls = req.responses.max_tool_calls if req.responses is not None else None
+    return StreamAssembler(req.tools, parallel=req.parallel_tool_calls, max_calls=max_calls)
 
-    got, started = Collector(), False  # the one collector: the EOS token and its logprob are not the completion's
+
+def sender(loop, queue: asyncio.Queue) -> Callable[[Event], None]:
+    """Events from the worker thread onto the event loop's queue."""
+    return lambda event: loop.call_soon_threadsafe(queue.put_nowait, event)
+
+
+def unsent(event: Event) -> None:
+    """`send` of a non-streamed call: its events are not sent (its Outcome is the answer)."""
+
+
+def drive(chunks, assembler: StreamAssembler, cancel: threading.Event, send: Callable[[Event], None],
+          running: Callable[[int], None]) -> Outcome:
+    """Worker thread: drive Engine.stream (blocks on the engine's lock until this call's turn) through the
+    assembler; a streamed call's events go to `send` (Text, Call, then End, or Failed when the backend raises);
+    returns the whole outcome. `running(+1/-1)` is called when decoding starts and ends."""
+    started, got = False, assembler.collector
     try:
         if cancel.is_set():  # the client left while the call waited for a thread: never take the lock
             chunks.close()
@@ -77,37 +88,36 @@ def drive(chunks, cancel: threading.Event, loop, queue: asyncio.Queue, stream: b
             if not started:
                 started = True
                 running(+1)
-            got.add(c)
-            if c.text:
-                put(("text", c.text, got.take_logprobs()))
-        rest = got.take_logprobs()
-        if rest:
-            put(("text", "", rest))
-        put(("end", (got.reason, len(got.tokens))))
+            for event in assembler.push(c):
+                send(event)
+        for event in assembler.finish():
+            send(event)
         return Outcome(got.text, len(got.tokens), got.reason, got.logprobs)
     except Exception as e:  # a backend failure: the client gets a 500 / an error event, the server lives on
-        put(("error", f"generation failed: {type(e).__name__}: {e}"))
-        return Outcome(f"generation failed: {type(e).__name__}: {e}", len(got.tokens), got.reason, error=True)
+        message = f"generation failed: {type(e).__name__}: {e}"
+        send(Failed(message))
+        return Outcome(message, len(got.tokens), got.reason, error=True)
     finally:
         if started:
             running(-1)
 
 
+async def _events(queue: asyncio.Queue):
+    """The assembler's events as they arrive, End or Failed last."""
+    while True:
+        event = await queue.get()
+        yield event
+        if isinstance(event, (End, Failed)):
+            return
+
+
 async def events(shape: Shape, req: GenRequest, queue: asyncio.Queue, call: CallStream, engine: Engine):
-    """SSE payloads for a streamed call: a first chunk (chat: the role; completions with echo: the prompt),
-    content chunks and tool-call chunks (apps/tools.py ToolStream: text that may begin a <tool_call> is held
-    back, a call is sent whole when its block closes), each with the logprobs of the tokens whose text it
-    carries, the final chunk with finish_reason and the `specedge` statistics, the usage chunk if asked, then
-    [DONE]."""
-    first, fed, held, calls = True, 0, [], 0
-    tools = ToolStream(req.tools)
+    """SSE payloads for a streamed chat / completions call: a first chunk (chat: the role; completions with echo:
+    the prompt), then one chunk per event (apps/stream_assembler.py): content with the logprobs of the tokens whose
+    text it completes, a whole tool call as delta.tool_calls, and the final chunk with finish_reason, the logprobs
+    no other chunk carried and the `specedge` statistics; the usage chunk if asked. [DONE] is the transport's."""
     text_of = TokenText(engine.tokenizer) if req.options.logprobs is not None else None
-    offset = text_offset(req)
-    if req.chat:
-        yield shape.chunk("", first=True, with_usage=req.include_usage)
-        first = False
-    elif req.echo:
-        yield shape.chunk(echo_text(req, engine), with_usage=req.include_usage)
+    offset, usage = text_offset(req), req.include_usage
 
     def logprobs_of(lps):
         nonlocal offset
@@ -118,49 +128,22 @@ async def events(shape: Shape, req: GenRequest, queue: asyncio.Queue, call: Call
         out, offset = proto_shapes.completion_logprobs(lps, text_of, offset)
         return out
 
-    def chunks_of(events, final: bool):
-        nonlocal first, calls
-        released = []
-        while held and (final or held[0][0] <= tools.consumed):
-            released += held.pop(0)[1]
-        out = []
-        for j, (kind, value) in enumerate(events):
-            lp = logprobs_of(released) if j == len(events) - 1 else None
-            if kind == "call":
-                if calls and not req.parallel_tool_calls:
-                    continue
-                out.append(shape.chunk(None, first=first, with_usage=req.include_usage, logprobs=lp,
-                                       tool_call=(calls, value)))
-                calls += 1
-            else:
-                out.append(shape.chunk(value, first=first, with_usage=req.include_usage, logprobs=lp))
-            first = False
-        if not events and released:
-            held.insert(0, (0, released))  # no text went out: keep them for the next chunk
-        return out
-
-    while True:
-        kind, *value = await queue.get()
-        if kind == "text":
-            text, lps = value
-            fed += len(text)
-            if lps:
-                held.append((fed, lps))
-            for c in chunks_of(tools.push(text), False):
-                yield c
-        elif kind == "error":
-            yield APIError(500, value[0], type="server_error").body()
-            return
+    if req.chat:
+        yield shape.chunk("", first=True, with_usage=usage)
+    elif req.echo:
+        yield shape.chunk(echo_text(req, engine), with_usage=usage)
+    async for e in _events(queue):
+        if isinstance(e, Text):
+            yield shape.chunk(e.text, with_usage=usage, logprobs=logprobs_of(e.logprobs))
+        elif isinstance(e, Call):
+            yield shape.chunk(None, with_usage=usage, logprobs=logprobs_of(e.logprobs), tool_call=(e.index, e.call))
+        elif isinstance(e, Failed):
+            yield APIError(500, e.message, type="server_error").body()
         else:
-            reason, n = value[0]
-            for c in chunks_of(tools.finish(), True):
-                yield c
-            rest = [lp for _, lps in held for lp in lps]
-            yield shape.chunk(None if req.chat else "", reason=reason, stats=call.stats, with_usage=req.include_usage,
-                              logprobs=logprobs_of(rest), called=calls > 0)
-            if req.include_usage:
-                yield shape.usage_chunk(call.stats.prompt_tokens, n)
-            return
+            yield shape.chunk(None if req.chat else "", reason=e.reason, stats=call.stats, with_usage=usage,
+                              logprobs=logprobs_of(e.logprobs), called=e.tool_calls > 0)
+            if usage:
+                yield shape.usage_chunk(call.stats.prompt_tokens, e.completion_tokens)
 
 
 def outcome_of(work) -> "Outcome | None":
@@ -169,59 +152,33 @@ def outcome_of(work) -> "Outcome | None":
 
 
 def response_of(shape, req: GenRequest, outcome: Outcome, stats, engine: Engine) -> dict:
-    """The non-streamed Response object of a /v1/responses call (apps/openai_responses.py)."""
+    """The non-streamed Response object of a /v1/responses call (apps/openai_responses_shapes.py)."""
     content, calls = parse_tool_calls(outcome.text, req.tools)
     calls = calls if req.parallel_tool_calls else calls[:1]
     text_of = TokenText(engine.tokenizer) if req.options.logprobs is not None else None
-    lps = responses_api.logprobs_of(outcome.logprobs, text_of)
+    lps = responses_shapes.logprobs_of(outcome.logprobs, text_of)
     output = shape.output(content if req.tools else outcome.text, calls, lps)
     return shape.response("completed", output, reason=outcome.reason, stats=stats,
                           completion_tokens=outcome.completion_tokens)
 
 
 async def response_events(shape, req: GenRequest, queue: asyncio.Queue, call: CallStream, engine: Engine):
-    """The events of a streamed /v1/responses call: created and in_progress, text deltas (each with the logprobs
-    of the tokens whose text it carries, when asked), whole function calls when their blocks close (ToolStream, as
-    on the chat route), then completed or incomplete with usage."""
-    es = responses_api.EventStream(shape)
-    tools = ToolStream(req.tools)
+    """The events of a streamed /v1/responses call: created and in_progress, then per assembler event a text delta
+    (with the logprobs of the tokens whose text it completes, when asked) or a whole function call item, then
+    completed or incomplete with usage. A function_call item has no logprobs field: a call's logprobs, and those
+    End carries, are not sent (the non-streamed output's message lists every token's)."""
+    es = responses_shapes.EventStream(shape)
     text_of = TokenText(engine.tokenizer) if req.options.logprobs is not None else None
-    calls, pending = 0, []  # pending: logprobs of tokens whose text ToolStream holds back
-    blank = ""  # with tools: whitespace (between calls) held until text follows it, dropped at the end
-    for e in es.start():
-        yield e
-
-    def out(events, lps):
-        nonlocal calls, pending, blank
-        got, lps = [], pending + lps
-        for kind, value in events:
-            if kind == "call":
-                limit = req.responses.max_tool_calls
-                if (calls and not req.parallel_tool_calls) or (limit and calls >= limit):
-                    continue
-                got += es.call(value)
-                calls += 1
-            elif value and req.tools and not (blank + value).strip():
-                blank += value
-            elif value:
-                got += es.delta(blank + value, responses_api.logprobs_of(lps, text_of))
-                lps, blank = [], ""
-        pending = lps
-        return got
-
-    while True:
-        kind, *value = await queue.get()
-        if kind == "text":
-            text, lps = value
-            for e in out(tools.push(text), lps):
-                yield e
-        elif kind == "error":
-            yield es.error(value[0])
-            return
+    for out in es.start():
+        yield out
+    async for e in _events(queue):
+        if isinstance(e, Text):
+            got = es.delta(e.text, responses_shapes.logprobs_of(e.logprobs, text_of))
+        elif isinstance(e, Call):
+            got = es.call(e.call)
+        elif isinstance(e, Failed):
+            got = [es.error(e.message)]
         else:
-            reason, n = value[0]
-            for e in out(tools.finish(), []):
-                yield e
-            for e in es.finish(reason, call.stats, n):
-                yield e
-            return
+            got = es.finish(e.reason, call.stats, e.completion_tokens)
+        for out in got:
+            yield out

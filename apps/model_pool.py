@@ -9,7 +9,7 @@ Memory is accounted per model as its weight bytes: `estimate` (the sizes on disk
 artifact's .onnx / .onnx.data files) before it loads, then max(estimate, `weigh(engine)`) once loaded (the server
 weighs the backend's weight_bytes(): the NumPy backend holds float32 copies larger than the file). A model with a
 running or queued call (use count > 0) or one still loading is never evicted. Thread-safe: one condition guards the
-accounting; loads run outside it.
+accounting; loads run outside it. `model_id_for` names a served model, `engine_bytes` weighs a loaded one.
 """
 from __future__ import annotations
 
@@ -212,3 +212,22 @@ def disk_bytes(path: Path) -> int:
         return sum(p.stat().st_size for p in path.rglob("*")
                    if p.is_file() and (p.name.endswith(".onnx") or p.name.endswith(".onnx.data")))
     return 0
+
+
+def model_id_for(model: str) -> str:
+    """A catalogue name as is; a path by its file or directory name."""
+    p = Path(model)
+    return p.name if (p.suffix == ".gguf" or len(p.parts) > 1) else model
+
+
+def generates(model) -> bool:
+    """An Engine (a text generator), not an embedding model (assembly/embedding.py)."""
+    return hasattr(model, "stream")
+
+
+def engine_bytes(engine) -> int:
+    """An engine's weight bytes: its target's files on disk, or its backend's weight_bytes() when larger (an
+    embedding model's: its weight_bytes())."""
+    if not generates(engine):
+        return int(engine.weight_bytes())
+    return max(disk_bytes(Path(engine.model.path)), int(engine.model.backend.weight_bytes()))

@@ -11,7 +11,7 @@ import base64
 
 import numpy as np
 
-from .openai_protocol import invalid
+from .openai_errors import invalid
 
 FIELDS = {"model", "input", "encoding_format", "dimensions", "user"}
 MAX_INPUTS = 2048  # OpenAI's limit per request

@@ -1,6 +1,9 @@
 """The OpenAI wire format for `specedge serve`: request bodies -> typed requests, results -> response JSON.
 
-Pure functions over dicts (no I/O), so the server module only routes, queues and streams. Requests follow
+Pure functions over dicts (no I/O), so the server module only routes, queues and streams. This module parses the
+options every route shares and builds the GenRequest; its parts live beside it: openai_errors.py (APIError),
+openai_chat.py (a chat body's messages and tools), openai_grammar.py (response_format and the grammar extensions),
+openai_shapes.py (response JSON), openai_responses.py (/v1/responses). Requests follow
 OpenAI's /v1/completions and /v1/chat/completions; every documented field is honoured or, where we cannot (best_of,
 suffix, audio, ...), refused with a 400 naming the field, never silently ignored;
 an unknown field is refused the same way (COMMON_FIELDS, CHAT_FIELDS, COMPLETION_FIELDS; docs/server.md's table). Values are checked for
@@ -27,31 +30,14 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 from ..assembly.decoder import MAX_TOP_LOGPROBS, CallSettings
-from ..runtime.constraint import Gbnf, Grammar, JsonObject, JsonSchema, Regex
-from .tools import ForceTool, Tool, ToolCall, ToolChoice, closed_objects, forced_grammar, resolve_choice, tools_of
+from .openai_chat import chat_tools
+from .openai_errors import APIError, invalid
+from .openai_grammar import constraint_field, grammar_of
+from .tool_grammar import forced_grammar
+from .tools import Tool
 
 if TYPE_CHECKING:
-    from .openai_responses import ResponsesEcho
-
-ROLES = ("system", "developer", "user", "assistant", "tool")
-
-
-class APIError(Exception):
-    """An error the client gets as {"error": {"message", "type", "param", "code"}} with an HTTP status."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type: str = "invalid_request_error", headers: dict | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-def invalid(message: str, param: str | None = None) -> APIError:
-    return APIError(400, message, param=param)
-
+    from .openai_responses_shapes import ResponsesEcho
 
 _GRAMMAR_ERRORS = ("the JSON schema", "the GBNF grammar", "the Lark grammar", "the JsonSchema grammar",
                    "the JsonObject grammar", "the Regex grammar", "the Gbnf grammar")
@@ -192,80 +178,6 @@ def _stop(body: dict) -> tuple[str, ...]:
     raise invalid(f"stop must be a string or a list of strings, got {v!r}", "stop")
 
 
-# the keys each response_format type takes: OpenAI's, and llama-server's {"type": "json_object", "schema": {...}}
-# (instructor's JSON_SCHEMA mode sends it); any other key is refused naming it, never ignored
-_RESPONSE_FORMAT_KEYS = {"text": {"type"}, "json_object": {"type", "schema"}, "json_schema": {"type", "json_schema"}}
-_JSON_SCHEMA_KEYS = {"name", "schema", "strict", "description"}
-
-
-def _unknown_keys(value: dict, allowed: set[str], where: str) -> None:
-    extra = sorted(set(value) - allowed)
-    if extra:
-        raise invalid(f"{where} does not take {', '.join(map(repr, extra))} (it takes {', '.join(sorted(allowed))})",
-                      f"{where}.{extra[0]}")
-
-
-def constraint_field(body: dict) -> str | None:
-    """The request field that sets the output constraint (response_format unless it is text, json_schema, grammar,
-    regex), for errors that name it."""
-    rf = body.get("response_format")
-    if isinstance(rf, dict) and rf.get("type") == "text":
-        rf = None
-    given = [k for k in ("response_format", "json_schema", "grammar", "regex")
-             if (rf if k == "response_format" else body.get(k)) is not None]
-    return given[0] if given else None
-
-
-def grammar_of(body: dict) -> Grammar | None:
-    """The output constraint: response_format (OpenAI), or one of the extensions `json_schema` (a schema object),
-    `grammar` (GBNF; llama.cpp's server names both) and `regex`; at most one of them. Every schema form closes the
-    objects that do not say otherwise (`additionalProperties: false`), as llama.cpp's server does and as OpenAI's
-    strict mode requires: a small model given an open object invents keys until the token limit (instructor's
-    JSON_SCHEMA mode sends no `strict`); a schema that wants extra keys says `additionalProperties`."""
-    given = [k for k in ("response_format", "json_schema", "grammar", "regex") if body.get(k) is not None]
-    rf = body.get("response_format")
-    if rf is not None and (not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema")):
-        raise invalid(f'response_format must be {{"type": "text" | "json_object" | "json_schema", ...}}, got {rf!r}',
-                      "response_format")
-    if rf is not None:
-        _unknown_keys(rf, _RESPONSE_FORMAT_KEYS[rf["type"]], "response_format")
-    if rf is not None and rf["type"] == "text":
-        given.remove("response_format")
-        rf = None
-    if len(given) > 1:
-        raise invalid(f"{given[1]} cannot be combined with {given[0]}: give one output constraint", given[1])
-    if not given:
-        return None
-    name = given[0]
-    if name == "response_format":
-        if rf["type"] == "json_object":
-            schema = rf.get("schema")
-            if schema is None:
-                return JsonObject()
-            if not isinstance(schema, dict):  # llama-server's form: an object that follows this schema
-                raise invalid(f"response_format.schema must be a JSON Schema object, got {schema!r}",
-                              "response_format.schema")
-            return JsonSchema(closed_objects(schema), strict=False)
-        js = rf.get("json_schema")
-        if not isinstance(js, dict) or not isinstance(js.get("schema", {}), dict):
-            raise invalid('response_format json_schema must be {"name", "schema": {...}, "strict"}',
-                          "response_format")
-        _unknown_keys(js, _JSON_SCHEMA_KEYS, "response_format.json_schema")
-        strict = js.get("strict")
-        if strict is not None and not isinstance(strict, bool):
-            raise invalid(f"response_format.json_schema.strict must be true or false, got {strict!r}",
-                          "response_format")
-        return JsonSchema(closed_objects(js.get("schema", {})), strict=bool(strict), name=js.get("name"))
-    v = body[name]
-    if name == "json_schema":
-        if not isinstance(v, dict):
-            raise invalid(f"json_schema must be a JSON Schema object, got {v!r}", name)
-        return JsonSchema(closed_objects(v), strict=False)
-    if not isinstance(v, str) or not v:
-        raise invalid(f"{name} must be a non-empty string, got {v!r}", name)
-    return Gbnf(v) if name == "grammar" else Regex(v)
-
-
 def _penalty(body: dict, name: str) -> float:
     """presence_penalty / frequency_penalty: OpenAI's range [-2, 2], applied as llama.cpp applies them (over the
     last 64 tokens, runtime/sampling.py)."""
@@ -310,39 +222,6 @@ def _logprobs(body: dict, chat: bool) -> int | None:
     if n is not None and not 0 <= n <= MAX_COMPLETION_LOGPROBS:
         raise invalid(f"logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}], got {n}", "logprobs")
     return n
-
-
-def chat_tools(body: dict) -> tuple[list[Tool], ToolChoice, bool]:
-    """tools, tool_choice, parallel_tool_calls of a chat request."""
-    specs = body.get("tools")
-    if specs is not None and not isinstance(specs, list):
-        raise invalid(f"tools must be a list of function tools, got {specs!r}", "tools")
-    try:
-        tools = tools_of(specs or [])
-    except ValueError as e:
-        raise invalid(str(e), "tools") from None
-    choice = body.get("tool_choice")
-    if isinstance(choice, dict):
-        f = choice.get("function")
-        if choice.get("type") != "function" or not isinstance(f, dict) or not isinstance(f.get("name"), str):
-            raise invalid(f'tool_choice must be "auto", "none", "required" or {{"type": "function", "function": '
-                          f'{{"name": ...}}}}, got {choice!r}', "tool_choice")
-        choice = ForceTool(f["name"])
-    elif choice is not None and choice not in ("auto", "none", "required"):
-        raise invalid(f'tool_choice must be "auto", "none", "required" or {{"type": "function", ...}}, got '
-                      f"{choice!r}", "tool_choice")
-    if choice is not None and not tools and choice != "none":
-        raise invalid("tool_choice needs tools", "tool_choice")
-    try:
-        choice = resolve_choice(choice, tools)
-    except ValueError as e:
-        raise invalid(str(e), "tool_choice") from None
-    parallel = body.get("parallel_tool_calls", True)
-    if parallel is None:
-        parallel = True
-    if not isinstance(parallel, bool):
-        raise invalid(f"parallel_tool_calls must be true or false, got {parallel!r}", "parallel_tool_calls")
-    return tools, choice, parallel
 
 
 def _common(body: dict, chat: bool) -> tuple[CallSettings, bool, bool, bool, int]:
@@ -411,48 +290,10 @@ def parse_completion(body: dict, *, vocab_size: int) -> GenRequest:
                       constraint=constraint_field(body))
 
 
-def chat_messages(body: dict) -> list[dict]:
-    """The request's messages as [{"role", "content": str}] (assistant: `tool_calls` as ToolCall; tool:
-    `tool_call_id`); content parts of type text are joined."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise invalid("messages must be a non-empty list of {\"role\", \"content\"} objects", "messages")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise invalid(f"messages[{i}] must be an object with role one of {', '.join(ROLES)}", "messages")
-        content = m.get("content")
-        if isinstance(content, list):
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
-                raise invalid(f"messages[{i}].content: only text parts ({{\"type\": \"text\", \"text\": ...}}) "
-                              "are supported", "messages")
-            content = "".join(p["text"] for p in content)
-        if content is None and m["role"] == "assistant":
-            content = ""
-        if not isinstance(content, str):
-            raise invalid(f"messages[{i}].content must be a string or a list of text parts", "messages")
-        msg = {"role": "system" if m["role"] == "developer" else m["role"], "content": content}
-        if m["role"] == "assistant" and m.get("tool_calls"):
-            if not isinstance(m["tool_calls"], list):
-                raise invalid(f"messages[{i}].tool_calls must be a list", "messages")
-            try:
-                msg["tool_calls"] = [ToolCall.from_openai(c) for c in m["tool_calls"]]
-            except ValueError as e:
-                raise invalid(f"messages[{i}]: {e}", "messages") from None
-        if m["role"] == "tool":
-            tid = m.get("tool_call_id")
-            if not isinstance(tid, str):
-                raise invalid(f"messages[{i}] (role tool) needs a tool_call_id string", "messages")
-            msg["tool_call_id"] = tid
-        out.append(msg)
-    return out
-
-
 def parse_chat(body: dict, rendered: str, *, max_calls: int | None = None) -> GenRequest:
     """POST /v1/chat/completions, given the messages already rendered by the model's chat template (with the tools
     chat_tools returns). A forced tool_choice sets the grammar of its call(s) (at most max_calls; default: one per
-    tool, apps/tools.py forced_grammar); with response_format too: 400."""
+    tool, apps/tool_grammar.py forced_grammar); with response_format too: 400."""
     opts, stream, usage_, given, n = _common(body, chat=True)
     tools, choice, parallel = chat_tools(body)
     if choice not in ("auto", "none"):

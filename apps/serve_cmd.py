@@ -167,9 +167,9 @@ def serve_cmd(**o) -> None:
         from ..assembly.embedding import is_embedding_model, open_embedder
         from ..runtime.cores import CoreShare
         from .api import Engine
-        from .model_pool import ModelPool, PoolEntry, format_bytes
+        from .model_pool import ModelPool, PoolEntry, engine_bytes, format_bytes, model_id_for
         from .serve_threads import known_same_logits, remember_same_logits, threads_line
-        from .server import ServerConfig, create_app, engine_bytes, model_id_for
+        from .server import ServerConfig, create_app
     except ImportError as e:
         raise click.ClickException(f"{e}: install the server extra, pip install 'specedge[serve]'") from None
     log = lambda m: click.echo(m, err=True)  # noqa: E731

@@ -20,13 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
-import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -36,19 +33,24 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..runtime.stats import CallStats, DecodeStats
+from ..runtime.stats import CallStats
 from ..runtime.types import FinishReason
 from . import openai_protocol as proto
 from . import openai_embeddings as embeddings_api
 from . import openai_responses as responses_api
 from .api import Engine
-from .generation import Outcome, choices_of, drive, events, outcome_of, response_events, response_of
-from .model_pool import Lease, ModelNotFound, ModelPool, PoolFull, disk_bytes
-from .openai_protocol import APIError, GenRequest, Shape
-from .server_guard import SiteGuard, SitePolicy, check_content_type, check_depth
-from .server_metrics import CONTENT_TYPE, Metrics, PromMetrics
+from .generation import (Outcome, assembler_for, choices_of, drive, events, outcome_of, response_events, response_of,
+                         sender, unsent)
+from .model_pool import Lease, ModelNotFound, ModelPool, PoolFull, engine_bytes, generates
+from .openai_chat import chat_messages, chat_tools
+from .openai_errors import APIError, invalid
+from .openai_protocol import GenRequest, Shape
+from .openai_responses_shapes import ResponseShape
+from .server_guard import Admission, SiteGuard, SitePolicy, check_api_key, read_json
+from .server_metrics import CONTENT_TYPE, Metrics, PromMetrics, merged
 from .tokenize_protocol import parse_detokenize, parse_tokenize
 from .sse import SSEResponse, watch_disconnect
+from .stream_assembler import StreamAssembler
 
 
 @dataclass(frozen=True)
@@ -62,43 +64,6 @@ class ServerConfig:
 
     def site_policy(self) -> SitePolicy:
         return SitePolicy(self.bind_host, check_host=self.api_key is None, cors_origins=self.cors_origins)
-
-
-def model_id_for(model: str) -> str:
-    """A catalogue name as is; a path by its file or directory name."""
-    p = Path(model)
-    return p.name if (p.suffix == ".gguf" or len(p.parts) > 1) else model
-
-
-def generates(model) -> bool:
-    """An Engine (a text generator), not an embedding model (assembly/embedding.py)."""
-    return hasattr(model, "stream")
-
-
-def engine_bytes(engine: Engine) -> int:
-    """An engine's weight bytes: its target's files on disk, or its backend's weight_bytes() when larger (an
-    embedding model's: its weight_bytes())."""
-    if not generates(engine):
-        return int(engine.weight_bytes())
-    return max(disk_bytes(Path(engine.model.path)), int(engine.model.backend.weight_bytes()))
-
-
-class Admission:
-    """At most `limit` calls in flight (running or waiting for the engine); thread-safe."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit, self.n, self._lock = limit, 0, threading.Lock()
-
-    def try_acquire(self) -> bool:
-        with self._lock:
-            if self.n >= self.limit:
-                return False
-            self.n += 1
-            return True
-
-    def release(self) -> None:
-        with self._lock:
-            self.n -= 1
 
 
 class Server:
@@ -182,9 +147,9 @@ class Server:
         any model)."""
         named = body.get("model")
         if named is not None and not isinstance(named, str):
-            raise proto.invalid(f"model must be a string, got {named!r}", "model")
+            raise invalid(f"model must be a string, got {named!r}", "model")
         if named is None and len(self.models.ids) > 1:
-            raise proto.invalid(f"model is required: this server has several models ({', '.join(self.models.ids)}; "
+            raise invalid(f"model is required: this server has several models ({', '.join(self.models.ids)}; "
                                 "GET /v1/models)", "model")
         try:
             model_id = self.models.resolve(named)
@@ -217,44 +182,6 @@ class Server:
             if not lease.handed_off:
                 lease.release()
 
-    def _authorize(self, request: Request) -> None:
-        key = self.config.api_key
-        if key is None:
-            return
-        auth = request.headers.get("authorization", "")
-        if not auth:
-            raise APIError(401, "missing API key: send the header 'Authorization: Bearer <key>' with the key given "
-                           "to specedge serve (--api-key or SPECEDGE_API_KEY)", code="invalid_api_key")
-        scheme, _, given = auth.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
-            raise APIError(401, "invalid API key: send 'Authorization: Bearer <key>' with the key the server was "
-                           "started with (--api-key or SPECEDGE_API_KEY)", code="invalid_api_key")
-
-    async def _json(self, request: Request) -> dict:
-        """The request body as a JSON object: sent as application/json (415 otherwise), at most max_request_bytes
-        long (413 beyond), nested at most MAX_JSON_DEPTH deep (400 beyond)."""
-        check_content_type(request.headers.get("content-type"))
-        limit = self.config.max_request_bytes
-        too_big = APIError(413, f"request body larger than {limit} bytes: shorten the prompt, or start the server "
-                           "with a larger --max-request-bytes", code="request_too_large")
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise too_big
-        data = bytearray()
-        async for piece in request.stream():
-            data += piece
-            if len(data) > limit:
-                raise too_big
-        check_depth(bytes(data))
-        try:
-            body = json.loads(data)
-        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, and an integer over 4300 digits
-            raise proto.invalid(f"the body is not valid JSON ({e}): send a JSON object with "
-                                "Content-Type: application/json") from None
-        if not isinstance(body, dict):
-            raise proto.invalid(f"the body must be a JSON object, got {type(body).__name__}")
-        return body
-
     # ---- routes -----------------------------------------------------------------------------------------------
 
     async def health(self, request: Request) -> JSONResponse:
@@ -264,11 +191,11 @@ class Server:
         return proto.model_card(state.id, self.created, {"loaded": state.loaded, "bytes": state.bytes})
 
     async def list_models(self, request: Request) -> JSONResponse:
-        self._authorize(request)
+        check_api_key(request.headers, self.config.api_key)
         return JSONResponse(proto.models_list([self._card(s) for s in self.models.state()]))
 
     async def model(self, request: Request) -> JSONResponse:
-        self._authorize(request)
+        check_api_key(request.headers, self.config.api_key)
         name = request.path_params["model_id"]
         found = [s for s in self.models.state() if s.id == name]
         if not found:
@@ -278,12 +205,12 @@ class Server:
         return JSONResponse(self._card(found[0]))
 
     async def prometheus(self, request: Request) -> Response:
-        self._authorize(request)
+        check_api_key(request.headers, self.config.api_key)
         return Response(self.prom.render(), media_type=CONTENT_TYPE)
 
     async def tokenize(self, request: Request) -> JSONResponse:
-        self._authorize(request)
-        body = await self._json(request)
+        check_api_key(request.headers, self.config.api_key)
+        body = await read_json(request, self.config.max_request_bytes)
         content, add_special = parse_tokenize(body)
         with await self._lease(request, body) as lease:
             ids = await asyncio.to_thread(lease.engine.tokenizer.encode, content,
@@ -292,8 +219,8 @@ class Server:
         return JSONResponse({"tokens": [int(t) for t in ids]})
 
     async def detokenize(self, request: Request) -> JSONResponse:
-        self._authorize(request)
-        body = await self._json(request)
+        check_api_key(request.headers, self.config.api_key)
+        body = await read_json(request, self.config.max_request_bytes)
         with await self._lease(request, body) as lease:
             tokenizer = lease.engine.tokenizer
             ids = parse_detokenize(body, tokenizer.vocab_size)
@@ -302,38 +229,38 @@ class Server:
         return JSONResponse({"content": text})
 
     async def metrics_route(self, request: Request) -> JSONResponse:
-        self._authorize(request)
+        check_api_key(request.headers, self.config.api_key)
         return JSONResponse({**self.metrics.to_dict(), "in_flight": self.admission.n,
                              "max_in_flight": self.admission.limit})
 
     async def completions(self, request: Request):
-        self._authorize(request)
-        body = await self._json(request)
+        check_api_key(request.headers, self.config.api_key)
+        body = await read_json(request, self.config.max_request_bytes)
 
         async def build(engine: Engine) -> GenRequest:
             return proto.parse_completion(body, vocab_size=engine.model.backend.config.vocab_size)
         return await self._leased_generate(request, body, build)
 
     async def chat_completions(self, request: Request):
-        self._authorize(request)
-        body = await self._json(request)
-        messages = proto.chat_messages(body)
-        tools, choice, _ = proto.chat_tools(body)
+        check_api_key(request.headers, self.config.api_key)
+        body = await read_json(request, self.config.max_request_bytes)
+        messages = chat_messages(body)
+        tools, choice, _ = chat_tools(body)
 
         async def build(engine: Engine) -> GenRequest:
             try:
                 rendered = await asyncio.to_thread(engine.render_chat, messages, tools, choice)
             except ValueError as e:
-                raise proto.invalid(f"{e}: check the roles and order of messages", "messages") from None
+                raise invalid(f"{e}: check the roles and order of messages", "messages") from None
             return proto.parse_chat(body, rendered)
         return await self._leased_generate(request, body, build)
 
     async def responses(self, request: Request):
-        self._authorize(request)
-        body = await self._json(request)
+        check_api_key(request.headers, self.config.api_key)
+        body = await read_json(request, self.config.max_request_bytes)
         chat, messages = responses_api.to_chat(body)
         try:
-            tools, choice, _ = proto.chat_tools(chat)
+            tools, choice, _ = chat_tools(chat)
         except APIError as e:
             raise responses_api.renamed(e) from None
 
@@ -341,15 +268,15 @@ class Server:
             try:
                 rendered = await asyncio.to_thread(engine.render_chat, messages, tools, choice)
             except ValueError as e:
-                raise proto.invalid(f"{e}: check the roles and order of the input items", "input") from None
+                raise invalid(f"{e}: check the roles and order of the input items", "input") from None
             return responses_api.parse_responses(body, rendered, chat)
         return await self._leased_generate(request, body, build)
 
     async def embeddings(self, request: Request) -> JSONResponse:
         """POST /v1/embeddings: an embedding model's vectors, or a generation model's embedding mode
         (Engine.embed); rows L2-normalised; float lists or base64 (little-endian float32)."""
-        self._authorize(request)
-        body = await self._json(request)
+        check_api_key(request.headers, self.config.api_key)
+        body = await read_json(request, self.config.max_request_bytes)
         texts, b64 = embeddings_api.parse(body)
         with await self._lease(request, body, embedding=True) as lease:
             if not self.admission.try_acquire():
@@ -362,7 +289,7 @@ class Server:
                 vectors = await asyncio.to_thread(model.embed, texts)
                 embeddings_api.check_dimensions(body, vectors.shape[1])
             except ValueError as e:
-                raise proto.invalid(str(e), "input") from None
+                raise invalid(str(e), "input") from None
             finally:
                 self.admission.release()
         self.prom.request(lease.model_id, "/v1/embeddings", "completed")
@@ -371,9 +298,7 @@ class Server:
     # ---- generation -------------------------------------------------------------------------------------------
 
     async def _generate(self, request: Request, req: GenRequest, lease: Lease):
-        """Admit the call, then stream it (SSE) or decode its n choices one after another (seeds seed, seed+1,
-        ...) and answer with one JSON body."""
-        engine, model_id = lease.engine, lease.model_id
+        """Admit the call and start it, then stream it (SSE) or answer its n choices with one JSON body."""
         with self.metrics.lock:
             self.metrics.requests += 1
         if not self.admission.try_acquire():
@@ -382,7 +307,7 @@ class Server:
                            type="rate_limit_error", code="queue_full", headers={"Retry-After": "1"})
         cancel = threading.Event()
         try:
-            chunks = await asyncio.to_thread(lambda: engine.stream(req.prompt, req.call(0), cancel=cancel))
+            chunks = await asyncio.to_thread(lambda: lease.engine.stream(req.prompt, req.call(0), cancel=cancel))
         except ValueError as e:
             self.admission.release()
             raise proto.engine_error(e, req) from None
@@ -390,23 +315,35 @@ class Server:
             self.admission.release()
             raise
         self.active.add(cancel)
-        shape = Shape.new(model_id, req.chat) if req.responses is None else \
-            responses_api.ResponseShape.new(model_id, req.responses)
-        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
         lease.handed_off = True  # from here the call's end releases the lease
+        shape = Shape.new(lease.model_id, req.chat) if req.responses is None else \
+            ResponseShape.new(lease.model_id, req.responses)
         if req.stream:
-            work = loop.run_in_executor(self.pool, drive, chunks, cancel, loop, queue, True, self._running)
-            work.add_done_callback(lambda w: self._finished(req, cancel, chunks.stats, lease, outcome_of(w)))
-            if req.responses is not None:
-                return SSEResponse(response_events(shape, req, queue, chunks, engine), cancel, named=True)
-            return SSEResponse(events(shape, req, queue, chunks, engine), cancel)
+            return self._stream(req, chunks, cancel, lease, shape)
+        return await self._answer(request, req, chunks, cancel, lease, shape)
+
+    def _stream(self, req: GenRequest, chunks, cancel: threading.Event, lease: Lease, shape) -> SSEResponse:
+        """The call's SSE response: its worker sends the stream assembler's events to the queue the route's
+        payloads are made from (apps/generation.py)."""
+        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+        work = loop.run_in_executor(self.pool, drive, chunks, assembler_for(req), cancel, sender(loop, queue),
+                                    self._running)
+        work.add_done_callback(lambda w: self._finished(req, cancel, chunks.stats, lease, outcome_of(w)))
+        if req.responses is not None:
+            return SSEResponse(response_events(shape, req, queue, chunks, lease.engine), cancel, named=True)
+        return SSEResponse(events(shape, req, queue, chunks, lease.engine), cancel)
+
+    async def _answer(self, request: Request, req: GenRequest, chunks, cancel: threading.Event, lease: Lease,
+                      shape) -> JSONResponse:
+        """The call's n choices decoded one after another (seeds seed, seed+1, ...), answered as one JSON body."""
+        engine, loop = lease.engine, asyncio.get_running_loop()
         watcher = asyncio.ensure_future(watch_disconnect(request.receive, cancel))
         outcomes, calls = [], []
         try:
             for i in range(req.n):
                 if i > 0:
                     chunks = engine.stream(req.prompt, req.call(i), cancel=cancel)
-                outcome = await loop.run_in_executor(self.pool, drive, chunks, cancel, loop, queue, False,
+                outcome = await loop.run_in_executor(self.pool, drive, chunks, StreamAssembler(), cancel, unsent,
                                                      self._running)
                 outcomes.append(outcome)
                 calls.append(chunks)
@@ -444,18 +381,6 @@ class Server:
     def _running(self, delta: int) -> None:
         with self.metrics.lock:
             self.metrics.running += delta
-
-def merged(stats: list[CallStats | None]) -> CallStats | None:
-    """The n choices of one request as one call for the metrics: the first choice's facts with every choice's
-    decoding counts added (DecodeStats.merge)."""
-    got = [s for s in stats if s is not None]
-    if not got:
-        return None
-    total = DecodeStats()
-    for s in got:
-        total.merge(s.decode)
-    return replace(got[0], decode=total)
-
 
 def create_app(models: Engine | ModelPool, config: ServerConfig) -> Starlette:
     """The Starlette app serving an Engine (as config.model_id) or a ModelPool; `app.state.server` is the Server

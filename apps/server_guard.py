@@ -1,4 +1,5 @@
-"""What `specedge serve` refuses before a request reaches its route: cross-site requests and bodies it will not parse.
+"""What `specedge serve` refuses before a request reaches its route: cross-site requests, a missing or wrong API key,
+bodies it will not parse, and calls beyond its queue (Admission).
 
 A web page the user opens can send requests to a server on 127.0.0.1 (a "simple" POST needs no CORS preflight), and
 with DNS rebinding (attacker.example re-resolved to 127.0.0.1) read the answers too, since the browser then sees one
@@ -16,16 +17,20 @@ origin. Three checks close that, as Ollama and browsers expect:
 """
 from __future__ import annotations
 
+import hmac
 import ipaddress
+import json
 import re
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 from starlette.datastructures import Headers
+from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from .openai_protocol import APIError
+from .openai_errors import APIError, invalid
 
 LOOPBACK_NAME = "localhost"
 WILDCARDS = ("0.0.0.0", "::", "")
@@ -136,3 +141,60 @@ def check_depth(data: bytes, limit: int = MAX_JSON_DEPTH) -> None:
         raise APIError(400, f"the body nests arrays and objects {depth} levels deep, more than the {limit} this "
                        "server reads: flatten it (a JSON schema can name nested parts in $defs and $ref them)",
                        code="json_too_deep")
+
+
+def check_api_key(headers: Headers, key: str | None) -> None:
+    """Raises 401 unless `key` is None or the request sends 'Authorization: Bearer <key>'."""
+    if key is None:
+        return
+    auth = headers.get("authorization", "")
+    if not auth:
+        raise APIError(401, "missing API key: send the header 'Authorization: Bearer <key>' with the key given "
+                       "to specedge serve (--api-key or SPECEDGE_API_KEY)", code="invalid_api_key")
+    scheme, _, given = auth.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
+        raise APIError(401, "invalid API key: send 'Authorization: Bearer <key>' with the key the server was "
+                       "started with (--api-key or SPECEDGE_API_KEY)", code="invalid_api_key")
+
+
+async def read_json(request: Request, limit: int) -> dict:
+    """The request body as a JSON object: sent as application/json (415 otherwise), at most `limit` bytes long (413
+    beyond), nested at most MAX_JSON_DEPTH deep (400 beyond)."""
+    check_content_type(request.headers.get("content-type"))
+    too_big = APIError(413, f"request body larger than {limit} bytes: shorten the prompt, or start the server "
+                       "with a larger --max-request-bytes", code="request_too_large")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_big
+    data = bytearray()
+    async for piece in request.stream():
+        data += piece
+        if len(data) > limit:
+            raise too_big
+    check_depth(bytes(data))
+    try:
+        body = json.loads(data)
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, and an integer over 4300 digits
+        raise invalid(f"the body is not valid JSON ({e}): send a JSON object with "
+                      "Content-Type: application/json") from None
+    if not isinstance(body, dict):
+        raise invalid(f"the body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+class Admission:
+    """At most `limit` calls in flight (running or waiting for the engine); thread-safe."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.n, self._lock = limit, 0, threading.Lock()
+
+    def try_acquire(self) -> bool:
+        with self._lock:
+            if self.n >= self.limit:
+                return False
+            self.n += 1
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self.n -= 1

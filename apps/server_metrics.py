@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from ..runtime.stats import CallStats
+from ..runtime.stats import CallStats, DecodeStats
 from ..runtime.types import FinishReason
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -150,3 +150,15 @@ class PromMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def merged(stats: list[CallStats | None]) -> CallStats | None:
+    """The n choices of one request as one call for the metrics: the first choice's facts with every choice's
+    decoding counts added (DecodeStats.merge)."""
+    got = [s for s in stats if s is not None]
+    if not got:
+        return None
+    total = DecodeStats()
+    for s in got:
+        total.merge(s.decode)
+    return replace(got[0], decode=total)

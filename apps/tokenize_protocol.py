@@ -8,7 +8,7 @@ completion routes, do with a text prompt); false adds none. Unknown fields get a
 """
 from __future__ import annotations
 
-from .openai_protocol import invalid
+from .openai_errors import invalid
 
 
 def _only(body: dict, allowed: tuple[str, ...], route: str) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 import specedge
 from specedge.apps import openai_protocol as proto
+from specedge.apps.openai_grammar import grammar_of
 from specedge.apps.serve_cmd import ServerThread
 from specedge.apps.server import ServerConfig, create_app
 from specedge.models.tiny import write_tiny_gguf
@@ -173,7 +174,7 @@ def test_logit_bias_and_penalties_are_honoured_as_the_engine_honours_them(server
                  "$defs": {"D": {"properties": {"x": {"type": "string"}}, "additionalProperties": False}},
                  "additionalProperties": False}, strict=False))])
 def test_output_constraints_map_to_grammar_specs(body, want):
-    assert proto.grammar_of(body) == want
+    assert grammar_of(body) == want
 
 
 @pytest.mark.parametrize("body,param", [

@@ -99,6 +99,31 @@ def test_function_calls_become_items_streamed_whole(scripted):
     assert [o.type for o in events[-1].response.output] == ["message", "function_call"]
 
 
+AROUND_A_CALL = [("Sure.", 40), ("\n", 41), ("<tool", 42), ('_call>\n{"name": "get_weather", "arguments": ', 43),
+                 ('{"city": "Paris"}}\n</tool_call>', 44), ("\n", 45), ("Done", 46), ("\n", 47), ("", 300)]
+
+
+def test_chat_and_responses_streams_group_text_and_logprobs_alike(engine):
+    """The two streamed routes share one assembler: the same text pieces with the same logprobs (newlines held
+    until text follows them, a call's tokens with the call, which a Responses function_call item does not show)."""
+    with ServerThread(create_app(Scripted(engine, AROUND_A_CALL), ServerConfig("tiny"))) as s:
+        c = client(s)
+        chunks = list(c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "weather?"}],
+                                                tools=[{"type": "function", "function": {
+                                                    k: v for k, v in WEATHER.items() if k != "type"}}],
+                                                stream=True, logprobs=True))
+        events = list(c.responses.create(model="tiny", input="weather?", tools=[WEATHER], stream=True,
+                                         include=["message.output_text.logprobs"]))
+    chat = [(ch.choices[0].delta.content, [e.logprob for e in ch.choices[0].logprobs.content])
+            for ch in chunks if ch.choices and ch.choices[0].delta.content]
+    responses = [(e.delta, [lp.logprob for lp in e.logprobs]) for e in events if e.type == "response.output_text.delta"]
+    assert chat == responses == [("Sure.", [0.0]), ("\n\nDone", [-0.25, -1.25, -1.5])]
+    call_chunk = next(ch for ch in chunks if ch.choices and ch.choices[0].delta.tool_calls)
+    assert [e.logprob for e in call_chunk.choices[0].logprobs.content] == [-0.5, -0.75, -1.0]
+    assert [e.logprob for e in chunks[-1].choices[0].logprobs.content] == [-1.75]  # the trailing newline's
+    assert [o.type for o in events[-1].response.output] == ["message", "function_call", "message"]
+
+
 def test_function_call_items_render_as_chat_history():
     body = {"instructions": "sys", "input": [
         {"role": "user", "content": "weather?"},

@@ -12,7 +12,8 @@ from starlette.testclient import TestClient
 import specedge
 from specedge.apps.cli import cli
 from specedge.apps.model_pool import ModelNotFound, ModelPool, PoolEntry, PoolFull, parse_bytes
-from specedge.apps.server import ServerConfig, create_app, engine_bytes
+from specedge.apps.model_pool import engine_bytes
+from specedge.apps.server import ServerConfig, create_app
 from specedge.models.tiny import write_tiny_gguf
 
 PROMPT = "the cat sat on the mat and the cat sat on the"

@@ -1,4 +1,4 @@
-"""Tool calling (apps/tools.py): typed tools, rendering through a template or a system message, parsing whole and
+"""Tool calling (apps/tools.py, tool_parse.py, tool_grammar.py): typed tools, rendering through a template or a system message, parsing whole and
 streamed outputs, the forced-call grammar compiled by llguidance against the tiny model's tokenizer, and
 Engine.chat's tools / tool_choice."""
 import json
@@ -8,8 +8,9 @@ import pytest
 
 import specedge
 from specedge import ForceTool, JsonObject, Tool, ToolCall
-from specedge.apps.tools import (ToolStream, forced_grammar, parse_tool_calls, render_messages, resolve_choice,
-                                 tools_of)
+from specedge.apps.tool_grammar import forced_grammar
+from specedge.apps.tool_parse import ToolStream, parse_tool_calls
+from specedge.apps.tools import render_messages, resolve_choice, tools_of
 from specedge.models.tiny import write_tiny_gguf
 
 # bounded strings: the random tiny model's forced arguments must end within max_tokens
@@ -65,21 +66,34 @@ def test_parse_blocks_bare_json_and_leftover_content():
     assert parse_tool_calls(CALL, []) == (CALL, [])  # no tools: nothing is a call
 
 
+def _content(events) -> str:
+    return "".join(e.value for e in events if isinstance(e.value, str))
+
+
+def _calls(events) -> list[ToolCall]:
+    return [e.value for e in events if isinstance(e.value, ToolCall)]
+
+
 @pytest.mark.parametrize("step", [1, 3, 7, 1000])
 def test_tool_stream_equals_whole_parse_at_any_split(step):
     text = "Sure. <tool_ca" + "ll>x</tool_call> then " + CALL + " bye <tool"
     stream, events = ToolStream([WEATHER]), []
     for i in range(0, len(text), step):
         events += stream.push(text[i:i + step])
-        held = "".join(v for k, v in events if k == "content")
-        assert not held.endswith("<tool")  # a possible call start is held back
+        assert not _content(events).endswith("<tool")  # a possible call start is held back
     events += stream.finish()
-    content = "".join(v for k, v in events if k == "content")
-    calls = [v for k, v in events if k == "call"]
     want_content, want_calls = parse_tool_calls(text, [WEATHER])
-    assert content.replace(" ", "") == want_content.replace(" ", "")
-    assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in want_calls]
+    assert _content(events).replace(" ", "") == want_content.replace(" ", "")
+    assert [(c.name, c.arguments) for c in _calls(events)] == [(c.name, c.arguments) for c in want_calls]
     assert stream.consumed == len(text)
+    # each piece of content is the output's text just before its `end`; ends only grow
+    assert all(text[e.end - len(e.value):e.end] == e.value for e in events if isinstance(e.value, str))
+    assert [e.end for e in events] == sorted(e.end for e in events)
+    assert text[:_calls_end(events)].endswith("</tool_call>")
+
+
+def _calls_end(events) -> int:
+    return [e.end for e in events if isinstance(e.value, ToolCall)][-1]
 
 
 @pytest.mark.parametrize("step", [1, 5, 1000])
@@ -93,8 +107,9 @@ def test_a_call_cut_by_max_tokens_never_reaches_content(step):
     for i in range(0, len(text), step):
         events += stream.push(text[i:i + step])
     events += stream.finish()
-    assert "".join(v for k, v in events if k == "content").strip() == "Here."
-    assert [v.args for k, v in events if k == "call"] == [{"city": "Paris"}] and stream.consumed == len(text)
+    assert _content(events).strip() == "Here."
+    assert [c.args for c in _calls(events)] == [{"city": "Paris"}] and stream.consumed == len(text)
+    assert _calls_end(events) == len("Here. " + CALL)
     assert parse_tool_calls("no calls, just <tool_call> talk", [WEATHER])[0] == "no calls, just"
 
 
@@ -102,8 +117,8 @@ def test_tool_stream_holds_a_bare_json_call_to_the_end():
     stream = ToolStream([WEATHER])
     text = '{"name": "get_weather", "arguments": {"city": "Oslo"}}'
     assert [e for i in range(len(text)) for e in stream.push(text[i])] == []
-    [(kind, call)] = stream.finish()
-    assert kind == "call" and call.args == {"city": "Oslo"}
+    [found] = stream.finish()
+    assert found.value.args == {"city": "Oslo"} and found.end == len(text)
 
 
 def test_render_without_template_tools_uses_a_merged_system_message(engine):
@@ -233,7 +248,7 @@ def test_forced_grammar_compiles_any_client_schema_with_defs_refs_and_colliding_
 
 
 def test_embedded_arguments_reroots_references_and_closes_objects():
-    from specedge.apps.tools import embedded_arguments
+    from specedge.apps.tool_grammar import embedded_arguments
     params = {"type": "object", "properties": {"properties": {"type": "string"}, "c": {"$ref": "#/$defs/C"},
                                                "me": {"$ref": "#"}, "o": {"type": "object", "properties": {},
                                                                           "additionalProperties": True}},
