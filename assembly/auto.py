@@ -161,6 +161,7 @@ def profile_rows(tuned: Sequence[Tuned]) -> list[dict]:
         p, c = t.profile, t.choice
         rows.append({"target": t.label, "key": p.key, "path": str(t.path), "ctx": p.ctx, "verify_s": p.verify_s,
                      "overhead_s": p.overhead_s, "plain_tok_s_measured": p.plain_tok_s_measured,
+                     "prompt_tok_s_measured": p.prompt_tok_s_measured,
                      "drafters": {k: {"accept": d.accept, "draft_fixed_s": d.draft_fixed_s,
                                       "draft_per_token_s": d.draft_per_token_s, "tok_s_measured": d.tok_s_measured,
                                       "tok_s_adaptive": d.tok_s_adaptive, "tau_adaptive": d.tau_adaptive}

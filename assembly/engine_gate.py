@@ -37,7 +37,7 @@ import numpy as np
 from ..models.catalog import model_cache_dir
 from ..models.errors import UnsupportedModelError
 from ..models.gguf_any import open_any_gguf
-from ..runtime.backends import BackendInfo
+from ..runtime.backends import BackendInfo, reference_engine
 from ..runtime.tokenizer import TextTokenizer, Tokenizer
 from .devset import load_prompts
 from .notice import Measuring
@@ -167,7 +167,7 @@ def measure_gate(path: Path, engine: BackendInfo, threads: int, key: str, cache_
     reference, ref_name = _reference(path, gguf, sequences, engine, threads)
     positions = sum(len(s) for s in sequences)
     baseline = None
-    if ref_name == "numpy" and _mainline() is not None:
+    if ref_name == reference_engine().value and _mainline() is not None:
         baseline = _agreement(_argmax(_mainline()(path, gguf.config, threads), sequences), reference)
     floor = GATE_FLOOR if baseline is None else baseline - GATE_MARGIN
     agreement, max_call = {}, None
@@ -238,7 +238,7 @@ def _reference(path: Path, gguf, sequences, engine: BackendInfo, threads: int) -
         from ..runtime.backends.numpy_ref import NumpyBackend
         model = open_gguf(path)
         if 4 * sum(int(np.prod(s)) for s in model.config.tensor_names().values()) <= NUMPY_REFERENCE_BYTES:
-            return _argmax(NumpyBackend(model.load_weights()), sequences), "numpy"
+            return _argmax(NumpyBackend(model.load_weights()), sequences), reference_engine().value
     except UnsupportedModelError:
         pass
     if _mainline() is not None:

@@ -12,13 +12,20 @@ layered artifact for self-speculation) and this module turns the profiles into a
                 each engine
     time base:  the targets' plain speeds measured head to head, interleaved (assembly/plan_run.py head_to_head),
                 rescale each target's rows: profiles measured minutes apart see a shared machine at different speeds
-    choose:     the fastest calibrated candidate over all targets; a speculative one must beat the fastest PLAIN
+    end to end: each row also carries its target's prompt-processing rate (the plain runs' prefill; a draft
+                model's own prefill counted), and is scored by what a user waits for over REQUESTS, the prompt
+                lengths people send: a chat turn (64 new tokens: the session's cache holds the rest) and a first
+                request with a document (700 tokens, nothing cached), each answered with 128 tokens
+    choose:     the fastest candidate end to end over all targets; a speculative one must beat the fastest PLAIN
                 candidate (any engine) by `margin` (3%), else that plain engine is chosen: the plan is never slower
                 than the fastest plain engine beyond noise.
 
 Example: llama.cpp plain measured 105 tok/s; ONNX int4 plain measured 86; its ngram measured 120 tok/s at fixed
 k = 8 where the cost model predicted 125 (scale 0.96), and the model predicts 130 at k = 4 -> 124.8 -> chosen (1.19x
-over llama.cpp plain). Had it come to 107 (< 105 x 1.03), llama.cpp plain would be chosen.
+over llama.cpp plain; end to end as well when both process prompts alike). Had it come to 107 (< 105 x 1.03),
+llama.cpp plain would be chosen. An engine that decodes 10% faster but processes prompts at half the rate loses end
+to end: 64/300 + 128/110 = 1.38 s a chat turn and 700/300 + 1.16 = 3.50 s a document request against 64/600 +
+128/100 = 1.39 s and 2.45 s.
 
 Plans are cached at <model cache>/plans/<key>.json; the key covers what changes the answer: the source model's
 fingerprint, the weight formats planned, the threads, the CPU (model name and SIMD flags) and the versions of the
@@ -43,13 +50,28 @@ from .environment import SIMD, cpu_info
 from .profile import PLAIN, DeviceProfile, choose, k_label, predict
 from .schema import write_json_atomic
 
-PLAN_VERSION = 8  # 2: rows on the measured scale per drafter; 3: llama.cpp speculation only at 1 thread; 4: its
+PLAN_VERSION = 9  # 2: rows on the measured scale per drafter; 3: llama.cpp speculation only at 1 thread; 4: its
 #                   plain-decoding kernels; 5: targets put on one time base head to head (plan_run.head_to_head);
 #                   6: the ik_llama.cpp engine, a time budget, the machine's load while measuring; 7: prompts fed
 #                   without their logits (FeedingBackend), which made ik 1.4x faster per token after long prompts
 #                   8: ik_llama.cpp's repacked weights measured as a plain-only target (its plain kernels)
+#                   9: prompt processing measured; rows scored end to end over REQUESTS
 PLAN_MARGIN = 0.03  # a speculative configuration must be predicted this much faster than the fastest plain engine
 _ENGINES = tuple(e.distribution for e in REGISTRY.values() if e.planned)  # their versions key plans
+
+
+@dataclass(frozen=True)
+class RequestShape:
+    """A kind of request the plan weighs: how many prompt tokens the engine processes (a chat turn only the new
+    ones: its session's cache holds the conversation so far), how many answer tokens, and how often it comes."""
+    name: str
+    prompt_tokens: int
+    answer_tokens: int
+    weight: float
+
+
+REQUESTS = (RequestShape("chat turn", 64, 128, 2.0),
+            RequestShape("first request with a document", 700, 128, 1.0))
 
 
 @dataclass(frozen=True)
@@ -69,12 +91,30 @@ class PlanRow:
     drafter: str  # PLAIN or a DrafterSpec string
     k: int
     adaptive: bool
-    predicted_tok_s: float  # calibrated to the target's measured plain speed
+    predicted_tok_s: float  # decoding, calibrated to the target's measured plain speed
     measured_tok_s: float | None  # plain: measured plain; a drafter: its measured run at this k policy, if any
+    prompt_tok_s: float | None = None  # prompt tokens processed per second (None: not measured)
 
     @property
     def plain(self) -> bool:
         return self.drafter == PLAIN
+
+    def seconds(self, shape: RequestShape) -> float:
+        """Wall time of one request of this shape: its prompt's processing, then its answer's decoding."""
+        prompt = shape.prompt_tokens / self.prompt_tok_s if self.prompt_tok_s else 0.0
+        return prompt + shape.answer_tokens / max(self.predicted_tok_s, 1e-9)
+
+    def first_token_s(self, prompt_tokens: int) -> float:
+        """Seconds to the first answer token after a prompt of `prompt_tokens` new tokens."""
+        prompt = prompt_tokens / self.prompt_tok_s if self.prompt_tok_s else 0.0
+        return prompt + 1.0 / max(self.predicted_tok_s, 1e-9)
+
+    @property
+    def end_to_end_tok_s(self) -> float:
+        """Answer tokens per second of wall time over REQUESTS, the prompts' processing included: what the plan
+        compares. Without a measured prompt rate, the decoding rate."""
+        tokens = sum(s.weight * s.answer_tokens for s in REQUESTS)
+        return tokens / sum(s.weight * self.seconds(s) for s in REQUESTS)
 
     def describe(self) -> str:
         """'onnx int4 + ngram k<=8' | 'llama.cpp q4_1 plain'"""
@@ -115,36 +155,65 @@ class Plan:
         return f"measured {self.created} in {self.seconds:.0f} s ({budget}){how}"
 
     @property
+    def scored_end_to_end(self) -> bool:
+        """Whether every row has a measured prompt rate (then rows are compared end to end, else by decoding)."""
+        return all(r.prompt_tok_s for r in self.rows)
+
+    def score(self, row: PlanRow) -> float:
+        """What the choice compares: end-to-end tok/s over REQUESTS (decoding tok/s without prompt rates)."""
+        return row.end_to_end_tok_s if self.scored_end_to_end else row.predicted_tok_s
+
+    @property
     def speedup(self) -> float:
+        """The choice's decoding speed over the reference's."""
         return self.choice.predicted_tok_s / max(self.rows[self.reference].predicted_tok_s, 1e-9)
 
-    def summary(self) -> str:
-        """One line: 'onnx int4 + ngram k<=8, predicted 1.31x over llama.cpp q4_1 plain (118.2 vs 90.1 tok/s)'."""
-        ref = self.rows[self.reference]
-        if self.chosen == self.reference:
-            others = max((r.predicted_tok_s for r in self.rows if r is not ref), default=0.0)
-            return (f"{ref.describe()}, predicted {ref.predicted_tok_s:.1f} tok/s (fastest of {len(self.rows)} "
-                    f"candidates; next best {others:.1f} tok/s)")
-        return (f"{self.choice.describe()}, predicted {self.speedup:.2f}x over {ref.describe()} "
-                f"({self.choice.predicted_tok_s:.1f} vs {ref.predicted_tok_s:.1f} tok/s)")
+    @property
+    def end_to_end_speedup(self) -> float:
+        """The choice's end-to-end speed over REQUESTS over the reference's."""
+        return self.choice.end_to_end_tok_s / max(self.rows[self.reference].end_to_end_tok_s, 1e-9)
 
-    TABLE_KEY = ("expected tok/s: each configuration's own measurement scaled by its engine's plain runs head to "
-                 "head with the other engines (the figure the choice compares); alone: that configuration's own "
-                 "measurement, taken at another moment (not comparable across engines); both on dev prompts of up to "
-                 "256 tokens, so a run on a shorter prompt decodes faster and one deep into a long chat slower")
+    def summary(self) -> str:
+        """One line: 'native q4_1 + ngram k=2, predicted 2.41x over llama.cpp q4_1 plain decoding (261.3 vs 108.4
+        tok/s), 2.30x end to end'."""
+        ref, choice = self.rows[self.reference], self.choice
+        e2e = (f", {choice.end_to_end_tok_s:.1f} tok/s end to end" if self.chosen == self.reference else
+               f", {self.end_to_end_speedup:.2f}x end to end") if self.scored_end_to_end else ""
+        if self.chosen == self.reference:
+            others = max((self.score(r) for r in self.rows if r is not ref), default=0.0)
+            what = "end to end" if self.scored_end_to_end else "tok/s"
+            return (f"{ref.describe()}, predicted {ref.predicted_tok_s:.1f} tok/s{e2e} (fastest of {len(self.rows)} "
+                    f"candidates; next best {others:.1f} {what})")
+        return (f"{choice.describe()}, predicted {self.speedup:.2f}x over {ref.describe()} decoding "
+                f"({choice.predicted_tok_s:.1f} vs {ref.predicted_tok_s:.1f} tok/s){e2e}")
+
+    TABLE_KEY = ("decode tok/s: each configuration's own measurement scaled by its engine's plain runs head to head "
+                 "with the other engines; alone: that configuration's own measurement, taken at another moment (not "
+                 "comparable across engines); both on dev prompts of up to 256 tokens, so a run on a shorter prompt "
+                 "decodes faster and one deep into a long chat slower. prompt tok/s: the prompts' processing. first "
+                 "token and end to end: predicted for " + " and ".join(
+                     f"a {s.name} ({s.prompt_tokens} prompt tokens, {s.answer_tokens} answer tokens)"
+                     for s in REQUESTS) + f", {REQUESTS[0].weight / REQUESTS[1].weight:g} to 1; the choice "
+                 "compares end to end")
 
     def table(self) -> str:
-        """Markdown: every candidate with its expected (head-to-head) and alone (profile) tokens/s, the chosen one
-        marked, then one line saying what the columns mean."""
-        lines = ["| | target | drafter | k | expected tok/s (head to head) | tok/s alone (profile) | vs reference |",
-                 "|---|---|---|---|---|---|---|"]
-        ref = self.rows[self.reference].predicted_tok_s
-        for i, r in enumerate(sorted(self.rows, key=lambda r: -r.predicted_tok_s)):
+        """Markdown: every candidate with its decoding (head-to-head and alone), prompt and end-to-end speeds, the
+        chosen one marked, then one line saying what the columns mean."""
+        short, long = REQUESTS[0].prompt_tokens, REQUESTS[1].prompt_tokens
+        lines = ["| | target | drafter | k | decode tok/s (head to head) | tok/s alone (profile) | prompt tok/s | "
+                 f"first token ms ({short} / {long} tokens) | end to end tok/s | vs reference (end to end) |",
+                 "|---|---|---|---|---|---|---|---|---|---|"]
+        ref = self.score(self.rows[self.reference])
+        for r in sorted(self.rows, key=lambda r: -self.score(r)):
             mark = "**chosen**" if r is self.choice else "reference" if r is self.rows[self.reference] else ""
             k = "-" if r.plain else k_label(r.k, r.adaptive)
             measured = "-" if r.measured_tok_s is None else f"{r.measured_tok_s:.1f}"
+            prompt = f"{r.prompt_tok_s:.0f}" if r.prompt_tok_s else "-"
+            first = (f"{1e3 * r.first_token_s(short):.0f} / {1e3 * r.first_token_s(long):.0f}"
+                     if r.prompt_tok_s else "-")
+            e2e = f"{r.end_to_end_tok_s:.1f}" if r.prompt_tok_s else "-"
             lines.append(f"| {mark} | {r.target} | {r.drafter} | {k} | {r.predicted_tok_s:.1f} | {measured} | "
-                         f"{r.predicted_tok_s / max(ref, 1e-9):.2f}x |")
+                         f"{prompt} | {first} | {e2e} | {self.score(r) / max(ref, 1e-9):.2f}x |")
         return "\n".join(lines) + "\n\n" + self.TABLE_KEY + "\n"
 
     def to_dict(self) -> dict:
@@ -186,26 +255,33 @@ def target_rows(target: PlanTarget, profile: DeviceProfile, drafters: Sequence[s
                 tok_s, measured = d.tok_s_adaptive, d.tok_s_adaptive
             else:
                 tok_s, measured = c.tok_s * scale, d.tok_s_measured if c.k == d.k_max else None
+        prompt = profile.prompt_tok_s_measured
+        own = profile.drafters[c.drafter].prompt_tok_s if c.drafter != PLAIN else 0.0
+        if prompt and own:  # a draft model processes the prompt too: its run's rate, never above plain's
+            prompt = min(prompt, own)
         row = PlanRow(target.label, target.engine, target.path, c.drafter, c.k, c.adaptive, float(tok_s),
-                      float(measured) if measured else None)
+                      float(measured) if measured else None, float(prompt) if prompt else None)
         if c.drafter not in best or row.predicted_tok_s > best[c.drafter].predicted_tok_s * (1 + 1e-9):
             best[c.drafter] = row
     return list(best.values())
 
 
 def select(rows: Sequence[PlanRow], margin: float = PLAN_MARGIN) -> tuple[int, int]:
-    """(chosen, reference) indices: the fastest row, unless it is speculative and not `margin` faster than the
-    fastest plain row (then that one); the reference is llama.cpp plain where present, else the fastest plain row.
-    Ties go to the earlier row. requires: at least one plain row."""
+    """(chosen, reference) indices: the fastest row end to end (by decoding where a row has no prompt rate),
+    unless it is speculative and not `margin` faster than the fastest plain row (then that one); the reference is
+    llama.cpp plain where present, else the fastest plain row. Ties go to the earlier row.
+    requires: at least one plain row."""
     plains = [i for i, r in enumerate(rows) if r.plain]
     if not plains:
         raise ValueError("a plan needs plain decoding on at least one engine")
-    best_plain = max(plains, key=lambda i: (rows[i].predicted_tok_s, -i))
-    best = max(range(len(rows)), key=lambda i: (rows[i].predicted_tok_s, -i))
-    if not rows[best].plain and rows[best].predicted_tok_s < rows[best_plain].predicted_tok_s * (1 + margin):
+    e2e = all(r.prompt_tok_s for r in rows)
+    score = [r.end_to_end_tok_s if e2e else r.predicted_tok_s for r in rows]
+    best_plain = max(plains, key=lambda i: (score[i], -i))
+    best = max(range(len(rows)), key=lambda i: (score[i], -i))
+    if not rows[best].plain and score[best] < score[best_plain] * (1 + margin):
         best = best_plain
     ref = [i for i in plains if info(rows[i].engine).reference]
-    reference = max(ref, key=lambda i: rows[i].predicted_tok_s) if ref else best_plain
+    reference = max(ref, key=lambda i: score[i]) if ref else best_plain
     return best, reference
 
 

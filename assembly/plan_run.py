@@ -395,7 +395,9 @@ def measure_targets(targets: list[PlanTarget], settings: PlanSettings, threads: 
         raise ValueError("no engine could run this model here (each target's reason is above)")
     for t, target_rows_ in zip(kept, per_target):
         best = max(target_rows_, key=lambda r: r.predicted_tok_s)
-        say(f"plan: {t.label}: plain {target_rows_[0].predicted_tok_s:.1f} tok/s, best {best.describe()} "
+        prompt = target_rows_[0].prompt_tok_s
+        say(f"plan: {t.label}: plain {target_rows_[0].predicted_tok_s:.1f} tok/s"
+            f"{f' (prompts {prompt:.0f} tok/s)' if prompt else ''}, best {best.describe()} "
             f"{best.predicted_tok_s:.1f} tok/s")
     return kept, [r for target_rows_ in per_target for r in target_rows_], drift
 
@@ -456,7 +458,8 @@ def head_to_head(targets: list[PlanTarget], models: list[LoadedModel], per_targe
         now, profiled = float(np.mean(s)), rows[0].predicted_tok_s
         scale = now / profiled if profiled > 0 and now > 0 else 1.0
         say(f"plan: {t.label}: plain {now:.1f} tok/s head to head (profile {profiled:.1f}; rows x {scale:.2f})")
-        out.append([replace(r, predicted_tok_s=r.predicted_tok_s * scale) for r in rows])
+        out.append([replace(r, predicted_tok_s=r.predicted_tok_s * scale,  # prompts run on the same machine
+                            prompt_tok_s=r.prompt_tok_s * scale if r.prompt_tok_s else None) for r in rows])
         if secs >= MIN_DRIFT_S and drifted(*s):  # rounds of a few ms (tiny models) are all noise
             drift.append((abs(s[0] - s[1]) / max(s), f"{t.label} ran {s[0]:.1f} then {s[1]:.1f} tok/s"))
     return out, disagreement(drift)

@@ -42,9 +42,9 @@ from ..runtime.draft_length import expected_tokens
 from .schema import check_schema, write_json_atomic
 from ..runtime.drafters.spec import DrafterKind
 
-PROFILE_SCHEMA_VERSION = 4  # 2: a draft model's cost measured at one k is per token (profile_measure.draft_cost);
+PROFILE_SCHEMA_VERSION = 5  # 2: a draft model's cost measured at one k is per token (profile_measure.draft_cost);
 # 3: each drafter also measured with the adaptive draft length; 4: prompts fed without their logits (a llama.cpp
-# engine's per-token cost after a prompt changed)
+# engine's per-token cost after a prompt changed); 5: the prompt's processing rate (plain, and a draft model's)
 PLAIN = DrafterKind.NONE.value
 
 _NUMS = {"type": "array", "items": {"type": "number"}}
@@ -55,7 +55,7 @@ _DRAFTER = {"type": "object",
                            "length_dist": _NUMS, "draft_fixed_s": {"type": "number"},
                            "draft_per_token_s": {"type": "number"}, "rounds": {"type": "integer"},
                            "tok_s_measured": {"type": "number"}, "tok_s_adaptive": {"type": "number"},
-                           "tau_adaptive": {"type": "number"}}}
+                           "tau_adaptive": {"type": "number"}, "prompt_tok_s": {"type": "number"}}}
 PROFILE_SCHEMA = {
     "type": "object",
     "required": ["schema_version", "key", "target", "backend", "model", "fingerprint", "threads", "device", "ctx",
@@ -68,6 +68,7 @@ PROFILE_SCHEMA = {
         "verify_s": _NUMS,  # T(n) in seconds for n = 1..len
         "overhead_s": _NUMS,  # [a, b]: runtime cost per round outside the forward, a + b * width
         "plain_tok_s_measured": {"type": ["number", "null"]},
+        "prompt_tok_s_measured": {"type": ["number", "null"]},
         "drafters": {"type": "object", "additionalProperties": _DRAFTER},
         "machine": {"type": "object"}, "created": {"type": "string"},
     },
@@ -93,6 +94,7 @@ class DrafterProfile:
     tok_s_measured: float = 0.0  # tokens/s of the measuring run (k = k_max, fixed)
     tok_s_adaptive: float = 0.0  # tokens/s of a run with the adaptive draft length, k <= k_max (0: not measured)
     tau_adaptive: float = 0.0  # its tokens per round
+    prompt_tok_s: float = 0.0  # prompt tokens/s with this drafter's own prefill (a draft model's); 0: as plain
 
 
 @dataclass
@@ -113,6 +115,7 @@ class DeviceProfile:
     machine: dict = field(default_factory=dict)
     created: str = ""
     plain_tok_s_measured: float | None = None
+    prompt_tok_s_measured: float | None = None  # prompt tokens prefilled per second (the plain runs' prompts)
     schema_version: int = PROFILE_SCHEMA_VERSION
 
     def round_time(self, width: int) -> float:

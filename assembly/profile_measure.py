@@ -220,11 +220,14 @@ def measure(target, drafters: dict[str, object], settings: MeasureSettings = Mea
         alpha, dist = acceptance(lg.rounds, settings.k_max)
         fixed, per_token = draft_cost(lg.rounds, drafters[spec] is not None and drafters[spec].caps.pays_per_token)
         ad = adaptive.get(spec)
+        own_prefill = drafters[spec] is not None and drafters[spec].caps.pays_per_token  # a draft model's prompt
         out[spec] = DrafterProfile(spec, settings.k_max, alpha, dist, fixed, per_token, len(lg.rounds),
                                    float(lg.tokens_per_s), float(ad.tokens_per_s) if ad else 0.0,
-                                   float(ad.mean_accepted_length) if ad else 0.0)
+                                   float(ad.mean_accepted_length) if ad else 0.0,
+                                   float(lg.prompt_tokens_per_s) if own_prefill else 0.0)
     return {"verify_s": verify_s, "overhead_s": list(fit_line(over_x, over_y)), "drafters": out, "ctx": ctx,
-            "plain_tok_s_measured": float(plain.tokens_per_s)}
+            "plain_tok_s_measured": float(plain.tokens_per_s),
+            "prompt_tok_s_measured": float(plain.prompt_tokens_per_s) or None}
 
 
 def warm_page_cache(path: Path, chunk: int = 8 << 20) -> None:

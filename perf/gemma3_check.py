@@ -14,7 +14,7 @@ import numpy as np
 
 from ..assembly.devset import load_prompts
 from ..assembly.load import DrafterSpec, load_model, load_onnx, make_drafter
-from ..runtime.backends import BackendKind
+from ..runtime.backends import BackendKind, Opens, info
 from ..runtime.decode import decode
 from ..runtime.request import Request, Speculation
 from ..runtime.stats import DecodeStats
@@ -41,10 +41,11 @@ def main(argv=None) -> None:
     ap.add_argument("--onnx", default=None, help="exported gemma3-270m artifact (for --backend onnx)")
     a = ap.parse_args(argv)
     for name in a.backend:
-        if name == "onnx":
+        engine = info(BackendKind(name))
+        if engine.opens is Opens.ARTIFACT:
             model, kw = load_onnx(a.onnx, device="cpu", threads=2), {"threads": 2, "device": "cpu"}
         else:
-            threads = 1 if name == "llamacpp" else None
+            threads = 1 if engine.reference else None  # mainline llama.cpp: exact batches at one thread
             model, kw = load_model("gemma3-270m", BackendKind(name), ctx=CTX, threads=threads), {"threads": threads}
         tok = model.tokenizer
         prompts = [np.asarray(tok.chat_ids(p.text)[:400],

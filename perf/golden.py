@@ -35,7 +35,7 @@ import numpy as np
 from ..assembly.decoder import CallSettings, DecodeSettings, Decoder, ModelSettings
 from ..assembly.load import LoadedModel, artifact_name, load_model, parse_drafter
 from ..models.catalog import CATALOG
-from ..runtime.backends import BackendKind, reference_engine
+from ..runtime.backends import BackendKind, Opens, info, reference_engine
 from ..runtime.lossy import parse_lossy
 from ..models.manifest import Profile
 from .bench import read_prompts
@@ -71,13 +71,23 @@ PLAN: dict[str, tuple[Target, ...]] = {
 }
 
 
+def _artifacts(backend: str) -> bool:
+    """Whether the engine opens exported artifacts (its golden keys name the artifact: config@target)."""
+    return info(kind_of(backend)).opens is Opens.ARTIFACT
+
+
+def _device(backend: str) -> str:
+    """The device golden outputs are made on: the CPU for an engine that takes --device, else its default."""
+    return "cpu" if info(kind_of(backend)).devices else "auto"
+
+
 def config_key(backend: str, target: Target, config: str) -> str:
-    return f"{config}@{target.name}" if backend == "onnx" else config
+    return f"{config}@{target.name}" if _artifacts(backend) else config
 
 
 def split_key(backend: str, key: str) -> tuple[Target, str]:
     """The plan's target and the config string of a golden key."""
-    config, _, name = key.rpartition("@") if backend == "onnx" else (key, "", MODEL)
+    config, _, name = key.rpartition("@") if _artifacts(backend) else (key, "", MODEL)
     for t in PLAN[backend]:
         if t.name == name:
             return t, config
@@ -104,7 +114,7 @@ def load_target(backend: str, target: Target, *, threads: int | None = None, art
                 ) -> LoadedModel:
     """The target as `specedge generate --backend <backend>` loads it; onnx from artifact_dir when given."""
     name = str(artifact_dir) if artifact_dir is not None else target.name
-    return load_model(name, kind_of(backend), threads=threads, device="cpu" if backend == "onnx" else "auto")
+    return load_model(name, kind_of(backend), threads=threads, device=_device(backend))
 
 
 def artifact_files(root: Path) -> dict[str, str]:
@@ -130,7 +140,7 @@ def inputs_of(backend: str, loaded: dict[str, LoadedModel]) -> dict:
     entry = CATALOG[MODEL]
     out = {"model": MODEL, "model_file": entry.filename, "model_sha256": entry.sha256, "targets": {}}
     for name, m in loaded.items():
-        out["targets"][name] = {"artifact": m.path.name, "files": artifact_files(m.path) if backend == "onnx" else None}
+        out["targets"][name] = {"artifact": m.path.name, "files": artifact_files(m.path) if _artifacts(backend) else None}
     return out
 
 
@@ -145,7 +155,7 @@ def decode_config(backend: str, model: LoadedModel, config: str, prompts: list[l
     lossy = parse_lossy(config[len("lossy:"):]) if config.startswith("lossy:") else None
     decode = DecodeSettings(parse_drafter("none" if lossy else config), K, ADAPTIVE_K, lossy=lossy)
     settings = ModelSettings(str(model.path), model.kind, threads=threads,
-                             device="cpu" if backend == "onnx" else "auto")
+                             device=_device(backend))
     decoder = Decoder(model, settings, decode)  # the one assembly path the CLI, Engine, server and bench take
     call = CallSettings(max_tokens=tokens, temperature=0.0, seed=SEED)  # greedy: the golden outputs
     return [[int(t) for t in decoder.run(np.asarray(ids, np.int32), call).tokens] for ids in prompts]

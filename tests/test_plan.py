@@ -2,6 +2,7 @@
 ones where llama.cpp plain must win), calibration, the cache and what invalidates it, and the CLI defaults (plan
 when nothing is given, honour what is given) end to end on a tiny model."""
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -33,14 +34,46 @@ def drafter(spec, accept, measured=0.0, adaptive=0.0, tau=0.0):
                           tok_s_adaptive=adaptive, tau_adaptive=tau)
 
 
-def profile(verify_ms, drafters, plain_measured=None):
+def profile(verify_ms, drafters, plain_measured=None, prompt=None):
     return DeviceProfile(key="k", target="t", backend="x", model="m", fingerprint="f", threads=2, device="cpu",
                          ctx=128, verify_s=[t / 1e3 for t in verify_ms], overhead_s=[0.0, 0.0],
-                         drafters={d.spec: d for d in drafters}, plain_tok_s_measured=plain_measured)
+                         drafters={d.spec: d for d in drafters}, plain_tok_s_measured=plain_measured,
+                         prompt_tok_s_measured=prompt)
 
 
-def row(target, drafter_, tok_s, engine=None, k=0, adaptive=False):
-    return PlanRow(target.label, engine or target.engine, target.path, drafter_, k, adaptive, tok_s, None)
+def row(target, drafter_, tok_s, engine=None, k=0, adaptive=False, prompt=None):
+    return PlanRow(target.label, engine or target.engine, target.path, drafter_, k, adaptive, tok_s, None, prompt)
+
+
+def test_the_choice_weighs_prompt_processing_end_to_end():
+    # llama.cpp decodes 10% faster but processes prompts at half ik's rate: over a chat turn (64 prompt tokens)
+    # and a document request (700), each answered with 128 tokens, 2 to 1, ik is faster end to end
+    rows = [row(LLAMA, PLAIN, 110.0, prompt=300.0), row(IK, PLAIN, 100.0, prompt=600.0)]
+    assert rows[0].seconds(planmod.REQUESTS[0]) == pytest.approx(64 / 300 + 128 / 110)
+    assert rows[0].seconds(planmod.REQUESTS[1]) == pytest.approx(700 / 300 + 128 / 110)
+    assert rows[0].end_to_end_tok_s == pytest.approx(3 * 128 / (2 * (64 / 300 + 128 / 110) + 700 / 300 + 128 / 110))
+    assert select(rows) == (1, 0)
+    plan = new_plan("key", "m", [LLAMA, IK], rows, 2, {}, 1.0)
+    assert plan.scored_end_to_end and plan.end_to_end_speedup > 1.0 > plan.speedup
+    assert "end to end" in plan.summary()
+    table = plan.table()
+    assert "| prompt tok/s |" in table and "first token ms (64 / 700 tokens)" in table
+    ik_line = next(line for line in table.splitlines() if "**chosen**" in line)
+    assert "| 600 | 117 / 1177 |" in ik_line  # 64/600 s + 1/100 s, 700/600 s + 1/100 s
+    # the same rows without prompt rates (not measured) compare decoding: llama.cpp
+    bare = [row(LLAMA, PLAIN, 110.0), row(IK, PLAIN, 100.0)]
+    assert select(bare) == (0, 0) and "| - | - | - |" in new_plan("key", "m", [LLAMA, IK], bare, 2, {}, 1.0).table()
+
+
+def test_a_draft_model_s_own_prompt_processing_counts_against_it():
+    # ngram adds nothing to the prompt's processing (its rows take plain's rate); a draft model processes the
+    # prompt too: its measured rate (lower) is its row's
+    p = profile([10, 11.5, 13, 15], [drafter("ngram", [0.8] * 3, measured=150),
+                                     replace(drafter("model:d", [0.9] * 3, measured=160), prompt_tok_s=250.0)],
+                plain_measured=80.0, prompt=400.0)
+    rows = {r.drafter: r for r in target_rows(INT4, p, ["ngram", "model:d"])}
+    assert rows[PLAIN].prompt_tok_s == rows["ngram"].prompt_tok_s == 400.0
+    assert rows["model:d"].prompt_tok_s == 250.0
 
 
 def test_target_rows_are_on_the_measured_scale():
@@ -82,7 +115,7 @@ def test_a_speculative_config_within_the_margin_of_the_fastest_plain_is_not_take
     rows[2] = row(INT4, "ngram", 110.0, k=4, adaptive=True)
     assert select(rows) == (2, 0)
     plan = new_plan("key", "m", [LLAMA, INT4], rows, 2, {}, 1.0)
-    assert plan.summary() == ("onnx int4 + ngram k<=4, predicted 1.10x over llama.cpp q4_1 plain "
+    assert plan.summary() == ("onnx int4 + ngram k<=4, predicted 1.10x over llama.cpp q4_1 plain decoding "
                               "(110.0 vs 100.0 tok/s)")
     assert "**chosen**" in plan.table() and "reference" in plan.table()
 
@@ -367,6 +400,8 @@ def test_generate_plans_on_first_use_then_reuses_the_plan_and_decodes_like_plain
     # `specedge plan` shows the table; --no-plan and explicit options never plan
     shown = run("plan", path, "--threads", 1, "--cache-dir", cache, "--weights", "int4")
     assert shown.exit_code == 0 and "**chosen**" in shown.stdout and "cached" in shown.stdout
+    assert all(r.prompt_tok_s and r.prompt_tok_s > 0 for r in plan.rows)  # prompts' processing measured
+    assert "end to end" in shown.stdout and "| prompt tok/s |" in shown.stdout
     for flags in (["--no-plan"], ["--drafter", "ngram"], ["--backend", "llamacpp"]):
         r = run("generate", path, "hi", "--raw", "--max-tokens", 4, "--ctx", 256, "--cache-dir", cache, *flags)
         assert r.exit_code == 0 and "plan:" not in r.stderr, flags
@@ -482,3 +517,5 @@ def test_head_to_head_rescales_each_target_by_its_plain_speed_now(tiny):
         assert scale > 0 and [a.predicted_tok_s for a in after] == pytest.approx(
             [b.predicted_tok_s * scale for b in before])  # one factor per target: its rows keep their order
         assert [a.measured_tok_s for a in after] == [b.measured_tok_s for b in before]
+        assert all(b.prompt_tok_s and a.prompt_tok_s == pytest.approx(b.prompt_tok_s * scale)
+                   for a, b in zip(after, before))  # the prompts' rate was measured, and moves with the machine
