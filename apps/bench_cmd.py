@@ -77,7 +77,7 @@ def _plan_configs(plan, model, max_tokens, threads, ctx, cache_dir) -> list:
     """Plain decoding on every engine/artifact the plan measured, then the plan's choice exactly as generate runs it
     (labelled `plan: <target>`; a plain llama.cpp choice with its plain-decoding kernels)."""
     from dataclasses import replace
-    from ..assembly.plan_run import plain_kernels
+    from ..runtime.backends import info
     configs = []
     for target in plain_targets(plan):
         configs += bench.specedge_configs([target], [], [1], [False], model=model, max_tokens=max_tokens,
@@ -85,7 +85,7 @@ def _plan_configs(plan, model, max_tokens, threads, ctx, cache_dir) -> list:
     c = plan.choice
     chosen = bench.specedge_configs([f"{c.engine}:{c.path}"], [] if c.plain else [c.drafter], [max(c.k, 1)],
                                     [c.adaptive], model=model, max_tokens=max_tokens, threads=threads, ctx=ctx,
-                                    cache_dir=cache_dir, exact_batches=not plain_kernels(c.engine, c.plain))
+                                    cache_dir=cache_dir, kernels=info(c.engine).kernels(c.plain))
     return configs + [replace(chosen[-1], target=f"{bench.PLAN_PREFIX}{c.engine}:{c.path}")]
 
 

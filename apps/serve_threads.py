@@ -28,7 +28,7 @@ VERSION = 1  # of runtime/cores.py's probe
 def probe_path(decoder: Decoder, cache_dir: Path | None) -> Path:
     s, kind = decoder.model_settings, decoder.model.kind
     key = json.dumps([VERSION, model_fingerprint(decoder.model.path), kind.value, engine_version(kind),
-                      getattr(decoder.model.backend, "threads", None), s.exact_batches, device_fingerprint()],
+                      getattr(decoder.model.backend, "threads", None), s.kernels.value, device_fingerprint()],
                      sort_keys=True, default=str)
     return model_cache_dir(cache_dir) / "thread_probes" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 

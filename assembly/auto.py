@@ -10,7 +10,6 @@ with the adaptive length), with a message on stderr saying why.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,8 @@ from .environment import environment
 from .profile import (PLAIN, Choice, DeviceProfile, choose, k_label, load_profile, model_fingerprint,
                             profile_key, profile_path, save_profile)
 from .profile_measure import MeasureSettings, measure, warm_page_cache
-from ..runtime.backends import BackendKind, info
+from ..runtime.backends import BackendKind, Kernels, info
+from ..runtime.cores import default_threads
 from .load import DrafterKind, LoadedModel, load_model, make_drafter, parse_drafter
 
 if TYPE_CHECKING:
@@ -82,6 +82,12 @@ def quantized_self_drafters(target: LoadedModel) -> list[str]:
     return found
 
 
+def profile_device(kernels: Kernels) -> str:
+    """The device a CPU engine's profile is keyed by: "cpu" for its exact kernels, "cpu:fast-plain-only" for its fast
+    ones (profiles cached before the Kernels enum, keyed "cpu:plain-kernels", are not found and so re-measured)."""
+    return "cpu" if kernels is Kernels.EXACT else f"cpu:{kernels.value}"
+
+
 def load_or_measure(target: LoadedModel, label: str, specs: Sequence[str], *, threads: int | None, device: str,
                     cache_dir: Path | None, ctx: int | None = None, force: bool = False,
                     settings: MeasureSettings = MeasureSettings(), log: Log = lambda m: None,
@@ -89,8 +95,8 @@ def load_or_measure(target: LoadedModel, label: str, specs: Sequence[str], *, th
     """The cached profile when it is valid for this target and covers `specs`; else measure (all of `specs` plus
     what the old profile had), cache and return it. force=True always re-measures. `step` is called after each
     part of a measurement (profile_measure.measure_steps(len(specs), settings) calls; none when cached)."""
-    device = device if info(target.kind).devices else "cpu" if target.exact_batches else "cpu:plain-kernels"
-    threads = threads or min(os.cpu_count() or 1, 8)  # the backends' default: `generate` without --threads shares
+    device = device if info(target.kind).devices else profile_device(target.kernels)
+    threads = default_threads(threads)  # the backends' default: `generate` without --threads shares
     # the profile `bench --threads N` measured when N is that default
     fingerprint = model_fingerprint(target.path)
     key = profile_key(fingerprint, target.kind.value, threads, device, engine_version(target.kind))

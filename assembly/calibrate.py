@@ -16,7 +16,7 @@ def calibrate_model(target: str, *, limit: int | None = 10, max_tokens: int = 64
     llama-cpp-python is installed, else the NumPy reference. returns: (counts [V], provenance)."""
     from ..models.catalog import resolve_model
     from ..assembly.devset import default_devset, load_prompts
-    from ..runtime.backends import gguf_engines, open_backend
+    from ..runtime.backends import OpenSettings, gguf_engines, open_backend
     from ..runtime.tokenizer import Tokenizer
     from ..models.gguf_in import open_gguf
     from ..models.hf_in import is_hf_dir, open_hf
@@ -32,6 +32,6 @@ def calibrate_model(target: str, *, limit: int | None = 10, max_tokens: int = 64
         longest = max(len(tokenizer.chat_ids(t))
                       for t in prompts)
         n_ctx = min(gguf.config.context_length, longest + max_tokens + 8)  # llama.cpp keeps [n_ctx, V] scores
-        engine, backend = kind.value, open_backend(kind, gguf, n_ctx=n_ctx, n_threads=threads)
+        engine, backend = kind.value, open_backend(kind, gguf, OpenSettings(n_ctx, threads))
     counts, n = calibrate(backend, tokenizer, prompts, max_tokens=max_tokens)
     return counts, Calibration(Path(target).name, engine, len(prompts), max_tokens, n, str(default_devset().name))

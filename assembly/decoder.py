@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..runtime.backends import BackendKind, parse_gpu_layers
+from ..runtime.backends import BackendKind, Kernels, parse_gpu_layers
 from ..runtime.constraint import GRAMMAR_TYPES, Grammar, GrammarCompiler
 from ..runtime.drafters.base import Drafter
 from ..runtime.drafters.spec import DrafterKind
@@ -33,7 +33,6 @@ from ..runtime.stats import CallStats, DecodeStats
 from ..runtime.tokenizer import Tokenizer
 from ..runtime.types import FinishReason, GenerationResult, Response, SamplingParams, Tokens
 from ..runtime.verify import VerifierKind
-from .environment import cpu_info
 from .load import DrafterSpec, LoadedModel, batch_invariance_warning, make_drafter, parse_drafter
 from .sampling_defaults import CHAT_DEFAULTS, SamplingDefaults, model_sampling
 
@@ -53,12 +52,15 @@ class ModelSettings:
     threads: int | None = None
     device: str = "auto"  # ONNX Runtime execution provider (runtime/backends/onnx_providers.py)
     cache_dir: Path | None = None
-    exact_batches: bool = True  # False: plain decoding only, faster kernels (registry plain_kernels)
+    kernels: Kernels = Kernels.EXACT  # FAST_PLAIN_ONLY: plain decoding only, the engine's faster kernels
     gpu_layers: int | None = None  # llama.cpp engines' layers on a GPU (-1: all); None: all where the build offloads
 
     def __post_init__(self) -> None:
         if self.gpu_layers is not None:
             parse_gpu_layers(self.gpu_layers)  # ValueError naming the accepted forms
+        if not isinstance(self.kernels, Kernels):
+            raise ValueError(f"kernels must be one of {', '.join(f'Kernels.{k.name}' for k in Kernels)} "
+                             f"(runtime/backends/registry.py), got {self.kernels!r}")
 
 
 @dataclass(frozen=True)
@@ -245,7 +247,7 @@ class Decoder:
         else:
             drafter = make_drafter(decode.drafter, model, ctx=settings.ctx, threads=settings.threads,
                                    cache_dir=settings.cache_dir, device=settings.device)
-            note = None if drafter is None else batch_invariance_warning(model, cpu_info()[1])
+            note = None if drafter is None else batch_invariance_warning(model)
             if note is not None:
                 warnings.warn(note, RuntimeWarning, stacklevel=2)
             self.spec = Speculation(drafter, decode.k, decode.adaptive_k, decode.verifier)

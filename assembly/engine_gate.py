@@ -11,7 +11,7 @@ and whether its verify batches equal one-token calls; cache the answer per file,
     invariant  a w-token call gives the logits of w one-token calls, bit for bit, for every verify width the plan
                may use (PROBE_WIDTHS, up to k + 1 = 9), after a short prefix and after one longer than the model's
                sliding window: greedy speculation on the engine is then token-identical to its plain decoding.
-    plain      where the engine has plain-decoding kernels (registry plain_kernels: ik's repacked weights) and they
+    plain      where the engine has plain-decoding kernels (registry fast_kernels: ik's repacked weights) and they
                differ for this file: their agreement in one-token calls and in max_call-token calls (a prompt's
                prefill), the lower of the two; below the same floor, plain decoding keeps the exact kernels.
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 import time
@@ -37,7 +36,8 @@ import numpy as np
 from ..models.catalog import model_cache_dir
 from ..models.errors import UnsupportedModelError
 from ..models.gguf_any import open_any_gguf
-from ..runtime.backends import BackendInfo, reference_engine
+from ..runtime.backends import BackendInfo, GateTuning, Kernels, OpenSettings, reference_engine
+from ..runtime.cores import default_threads
 from ..runtime.tokenizer import TextTokenizer, Tokenizer
 from .devset import load_prompts
 from .notice import Measuring
@@ -124,7 +124,7 @@ def engine_gate(path: Path, engine: BackendInfo, *, threads: int | None = None, 
     """The cached gate of `path` on `engine` at `threads`, or a new one (measured now, about 10-30 s for a model of a
     few hundred MB on 2 cores, said in one line). The measurement runs in a child process: an engine that aborts on
     a file (a C assertion) fails that file's gate instead of taking the caller down."""
-    threads = threads or min(os.cpu_count() or 1, 8)
+    threads = default_threads(threads)
     key = gate_key(Path(path), engine, threads)
     where = gate_path(cache_dir, key)
     if where.is_file():
@@ -172,7 +172,7 @@ def measure_gate(path: Path, engine: BackendInfo, threads: int, key: str, cache_
     floor = GATE_FLOOR if baseline is None else baseline - GATE_MARGIN
     agreement, max_call = {}, None
     for call in GATE_CALLS:
-        backend = engine.open(gguf, n_ctx=_ctx(sequences), n_threads=threads, max_call=call)
+        backend = engine.open_gguf(gguf, OpenSettings(_ctx(sequences), threads, tuning=GateTuning(max_call=call)))
         agreement[str(call)] = _agreement(_argmax(backend, sequences), reference)
         if max_call is None and agreement[str(call)] >= floor:
             max_call, probe_backend = call, backend
@@ -186,7 +186,7 @@ def measure_gate(path: Path, engine: BackendInfo, threads: int, key: str, cache_
         probe = engine.probe
         room = max(prefixes) + max(PROBE_WIDTHS)
         if _ctx(sequences) < room:
-            probe_backend = engine.open(gguf, n_ctx=room, n_threads=threads, max_call=max_call)
+            probe_backend = engine.open_gguf(gguf, OpenSettings(room, threads, tuning=GateTuning(max_call=max_call)))
         invariant = bool(probe(probe_backend, PROBE_WIDTHS, prefixes))
         del probe_backend
     plain = _plain_agreement(gguf, engine, sequences, reference, threads, max_call) if max_call else None
@@ -198,9 +198,10 @@ def measure_gate(path: Path, engine: BackendInfo, threads: int, key: str, cache_
 def _plain_agreement(gguf, engine: BackendInfo, sequences, reference, threads: int, max_call: int) -> float | None:
     """The engine's plain kernels on this file (None: it has none, or they are its exact ones here: ik with nothing
     to repack): the lower agreement of one-token calls (decoding) and max_call-token calls (a prefill)."""
-    if not engine.plain_kernels:
+    if engine.fast_kernels is None:
         return None
-    backend = engine.open(gguf, n_ctx=_ctx(sequences), n_threads=threads, max_call=max_call, exact_batches=False)
+    backend = engine.open_gguf(gguf, OpenSettings(_ctx(sequences), threads, Kernels.FAST_PLAIN_ONLY,
+                                                  tuning=GateTuning(max_call=max_call)))
     if backend.caps.batch_invariant:
         return None
     return min(_agreement(_argmax(backend, sequences, call=1), reference),
@@ -224,7 +225,7 @@ def _sequences(gguf, engine: BackendInfo, threads: int) -> list[np.ndarray]:
     try:
         tok = Tokenizer(gguf.tokenizer_spec())
     except UnsupportedModelError:  # the engine's own tokenizer
-        tok = engine.open(gguf, n_ctx=64, n_threads=threads).tokenizer(gguf.chat_template)
+        tok = engine.open_gguf(gguf, OpenSettings(64, threads)).tokenizer(gguf.chat_template)
     large = Path(gguf.path).stat().st_size > LARGE_FILE
     n, tokens = (2, 64) if large else (GATE_PROMPTS, GATE_TOKENS)
     return [np.asarray(tok.chat_ids(p.text)[-tokens:], dtype=np.int32) for p in load_prompts(limit=n, by="task")]
@@ -243,7 +244,7 @@ def _reference(path: Path, gguf, sequences, engine: BackendInfo, threads: int) -
         pass
     if _mainline() is not None:
         return _argmax(_mainline()(path, gguf.config, threads), sequences), "llamacpp"
-    one = engine.open(gguf, n_ctx=_ctx(sequences), n_threads=threads, max_call=1)
+    one = engine.open_gguf(gguf, OpenSettings(_ctx(sequences), threads, tuning=GateTuning(max_call=1)))
     return _argmax(one, sequences, call=1), "self"
 
 

@@ -7,23 +7,10 @@ import platform
 import subprocess
 from pathlib import Path
 
+from ..runtime.cores import cpu_info  # noqa: F401 (re-exported: the reports' CPU model and flags)
+
 SIMD = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx_vnni",
         "amx_tile", "amx_int8", "amx_bf16", "neon", "asimd", "asimddp", "sve", "i8mm")
-
-
-def cpu_info() -> tuple[str, list[str]]:
-    """(CPU model name, its feature flags) from /proc/cpuinfo; (platform name, []) where there is none."""
-    model, flags = platform.processor() or platform.machine(), []
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, val = line.partition(":")
-            if key.strip() == "model name" and val.strip():
-                model = val.strip()
-            elif key.strip() in ("flags", "Features") and not flags:
-                flags = val.split()
-    except OSError:
-        pass
-    return model, flags
 
 
 def environment(threads: int | None, root: Path | None = None) -> dict:

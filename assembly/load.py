@@ -14,7 +14,6 @@
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,12 +22,13 @@ import numpy as np
 from ..models.catalog import model_cache_dir, resolve_model
 from ..models.errors import ModelFileError, UnsupportedModelError
 from ..models.gguf_any import MetadataGGUF, open_any_gguf
-from ..models.manifest import MANIFEST, Manifest, PAD_ROW_ATTENTION, PAD_ROW_NONE, Profile, read_manifest
+from ..models.manifest import MANIFEST, Manifest, Profile, read_manifest
 from ..models.gguf_in import GGUFModel, open_gguf
 from ..models import hub
 from ..models.ref import RefKind, model_ref
-from ..runtime.backends import (Backend, BackendKind, Opens, TokenizingBackend, artifact_engine, default_gguf_engine,
-                                describe_gpu_layers, info, open_backend, open_onnx)
+from ..runtime.backends import (Backend, BackendKind, GateTuning, Kernels, OpenSettings, Opens, TokenizingBackend,
+                                Variance, artifact_engine, default_gguf_engine, describe_gpu_layers, info, open_backend,
+                                open_onnx)
 from ..runtime.drafters import (Drafter, DrafterInputs, DrafterKind, DrafterSpec, DraftModel, ModelSpec,  # noqa: F401
                                 build_drafter, check_target, parse_drafter)  # re-exported for the apps
 from ..runtime.tokenizer import TextTokenizer, Tokenizer
@@ -44,7 +44,7 @@ class LoadedModel:
     kind: BackendKind
     vocab_ids: np.ndarray | None = None  # int32 [N] when the backend is a VocabTrim drafter graph (logits [T, N])
     manifest: Manifest | None = None  # onnx: the artifact's manifest, read and verified once by load_onnx
-    exact_batches: bool = True  # False: opened with plain-decoding kernels (llama.cpp without flash attention)
+    kernels: Kernels = Kernels.EXACT  # FAST_PLAIN_ONLY: opened with its fast kernels, plain decoding only
 
 
 def artifact_name(model: str, weights: str, via: str = "specedge", profile: Profile = Profile.DYNAMIC,
@@ -121,12 +121,16 @@ def engine_for(name_or_path: str, cache_dir: Path | None = None) -> BackendKind:
 
 def load_model(name_or_path: str, kind: BackendKind | None = None, *, ctx: int | None = None,
                threads: int | None = None, cache_dir: Path | None = None, device: str = "auto",
-               log=None, exact_batches: bool = True, gpu_layers: int | None = None) -> LoadedModel:
+               log=None, kernels: Kernels = Kernels.EXACT, gpu_layers: int | None = None) -> LoadedModel:
     """The model on `kind`'s engine exactly as asked; kind=None: the engine the model names (engine_for).
-    exact_batches=False: plain decoding only (runtime/backends open_backend); a drafter on it warns.
+    kernels FAST_PLAIN_ONLY: plain decoding only, on an engine with fast kernels (registry fast_kernels; ValueError
+    on one without); a drafter on it warns.
     gpu_layers: llama.cpp's layers on a GPU (None: all where the build offloads, else 0; BackendInfo.gpu_layers)."""
     engine = info(kind if kind is not None else engine_for(name_or_path, cache_dir))
     layers = engine.gpu_layers(gpu_layers)  # a request it cannot honour fails here, before anything loads
+    if kernels is Kernels.FAST_PLAIN_ONLY and engine.fast_kernels is None:
+        raise ValueError(f"the {engine.name} backend has no faster plain-decoding kernels: open it with "
+                         "Kernels.EXACT")
     if engine.opens is Opens.ARTIFACT:
         return load_onnx(name_or_path, device=device, threads=threads, cache_dir=cache_dir, log=log)
     if device not in ("auto", "cpu"):
@@ -152,22 +156,20 @@ def load_model(name_or_path: str, kind: BackendKind | None = None, *, ctx: int |
         tokenizer = None
     if engine.check is not None:  # a file the engine cannot run is refused before any gate or load
         engine.check(gguf)
-    tuning = {}
+    tuning = GateTuning()
     if engine.gated:  # the file's gate, measured once and cached: faithful call size, batch invariance
         from .engine_gate import engine_gate
         gate = engine_gate(path, engine, threads=threads, cache_dir=cache_dir, log=log or (lambda m: None))
         if not gate.passed:
             raise ModelFileError(gate.summary())
-        tuning = {"max_call": gate.max_call, "batch_invariant": gate.invariant,
-                  "plain_faithful": gate.plain_faithful}
-    backend = open_backend(engine.kind, gguf, n_ctx=ctx, n_threads=threads, exact_batches=exact_batches,
-                           gpu_layers=layers, **tuning)
+        tuning = GateTuning(gate.max_call, gate.invariant, gate.plain_faithful)
+    backend = open_backend(engine.kind, gguf, OpenSettings(ctx, threads, kernels, layers, tuning))
     if layers and log:
         log(f"{engine.name}: {describe_gpu_layers(layers, gguf.config.n_layers)} (--gpu-layers 0 keeps them on the "
             "CPU)")
     if tokenizer is None:
         tokenizer = _engine_tokenizer(backend, gguf)
-    return LoadedModel(path, gguf, tokenizer, backend, engine.kind, exact_batches=exact_batches)
+    return LoadedModel(path, gguf, tokenizer, backend, engine.kind, kernels=kernels)
 
 
 def model_tokenizer(name_or_path: str, cache_dir: Path | None = None) -> TextTokenizer:
@@ -206,45 +208,17 @@ def _engine_tokenizer(backend: Backend, gguf: GGUFModel | MetadataGGUF) -> TextT
     return backend.tokenizer(gguf.chat_template, _merges(gguf))
 
 
-def batch_invariance_warning(model: LoadedModel, cpu_flags: Sequence[str]) -> str | None:
-    """Why greedy speculative output may differ from plain greedy on this artifact and CPU (None: it may not).
+def batch_variance(model: LoadedModel) -> Variance | None:
+    """Why greedy speculative output may differ from plain greedy on this model as loaded, and the fix (None: it
+    may not): what its backend declares in caps.variance (llama.cpp's thread count or GPU layers, fast kernels, an
+    ik gate's probe, an ONNX GPU graph run at each call's width or an old int4 artifact on a CPU without AVX-512)."""
+    return model.backend.caps.variance
 
-    An int4 artifact whose pad row runs through attention only (exported before io.pad_row) gives one-token calls a
-    4-bit MatMulNBits with one row, which on CPUs without AVX-512 takes onnxruntime's M == 1 kernel and rounds
-    differently from a verify call's rows (docs/onnx.md "Batch invariance"). The GPU graph has no pad row; it is
-    batch-invariant only as the backend runs it by default, every call padded to one fixed width (onnxrt.py
-    GPU_VERIFY_WIDTH); run at each call's own width (fixed_width=0) it is not, on any device and CPU (CUDA picks other
-    kernels for other row counts; the CPU provider takes its one-row paths), in any weight format
-    (docs/accelerators.md)."""
-    if model.manifest is None and getattr(model.backend, "gpu_layers", 0):
-        return (f"{model.path.name} runs on the GPU ({info(model.kind).name}, --gpu-layers): GPU kernels are chosen "
-                "by batch width, so greedy speculative output may differ from plain greedy; --gpu-layers 0 runs it on "
-                "the CPU")
-    if model.manifest is None and model.exact_batches and not model.backend.caps.batch_invariant:
-        return (f"{model.path.name} on {info(model.kind).name} is not batch-invariant here (its verify batches round "
-                "differently from one-token calls at this thread count), so greedy speculative output may differ from "
-                "plain greedy: --backend ik is batch-invariant at any thread count, --threads 1 makes llama.cpp exact")
-    if not model.exact_batches and not model.backend.caps.batch_invariant:
-        engine = info(model.kind)
-        return (f"{model.path.name} was opened for plain decoding ({engine.name} {engine.plain_kernels}, as the plan "
-                "chose): its verify batches round differently from one-token calls, so greedy speculative output "
-                "may differ from plain greedy; run with --drafter (or --no-plan) to open it for speculation")
-    manifest = model.manifest
-    if manifest is None:
-        return None
-    if manifest.pad_row == PAD_ROW_NONE and not getattr(model.backend, "fixed_width", 0):
-        return (f"{model.path.name} is a GPU graph (exported with --gpu: no batch-invariance pad row) run at each "
-                "call's own width: a token's logits depend on how many tokens its call verifies (CUDA kernels chosen "
-                "by row count, float16 attention; on the CPU provider its one-row paths), so greedy speculative output "
-                "may differ from plain greedy where the top two logits are close; the default fixed width (every call "
-                "padded to 16 rows) or the CPU graph (export without --gpu) decode losslessly")
-    if "avx512f" in cpu_flags or manifest.pad_row != PAD_ROW_ATTENTION:
-        return None
-    if not any(str(t.get("storage", "")).startswith("nbits4") for t in manifest.tensors.values()):
-        return None
-    return (f"{model.path.name} was exported before the pad row ran through the whole network: on this CPU (no "
-            "AVX-512) its 4-bit matmuls round one-token calls differently from verify calls, so greedy speculative "
-            "output may differ from plain greedy; re-export it with `specedge export`")
+
+def batch_invariance_warning(model: LoadedModel) -> str | None:
+    """batch_variance in one line, naming the model's file (None: greedy speculation is token-identical here)."""
+    variance = batch_variance(model)
+    return None if variance is None else variance.warning(model.path.name)
 
 
 def make_drafter(spec: DrafterSpec, target: LoadedModel, *, ctx: int | None = None, threads: int | None = None,

@@ -14,13 +14,12 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Callable
 
-from ..runtime.backends import info, parse_gpu_layers
+from ..runtime.backends import Kernels, info, parse_gpu_layers
 from ..runtime.lossy import parse_lossy
 from ..runtime.verify import VerifierKind
 from ..runtime.drafters import NoneSpec
 from .decoder import DecodeSettings, Decoder, ModelSettings
-from .environment import cpu_info
-from .load import LoadedModel, batch_invariance_warning, load_model, parse_drafter
+from .load import LoadedModel, batch_variance, load_model, parse_drafter
 
 Log = Callable[[str], None]
 
@@ -33,7 +32,7 @@ def load(settings: ModelSettings, log: Log | None = None) -> LoadedModel:
     """The target the settings name, on their engine (None: the engine the model names)."""
     return load_model(settings.model, settings.backend, ctx=settings.ctx, threads=settings.threads,
                       cache_dir=settings.cache_dir, device=settings.device, log=log,
-                      exact_batches=settings.exact_batches, gpu_layers=settings.gpu_layers)
+                      kernels=settings.kernels, gpu_layers=settings.gpu_layers)
 
 
 def wants_plan(model: ModelSettings, decode: DecodeSettings) -> bool:
@@ -80,29 +79,29 @@ def open_decoder(model: ModelSettings, decode: DecodeSettings = DecodeSettings()
 
 def exact_default(decode: DecodeSettings, target: LoadedModel, log: Log) -> DecodeSettings:
     """The decode settings where the user named none (no plan, a skipped plan, or a plan's choice): they must stay
-    lossless. Where the target's verify batches are exact here (batch_invariance_warning None: greedy speculation
+    lossless. Where the target's verify batches are exact here (batch_variance None: greedy speculation
     is token-identical to plain greedy), the plan's drafter, else ngram k<=4; where they are not (llama.cpp at more
     than one thread, a plan measured at another thread count), plain decoding, said in one line."""
     resolved = decode.resolved()
     if isinstance(resolved.drafter, NoneSpec):
         return resolved
-    why = batch_invariance_warning(target, cpu_info()[1])
-    if why is None:
+    variance = batch_variance(target)
+    if variance is None:
         return resolved
-    log(f"plain decoding: {resolved.drafter} k<={resolved.k} would not be lossless here ({why.split(', so ')[0]}); "
-        "--drafter NAME runs it anyway")
+    log(f"plain decoding: {resolved.drafter} k<={resolved.k} would not be lossless here ({target.path.name} "
+        f"{variance.why}); --drafter NAME runs it anyway")
     return replace(resolved, drafter=NoneSpec())
 
 
 _PARSE = {"backend": lambda v: info(v).kind, "drafter": parse_drafter, "verifier": VerifierKind,
-          "lossy": parse_lossy, "cache_dir": Path, "gpu_layers": parse_gpu_layers}
+          "lossy": parse_lossy, "cache_dir": Path, "gpu_layers": parse_gpu_layers, "kernels": Kernels}
 
 
 def settings_from(model: str, **values) -> tuple[ModelSettings, DecodeSettings]:
     """ModelSettings and DecodeSettings from keyword values named as their fields (backend, ctx, threads, device,
-    gpu_layers, cache_dir; drafter, k, adaptive_k, verifier, lossy); text is parsed for the typed ones (backend
-    "onnx", gpu_layers "all", drafter "ngram", verifier "block", lossy "loradrop"); None is the field's default. TypeError names an unknown
-    keyword."""
+    gpu_layers, cache_dir, kernels; drafter, k, adaptive_k, verifier, lossy); text is parsed for the typed ones
+    (backend "onnx", gpu_layers "all", kernels "fast-plain-only", drafter "ngram", verifier "block", lossy
+    "loradrop"); None is the field's default. TypeError names an unknown keyword."""
     model_names = {f.name for f in fields(ModelSettings)} - {"model"}
     decode_names = {f.name for f in fields(DecodeSettings)}
     unknown = sorted(set(values) - model_names - decode_names)

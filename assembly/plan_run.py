@@ -44,7 +44,8 @@ from ..models.gguf_scan import scan_gguf
 from ..models.progress import progress_bar
 from ..models.manifest import FORMAT, MANIFEST, PAD_ROW_NONE, Manifest, Profile, read_manifest
 from ..models.ref import RefKind, model_ref
-from ..runtime.backends import artifact_engine, gguf_engines, info
+from ..runtime.backends import Kernels, artifact_engine, gguf_engines, info
+from ..runtime.cores import default_threads
 from .auto import candidate_specs, load_or_measure
 from .contention import CpuWatch, drifted, not_settled
 from .environment import environment
@@ -82,7 +83,7 @@ class PlanSettings:
 
 
 def resolved_threads(threads: int | None) -> int:
-    return threads or min(os.cpu_count() or 1, 8)
+    return default_threads(threads)
 
 
 def plan_for(model: str, settings: PlanSettings = PlanSettings(), *, cache_dir: Path | None = None,
@@ -317,13 +318,6 @@ def draft_models(target_gguf: Path, cache_dir: Path | None) -> list[str]:
     return out
 
 
-def plain_kernels(engine: str, plain_only: bool) -> bool:
-    """Whether plain decoding on this engine runs its faster non-batch-invariant kernels (registry plain_kernels:
-    llama.cpp without flash attention, 8% faster one-token steps measured on 2 AVX2 cores), where no drafter will
-    verify batches."""
-    return plain_only and info(engine).plain_kernels
-
-
 def measure_targets(targets: list[PlanTarget], settings: PlanSettings, threads: int, *,
                     cache_dir: Path | None = None, force: bool = False, log: Log = lambda m: None,
                     started: float | None = None) -> tuple[list[PlanTarget], list[PlanRow], str]:
@@ -355,10 +349,10 @@ def measure_targets(targets: list[PlanTarget], settings: PlanSettings, threads: 
                     "token-identical to plain greedy): plain only, with its plain-decoding kernels; --threads 1 "
                     "makes its speculation exact")
                 specs = []
-                if plain_kernels(t.engine, True):
+                if engine.kernels(plain=True) is Kernels.FAST_PLAIN_ONLY:
                     del loaded
                     loaded = load_model(t.path, engine.kind, threads=threads, cache_dir=cache_dir,
-                                        device="cpu", exact_batches=False)
+                                        device="cpu", kernels=Kernels.FAST_PLAIN_ONLY)
             bar.total = (bar.total or 0) + measure_steps(len(specs), settings.measure)
             bar.set_description(f"plan: measuring {t.label}")
             bar.refresh()
@@ -375,7 +369,7 @@ def measure_targets(targets: list[PlanTarget], settings: PlanSettings, threads: 
             models.append(loaded)
             kept.append(t)
             per_target.append(target_rows(t, profile, specs))
-            if specs and plain_kernels(t.engine, True):  # its plain row runs other kernels: measured as a target
+            if specs and engine.kernels(plain=True) is Kernels.FAST_PLAIN_ONLY:  # measured as a target of its own
                 variant = _plain_kernels_target(t, engine, threads, cache_dir, force, measure, say)
                 if variant is not None:
                     kept.append(variant[0])
@@ -404,19 +398,19 @@ def measure_targets(targets: list[PlanTarget], settings: PlanSettings, threads: 
 
 def _plain_kernels_target(t: PlanTarget, engine, threads: int, cache_dir: Path | None, force: bool,
                           measure: MeasureSettings, say: Log) -> tuple[PlanTarget, LoadedModel, list[PlanRow]] | None:
-    """A batch-invariant target's plain decoding on the engine's plain kernels (registry plain_kernels: ik_llama.cpp
+    """A batch-invariant target's plain decoding on the engine's fast kernels (registry fast_kernels: ik_llama.cpp
     with its weights repacked), which a plain choice on that engine runs (apply_plan): measured plain only, on a
     budget half the target's. None where they are the exact kernels for this file (ik: nothing to repack, or its
     gate found the repacked weights unfaithful)."""
     try:
         loaded = load_model(t.path, engine.kind, threads=threads, cache_dir=cache_dir, device="cpu",
-                            exact_batches=False)
+                            kernels=Kernels.FAST_PLAIN_ONLY)
     except (ValueError, RuntimeError, ImportError, ModelFileError) as e:
-        say(f"plan: {t.label} {engine.plain_kernels} not planned: {e}")
+        say(f"plan: {t.label} {engine.fast_kernels} not planned: {e}")
         return None
     if loaded.backend.caps.batch_invariant:
         return None
-    variant = PlanTarget(t.engine, t.path, f"{t.label} {engine.plain_kernels}")
+    variant = PlanTarget(t.engine, t.path, f"{t.label} {engine.fast_kernels}")
     if measure.budget_s is not None:
         measure = replace(measure, budget_s=measure.budget_s / 2)
     profile, _ = load_or_measure(loaded, variant.label, [], threads=threads, device="cpu", cache_dir=cache_dir,
@@ -498,6 +492,6 @@ def apply_plan(plan: Plan, model: "ModelSettings", decode: "DecodeSettings"
     from ..runtime.drafters import parse_drafter
     row, engine = plan.choice, info(plan.choice.engine)
     model = replace(model, model=row.path, backend=engine.kind, device="cpu" if engine.devices else model.device,
-                    exact_batches=not plain_kernels(row.engine, row.plain))
+                    kernels=engine.kernels(row.plain))
     decode = replace(decode, drafter=parse_drafter(row.drafter), k=max(row.k, 1), adaptive_k=row.adaptive)
     return model, decode

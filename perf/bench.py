@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..runtime.backends import Kernels
 from ..runtime.stats import DecodeStats, mbsu
 from ..assembly.profile import PLAIN, k_label
 from ..assembly.spec import parse_target
@@ -302,9 +303,10 @@ def drafter_for(text: str, kind, target: str | None = None) -> str | None:
 
 def specedge_configs(targets: Sequence[str], drafters: Sequence[str], ks: Sequence[int], adaptive: Sequence[bool],
                      *, model: str, max_tokens: int, threads: int | None, ctx: int = 2048,
-                     cache_dir: Path | None = None, exact_batches: bool = True) -> list[Config]:
+                     cache_dir: Path | None = None, kernels: Kernels = Kernels.EXACT) -> list[Config]:
     """Greedy configurations: each target plain first, then each drafter x k x adaptive mode on it. Chat template
-    applied as in chat use. exact_batches=False opens the targets with plain-decoding kernels (ModelSettings)."""
+    applied as in chat use. kernels FAST_PLAIN_ONLY opens the targets with their fast plain-decoding kernels
+    (ModelSettings)."""
     from ..assembly.decoder import CallSettings, DecodeSettings, Decoder, ModelSettings
     from ..assembly.load import parse_drafter
     from ..assembly.open import load
@@ -317,7 +319,7 @@ def specedge_configs(targets: Sequence[str], drafters: Sequence[str], ks: Sequen
     for t in targets:
         kind, name = parse_target(t, model)
         settings = ModelSettings(name, kind, ctx=ctx, threads=threads, device="cpu", cache_dir=cache_dir,
-                                 exact_batches=exact_batches)
+                                 kernels=kernels)
         target = load(settings)
         tok = target.tokenizer
         ids_of = {}

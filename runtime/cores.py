@@ -1,4 +1,5 @@
-"""The cores of one process, shared by the engine calls that compute at the same time.
+"""The cores of one process: how many an engine uses by default (default_threads), what they can do (cpu_info), and
+how the engine calls that compute at the same time share them.
 
 A plan measures one request at a time, so its thread count is the fastest for a call that has the cores to itself.
 Two calls computing at once (a server's two models, an embedding beside a generation) with that many threads each
@@ -19,12 +20,39 @@ it keeps its planned count however many calls run.
 from __future__ import annotations
 
 import contextlib
+import os
+import platform
 import threading
+from pathlib import Path
 from typing import Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
 from .backends.base import Backend, feed
+
+MAX_DEFAULT_THREADS = 8  # beyond this a small model's decode step gains little and the machine's other work suffers
+
+
+def default_threads(threads: int | None = None) -> int:
+    """The thread count an engine runs with when none is given (--threads left out): min(cores, 8); `threads` when
+    given. The one place the default is written: the engines, the plan, the profiles and the gates key on it."""
+    return int(threads) if threads else min(os.cpu_count() or 1, MAX_DEFAULT_THREADS)
+
+
+def cpu_info() -> tuple[str, list[str]]:
+    """(CPU model name, its feature flags) from /proc/cpuinfo; (platform name, []) where there is none."""
+    model, flags = platform.processor() or platform.machine(), []
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, val = line.partition(":")
+            if key.strip() == "model name" and val.strip():
+                model = val.strip()
+            elif key.strip() in ("flags", "Features") and not flags:
+                flags = val.split()
+    except OSError:
+        pass
+    return model, flags
+
 
 PROBE_PREFIX = 160  # cached positions before the probe's calls (mainline splits attention beyond ~100)
 PROBE_WIDTH = 5  # the probe's verify batch

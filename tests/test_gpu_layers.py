@@ -102,7 +102,7 @@ def test_on_an_offloading_build_all_layers_reach_llama_cpp_by_default(tiny, offl
     assert loaded.backend._llm.model_params.n_gpu_layers in (ALL_LAYERS, 2**31 - 1)
     assert not loaded.backend.caps.batch_invariant  # GPU kernels are chosen by batch width: no lossless claim
     assert "llama.cpp: all layers on the GPU (--gpu-layers 0 keeps them on the CPU)" in said
-    assert "runs on the GPU" in batch_invariance_warning(loaded, [])  # what an explicit drafter is told
+    assert "runs on the GPU" in batch_invariance_warning(loaded)  # what an explicit drafter is told
     some = load_model(str(tiny), BackendKind.LLAMACPP, ctx=64, threads=1, gpu_layers=1, log=said.append)
     assert some.backend._llm.model_params.n_gpu_layers == 1 and said[-1].startswith("llama.cpp: 1 of 2 layers")
     cpu = load_model(str(tiny), BackendKind.LLAMACPP, ctx=64, threads=1, gpu_layers=0)
@@ -116,9 +116,9 @@ def test_the_cli_and_the_engine_pass_gpu_layers_as_a_typed_setting(tiny, offload
     seen = []
     real = registry._open_llamacpp
 
-    def spy(gguf, **kw):
-        seen.append(kw["gpu_layers"])
-        return real(gguf, **kw)
+    def spy(gguf, how):
+        seen.append(how.gpu_layers)
+        return real(gguf, how)
     monkeypatch.setitem(registry.REGISTRY, BackendKind.LLAMACPP, replace(offloading_build, open=spy))
     r = run("generate", tiny, "Hi", "--backend", "llamacpp", "--drafter", "none", "--gpu-layers", "1",
             "--max-tokens", 4, "--threads", 1, "--temperature", 0)

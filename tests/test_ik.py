@@ -17,8 +17,8 @@ from specedge.models.catalog import resolve_model  # noqa: E402
 from specedge.models.errors import ModelFileError  # noqa: E402
 from specedge.models.gguf_in import open_gguf  # noqa: E402
 from specedge.models.tiny import TINY_ARCHS, write_tiny_gguf  # noqa: E402
-from specedge.runtime.backends import BackendKind, backend_names, info  # noqa: E402
-from specedge.runtime.backends import ik  # noqa: E402
+from specedge.runtime.backends import BackendKind, GateTuning, Kernels, OpenSettings, backend_names, info  # noqa: E402
+from specedge.runtime.backends import ik, ik_lib  # noqa: E402
 from specedge.runtime.backends.base import FeedingBackend  # noqa: E402
 from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
 
@@ -34,27 +34,27 @@ def tiny(request, tmp_path_factory):
 
 
 def test_the_library_loads_with_its_abi_checked():
-    lib = ik.load_library()
-    assert "AVX2 = 1" in ik.system_info()
-    ik.check_abi(lib, Path("libllama.so"))  # passes on the pinned wheel
+    lib = ik_lib.load_library()
+    assert "AVX2 = 1" in ik_lib.system_info()
+    ik_lib.check_abi(lib, Path("libllama.so"))  # passes on the pinned wheel
 
 
 def test_a_struct_layout_that_is_not_the_library_s_is_refused():
     """A ctypes struct missing a field: the library writes past its end, and the probe refuses it."""
-    lib = ik.load_library()
+    lib = ik_lib.load_library()
 
     class Short(ctypes.Structure):
-        _fields_ = ik.ContextParams._fields_[:-1]
+        _fields_ = ik_lib.ContextParams._fields_[:-1]
 
-    assert ik._sret_extent(lib, "llama_context_default_params") > ctypes.sizeof(Short)
-    saved = dict(ik.SIZES)
+    assert ik_lib._sret_extent(lib, "llama_context_default_params") > ctypes.sizeof(Short)
+    saved = dict(ik_lib.SIZES)
     try:
-        ik.SIZES[ik.ContextParams] = ctypes.sizeof(ik.ContextParams) + 8
+        ik_lib.SIZES[ik_lib.ContextParams] = ctypes.sizeof(ik_lib.ContextParams) + 8
         with pytest.raises(ImportError, match="ik-llama-cpp-python==0.1.5"):
-            ik.check_abi(lib, Path("libllama.so"))
+            ik_lib.check_abi(lib, Path("libllama.so"))
     finally:
-        ik.SIZES.clear()
-        ik.SIZES.update(saved)
+        ik_lib.SIZES.clear()
+        ik_lib.SIZES.update(saved)
 
 
 def test_registered_as_one_backend():
@@ -196,14 +196,15 @@ def test_repacked_weights_are_plain_decoding_kernels_only(tmp_path):
 
 def test_the_gate_admits_plain_kernels_only_where_they_are_faithful(tmp_path, monkeypatch):
     """The gate measures the repacked weights as it measures call sizes; a load for plain decoding
-    (exact_batches=False, as a plan's plain ik choice) repacks only where they passed, and a file with nothing to
+    (Kernels.FAST_PLAIN_ONLY, as a plan's plain ik choice) repacks only where they passed, and a file with nothing to
     repack records none."""
-    from specedge.assembly.load import load_model
+    from specedge.assembly.load import batch_invariance_warning, load_model
     q4 = write_tiny_gguf(tmp_path / "q4_0.gguf", arch="llama", seed=0, n_layers=2, dtype="q4_0")
     gate = engine_gate.engine_gate(q4, info("ik"), threads=2, cache_dir=tmp_path)
     assert gate.plain is not None and gate.plain_faithful and "plain-decoding kernels" in gate.summary()
-    fast = load_model(str(q4), BackendKind.IK, threads=2, ctx=64, cache_dir=tmp_path, exact_batches=False)
+    fast = load_model(str(q4), BackendKind.IK, threads=2, ctx=64, cache_dir=tmp_path, kernels=Kernels.FAST_PLAIN_ONLY)
     assert fast.backend.repacked > 0 and not fast.backend.caps.batch_invariant
+    assert "(ik_llama.cpp repacked)" in batch_invariance_warning(fast)  # what a drafter on it is told
     exact = load_model(str(q4), BackendKind.IK, threads=2, ctx=64, cache_dir=tmp_path)
     assert exact.backend.repacked == 0 and exact.backend.caps.batch_invariant
     f32 = write_tiny_gguf(tmp_path / "f32.gguf", arch="llama", seed=0, n_layers=2, dtype="f32")
@@ -214,7 +215,7 @@ def test_the_gate_admits_plain_kernels_only_where_they_are_faithful(tmp_path, mo
     bad = engine_gate.measure_gate(q4, info("ik"), 2, key)
     assert bad.passed and not bad.plain_faithful
     engine_gate.write_json_atomic(engine_gate.asdict(bad), engine_gate.gate_path(tmp_path, key))
-    kept = load_model(str(q4), BackendKind.IK, threads=2, ctx=64, cache_dir=tmp_path, exact_batches=False)
+    kept = load_model(str(q4), BackendKind.IK, threads=2, ctx=64, cache_dir=tmp_path, kernels=Kernels.FAST_PLAIN_ONLY)
     assert kept.backend.repacked == 0 and kept.backend.caps.batch_invariant
 
 
@@ -233,7 +234,7 @@ def test_the_gate_limits_smollm2_q4_1_to_16_token_calls_and_admits_gemma3(tmp_pa
     gguf = open_gguf(resolve_model("smollm2-135m"))
     seqs = engine_gate._sequences(gguf, engine, 2)
     ref, _ = engine_gate._reference(gguf.path, gguf, seqs, engine, 2)
-    at32 = engine.open(gguf, n_ctx=engine_gate._ctx(seqs), n_threads=2, max_call=32)
+    at32 = engine.open_gguf(gguf, OpenSettings(engine_gate._ctx(seqs), 2, tuning=GateTuning(max_call=32)))
     assert engine_gate._agreement(engine_gate._argmax(at32, seqs), ref) < engine_gate.GATE_FLOOR  # would fail
     gemma = engine_gate.engine_gate(resolve_model("gemma3-270m"), engine, threads=2, cache_dir=tmp_path)
     assert gemma.passed and gemma.invariant and gemma.max_call >= 16, gemma.summary()

@@ -25,7 +25,8 @@ from specedge.models.tiny import TINY_ARCHS, write_tiny_gguf  # noqa: E402
 from specedge.runtime.backends import BackendKind, open_onnx  # noqa: E402
 from specedge.runtime.backends.base import require_tree  # noqa: E402
 from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
-from specedge.runtime.backends.onnxrt import GPU_VERIFY_WIDTH, OnnxBackend  # noqa: E402
+from specedge.runtime.backends.onnxrt import GPU_VERIFY_WIDTH, OnnxBackend, artifact_variance  # noqa: E402
+from specedge.runtime.cores import cpu_info  # noqa: E402
 from specedge.runtime.decode import decode  # noqa: E402
 from specedge.runtime.drafters import check_target, parse_drafter  # noqa: E402
 from specedge.runtime.drafters.ngram import NgramDrafter  # noqa: E402
@@ -123,13 +124,16 @@ def test_batch_invariance_warning_names_the_gpu_graph_run_at_each_calls_width(gp
     own_width = LoadedModel(d / "gpu", None, None, OnnxBackend(m, threads=1, fixed_width=0), BackendKind.ONNX,
                             manifest=m)
     fixed = LoadedModel(d / "gpu", None, None, be, BackendKind.ONNX, manifest=m)
-    for flags in (AVX2, ("avx2", "avx512f")):
-        note = batch_invariance_warning(own_width, flags)
-        assert note is not None and "GPU graph" in note and "without --gpu" in note and "fixed width" in note
-        assert batch_invariance_warning(fixed, flags) is None  # the default: every call padded to 16 rows
-        assert fixed.backend.caps.batch_invariant and not own_width.backend.caps.batch_invariant
-        cpu = LoadedModel(d / "cpu", None, None, be, BackendKind.ONNX, manifest=read_manifest(d / "cpu"))
-        assert batch_invariance_warning(cpu, flags) is None
+    note = batch_invariance_warning(own_width)
+    assert note is not None and "GPU graph" in note and "without --gpu" in note and "fixed width" in note
+    assert batch_invariance_warning(fixed) is None  # the default: every call padded to 16 rows
+    assert fixed.backend.caps.batch_invariant and not own_width.backend.caps.batch_invariant
+    cpu = open_onnx(d / "cpu", threads=1)
+    assert cpu.caps.batch_invariant
+    for flags in (AVX2, ("avx2", "avx512f")):  # whatever the CPU: the GPU graph's variance is its call width
+        assert artifact_variance(m, 0, flags) == own_width.backend.caps.variance
+        assert artifact_variance(m, GPU_VERIFY_WIDTH, flags) is None
+        assert artifact_variance(read_manifest(d / "cpu"), 0, flags) is None
 
 
 def test_fixed_width_gives_a_token_the_same_logits_at_any_verify_width(gpu_pair):
@@ -180,10 +184,15 @@ def test_batch_invariance_warning_for_attention_only_pad_rows_is_unchanged(gpu_p
     m = json.loads(path.read_text())
     del m["io"]["pad_row"]
     path.write_text(json.dumps(m))
-    old = LoadedModel(tmp_path / "old", None, None, be, BackendKind.ONNX, manifest=read_manifest(tmp_path / "old",
-                                                                                               verify=False))
-    assert "before the pad row" in batch_invariance_warning(old, AVX2)
-    assert batch_invariance_warning(old, ("avx2", "avx512f")) is None
+    manifest = read_manifest(tmp_path / "old", verify=False)
+    assert "before the pad row" in artifact_variance(manifest, 0, AVX2).warning("old")
+    assert artifact_variance(manifest, 0, ("avx2", "avx512f")) is None
+    # the backend declares it for the CPU it runs on (runtime.cores.cpu_info), and the warning reads it
+    loaded = LoadedModel(tmp_path / "old", None, None, OnnxBackend(manifest, threads=1, verify=False),
+                         BackendKind.ONNX, manifest=manifest)
+    want = artifact_variance(manifest, 0, cpu_info()[1])
+    assert loaded.backend.caps.variance == want
+    assert batch_invariance_warning(loaded) == (None if want is None else want.warning("old"))
 
 
 def test_fp32_and_int4_weights(gpu_pair, tmp_path):

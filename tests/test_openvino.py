@@ -19,7 +19,7 @@ from specedge.models.tiny import write_tiny_gguf  # noqa: E402
 from specedge.runtime.backends import open_onnx  # noqa: E402
 from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
 from specedge.runtime.backends.onnx_providers import Device, parse_device, select_providers  # noqa: E402
-from specedge.runtime.backends.onnxrt import choose_providers  # noqa: E402
+from specedge.runtime.backends.onnx_session import choose_providers  # noqa: E402
 from specedge.runtime.decode import decode  # noqa: E402
 from specedge.runtime.request import PLAIN, Request, Speculation
 from specedge.runtime.drafters.ngram import NgramDrafter  # noqa: E402

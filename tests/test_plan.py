@@ -19,7 +19,7 @@ from specedge.assembly.profile import DeviceProfile, DrafterProfile
 from specedge.assembly.profile_measure import MeasureSettings
 from specedge.models.tiny import write_tiny_gguf
 from quiet_machine import assume_quiet
-from specedge.runtime.backends import gguf_engines
+from specedge.runtime.backends import Kernels, gguf_engines
 from specedge.runtime.drafters import parse_drafter
 
 LLAMA = PlanTarget("llamacpp", "/m/model.gguf", "llama.cpp q4_1")
@@ -471,18 +471,18 @@ def test_a_plain_ik_choice_opens_its_repacked_weights():
     rows = [row(LLAMA, PLAIN, 80.0), row(IK, PLAIN, 100.0), row(IK, "ngram", 90.0, k=4)]
     model, decode = plan_run.apply_plan(new_plan("key", "m", [LLAMA, IK], rows, 2, {}, 1.0),
                                         ModelSettings("m", None), DecodeSettings())
-    assert model.backend.value == "ik" and model.exact_batches is False and str(decode.drafter) == PLAIN
+    assert model.backend.value == "ik" and model.kernels is Kernels.FAST_PLAIN_ONLY and str(decode.drafter) == PLAIN
 
 
 def test_a_plain_llamacpp_choice_runs_its_plain_kernels_and_speculation_keeps_exact_ones():
     from specedge.assembly.decoder import DecodeSettings, ModelSettings
     base = (ModelSettings("m", None), DecodeSettings())
-    for rows, exact in (([row(LLAMA, PLAIN, 100.0), row(INT4, PLAIN, 80.0)], False),  # no drafter: plain kernels
-                        ([row(LLAMA, PLAIN, 80.0), row(INT4, PLAIN, 100.0)], True),
-                        ([row(LLAMA, PLAIN, 80.0), row(LLAMA, "ngram", 100.0, k=4)], True)):
+    for rows, kernels in (([row(LLAMA, PLAIN, 100.0), row(INT4, PLAIN, 80.0)], Kernels.FAST_PLAIN_ONLY),  # no drafter
+                          ([row(LLAMA, PLAIN, 80.0), row(INT4, PLAIN, 100.0)], Kernels.EXACT),  # onnx has none
+                          ([row(LLAMA, PLAIN, 80.0), row(LLAMA, "ngram", 100.0, k=4)], Kernels.EXACT)):
         plan = new_plan("key", "m", [LLAMA, INT4], rows, 2, {}, 1.0)
         model, decode = plan_run.apply_plan(plan, *base)
-        assert model.exact_batches is exact and model.model == plan.choice.path
+        assert model.kernels is kernels and model.model == plan.choice.path
         assert str(decode.drafter) == (str(parse_drafter(plan.choice.drafter)))
 
 
@@ -492,10 +492,14 @@ def test_llamacpp_plain_kernels_are_declared_not_batch_invariant(tiny):
     from specedge.runtime.backends import BackendKind
     path, cache = tiny
     exact = load_model(str(path), BackendKind.LLAMACPP, threads=1, ctx=64)
-    assert exact.backend.caps.batch_invariant and batch_invariance_warning(exact, []) is None
+    assert exact.backend.caps.batch_invariant and batch_invariance_warning(exact) is None
     del exact
-    fast = load_model(str(path), BackendKind.LLAMACPP, threads=1, ctx=64, exact_batches=False)
-    assert not fast.backend.caps.batch_invariant and "plain decoding" in batch_invariance_warning(fast, [])
+    fast = load_model(str(path), BackendKind.LLAMACPP, threads=1, ctx=64, kernels=Kernels.FAST_PLAIN_ONLY)
+    assert not fast.backend.caps.batch_invariant and "plain decoding" in batch_invariance_warning(fast)
+    assert "without flash attention" in batch_invariance_warning(fast) and "--drafter" in fast.backend.caps.variance.fix
+    del fast
+    many = load_model(str(path), BackendKind.LLAMACPP, threads=2, ctx=64)  # exact kernels, but 2 threads
+    assert "--threads 1" in many.backend.caps.variance.fix and "thread count" in batch_invariance_warning(many)
 
 
 def test_head_to_head_rescales_each_target_by_its_plain_speed_now(tiny):

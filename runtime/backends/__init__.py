@@ -5,13 +5,11 @@ from __future__ import annotations
 from importlib import import_module
 from pathlib import Path
 
-import numpy as np
-
 from ...models.manifest import FORMAT, OPTIMUM_FORMAT, Manifest, Profile, read_manifest
-from .base import Backend, BackendCaps, Cache, LayerPlan, TokenizingBackend
-from .registry import (ALL_LAYERS, REGISTRY, BackendInfo, BackendKind, Opens, artifact_engine,  # noqa: F401
-                       backend_names, default_gguf_engine, describe_gpu_layers, gguf_engines, info, parse_gpu_layers,
-                       reference_engine)
+from .base import Backend, BackendCaps, Cache, LayerPlan, TokenizingBackend, Variance
+from .registry import (ALL_LAYERS, REGISTRY, BackendInfo, BackendKind, GateTuning, Kernels,  # noqa: F401
+                       OpenSettings, Opens, artifact_engine, backend_names, default_gguf_engine, describe_gpu_layers,
+                       gguf_engines, info, parse_gpu_layers, reference_engine)
 
 # manifest format -> (module, class) of the backend that runs that graph layout (imported on use: onnxruntime)
 ONNX_BACKENDS: dict[str, tuple[str, str]] = {
@@ -20,24 +18,15 @@ ONNX_BACKENDS: dict[str, tuple[str, str]] = {
 }
 
 
-def open_backend(kind: BackendKind, gguf, *, n_ctx: int | None = None, n_threads: int | None = None,
-                 dtype=np.float32, exact_batches: bool = True, gpu_layers: int = 0, **tuning) -> Backend:
+def open_backend(kind: BackendKind, gguf, settings: OpenSettings = OpenSettings()) -> Backend:
     """The backend of a GGUF engine (runtime/backends/registry.py) over a models.gguf_in.GGUFModel, or for an
     engine that reads any GGUF a models.gguf_any.MetadataGGUF (an architecture without a family module: the NumPy
-    backend refuses it with the family message). The NumPy backend dequantizes to float32 (or float64).
-    exact_batches=False: for plain decoding only, an engine with plain-decoding kernels uses them (llama.cpp
-    without flash attention: about 8% faster one-token steps on 2 AVX2 cores; its verify batches then differ from
-    one-token calls, so a drafter would not be lossless). tuning: what a gated engine's gate found for the file
-    (max_call, batch_invariant; assembly/engine_gate.py). gpu_layers: layers the engine offloads (resolved by
-    BackendInfo.gpu_layers: ALL_LAYERS, N or 0)."""
-    engine = info(kind)
-    if engine.open is None:
-        raise ValueError(f"the {engine.name} backend runs exported artifacts, not GGUF files: run `specedge export "
-                         "MODEL --format onnx` and pass the output directory (or its catalogue-style name)")
-    if gpu_layers and engine.gpu_offload is None:
-        engine.gpu_layers(gpu_layers)  # raises: this engine takes no --gpu-layers
-    return engine.open(gguf, n_ctx=n_ctx, n_threads=n_threads, exact_batches=exact_batches, dtype=dtype,
-                       gpu_layers=gpu_layers, **tuning)
+    backend refuses it with the family message). settings.kernels FAST_PLAIN_ONLY: for plain decoding only, an
+    engine's faster kernels (llama.cpp without flash attention: about 8% faster one-token steps on 2 AVX2 cores;
+    its verify batches then differ from one-token calls, so a drafter would not be lossless). settings.tuning:
+    what a gated engine's gate found for the file (assembly/engine_gate.py). ValueError for what the engine
+    cannot honour (BackendInfo.open_gguf)."""
+    return info(kind).open_gguf(gguf, settings)
 
 
 def open_onnx(manifest: Manifest | str | Path, *, device: str = "cpu", threads: int | None = None,
@@ -53,7 +42,7 @@ def open_onnx(manifest: Manifest | str | Path, *, device: str = "cpu", threads: 
     return getattr(import_module(module, __name__), cls)(manifest, device=device, threads=threads, log=log)
 
 
-__all__ = ["ALL_LAYERS", "Backend", "BackendCaps", "BackendInfo", "BackendKind", "Cache", "LayerPlan", "Opens",
-           "TokenizingBackend",
+__all__ = ["ALL_LAYERS", "Backend", "BackendCaps", "BackendInfo", "BackendKind", "Cache", "GateTuning", "Kernels",
+           "LayerPlan", "OpenSettings", "Opens", "TokenizingBackend", "Variance",
            "artifact_engine", "backend_names", "default_gguf_engine", "describe_gpu_layers", "gguf_engines", "info",
            "open_backend", "open_onnx", "parse_gpu_layers", "reference_engine"]

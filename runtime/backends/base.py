@@ -28,6 +28,38 @@ from ..types import Logits, Mask, Tokens
 
 
 @dataclass(frozen=True)
+class Variance:
+    """Why a backend's verify batches may round differently from its one-token calls here, and the fix: what it
+    declares in caps.variance (None there: batch-invariant), so nothing above probes an engine for it. Said as
+    '<file> <why>, so greedy speculative output may differ from plain greedy; <fix>' (warning)."""
+
+    why: str  # after the model's file name: "runs on the GPU (llama.cpp, --gpu-layers): GPU kernels are chosen by ..."
+    fix: str  # what makes it exact: "--gpu-layers 0 runs it on the CPU"
+
+    def warning(self, model: str) -> str:
+        return f"{model} {self.why}, so greedy speculative output may differ from plain greedy; {self.fix}"
+
+
+def gpu_variance(engine: str) -> Variance:
+    """A llama.cpp engine with layers on a GPU: its kernels are chosen by batch width."""
+    return Variance(f"runs on the GPU ({engine}, --gpu-layers): GPU kernels are chosen by batch width",
+                    "--gpu-layers 0 runs it on the CPU")
+
+
+def fast_kernels_variance(engine: str, kernels: str) -> Variance:
+    """An engine opened with its faster plain-decoding kernels (registry Kernels.FAST_PLAIN_ONLY)."""
+    return Variance(f"was opened for plain decoding ({engine} {kernels}): its verify batches round differently from "
+                    "one-token calls", "run with --drafter (or --no-plan) to open it for speculation")
+
+
+def gate_variance(engine: str, threads: int) -> Variance:
+    """A gated engine whose per-file gate probe found batches differing from one-token calls at these threads."""
+    return Variance(f"on {engine} is not batch-invariant here (its gate found verify batches rounding differently "
+                    f"from one-token calls at {threads} thread{'s' if threads > 1 else ''})",
+                    "--backend llamacpp --threads 1 is exact")
+
+
+@dataclass(frozen=True)
 class BackendCaps:
     tree_mask: bool = False  # forward accepts a tree mask over the new tokens
     layer_plan: bool = False  # forward accepts a LayerPlan (layer skip / early exit)
@@ -39,11 +71,16 @@ class BackendCaps:
     #                                  an int8-activation ONNX graph takes one but may not verify trees losslessly
     tree_hint: str | None = None  # why tree_mask is False and what to do (shown by require_tree)
     reuse_hint: str | None = None  # why layer_reuse is False and what to do (shown by require_reuse)
-    batch_invariant: bool = True  # a verify batch's logits equal one-token calls' at every cache length, so greedy
-    #                               speculation is token-identical to plain (llama.cpp: only with 1 thread)
+    variance: Variance | None = None  #   None: batch-invariant (a verify batch's logits equal one-token calls' at
+    #                                     every cache length, so greedy speculation is token-identical to plain);
+    #                                     else why not here and the fix (llama.cpp: exact only with 1 thread)
     own_tokenizer: bool = False  # the engine tokenizes itself: a TokenizingBackend (llama.cpp), the fallback for
     #                              files whose tokenizer or architecture our code does not build
     layer_hint: str | None = None  # why layer plans cannot run and what to do (shown by require_layered)
+
+    @property
+    def batch_invariant(self) -> bool:
+        return self.variance is None
 
     @property
     def draft_trees(self) -> bool:

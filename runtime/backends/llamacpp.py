@@ -18,9 +18,10 @@ from typing import Sequence
 import numpy as np
 
 from ...models.config import ModelConfig
+from ..cores import default_threads
 from ..kv import LengthCursor
 from ..types import Logits, Mask, Tokens
-from .base import BackendCaps, LayerPlan, check_room
+from .base import BackendCaps, LayerPlan, Variance, check_room, fast_kernels_variance, gpu_variance
 from .llamacpp_tokenizer import LlamaCppTokenizer
 
 
@@ -74,6 +75,24 @@ def _model_params(**fields):
         lib.llama_model_default_params = default
 
 
+THREADS_VARIANCE = Variance("on llama.cpp is not batch-invariant here (its verify batches round differently from "
+                            "one-token calls at this thread count)",
+                            "--backend ik is batch-invariant at any thread count, --threads 1 makes llama.cpp exact")
+FILE_VARIANCE = Variance("on llama.cpp is not batch-invariant (its verify batches round differently from one-token "
+                         "calls on this file, even at 1 thread with flash attention)",
+                         "--backend ik is batch-invariant at any thread count")
+
+
+def _variance(flash_attn: bool, threads: int, gpu_layers: int) -> Variance | None:
+    """What llama.cpp's settings leave of batch invariance (before the per-file probe): flash attention at 1 thread
+    on the CPU is the only exact setting."""
+    if gpu_layers:
+        return gpu_variance("llama.cpp")
+    if not flash_attn:
+        return fast_kernels_variance("llama.cpp", "without flash attention")
+    return THREADS_VARIANCE if threads > 1 else None
+
+
 class LlamaCppCache(LengthCursor):
     """The Cache protocol (backends/base.py) over llama.cpp's memory for sequence 0."""
 
@@ -113,7 +132,7 @@ class LlamaCppBackend:
         """
         llama_cpp = _import_llama()
         self._lib = llama_cpp
-        self.threads = threads = n_threads or min(os.cpu_count() or 1, 8)
+        self.threads = threads = default_threads(n_threads)
         kv_type = llama_cpp.GGML_TYPE_F32 if f32_kv else llama_cpp.GGML_TYPE_F16
         self.config = config
         self.n_ctx = int(n_ctx or config.context_length)
@@ -125,9 +144,8 @@ class LlamaCppBackend:
             "drafter that needs only token ids (ngram, lookup) or a draft model with the same vocabulary "
             "(model:<gguf>)")
         self.gpu_layers = int(gpu_layers)
-        self.caps = replace(type(self).caps, max_context=self.n_ctx,
-                            batch_invariant=flash_attn and threads == 1 and self.gpu_layers == 0,
-                            layer_hint=hint, reuse_hint=hint, tree_hint=hint)
+        self.caps = replace(type(self).caps, max_context=self.n_ctx, layer_hint=hint, reuse_hint=hint, tree_hint=hint,
+                            variance=_variance(flash_attn, threads, self.gpu_layers))
         # Repacked weights (llama.cpp's CPU "extra buffer types": Q4_0/Q4_K/IQ4_NL rows interleaved for AVX2/AVX-512)
         # take one kernel for a single token and another for a batch, so a verify batch's logits differ from one-token
         # decoding (Gemma 3 Q4_K_M: 4 of 20 dev prompts diverged); where batches can be exact (flash attention, 1
@@ -144,7 +162,7 @@ class LlamaCppBackend:
         self._size = int(Path(gguf_path).stat().st_size)
         self._live: LlamaCppCache | None = None
         if self.caps.batch_invariant and not self._batches_match_single_steps():
-            self.caps = replace(self.caps, batch_invariant=False)
+            self.caps = replace(self.caps, variance=FILE_VARIANCE)
 
     def _batches_match_single_steps(self, prefix: int = 4, batch: int = 5) -> bool:
         """Probe (once, at load): after a prefix, do `batch` tokens decoded as one batch give the same logits, bit for

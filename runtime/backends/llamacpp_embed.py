@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+
+from ..cores import default_threads
 
 
 class LlamaCppEmbedder:
@@ -29,7 +30,7 @@ class LlamaCppEmbedder:
                 from None
         with contextlib.redirect_stderr(io.StringIO()):
             self.llm = llama_cpp.Llama(model_path=str(path), embedding=True, n_ctx=n_ctx, n_batch=n_ctx,
-                                       n_ubatch=n_ctx, n_threads=n_threads or min(os.cpu_count() or 1, 8),
+                                       n_ubatch=n_ctx, n_threads=default_threads(n_threads),
                                        pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN, verbose=False)
         self.n_ctx, self.dim, self.name = n_ctx, self.llm.n_embd(), Path(path).name
 

@@ -20,7 +20,7 @@ from ..types import Tokens
 
 class Vocab(Protocol):
     """The few vocabulary functions of a llama.cpp library the tokenizer needs (mainline through llama-cpp-python,
-    runtime/backends/llamacpp.py; the ik_llama.cpp fork through its own ctypes binding, runtime/backends/ik.py)."""
+    runtime/backends/llamacpp.py; the ik_llama.cpp fork through its own ctypes binding, runtime/backends/ik_lib.py)."""
 
     def n_tokens(self) -> int: ...
     def bos(self) -> int: ...

@@ -13,7 +13,6 @@ RoPE tables (models/rope.py, as the NumPy reference builds them); C packs the we
 from __future__ import annotations
 
 import ctypes
-import os
 from dataclasses import replace
 
 import numpy as np
@@ -21,10 +20,11 @@ import numpy as np
 from ...models import rope as rope_tables
 from ...models.block import Activation, Norm
 from ...models.config import ModelConfig
+from ..cores import default_threads
 from ..kv import LengthCursor, compaction_slots
 from ..types import Logits, Mask, Tokens
 from . import native_lib as nl
-from .base import BackendCaps, LayerPlan, check_room, tree_depths
+from .base import BackendCaps, LayerPlan, check_room, gate_variance, tree_depths
 
 MAX_ROWS = 64  # rows one C call takes: chains are split (a row's result does not depend on the split), trees not
 _MATS = {"q": 0, "k": 1, "v": 2, "o": 3, "gate": 4, "up": 5, "down": 6}  # se_model_set_mat's SE_W_*
@@ -87,17 +87,19 @@ class NativeBackend:
 
     name = "native"
     caps = BackendCaps(tree_mask=True, layer_plan=True, layer_reuse=False, partial_rollback=True,
-                       max_batch_tokens=4096, batch_invariant=True,
+                       max_batch_tokens=4096,
                        reuse_hint="the native engine runs layer plans without LoRA-Drop reuse; use --backend numpy")
 
-    def __init__(self, gguf, *, n_threads: int | None = None) -> None:
-        """gguf: an opened GGUFModel (models/gguf_in.py): its reader has checked every tensor against the file."""
+    def __init__(self, gguf, *, n_threads: int | None = None, batch_invariant: bool = True) -> None:
+        """gguf: an opened GGUFModel (models/gguf_in.py): its reader has checked every tensor against the file.
+        batch_invariant: what the file's gate probe found (assembly/engine_gate.py; False would be a bug in the
+        kernels, declared rather than hidden)."""
         self._lib = lib = nl.load()
         cfg = self.config = gguf.config
         types = gguf.tensor_types()
         check_model(cfg, types)
         spec = cfg.block
-        self.threads = int(n_threads or min(os.cpu_count() or 1, 8))
+        self.threads = default_threads(n_threads)
         c = nl.Cfg(cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff, cfg.vocab_size,
                    float(cfg.rms_eps), float(spec.embed_scale), nl.ACT[spec.activation.value], int(spec.qkv_bias),
                    int(spec.o_bias), int(spec.qk_norm), int(spec.post_norms), int(cfg.tied_embeddings), MAX_ROWS,
@@ -145,7 +147,8 @@ class NativeBackend:
         self._rope_len = 0
         self._trimmed: dict[bytes, nl.PackedMatrix] = {}
         self.isa = nl.isa_name(lib.se_isa())
-        self.caps = replace(type(self).caps, max_context=cfg.context_length)
+        self.caps = replace(type(self).caps, max_context=cfg.context_length,
+                            variance=None if batch_invariant else gate_variance("native", self.threads))
 
     # -- the Backend protocol -------------------------------------------------------------------------------------
     def new_cache(self, max_len: int) -> NativeCache:

@@ -20,19 +20,20 @@ spinning while the next segment's pool works (docs/onnx.md, "Thread pools", has 
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 
 from ...models.config import ModelConfig
 from ...models.manifest import LAYERED_CHAIN_FORMAT_VERSION, Manifest, Profile, manifest_with_profile
+from ..cores import cpu_info, default_threads
 from ..kv import LengthCursor
 from ..types import Logits, Mask, Tokens
 from .base import BackendCaps, LayerPlan, check_capacity, check_room
 from .onnx_providers import Device, select_providers
 from .ort_threads import session_options
-from .onnxrt import _import_ort, compact_rows, read_bytes_per_token, tree_feeds, tree_refusal
+from .onnx_session import import_ort, read_bytes_per_token
+from .onnxrt import artifact_variance, compact_rows, tree_feeds, tree_refusal
 
 
 def _load_external(manifest: Manifest, name: str, graph: Path):
@@ -100,8 +101,8 @@ class OnnxLayeredBackend:
         self.manifest = manifest_with_profile(manifest, Profile.LAYERED, verify=verify)
         self.config: ModelConfig = self.manifest.config
         self.io = self.manifest.io
-        self.ort = ort = _import_ort()
-        self.threads = threads or min(os.cpu_count() or 1, 8)
+        self.ort = ort = import_ort()
+        self.threads = default_threads(threads)
         self.choice = select_providers(device, ort.get_available_providers(), threads=self.threads)
         if log is not None and Device(device) is Device.AUTO:
             log(self.choice.note)
@@ -123,7 +124,8 @@ class OnnxLayeredBackend:
         self.tree_hint = self.reuse_hint or tree_refusal(self.manifest, True)
         self.caps = BackendCaps(tree_mask=self.tree_hint is None, layer_plan=True, layer_reuse=self.attn_io,
                                 partial_rollback=True, max_batch_tokens=self.config.context_length,
-                                tree_inputs=self.attn_io, tree_hint=self.tree_hint, reuse_hint=self.reuse_hint)
+                                tree_inputs=self.attn_io, tree_hint=self.tree_hint, reuse_hint=self.reuse_hint,
+                                variance=artifact_variance(self.manifest, 0, cpu_info()[1]))
 
     def _holder(self, name: str) -> Path:
         """A segment graph that holds initializer `name` (the first layer for RoPE tables, else the head; a RoPE

@@ -26,11 +26,13 @@ import numpy as np
 
 from ...models.config import ModelConfig
 from ...models.manifest import Manifest, read_manifest
+from ..cores import cpu_info
 from ..kv import LengthCursor
 from ..types import Logits, Mask, Tokens
 from .base import BackendCaps, LayerPlan, check_chain_forward
 from .onnx_providers import Device
-from .onnxrt import open_session, read_bytes_per_token
+from .onnx_session import open_session, read_bytes_per_token
+from .onnxrt import artifact_variance
 
 _ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
@@ -68,7 +70,8 @@ class OptimumBackend:
         self.config: ModelConfig = self.manifest.config
         self.io = self.manifest.io
         self.caps = BackendCaps(tree_mask=False, layer_plan=False, partial_rollback=True,
-                                max_batch_tokens=self.config.context_length)
+                                max_batch_tokens=self.config.context_length,
+                                variance=artifact_variance(self.manifest, 0, cpu_info()[1]))
         self.ort, self.session, self.choice, self.threads = open_session(self.manifest, device, threads, log)
         inputs = {i.name: i for i in self.session.get_inputs()}
         self._past = [self.io[kind].format(i=i) for i in range(self.config.n_layers) for kind in ("past_key",

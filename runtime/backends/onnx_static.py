@@ -16,11 +16,13 @@ import numpy as np
 
 from ...models.config import ModelConfig
 from ...models.manifest import Manifest, Profile, manifest_with_profile
+from ..cores import cpu_info
 from ..kv import LengthCursor
 from ..types import Logits, Mask, Tokens
 from .base import BackendCaps, LayerPlan
 from .onnx_providers import Device
-from .onnxrt import open_session, read_bytes_per_token
+from .onnx_session import open_session, read_bytes_per_token
+from .onnxrt import artifact_variance
 
 
 def _too_long(need: int, c: int) -> str:
@@ -91,7 +93,8 @@ class StaticOnnxBackend:
         self.max_context = int(self.io["max_context"])
         self.mask_value = np.float32(self.io["mask_value"])
         self.caps = BackendCaps(tree_mask=False, layer_plan=False, partial_rollback=True,
-                                max_batch_tokens=self.max_context, max_context=self.max_context)
+                                max_batch_tokens=self.max_context, max_context=self.max_context,
+                                variance=artifact_variance(self.manifest, 0, cpu_info()[1]))
         self._slots = np.arange(self.max_context)
         self.ort, self.session, self.choice, self.threads = open_session(self.manifest, device, threads, log)
         self._weight_bytes = read_bytes_per_token(self.manifest.model_path)

@@ -36,101 +36,22 @@ from the manifest.
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
-import os
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Sequence
 
 import numpy as np
 
 from ...models.config import ModelConfig
-from ...models.manifest import CHAIN_FORMAT_VERSION, PAD_ROW_NONE, Manifest, Profile, manifest_with_profile
+from ...models.manifest import (CHAIN_FORMAT_VERSION, PAD_ROW_ATTENTION, PAD_ROW_NONE, Manifest, Profile,
+                                manifest_with_profile)
+from ..cores import cpu_info
 from ..kv import LengthCursor
 from ..types import Logits, Mask, Tokens
-from .base import BackendCaps, LayerPlan, check_capacity, check_room, tree_depths
-from .onnx_providers import Device, ProviderChoice, openvino_choice, parse_device, select_providers
-from .ort_threads import session_options, threads_note
-
-
-def _import_ort():
-    try:
-        import onnxruntime
-    except ImportError as e:  # pragma: no cover - depends on the install
-        raise ImportError("the ONNX backend needs onnxruntime: pip install 'specedge[onnx]'") from e
-    return onnxruntime
-
-
-def read_bytes_per_token(model_path: Path) -> int:
-    """Bytes of initializers a one-token forward reads: all of them, except that a table consumed only by Gather
-    (the token embedding, unless a tied float head reads it too) costs one row."""
-    import onnx
-    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
-
-    model = onnx.load(str(model_path), load_external_data=False)
-    users: dict[str, set[str]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            users.setdefault(name, set()).add(node.op_type)
-    total = 0
-    for t in model.graph.initializer:
-        n = ExternalDataInfo(t).length if uses_external_data(t) else len(t.raw_data)
-        if users.get(t.name) == {"Gather"} and len(t.dims) == 2 and t.dims[0] > 0:
-            n //= t.dims[0]
-        total += int(n)
-    return total
-
-
-def open_session(manifest: Manifest, device: Device | str, threads: int | None, log=None, *, cuda_graph: bool = False
-                 ) -> tuple[Any, Any, ProviderChoice, int]:
-    """(onnxruntime module, InferenceSession, provider choice, threads) for an artifact on `device`; cuda_graph: the
-    CUDA provider with enable_cuda_graph (a session whose runs may be captured and replayed; other providers ignore
-    it)."""
-    ort = _import_ort()
-    threads = threads or min(os.cpu_count() or 1, 8)
-    choice = choose_providers(ort, device, threads, manifest.profile is Profile.STATIC)
-    plain_choice = choice
-    if cuda_graph and choice.device is Device.CUDA:
-        (name, options), *rest = choice.providers
-        choice = dataclasses.replace(choice, providers=[(name, {**options, "enable_cuda_graph": "1"}), *rest])
-    if log is not None and parse_device(device)[0] is Device.AUTO:
-        log(choice.note)
-    opts, actual = session_options(ort, threads)
-    if log is not None and (note := threads_note(threads, actual)):
-        log(note)
-    threads = actual
-    if choice.ep_devices:  # a plugin EP: the session takes its devices; onnxruntime appends the CPU fallback itself
-        opts.add_provider_for_devices(list(choice.ep_devices), choice.providers[0][1])
-        session = ort.InferenceSession(str(manifest.model_path), sess_options=opts)
-    else:
-        try:
-            session = ort.InferenceSession(str(manifest.model_path), sess_options=opts,
-                                           providers=[p for p, _ in choice.providers],
-                                           provider_options=[o for _, o in choice.providers])
-        except Exception as e:  # noqa: BLE001 - onnxruntime raises its own Fail/RuntimeException types
-            if choice is plain_choice:
-                raise
-            # CUDA graphs need every node on the CUDA provider; a graph with some on the CPU runs without them
-            if log is not None:
-                log(f"CUDA graphs off for {manifest.root.name}: {str(e).splitlines()[0][:200]}")
-            choice = plain_choice
-            session = ort.InferenceSession(str(manifest.model_path), sess_options=opts,
-                                           providers=[p for p, _ in choice.providers],
-                                           provider_options=[o for _, o in choice.providers])
-    return ort, session, choice, threads
-
-
-def choose_providers(ort, device: Device | str, threads: int, static_shapes: bool) -> ProviderChoice:
-    """select_providers over this onnxruntime's providers; --device openvino takes the plugin EP's device where the
-    plugin is installed (onnx_providers.openvino_choice), else the onnxruntime-openvino build's own provider. (Once
-    registered, a plugin's name is listed among the available providers too, but naming it there runs nothing on it.)"""
-    kind, target = parse_device(device)
-    if kind is Device.OPENVINO:
-        plugin = openvino_choice(ort, target, static_shapes=static_shapes)
-        if plugin is not None:
-            return plugin
-    return select_providers(device, ort.get_available_providers(), threads=threads, static_shapes=static_shapes)
+from .base import BackendCaps, LayerPlan, Variance, check_capacity, check_room, tree_depths
+from .onnx_providers import Device
+from .onnx_session import open_session, read_bytes_per_token
 
 
 class GraphSlot:
@@ -281,16 +202,15 @@ class OnnxBackend:
         # format 4 graphs have the position_ids and tree_bias inputs; version 2 ones run chains only
         self.tree_io = self.manifest.raw["format_version"] != CHAIN_FORMAT_VERSION
         self.tree_hint = tree_refusal(self.manifest, self.tree_io)
-        self.caps = BackendCaps(tree_mask=self.tree_hint is None, layer_plan=False, partial_rollback=True,
-                                max_batch_tokens=self.config.context_length, tree_inputs=self.tree_io,
-                                tree_hint=self.tree_hint)
         if fixed_width is None:
             fixed_width = GPU_VERIFY_WIDTH if self.manifest.pad_row == PAD_ROW_NONE else 0
         if fixed_width < 0:
             raise ValueError(f"fixed_width must be >= 0 (0: calls at their own width), got {fixed_width}")
         self.fixed_width = min(fixed_width, self.config.context_length)
-        if self.manifest.pad_row == PAD_ROW_NONE and not self.fixed_width:  # the GPU graph at each call's width
-            self.caps = dataclasses.replace(self.caps, batch_invariant=False)
+        self.caps = BackendCaps(tree_mask=self.tree_hint is None, layer_plan=False, partial_rollback=True,
+                                max_batch_tokens=self.config.context_length, tree_inputs=self.tree_io,
+                                tree_hint=self.tree_hint,
+                                variance=artifact_variance(self.manifest, self.fixed_width, cpu_info()[1]))
         cuda_graph = cuda_graph and self.fixed_width > 0 and self.io.get("kv_dtype") == "float16"
         self.ort, self.session, self.choice, self.threads = open_session(self.manifest, device, threads, log,
                                                                          cuda_graph=cuda_graph)
@@ -419,6 +339,35 @@ def tree_refusal(manifest: Manifest, tree_io: bool) -> str | None:
                 "verification needs an fp32 or fp16 artifact); use a chain drafter such as ngram, or export "
                 "--weights fp32")
     return None
+
+
+GPU_GRAPH_VARIANCE = Variance(
+    "is a GPU graph (exported with --gpu: no batch-invariance pad row) run at each call's own width: a token's logits "
+    "depend on how many tokens its call verifies (CUDA kernels chosen by row count, float16 attention; on the CPU "
+    "provider its one-row paths), which flips greedy tokens where the top two logits are close",
+    "the default fixed width (every call padded to 16 rows) or the CPU graph (export without --gpu) decode "
+    "losslessly")
+OLD_PAD_ROW_VARIANCE = Variance(
+    "was exported before the pad row ran through the whole network: on this CPU (no AVX-512) its 4-bit matmuls "
+    "round one-token calls differently from verify calls", "re-export it with `specedge export`")
+
+
+def artifact_variance(manifest: Manifest, fixed_width: int, cpu_flags: Sequence[str]) -> Variance | None:
+    """Why an artifact's verify batches may round differently from its one-token calls on this CPU (None: they do not;
+    every ONNX backend declares it in caps.variance).
+
+    The GPU graph has no pad row: it is batch-invariant only as OnnxBackend runs it by default, every call padded to
+    one fixed width (GPU_VERIFY_WIDTH); at each call's own width (fixed_width=0) it is not, on any device and CPU, in
+    any weight format (docs/accelerators.md). An int4 artifact whose pad row runs through attention only (exported
+    before io.pad_row) gives one-token calls a 4-bit MatMulNBits with one row, which on CPUs without AVX-512 takes
+    onnxruntime's M == 1 kernel and rounds differently from a verify call's rows (docs/onnx.md "Batch invariance")."""
+    if manifest.pad_row == PAD_ROW_NONE and not fixed_width:
+        return GPU_GRAPH_VARIANCE
+    if "avx512f" in cpu_flags or manifest.pad_row != PAD_ROW_ATTENTION:
+        return None
+    if not any(str(t.get("storage", "")).startswith("nbits4") for t in manifest.tensors.values()):
+        return None
+    return OLD_PAD_ROW_VARIANCE
 
 
 def tree_feeds(length: int, t: int, tree_mask: Mask | None) -> tuple[np.ndarray, np.ndarray]:

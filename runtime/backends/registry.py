@@ -2,11 +2,12 @@
 
     BackendKind -> BackendInfo(name, opens, package, distribution, extra, traits, open)
     info(kind), by_name(text), installed(kind), gguf_engines(), artifact_engine(), reference_engine()
+    info(kind).open_gguf(gguf, OpenSettings(n_ctx, n_threads, Kernels, gpu_layers, GateTuning)) -> Backend
 
 The apps, the assembly layer (loading, the planner, the auto-tuner) and perf/ ask the registry instead of testing
 BackendKind values: which engines open a GGUF and which an exported artifact, which package each needs (and the
 pip extra that installs it), its display name, the package version a plan or profile depends on, whether it has
-plain-decoding kernels faster than its batch-invariant ones, whether it tokenizes files our code cannot.
+plain-decoding kernels faster than its batch-invariant ones (Kernels), whether it tokenizes files our code cannot.
 
 Adding a backend (docs/ARCHITECTURE.md, "Adding a backend"): its module under runtime/backends/ implementing the
 Backend protocol with declared BackendCaps, one BackendKind member and one BackendInfo here (`open` builds it from a
@@ -20,8 +21,6 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
-
 from .base import Backend
 
 
@@ -31,6 +30,41 @@ class BackendKind(enum.Enum):
     IK = "ik"  # ik_llama.cpp through ik-llama-cpp-python's library: batch-invariant at any thread count
     NATIVE = "native"  # specedge's own C kernels (csrc/native): batch-invariant by construction, flat verify cost
     ONNX = "onnx"  # loads an exported artifact (manifest directory), not a GGUF
+
+
+class Kernels(enum.Enum):
+    """Which kernels a GGUF engine computes with: one meaning, where "plain" alone also meant "no drafter"."""
+    EXACT = "exact"  # its batch-invariant kernels: verify batches may be used (speculation stays lossless)
+    FAST_PLAIN_ONLY = "fast-plain-only"  # its faster kernels (BackendInfo.fast_kernels), whose verify batches round
+    #                                      differently from one-token calls: for plain decoding only
+
+
+@dataclass(frozen=True)
+class GateTuning:
+    """What a gated engine's per-file gate found (assembly/engine_gate.py Gate), the one tuning value its opener
+    takes. The defaults are an ungated open's: the engine's own call size, invariance claimed, fast kernels allowed."""
+    max_call: int | None = None  # rows per engine call (ik's ubatch); None: the engine's default
+    batch_invariant: bool = True  # its verify batches equal one-token calls at these threads (the gate's probe)
+    fast_faithful: bool = True  # its fast kernels agree with the reference on this file (Kernels.FAST_PLAIN_ONLY
+    #                             opens them only then)
+
+    def __post_init__(self) -> None:
+        if self.max_call is not None and self.max_call < 1:
+            raise ValueError(f"max_call must be >= 1 (None: the engine's default), got {self.max_call}")
+
+
+@dataclass(frozen=True)
+class OpenSettings:
+    """How a GGUF engine's opener builds its backend (BackendInfo.open(gguf, OpenSettings)); open_gguf checks it
+    against the engine's traits first, so an opener reads only what its engine declares.
+    n_ctx: KV positions (None: the model's context); n_threads: None is runtime.cores.default_threads();
+    kernels: FAST_PLAIN_ONLY only on an engine with fast_kernels; gpu_layers: resolved by BackendInfo.gpu_layers
+    (ALL_LAYERS, N or 0), non-zero only on an engine that offloads; tuning: only for a gated engine."""
+    n_ctx: int | None = None
+    n_threads: int | None = None
+    kernels: Kernels = Kernels.EXACT
+    gpu_layers: int = 0
+    tuning: GateTuning = GateTuning()
 
 
 class Opens(enum.Enum):
@@ -44,26 +78,27 @@ class BackendInfo:
 
     name: the display name (plan tables, bench rows); package: the module its code imports (None: always there);
     distribution: the pip distribution whose version keys plans and profiles; extra: the specedge extra installing
-    it. plain_kernels: what its faster kernels for plain decoding are ("" : it has none), kernels that are not
-    batch-invariant (opened with exact_batches=False when no drafter verifies batches; the planner measures them as
-    a target of their own). reads_any_gguf: it runs GGUFs our family modules or
+    it. fast_kernels: what its faster kernels for plain decoding are (None: it has none), kernels that are not
+    batch-invariant (opened with Kernels.FAST_PLAIN_ONLY when no drafter verifies batches; the planner measures them
+    as a target of their own). reads_any_gguf: it runs GGUFs our family modules or
     tokenizers cannot read (its own tokenizer). reference: the speedup is stated against its plain decoding.
     devices: it takes --device (execution providers); draft_models: catalogue draft models (separate GGUFs) are
     planned on it; many_caches: one loaded model holds any number of KV caches (a draft of the same file shares
     its weights); planned: the planner measures it as a target where installed; gated: each file passes a gate
     before it runs (assembly/engine_gate.py: faithful call size, batch invariance), probe(backend, widths,
-    prefixes) -> bool its batch-invariance probe. open: (gguf, n_ctx, n_threads, exact_batches, gpu_layers) -> Backend,
-    for Opens.GGUF engines. gpu_offload: () -> whether the installed build offloads layers (--gpu-layers)."""
+    prefixes) -> bool its batch-invariance probe, GateTuning what its opener takes from the gate. open: (gguf,
+    OpenSettings) -> Backend, for Opens.GGUF engines (open_gguf checks the settings first). gpu_offload: () ->
+    whether the installed build offloads layers (--gpu-layers)."""
     kind: BackendKind
     name: str
     opens: Opens
     package: str | None
     distribution: str
     extra: str | None
-    open: Callable[..., Backend] | None = None
+    open: Callable[[object, OpenSettings], Backend] | None = None
     gpu_offload: Callable[[], bool] | None = None  # whether the installed build can put layers on a GPU (None: the
     #                                                engine takes no --gpu-layers)
-    plain_kernels: str = ""
+    fast_kernels: str | None = None
     reads_any_gguf: bool = False
     reference: bool = False
     devices: bool = False
@@ -121,6 +156,28 @@ class BackendInfo:
                          "GPU build (CMAKE_ARGS=\"-DGGML_CUDA=on\", Metal is the default on macOS), or use "
                          "--gpu-layers 0")
 
+    def kernels(self, plain: bool) -> Kernels:
+        """The kernels a run opens this engine with: its fast ones for plain decoding (no drafter) where it has them,
+        else its exact ones."""
+        return Kernels.FAST_PLAIN_ONLY if plain and self.fast_kernels is not None else Kernels.EXACT
+
+    def open_gguf(self, gguf, settings: OpenSettings = OpenSettings()) -> Backend:
+        """This engine's backend over a GGUF (models.gguf_in.GGUFModel, or a models.gguf_any.MetadataGGUF for an
+        engine that reads any GGUF). ValueError naming the fix for what the engine cannot honour: an artifact
+        engine, fast kernels it does not have, GPU layers it cannot offload, a gate's tuning on an ungated engine."""
+        if self.open is None:
+            raise ValueError(f"the {self.name} backend runs exported artifacts, not GGUF files: run `specedge export "
+                             "MODEL --format onnx` and pass the output directory (or its catalogue-style name)")
+        if settings.kernels is Kernels.FAST_PLAIN_ONLY and self.fast_kernels is None:
+            raise ValueError(f"the {self.name} backend has no faster plain-decoding kernels: open it with "
+                             "Kernels.EXACT")
+        if settings.gpu_layers and self.gpu_offload is None:
+            self.gpu_layers(settings.gpu_layers)  # raises: this engine takes no --gpu-layers
+        if settings.tuning != GateTuning() and not self.gated:
+            raise ValueError(f"the {self.name} backend has no per-file gate, so no gate tuning "
+                             f"({settings.tuning}); leave it out")
+        return self.open(gguf, settings)
+
     def missing(self) -> str:
         """One line: what to install for this engine (or why it is not there)."""
         if self.why_missing is not None:
@@ -161,36 +218,39 @@ def _llamacpp_offloads() -> bool:
     return bool(llama_cpp.llama_supports_gpu_offload())
 
 
-def _open_numpy(gguf, *, n_ctx=None, n_threads=None, exact_batches=True, dtype=np.float32, **_) -> Backend:
+def _open_numpy(gguf, how: OpenSettings) -> Backend:
+    """float32 weights; the cache takes its length at new_cache, NumPy's BLAS its own threads."""
     from .numpy_ref import NumpyBackend
-    return NumpyBackend(gguf.load_weights(), dtype=dtype)
+    return NumpyBackend(gguf.load_weights())
 
 
-def _open_llamacpp(gguf, *, n_ctx=None, n_threads=None, exact_batches=True, dtype=None, gpu_layers=0, **_
-                   ) -> Backend:
+def _no_weights(gguf) -> str | None:
+    """Why our code cannot read a file's weights (a GGUF without a family module), for the engines that run it."""
     from ...models.gguf_any import MetadataGGUF
+    return gguf.unsupported if isinstance(gguf, MetadataGGUF) else None
+
+
+def _open_llamacpp(gguf, how: OpenSettings) -> Backend:
+    """Kernels.FAST_PLAIN_ONLY: without flash attention."""
     from .llamacpp import LlamaCppBackend
-    no_weights = gguf.unsupported if isinstance(gguf, MetadataGGUF) else None
-    return LlamaCppBackend(gguf.path, gguf.config, n_ctx=n_ctx, n_threads=n_threads, flash_attn=exact_batches,
-                           no_weights=no_weights, gpu_layers=gpu_layers)
+    return LlamaCppBackend(gguf.path, gguf.config, n_ctx=how.n_ctx, n_threads=how.n_threads,
+                           flash_attn=how.kernels is Kernels.EXACT, no_weights=_no_weights(gguf),
+                           gpu_layers=how.gpu_layers)
 
 
-def _open_ik(gguf, *, n_ctx=None, n_threads=None, exact_batches=True, max_call=None, batch_invariant=True,
-             plain_faithful=True, gpu_layers=0, **_) -> Backend:
-    """exact_batches=False: repacked weights (its plain kernels) where the file's gate found them faithful."""
-    from ...models.gguf_any import MetadataGGUF
-    from .ik import DEFAULT_MAX_CALL, IkBackend
-    no_weights = gguf.unsupported if isinstance(gguf, MetadataGGUF) else None
-    return IkBackend(gguf.path, gguf.config, n_ctx=n_ctx, n_threads=n_threads, max_call=max_call or DEFAULT_MAX_CALL,
-                     batch_invariant=batch_invariant, no_weights=no_weights, gpu_layers=gpu_layers,
-                     repack=not exact_batches and plain_faithful)
+def _open_ik(gguf, how: OpenSettings) -> Backend:
+    """Kernels.FAST_PLAIN_ONLY: repacked weights (its fast kernels) where the file's gate found them faithful."""
+    from .ik import IkBackend
+    return IkBackend(gguf.path, gguf.config, n_ctx=how.n_ctx, n_threads=how.n_threads, tuning=how.tuning,
+                     no_weights=_no_weights(gguf), gpu_layers=how.gpu_layers,
+                     repack=how.kernels is Kernels.FAST_PLAIN_ONLY and how.tuning.fast_faithful)
 
 
-def _open_native(gguf, *, n_ctx=None, n_threads=None, exact_batches=True, **_) -> Backend:
-    """max_call and the gate's other tunings do not apply: every call size computes the same rows."""
+def _open_native(gguf, how: OpenSettings) -> Backend:
+    """The gate's max_call does not apply (every call size computes the same rows); its probe's verdict does."""
     from .native import NativeBackend
     _check_native(gguf)
-    return NativeBackend(gguf, n_threads=n_threads)
+    return NativeBackend(gguf, n_threads=how.n_threads, batch_invariant=how.tuning.batch_invariant)
 
 
 def _check_native(gguf) -> None:
@@ -218,11 +278,11 @@ def _probe_ik(backend, widths, prefixes) -> bool:
 
 REGISTRY: dict[BackendKind, BackendInfo] = {i.kind: i for i in (
     BackendInfo(BackendKind.LLAMACPP, "llama.cpp", Opens.GGUF, "llama_cpp", "llama_cpp_python", "llama",
-                _open_llamacpp, _llamacpp_offloads, plain_kernels="without flash attention", reads_any_gguf=True,
+                _open_llamacpp, _llamacpp_offloads, fast_kernels="without flash attention", reads_any_gguf=True,
                 reference=True, draft_models=True, planned=True),
-    # ik: gpu_offload None, the pinned wheel (SUPPORTED in ik.py) is a CPU build (llama_supports_gpu_offload false)
+    # ik: gpu_offload None, the pinned wheel (SUPPORTED in ik_lib.py) is a CPU build (llama_supports_gpu_offload false)
     BackendInfo(BackendKind.IK, "ik_llama.cpp", Opens.GGUF, "ik_llama_cpp", "ik-llama-cpp-python", "ik", _open_ik,
-                plain_kernels="repacked", reads_any_gguf=True, draft_models=True, planned=True, gated=True,
+                fast_kernels="repacked", reads_any_gguf=True, draft_models=True, planned=True, gated=True,
                 probe=_probe_ik),
     BackendInfo(BackendKind.NATIVE, "native", Opens.GGUF, None, "specedge", None, _open_native,
                 draft_models=True, many_caches=True, planned=True, gated=True, probe=_probe_native,
