@@ -46,12 +46,13 @@ from ..models.manifest import FORMAT, MANIFEST, PAD_ROW_NONE, Manifest, Profile,
 from ..models.ref import RefKind, model_ref
 from ..runtime.backends import artifact_engine, gguf_engines, info
 from .auto import candidate_specs, load_or_measure
-from .contention import CpuWatch, drifted, not_settled
+from .contention import drifted
 from .environment import environment
 from .load import LoadedModel, artifact_name, load_model
+from .measured import recorded, watch
 from .notice import Measuring
-from .plan import (Plan, PlanRow, PlanTarget, load_plan, nearest_plan, new_plan, plan_basis, plan_key, plan_path,
-                   save_plan, target_rows, what_changed)
+from .plan import (PLANS, Plan, PlanRow, PlanTarget, load_plan, nearest_plan, new_plan, plan_basis, plan_key,
+                   plan_path, target_rows, what_changed)
 from .profile import model_fingerprint
 from .profile_measure import MeasureSettings, measure_steps, warm_page_cache
 
@@ -117,22 +118,16 @@ def plan_for(model: str, settings: PlanSettings = PlanSettings(), *, cache_dir: 
         log(Measuring(f"plan: {why}; measuring this machine {budget} to choose the fastest engine and drafter "
                       f"(once; {skip}`--no-plan` or Engine.open(..., plan=False) never plans)"))
     t0 = time.perf_counter()
-    with CpuWatch(threads) as watch:  # other processes' CPU use over the whole planning
+    with watch(threads) as w:  # other processes' CPU use over the whole planning
         targets = discover_targets(model, settings, cache_dir=cache_dir, log=log)
         for t in dict.fromkeys(t.path for t in targets):  # a model just pulled is read from disk once, before
             warm_page_cache(Path(t))  # anything is timed
         targets, rows, drift = measure_targets(targets, settings, threads, cache_dir=cache_dir, force=refresh,
                                                log=log, started=t0)
-    load = watch.load
     plan = new_plan(key, model, targets, rows, threads, environment(threads), time.perf_counter() - t0,
-                    load={**load.to_dict(), "busy": load.busy, "drift": drift}, budget_s=settings.budget_s,
-                    basis=basis)
-    if load.busy or drift:
-        log(f"plan: {not_settled(load, drift)}: used for this run only, not cached; `specedge plan {model} "
-            "--refresh` measures again")
-        return plan, True
-    save_plan(plan, path)
-    log(f"plan saved to {path} ({plan.seconds:.0f} s, {load.describe()})")
+                    load=recorded(w.load, drift), budget_s=settings.budget_s, basis=basis)
+    PLANS.keep(plan.to_dict(), path, w.load, drift=drift, log=log,
+               again=f"`specedge plan {model} --refresh` measures again")
     return plan, True
 
 

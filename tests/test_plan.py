@@ -162,11 +162,10 @@ def test_a_plan_measured_while_another_process_burns_the_cpu_is_not_cached(tiny,
     is used for this run only (one line says so), nothing is cached; `specedge plan` shows the load."""
     import subprocess
     import sys
-    from specedge.assembly import auto, contention
+    from specedge.assembly import contention, measured
     pytest.importorskip("llama_cpp")
     path, cache = tiny
-    monkeypatch.setattr(plan_run, "CpuWatch", contention.CpuWatch)  # the real watch
-    monkeypatch.setattr(auto, "CpuWatch", contention.CpuWatch)
+    monkeypatch.setattr(measured, "CpuWatch", contention.CpuWatch)  # the real watch
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
         _wait_burning(burners)  # the interpreters started and spin before planning begins (seen flaky in CI)
@@ -187,7 +186,7 @@ def test_a_plan_measured_while_another_process_burns_the_cpu_is_not_cached(tiny,
 
 def test_a_plan_measured_on_a_quiet_machine_is_cached_with_its_load(tiny, monkeypatch):
     """The same flow with the watch reporting a quiet machine (whatever else this test machine runs)."""
-    from specedge.assembly import contention
+    from specedge.assembly import contention, measured
     pytest.importorskip("llama_cpp")
     path, cache = tiny
 
@@ -196,7 +195,7 @@ def test_a_plan_measured_on_a_quiet_machine_is_cached_with_its_load(tiny, monkey
             self.load = contention.Load(0.01, 0.4, 1.0)
             return self.load
 
-    monkeypatch.setattr(plan_run, "CpuWatch", Quiet)
+    monkeypatch.setattr(measured, "CpuWatch", Quiet)
     quiet, _ = plan_run.plan_for(str(path), plan_run.PlanSettings(threads=1, weights=(), progress=False),
                                  cache_dir=cache)
     assert not quiet.load["busy"] and len(list((cache / "plans").glob("*.json"))) == 1, quiet.load
