@@ -2,7 +2,7 @@
 running: they patch the CPU watch (assembly/contention.py, as assembly/measured.py watches every measurement) to
 report a quiet machine. The contention test
 (tests/test_plan.py, CPU-burning children) watches for real."""
-from specedge.assembly import contention, measured, plan_run
+from specedge.assembly import contention, measured, plan_measure
 
 
 class QuietWatch(contention.CpuWatch):
@@ -13,4 +13,4 @@ class QuietWatch(contention.CpuWatch):
 
 def assume_quiet(monkeypatch) -> None:
     monkeypatch.setattr(measured, "CpuWatch", QuietWatch)
-    monkeypatch.setattr(plan_run, "MIN_DRIFT_S", float("inf"))
+    monkeypatch.setattr(plan_measure, "MIN_DRIFT_S", float("inf"))
