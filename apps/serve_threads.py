@@ -11,41 +11,39 @@ slower for every single request, and took ~20 s at every start).
 """
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 from ..assembly.auto import engine_version
 from ..assembly.decoder import Decoder
+from ..assembly.measured import Store
 from ..assembly.plan import device_fingerprint
 from ..assembly.profile import model_fingerprint
-from ..assembly.schema import write_json_atomic
 from ..models.catalog import model_cache_dir
 
-VERSION = 1  # of runtime/cores.py's probe
+VERSION = 1  # of runtime/cores.py's probe (a probe cached before it recorded its version and key is probed again)
+# whether the logits change with the thread count, which a busy machine does not change: stored as measured
+PROBES = Store("thread_probes", "thread probe", VERSION, covers="file, engine version, threads and machine")
 
 
-def probe_path(decoder: Decoder, cache_dir: Path | None) -> Path:
+def probe_key(decoder: Decoder) -> str:
     s, kind = decoder.model_settings, decoder.model.kind
-    key = json.dumps([VERSION, model_fingerprint(decoder.model.path), kind.value, engine_version(kind),
-                      getattr(decoder.model.backend, "threads", None), s.kernels.value, device_fingerprint()],
-                     sort_keys=True, default=str)
-    return model_cache_dir(cache_dir) / "thread_probes" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    return PROBES.key(model_fingerprint(decoder.model.path), kind.value, engine_version(kind),
+                      getattr(decoder.model.backend, "threads", None), s.kernels.value, device_fingerprint())
 
 
 def known_same_logits(decoder: Decoder, cache_dir: Path | None) -> bool | None:
     """The cached probe for this decoder's engine (None: never probed here)."""
-    try:
-        return bool(json.loads(probe_path(decoder, cache_dir).read_text())["same_logits"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    key = probe_key(decoder)
+    same, _ = PROBES.load(PROBES.path(model_cache_dir(cache_dir), key), key, lambda obj: bool(obj["same_logits"]))
+    return same
 
 
 def remember_same_logits(decoder: Decoder, cache_dir: Path | None, engine) -> None:
     """Cache what the engine's probe found (only where it ran: more than one thread)."""
     if engine.cores is not None and engine.threads and engine.threads > 1:
-        write_json_atomic({"same_logits": engine.shares_threads, "threads": engine.threads},
-                          probe_path(decoder, cache_dir))
+        key = probe_key(decoder)
+        PROBES.save({"version": VERSION, "key": key, "same_logits": engine.shares_threads, "threads": engine.threads},
+                    PROBES.path(model_cache_dir(cache_dir), key))
 
 
 def threads_line(engine, model_id: str, given: bool) -> str:

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..models.catalog import model_cache_dir
-from .contention import CpuWatch, not_settled
+from .measured import recorded, watch
 from .notice import Measuring
 from .environment import environment
-from .profile import (PLAIN, Choice, DeviceProfile, choose, k_label, load_profile, model_fingerprint,
-                            profile_key, profile_path, save_profile)
+from .profile import (PLAIN, PROFILES, Choice, DeviceProfile, choose, k_label, load_profile, model_fingerprint,
+                      profile_key, profile_path)
 from .profile_measure import MeasureSettings, measure, warm_page_cache
 from ..runtime.backends import BackendKind, Kernels, info
 from ..runtime.cores import default_threads
@@ -115,17 +115,14 @@ def load_or_measure(target: LoadedModel, label: str, specs: Sequence[str], *, th
     drafters = {s: make_drafter(parse_drafter(s), target, ctx=ctx, threads=threads, cache_dir=cache_dir,
                                 device=device) for s in specs}
     warm_page_cache(Path(target.path))  # the first round must not be the one that reads the weights from disk
-    with CpuWatch(threads) as watch:
+    with watch(threads) as w:
         fields = measure(target, drafters, settings, log=log, step=step)
     profile = DeviceProfile(key=key, target=label, backend=target.kind.value, model=str(target.path),
                             fingerprint=fingerprint, threads=threads, device=device,
-                            machine={**environment(threads), "load": watch.load.to_dict()},
+                            machine={**environment(threads), "load": recorded(w.load)},
                             created=time.strftime("%Y-%m-%d %H:%M:%S"), **fields)
-    if watch.load.busy:  # a measurement taken while another process used the CPU says nothing about the engine
-        log(f"device profile of {label}: {not_settled(watch.load)}: used now, not cached")
-        return profile, path
-    save_profile(profile, path)
-    log(f"device profile saved to {path}")
+    # a measurement taken while another process used the CPU says nothing about the engine: used, not cached
+    PROFILES.keep(profile.to_dict(), path, w.load, log=log, subject=f"device profile of {label}")
     return profile, path
 
 

@@ -22,7 +22,6 @@ the threads and GATE_VERSION.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import sys
@@ -40,9 +39,9 @@ from ..runtime.backends import BackendInfo, GateTuning, Kernels, OpenSettings, r
 from ..runtime.cores import default_threads
 from ..runtime.tokenizer import TextTokenizer, Tokenizer
 from .devset import load_prompts
+from .measured import Store
 from .notice import Measuring
 from .profile import model_fingerprint
-from .schema import write_json_atomic
 
 Log = Callable[[str], None]
 GATE_VERSION = 3  # 2: large files checked on fewer positions; 3: plain kernels checked
@@ -54,6 +53,8 @@ GATE_MARGIN, GATE_FLOOR = 0.02, 0.90
 PROBE_WIDTHS = tuple(range(2, 10))
 GATE_TIMEOUT_S = 900
 NUMPY_REFERENCE_BYTES = 2.5e9  # fp32 weights beyond this (a 1.5B model: 6 GB) are judged against mainline llama.cpp
+# top-1 agreement, which a busy machine does not change: stored as measured (no load watched)
+GATES = Store("gates", "gate", GATE_VERSION, version_field="version_gate", covers="file, engine version and threads")
 
 
 @dataclass(frozen=True)
@@ -110,13 +111,15 @@ class Gate:
 
 
 def gate_key(path: Path, engine: BackendInfo, threads: int) -> str:
-    text = json.dumps([GATE_VERSION, model_fingerprint(path), engine.value, engine.version(), threads, GATE_CALLS,
-                       PROBE_WIDTHS])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return GATES.key(model_fingerprint(path), engine.value, engine.version(), threads, GATE_CALLS, PROBE_WIDTHS)
 
 
 def gate_path(cache_dir: Path | None, key: str) -> Path:
-    return model_cache_dir(cache_dir) / "gates" / f"{key}.json"
+    return GATES.path(model_cache_dir(cache_dir), key)
+
+
+def save_gate(gate: Gate, cache_dir: Path | None) -> Path:
+    return GATES.save(asdict(gate), gate_path(cache_dir, gate.key))
 
 
 def engine_gate(path: Path, engine: BackendInfo, *, threads: int | None = None, cache_dir: Path | None = None,
@@ -127,16 +130,14 @@ def engine_gate(path: Path, engine: BackendInfo, *, threads: int | None = None, 
     threads = default_threads(threads)
     key = gate_key(Path(path), engine, threads)
     where = gate_path(cache_dir, key)
-    if where.is_file():
-        try:
-            return Gate(**json.loads(where.read_text()))
-        except (ValueError, TypeError):
-            pass  # another version's file: measure again
+    cached, _ = GATES.load(where, key, lambda obj: Gate(**obj))  # another version's file: measured again
+    if cached is not None:
+        return cached
     log(Measuring(f"{engine.name}: no gate for {Path(path).name} at {threads} thread{'s' if threads > 1 else ''} "
                   "yet: checking it once (faithfulness by call size, batch invariance; about 10-30 s for a few "
                   "hundred MB on 2 cores, then cached; --backend llamacpp skips it)"))
     gate = _measure_in_child(Path(path), engine, threads, key, where, cache_dir)
-    write_json_atomic(asdict(gate), where)
+    save_gate(gate, cache_dir)
     log(gate.summary())
     return gate
 

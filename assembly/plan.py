@@ -37,9 +37,7 @@ records that basis (plan_basis), so a run at a thread count nobody planned for c
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -47,8 +45,8 @@ from typing import Sequence
 
 from ..runtime.backends import REGISTRY, info
 from .environment import SIMD, cpu_info
+from .measured import Store, described
 from .profile import PLAIN, DeviceProfile, choose, k_label, predict
-from .schema import write_json_atomic
 
 PLAN_VERSION = 9  # 2: rows on the measured scale per drafter; 3: llama.cpp speculation only at 1 thread; 4: its
 #                   plain-decoding kernels; 5: targets put on one time base head to head (plan_run.head_to_head);
@@ -58,6 +56,7 @@ PLAN_VERSION = 9  # 2: rows on the measured scale per drafter; 3: llama.cpp spec
 #                   9: prompt processing measured; rows scored end to end over REQUESTS
 PLAN_MARGIN = 0.03  # a speculative configuration must be predicted this much faster than the fastest plain engine
 _ENGINES = tuple(e.distribution for e in REGISTRY.values() if e.planned)  # their versions key plans
+PLANS = Store("plans", "plan", PLAN_VERSION, covers="model, machine, threads and engine versions")
 
 
 @dataclass(frozen=True)
@@ -146,11 +145,7 @@ class Plan:
     def measured(self) -> str:
         """When and under what load: 'measured 2026-11-25 08:12:24 in 64 s (budget 70 s), quiet (other processes
         0.02 cores; load average 1.1 on 2 cores)' (assembly/contention.py Load.describe)."""
-        from .contention import Load
-        load = self.load
-        how = "" if not load else ", " + Load(load.get("other_cores", 0.0), load.get("loadavg", 0.0),
-                                               load.get("wall_s", 0.0), load.get("cores", 0)
-                                               ).describe(load.get("drift") or "")
+        how = ", " + described(self.load) if self.load else ""
         budget = "measured fully" if self.budget_s is None else f"budget {self.budget_s:.0f} s"
         return f"measured {self.created} in {self.seconds:.0f} s ({budget}){how}"
 
@@ -223,9 +218,8 @@ class Plan:
 
     @classmethod
     def from_dict(cls, obj: dict) -> "Plan":
-        """Raises ValueError/TypeError/KeyError on a plan of another version or shape (the caller re-plans)."""
-        if obj.get("version") != PLAN_VERSION:
-            raise ValueError(f"plan version {obj.get('version')}, expected {PLAN_VERSION}")
+        """Raises ValueError/TypeError/KeyError on a plan of another shape (the caller re-plans; PLANS.load has
+        checked its version)."""
         fields = {k: v for k, v in obj.items() if k != "choice"}
         fields["rows"] = [PlanRow(**r) for r in obj["rows"]]
         plan = cls(**fields)
@@ -313,19 +307,15 @@ def plan_basis(model_fingerprint: str, weights: Sequence[str], device: dict | No
 def plan_key(model_fingerprint: str, threads: int, weights: Sequence[str], device: dict | None = None) -> str:
     """16 hex digits over the source model's fingerprint, threads, the weight formats planned, the device."""
     device = device if device is not None else device_fingerprint()
-    text = json.dumps([PLAN_VERSION, model_fingerprint, threads, sorted(weights), device], sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return PLANS.key(model_fingerprint, threads, sorted(weights), device)
 
 
 def cached_plans(cache_root: Path) -> list[Plan]:
     """Every readable plan of this version under <cache_root>/plans whose measured artifacts all exist."""
     out = []
-    for path in sorted((Path(cache_root) / "plans").glob("*.json")):
-        try:
-            plan = Plan.from_dict(json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError, KeyError):
-            continue
-        if all(Path(s).exists() for s in plan.sources):
+    for path in sorted((Path(cache_root) / PLANS.folder).glob("*.json")):
+        plan, _ = PLANS.load(path, None, Plan.from_dict)
+        if plan is not None and all(Path(s).exists() for s in plan.sources):
             out.append(plan)
     return out
 
@@ -357,24 +347,18 @@ def what_changed(cache_root: Path, basis: dict) -> str | None:
 
 def plan_path(cache_root: Path, key: str) -> Path:
     """<model cache>/plans/<key>.json"""
-    return Path(cache_root) / "plans" / f"{key}.json"
+    return PLANS.path(cache_root, key)
 
 
 def save_plan(plan: Plan, path: Path) -> Path:
-    return write_json_atomic(plan.to_dict(), path)
+    return PLANS.save(plan.to_dict(), path)
 
 
 def load_plan(path: Path, key: str) -> tuple[Plan | None, str]:
     """(plan, "") when `path` holds a valid plan with this key whose artifacts all still exist; else (None, why)."""
-    path = Path(path)
-    if not path.is_file():
-        return None, "no plan for this model, machine, threads and engine versions yet"
-    try:
-        plan = Plan.from_dict(json.loads(path.read_text()))
-    except (ValueError, TypeError, KeyError) as e:
-        return None, f"the cached plan {path} is unreadable or from another version ({e})"
-    if plan.key != key:
-        return None, f"the cached plan {path} was made for another model, machine or engine versions"
+    plan, why = PLANS.load(path, key, Plan.from_dict)
+    if plan is None:
+        return None, why
     gone = [s for s in plan.sources if not Path(s).exists()]
     if gone:
         return None, f"the cached plan measured {gone[0]}, which is gone"

@@ -32,20 +32,22 @@ alpha = 0.8 at every position: k = 1: 1.8 / 11.5 ms = 157 tok/s, k = 2: 2.44 / 1
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..runtime.draft_length import expected_tokens
-from .schema import check_schema, write_json_atomic
+from .measured import Store
+from .schema import check_schema
 from ..runtime.drafters.spec import DrafterKind
 
 PROFILE_SCHEMA_VERSION = 5  # 2: a draft model's cost measured at one k is per token (profile_measure.draft_cost);
 # 3: each drafter also measured with the adaptive draft length; 4: prompts fed without their logits (a llama.cpp
 # engine's per-token cost after a prompt changed); 5: the prompt's processing rate (plain, and a draft model's)
 PLAIN = DrafterKind.NONE.value
+PROFILES = Store("profiles", "device profile", PROFILE_SCHEMA_VERSION, version_field="schema_version",
+                 covers="model, backend, engine version, threads and device")
 
 _NUMS = {"type": "array", "items": {"type": "number"}}
 _DRAFTER = {"type": "object",
@@ -241,28 +243,18 @@ def model_fingerprint(path: str | Path) -> str:
 
 def profile_key(fingerprint: str, backend: str, threads: int | None, device: str, engine: str | None) -> str:
     """16 hex digits over what changes the costs: the model, backend, its engine version, threads, device."""
-    text = f"v{PROFILE_SCHEMA_VERSION}|{fingerprint}|{backend}|{engine}|{threads}|{device}"
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return PROFILES.key(fingerprint, backend, engine, threads, device)
 
 
 def profile_path(cache_root: Path, key: str) -> Path:
     """<model cache>/profiles/<key>.json"""
-    return Path(cache_root) / "profiles" / f"{key}.json"
+    return PROFILES.path(cache_root, key)
 
 
 def save_profile(profile: DeviceProfile, path: Path) -> Path:
-    return write_json_atomic(profile.to_dict(), path)
+    return PROFILES.save(profile.to_dict(), path)
 
 
 def load_profile(path: Path, key: str) -> tuple[DeviceProfile | None, str]:
     """(profile, "") when `path` holds a valid profile with this key; else (None, why it must be re-measured)."""
-    path = Path(path)
-    if not path.is_file():
-        return None, f"no device profile at {path}"
-    try:
-        profile = DeviceProfile.from_dict(json.loads(path.read_text()))
-    except (ValueError, TypeError) as e:  # JSONDecodeError is a ValueError
-        return None, f"the device profile {path} is unreadable or from another schema version ({e})"
-    if profile.key != key:
-        return None, f"the device profile {path} was measured for another model/backend/threads (key {profile.key})"
-    return profile, ""
+    return PROFILES.load(path, key, DeviceProfile.from_dict)

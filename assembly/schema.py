@@ -1,23 +1,8 @@
-"""The JSON files the assembly layer caches (device profiles, plans): an atomic writer, and a JSON-schema subset
-checker for what we read back (used where the jsonschema package is not installed; the tests validate with
-jsonschema too)."""
+"""A JSON-schema subset checker for the JSON we read back (device profiles, benchmark results; used where the
+jsonschema package is not installed; the tests validate with jsonschema too). Caching them: assembly/measured.py."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 _TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
-
-
-def write_json_atomic(obj, path: Path) -> Path:
-    """Write obj as indented JSON to path (parents created) through a sibling .tmp and a rename: a crash leaves the
-    old file, never half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    tmp.replace(path)
-    return path
 
 
 def check_schema(obj, schema: dict, where: str = "$") -> list[str]:

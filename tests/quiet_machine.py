@@ -1,7 +1,8 @@
 """Tests of the planner's flow (what is measured, cached, chosen) must not depend on what else the test machine is
-running: they patch the CPU watch (assembly/contention.py) to report a quiet machine. The contention test
+running: they patch the CPU watch (assembly/contention.py, as assembly/measured.py watches every measurement) to
+report a quiet machine. The contention test
 (tests/test_plan.py, CPU-burning children) watches for real."""
-from specedge.assembly import auto, contention, plan_run
+from specedge.assembly import contention, measured, plan_measure
 
 
 class QuietWatch(contention.CpuWatch):
@@ -11,6 +12,5 @@ class QuietWatch(contention.CpuWatch):
 
 
 def assume_quiet(monkeypatch) -> None:
-    monkeypatch.setattr(plan_run, "CpuWatch", QuietWatch)
-    monkeypatch.setattr(auto, "CpuWatch", QuietWatch)
-    monkeypatch.setattr(plan_run, "MIN_DRIFT_S", float("inf"))
+    monkeypatch.setattr(measured, "CpuWatch", QuietWatch)
+    monkeypatch.setattr(plan_measure, "MIN_DRIFT_S", float("inf"))

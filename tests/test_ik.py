@@ -142,7 +142,7 @@ def test_a_file_no_call_size_computes_faithfully_is_refused_with_its_figures(tin
     key = engine_gate.gate_key(path, info("ik"), 2)
     gate = engine_gate.measure_gate(path, info("ik"), 2, key)  # in this process (the patch does not reach a child)
     assert not gate.passed and gate.agreement == {"256": 0.0, "16": 0.0}
-    engine_gate.write_json_atomic(engine_gate.asdict(gate), engine_gate.gate_path(tmp_path, key))  # as if cached
+    engine_gate.save_gate(gate, tmp_path)  # as if cached
     with pytest.raises(ModelFileError, match="refuses .*0.0% at 16-token calls.*--backend llamacpp"):
         specedge.Engine.open(str(path), backend="ik", drafter="none", threads=2, cache_dir=tmp_path)
 
@@ -214,7 +214,7 @@ def test_the_gate_admits_plain_kernels_only_where_they_are_faithful(tmp_path, mo
     key = engine_gate.gate_key(q4, info("ik"), 2)
     bad = engine_gate.measure_gate(q4, info("ik"), 2, key)
     assert bad.passed and not bad.plain_faithful
-    engine_gate.write_json_atomic(engine_gate.asdict(bad), engine_gate.gate_path(tmp_path, key))
+    engine_gate.save_gate(bad, tmp_path)
     kept = load_model(str(q4), BackendKind.IK, threads=2, ctx=64, cache_dir=tmp_path, kernels=Kernels.FAST_PLAIN_ONLY)
     assert kept.backend.repacked == 0 and kept.backend.caps.batch_invariant
 

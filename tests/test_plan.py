@@ -1,4 +1,4 @@
-"""The planner (assembly/plan.py, assembly/plan_run.py): the choice across engines on hand-made profiles (including
+"""The planner (assembly/plan.py, plan_run.py, plan_targets.py, plan_measure.py): the choice across engines on hand-made profiles (including
 ones where llama.cpp plain must win), calibration, the cache and what invalidates it, and the CLI defaults (plan
 when nothing is given, honour what is given) end to end on a tiny model."""
 import json
@@ -12,7 +12,7 @@ from specedge.apps.cli import cli
 from specedge.apps.options import engine_settings
 from specedge.assembly.open import wants_plan
 from specedge.assembly import plan as planmod
-from specedge.assembly import plan_run
+from specedge.assembly import plan_measure, plan_run, plan_targets
 from specedge.assembly.plan import (PLAIN, Plan, PlanRow, PlanTarget, load_plan, new_plan, plan_key, save_plan,
                                     select, target_rows)
 from specedge.assembly.profile import DeviceProfile, DrafterProfile
@@ -195,11 +195,10 @@ def test_a_plan_measured_while_another_process_burns_the_cpu_is_not_cached(tiny,
     is used for this run only (one line says so), nothing is cached; `specedge plan` shows the load."""
     import subprocess
     import sys
-    from specedge.assembly import auto, contention
+    from specedge.assembly import contention, measured
     pytest.importorskip("llama_cpp")
     path, cache = tiny
-    monkeypatch.setattr(plan_run, "CpuWatch", contention.CpuWatch)  # the real watch
-    monkeypatch.setattr(auto, "CpuWatch", contention.CpuWatch)
+    monkeypatch.setattr(measured, "CpuWatch", contention.CpuWatch)  # the real watch
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
         _wait_burning(burners)  # the interpreters started and spin before planning begins (seen flaky in CI)
@@ -220,7 +219,7 @@ def test_a_plan_measured_while_another_process_burns_the_cpu_is_not_cached(tiny,
 
 def test_a_plan_measured_on_a_quiet_machine_is_cached_with_its_load(tiny, monkeypatch):
     """The same flow with the watch reporting a quiet machine (whatever else this test machine runs)."""
-    from specedge.assembly import contention
+    from specedge.assembly import contention, measured
     pytest.importorskip("llama_cpp")
     path, cache = tiny
 
@@ -229,7 +228,7 @@ def test_a_plan_measured_on_a_quiet_machine_is_cached_with_its_load(tiny, monkey
             self.load = contention.Load(0.01, 0.4, 1.0)
             return self.load
 
-    monkeypatch.setattr(plan_run, "CpuWatch", Quiet)
+    monkeypatch.setattr(measured, "CpuWatch", Quiet)
     quiet, _ = plan_run.plan_for(str(path), plan_run.PlanSettings(threads=1, weights=(), progress=False),
                                  cache_dir=cache)
     assert not quiet.load["busy"] and len(list((cache / "plans").glob("*.json"))) == 1, quiet.load
@@ -243,9 +242,9 @@ def test_head_to_head_rounds_that_disagree_are_named_noise_not_busy():
     reading says busy; no line says "busy" and "quiet" at once (the issue's first run said both)."""
     from specedge.assembly.contention import Load, drifted, not_settled
     assert drifted(100.0, 60.0) and not drifted(100.0, 90.0) and not drifted(0.0, 0.0)
-    why = plan_run.disagreement([(0.31, "ik q4_1 ran 60.1 then 41.5 tok/s"), (0.27, "llama.cpp ran 50.0 then 36.5")])
+    why = plan_measure.disagreement([(0.31, "ik q4_1 ran 60.1 then 41.5 tok/s"), (0.27, "llama.cpp ran 50.0 then 36.5")])
     assert why == ("the rounds disagreed by 31% (ik q4_1 ran 60.1 then 41.5 tok/s; llama.cpp ran 50.0 then 36.5)")
-    assert plan_run.disagreement([]) == ""
+    assert plan_measure.disagreement([]) == ""
     noise = not_settled(Load(0.04, 2.0, 30.0), why)  # the issue's reading: load average 2.0, others 0.04 cores
     assert noise.startswith("the rounds disagreed by 31% (") and "noise" in noise and "0.04 cores" in noise
     busy = not_settled(Load(1.45, 3.9, 30.0))
@@ -288,14 +287,29 @@ def test_the_budget_shrinks_a_slow_model_s_measurement_and_leaves_a_fast_one_alo
                                                            0.009, 1.0)
 
 
+def test_each_target_gets_its_share_of_the_budget_and_a_plain_only_one_half():
+    """plan_measure: an equal share of what is left after the head-to-head reserve (at least 5 s in all), halved in
+    one place for a plain-only measurement; no budget (`--full`): the settings as given."""
+    import time
+    settings = plan_run.PlanSettings(budget_s=70.0)
+    spent = plan_measure._Planning(settings, 1, None, False, time.perf_counter() - 1e6, None, print)
+    assert spent.budgeted(2).budget_s == 2.5  # nothing left: the 5 s floor, over two targets
+    fresh = plan_measure._Planning(settings, 1, None, False, time.perf_counter() + 1e6, None, print)
+    share = fresh.budgeted(4).budget_s  # planning "starts" later: all of it left, 1e6 s added, over 4
+    assert share == pytest.approx((70.0 * (1 - plan_measure.HEAD_TO_HEAD_SHARE) + 1e6) / 4, rel=1e-6)
+    assert plan_measure._plain_only(fresh.budgeted(4)).budget_s == pytest.approx(share / 2, rel=1e-6)
+    full = plan_measure._Planning(plan_run.PlanSettings(budget_s=None), 1, None, False, 0.0, None, print)
+    assert full.budgeted(3) == plan_run.PLAN_MEASURE and plan_measure._plain_only(full.budgeted(3)).budget_s is None
+
+
 def replace_measure(s, **kw):
     from dataclasses import replace
     return replace(s, **kw)
 
 
 def test_large_exports_are_skipped_within_the_budget():
-    assert plan_run.EXPORT_S_PER_MPARAM * 1500 > plan_run.PLAN_BUDGET_S / 4  # a 1.5B export would not fit
-    assert plan_run.EXPORT_S_PER_MPARAM * 135 < plan_run.PLAN_BUDGET_S / 4  # SmolLM2's does
+    assert plan_targets.EXPORT_S_PER_MPARAM * 1500 > plan_run.PLAN_BUDGET_S / 4  # a 1.5B export would not fit
+    assert plan_targets.EXPORT_S_PER_MPARAM * 135 < plan_run.PLAN_BUDGET_S / 4  # SmolLM2's does
 
 
 def test_plan_round_trip_and_what_invalidates_the_cache(tmp_path):
@@ -511,12 +525,14 @@ def test_head_to_head_rescales_each_target_by_its_plain_speed_now(tiny):
     per = [[r for r in plan.rows if r.path == t.path] for t in targets]
     from specedge.assembly.load import load_model
     from specedge.runtime.backends import BackendKind
-    models = [load_model(t.path, BackendKind(t.engine), threads=1, cache_dir=cache, device="cpu") for t in targets]
+    measured = [plan_measure.Measured(t, rows, load_model(t.path, BackendKind(t.engine), threads=1, cache_dir=cache,
+                                                          device="cpu")) for t, rows in zip(targets, per)]
     lines = []
-    out, drift = plan_run.head_to_head(targets, models, per, lines.append)
+    out, drift = plan_measure.head_to_head(measured, lines.append)
     assert drift == ""  # assume_quiet: rounds are not compared for drift on a tiny model
     assert len(lines) == 2 and all("head to head" in m for m in lines)
-    for before, after in zip(per, out):
+    assert [m.target for m in out] == targets and [m.rows for m in measured] == per  # new records, inputs kept
+    for before, after in zip(per, (m.rows for m in out)):
         scale = after[0].predicted_tok_s / before[0].predicted_tok_s
         assert scale > 0 and [a.predicted_tok_s for a in after] == pytest.approx(
             [b.predicted_tok_s * scale for b in before])  # one factor per target: its rows keep their order
