@@ -129,7 +129,7 @@ def test_one_default_thread_count():
 
 
 def test_the_serve_thread_probe_is_keyed_by_the_kernels(tiny, tmp_path):
-    from specedge.apps.serve_threads import probe_path
+    from specedge.apps.serve_threads import probe_key
     from specedge.assembly.decoder import DecodeSettings, Decoder
     path, _ = tiny
     loaded = load_model(str(path), BackendKind.NUMPY)
@@ -137,4 +137,4 @@ def test_the_serve_thread_probe_is_keyed_by_the_kernels(tiny, tmp_path):
     exact = Decoder(loaded, ModelSettings(str(path), BackendKind.NUMPY), drafterless)
     fast = Decoder(loaded, ModelSettings(str(path), BackendKind.NUMPY, kernels=Kernels.FAST_PLAIN_ONLY),
                    DecodeSettings(drafter=drafterless.drafter))
-    assert probe_path(exact, tmp_path) != probe_path(fast, tmp_path)
+    assert probe_key(exact) != probe_key(fast)
