@@ -282,8 +282,8 @@ class ChatLoop:
                 value = getattr(call, k)
                 if k == "max_tokens" and value is None:
                     value = "none (to the end of the turn or the context limit)"
-                elif value is None:  # a sampling value the defaults fill (CallSettings.sampling's names)
-                    value = unset_value(k, getattr(used, SAMPLING_NAMES.get(k, k)), used.greedy, defaults)
+                elif value is None:  # a sampling value the defaults fill (SamplingParams names it as CallSettings does)
+                    value = unset_value(k, getattr(used, k), used.greedy, defaults)
                 click.echo(f"  {k} = {value}")
             return
         try:
@@ -292,8 +292,6 @@ class ChatLoop:
             return say(f"error: {e}")
         say(f"({key} = {self.conv.options[key]})")
 
-
-SAMPLING_NAMES = {"repeat_penalty": "repetition_penalty"}  # a CallSettings option -> its SamplingParams field
 
 BASE_MODEL_CAP = 256  # tokens per answer of a model that ships no chat template (chat only; --max-tokens wins)
 

@@ -71,10 +71,8 @@ def engine_error(e: ValueError, req: "GenRequest | None" = None) -> APIError:
             reason = f"a forced tool's parameters are not a JSON Schema llguidance can enforce: {reason}"
         return APIError(400, reason, param=req.constraint)
     sampling = (f.name for f in fields(CallSettings) if f.name not in ("seed", "stop", "grammar", "logprobs"))
-    names = (*sampling, "repetition_penalty", "prompt", "messages")
-    hits = [(msg.find(f), f) for f in names if f in msg]
+    hits = [(msg.find(f), f) for f in (*sampling, "prompt", "messages") if f in msg]
     param = min(hits)[1] if hits else None
-    param = "repeat_penalty" if param == "repetition_penalty" else param
     if param == "prompt" and req is not None and req.chat:
         param = "messages"
     code = "context_length_exceeded" if "context holds" in msg else None

@@ -173,14 +173,11 @@ class CallSettings:
         except (TypeError, ValueError):
             raise ValueError(f"logit_bias must map token ids to numeric biases, got {self.logit_bias!r}") from None
         object.__setattr__(self, "logit_bias", bias)
-        try:
-            self.sampling()  # raises ValueError naming a bad value
-        except ValueError as e:  # named as the caller set it: --repeat-penalty, /set repeat_penalty, repeat_penalty=
-            raise ValueError(str(e).replace("repetition_penalty", "repeat_penalty")) from None
+        self.sampling()  # raises ValueError naming a bad value (SamplingParams' fields are named as these)
 
     def sampling(self, defaults: SamplingDefaults = CHAT_DEFAULTS) -> SamplingParams:
         """The SamplingParams of this call: every field both declare, by name (`defaults` for an unset temperature /
-        top_p / top_k / min_p), and repeat_penalty as repetition_penalty."""
+        top_p / top_k / min_p; for an unset repeat_penalty / dry_multiplier, theirs when sampling, off when greedy)."""
         values = {name: getattr(self, name) for name in _SHARED}
         values = {k: getattr(defaults, k) if v is None else v for k, v in values.items()}
         penalty, dry = self.repeat_penalty, self.dry_multiplier
@@ -189,11 +186,12 @@ class CallSettings:
             penalty = 1.0 if greedy else defaults.repeat_penalty
         if dry is None:
             dry = 0.0 if greedy else defaults.dry_multiplier
-        return SamplingParams(**{**values, "dry_multiplier": dry}, repetition_penalty=penalty)
+        return SamplingParams(**values, repeat_penalty=penalty, dry_multiplier=dry)
 
 
+_PENALTIES = ("repeat_penalty", "dry_multiplier")  # None: the defaults' when sampling, off when greedy
 _SHARED = tuple(f.name for f in fields(CallSettings)
-                if f.name in {g.name for g in fields(SamplingParams)} and f.name != "dry_multiplier")
+                if f.name in {g.name for g in fields(SamplingParams)} and f.name not in _PENALTIES)
 
 
 def parse_logit_bias(items: Iterable[str]) -> dict[int, float]:
