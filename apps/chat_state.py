@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import get_type_hints
 
-from ..assembly.decoder import CallSettings, parse_logit_bias
+from ..assembly.decoder import CALL_OPTIONS, CallSettings, parse_logit_bias
 from ..assembly.sampling_defaults import SamplingDefaults
 from ..runtime.stats import CallStats
 from ..runtime.types import FinishReason
@@ -28,7 +28,7 @@ def bias_option(text: str) -> dict[int, float]:
         raise ValueError(f"{e} (several: /set logit_bias 15043+1 1234-inf; /set logit_bias none clears)") from None
 
 
-OPTION_NAMES = tuple(f.name for f in fields(CallSettings) if f.name not in ("stop", "grammar", "logprobs"))
+OPTION_NAMES = CALL_OPTIONS  # the /set keys: CallSettings' per-call options (assembly/decoder.py)
 PENALTIES = ("repeat_penalty", "dry_multiplier")  # specedge's defaults for sampled answers, off when greedy
 
 
@@ -63,6 +63,13 @@ def _parser(name: str):
 
 
 OPTION_TYPES = {name: _parser(name) for name in OPTION_NAMES}
+
+
+def set_keys() -> str:
+    """The /set keys as /help lists them: each option, with how its value is written where it is not a number."""
+    how = {switch: " on|off", bias_option: " ID+BIAS ..."}
+    return ", ".join(name + how.get(OPTION_TYPES[name], "") for name in OPTION_NAMES)
+
 # /set K none: the fields that take None (max_tokens: no limit; the sampling values: the model's default)
 OPTIONAL = tuple(name for name in OPTION_NAMES if "None" in str(get_type_hints(CallSettings)[name]))
 RESERVE_CAP = 512  # answer room the chat keeps free when trimming: min(RESERVE_CAP, ctx // 4), or max_tokens

@@ -159,14 +159,8 @@ def generate(**o) -> None:
     if decoder.lossy is not None:
         click.echo(f"warning: {decoder.label}: the output is NOT the model's own (quality measured in "
                    "perf/loradrop_ppl.py)", err=True)
-    base = base_tokens = None
     is_plain = isinstance(decoder.settings.drafter, NoneSpec) and decoder.lossy is None
-    if o["baseline"] and is_plain:  # plain against plain would print a "speedup" of noise
-        click.echo(f"--baseline: this run is already plain decoding on {decoder.model.kind.value}: there is "
-                   "nothing to compare it with (give --drafter to compare a drafter with plain)", err=True)
-    elif o["baseline"]:
-        plain = decoder.with_decode(DecodeSettings(NoneSpec(), decoder.settings.k)).run(prompt_ids, call)
-        base, base_tokens = plain.stats.decode, plain.tokens
+    base = _baseline(decoder, prompt_ids, call, is_plain) if o["baseline"] else None
     echo = None if o["as_json"] else (lambda s: click.echo(s, nl=False))
     try:
         result = decoder.run(prompt_ids, call, on_text=echo)
@@ -177,16 +171,7 @@ def generate(**o) -> None:
     note = finish_note(result, call)
     if note:
         click.echo(note, err=True)
-    s, stats = decoder.settings, result.stats.decode  # the plan or --auto may have replaced the engine, drafter, k
-    drafter, backend = str(s.drafter), decoder.model.kind.value
-    report = {**result.stats.to_dict(), "drafter": drafter, "backend": backend, "model": str(decoder.model.path),
-              "k": s.k, "adaptive_k": s.adaptive_k, "verifier": s.verifier.value}
-    if decoder.lossy is not None:
-        report.update(drafter=str(NoneSpec()), lossy=decoder.label)
-    if base is not None:
-        report["baseline_tokens_per_s"] = base.tokens_per_s
-        report["speedup"] = stats.tokens_per_s / max(base.tokens_per_s, 1e-9)
-        report["identical_to_baseline"] = base_tokens == result.tokens
+    report = _report(decoder, result, base)
     if o["as_json"]:
         out = {"text": result.text, "tokens": result.tokens, "finish_reason": result.finish_reason.value,
                "stats": report}
@@ -195,16 +180,48 @@ def generate(**o) -> None:
                                for lp in result.logprobs]
         click.echo(json.dumps(out))
     if o["show_stats"] or o["baseline"]:
-        used = result.stats.sampling
-        temp = "greedy" if used.greedy else f"temperature={used.temperature:g} top_p={used.top_p:g}"
-        how = report.get("lossy") or ("plain" if is_plain else f"drafter={drafter} k={s.k}")
-        line = f"[{backend} {how} {temp}] {stats.summary()}, finish {result.finish_reason}"
-        if base is not None:
-            line += (f"\n[{backend} plain] {base.tokens_per_s:.1f} tok/s -> speedup "
-                     f"{report['speedup']:.2f}x, output identical to plain: {report['identical_to_baseline']}")
-            if not used.greedy:  # sampled: the same distribution, not the same draws from the seed
-                line += " (sampled: lossless in distribution, not token for token; --temperature 0 compares tokens)"
-        click.echo(line, err=True)
+        click.echo(_stats_line(decoder, result, report, base, is_plain), err=True)
+
+
+def _baseline(decoder, prompt_ids, call, is_plain: bool):
+    """--baseline: the same call decoded plainly on the same target (its GenerationResult); None when this run is
+    plain already (plain against plain would print a "speedup" of noise)."""
+    if is_plain:
+        click.echo(f"--baseline: this run is already plain decoding on {decoder.model.kind.value}: there is "
+                   "nothing to compare it with (give --drafter to compare a drafter with plain)", err=True)
+        return None
+    return decoder.with_decode(DecodeSettings(NoneSpec(), decoder.settings.k)).run(prompt_ids, call)
+
+
+def _report(decoder, result, base) -> dict:
+    """--json's `stats`: the call's statistics and what decoded (the plan or --auto may have replaced the engine,
+    drafter and k), with the speedup over the plain baseline `base` when one ran."""
+    s = decoder.settings
+    report = {**result.stats.to_dict(), "drafter": str(s.drafter), "backend": decoder.model.kind.value,
+              "model": str(decoder.model.path), "k": s.k, "adaptive_k": s.adaptive_k, "verifier": s.verifier.value}
+    if decoder.lossy is not None:
+        report.update(drafter=str(NoneSpec()), lossy=decoder.label)
+    if base is not None:
+        plain = base.stats.decode
+        report["baseline_tokens_per_s"] = plain.tokens_per_s
+        report["speedup"] = result.stats.decode.tokens_per_s / max(plain.tokens_per_s, 1e-9)
+        report["identical_to_baseline"] = base.tokens == result.tokens
+    return report
+
+
+def _stats_line(decoder, result, report: dict, base, is_plain: bool) -> str:
+    """--stats (and --baseline): what decoded, its sampling and statistics; the plain baseline's speed beside."""
+    used, backend, s = result.stats.sampling, report["backend"], decoder.settings
+    temp = "greedy" if used.greedy else f"temperature={used.temperature:g} top_p={used.top_p:g}"
+    how = report.get("lossy") or ("plain" if is_plain else f"drafter={s.drafter} k={s.k}")
+    line = f"[{backend} {how} {temp}] {result.stats.decode.summary()}, finish {result.finish_reason}"
+    if base is not None:
+        line += (f"\n[{backend} plain] {base.stats.decode.tokens_per_s:.1f} tok/s -> speedup "
+                 f"{report['speedup']:.2f}x, output identical to plain: {report['identical_to_baseline']}")
+        if not used.greedy:  # sampled: the same distribution, not the same draws from the seed
+            line += " (sampled: lossless in distribution, not token for token; --temperature 0 compares tokens)"
+    return line
+
 
 def finish_note(result, call) -> str | None:
     """The line saying why an answer stopped before the end of its turn (None when it ended there)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from functools import partial
 from pathlib import Path
 
 import click
@@ -99,12 +100,7 @@ def export_cmd(model, fmt, weights, out, layers, profile, gpu, verify_width, max
     """Export MODEL (catalogue name, .gguf path, or a Hugging Face checkpoint directory with config.json and
     *.safetensors). ONNX exports must pass the parity gate against a reference (the NumPy reference; transformers
     for --via optimum): numbers printed, out of tolerance exits non-zero and marks the artifact failed."""
-    name = model  # what the artifact is named after (hf:OWNER/REPO -> REPO)
-    if hub.is_hub_ref(model):  # the cached copy (pulled if missing): a GGUF file or a checkpoint directory
-        try:
-            model = str(hub.resolve(model, cache_dir))
-        except ValueError as e:
-            raise click.ClickException(str(e)) from None
+    name, model = model, _resolve_hub(model, cache_dir)  # named after hf:OWNER/REPO's REPO; the pulled copy
     hf = is_hf_dir(model)
     if via == "optimum" and not hf:
         raise click.BadParameter("--via optimum exports a Hugging Face checkpoint directory", param_hint="--via")
@@ -125,6 +121,47 @@ def export_cmd(model, fmt, weights, out, layers, profile, gpu, verify_width, max
         return _export_gguf(source, model, weights or "fp32", out, layers, cache_dir)
     if layers is not None:
         raise click.BadParameter("--layers applies to --format gguf", param_hint="--layers")
+    weights = _onnx_weights(weights, via, gpu, profile)
+    try:
+        hf_model = open_hf(model) if hf and via != "optimum" else None
+    except (ValueError, FileNotFoundError) as e:
+        raise click.ClickException(str(e)) from None
+    config = hf_model.config if hf_model is not None else getattr(source, "config", None)
+    static = _static_shape(profile, weights, verify_width, max_context, config) if config is not None else None
+    if drafter_vocab is not None and (static is not None or via == "optimum"):
+        raise click.BadParameter("VocabTrim heads are built for our dynamic-profile graphs: drop --profile static "
+                                 "and --via optimum", param_hint="--drafter-vocab")
+    from ..export.onnx_export import ExportProfile, Profile
+    tolerance = _tolerance(weights, gpu, min_top1, max_dlogit)
+    kind = Profile.STATIC if static is not None else Profile(profile or "dynamic")
+    export_profile = ExportProfile(kind, static, gpu=gpu)
+    out = out or model_cache_dir(cache_dir) / artifact_name(name, weights, via=via, profile=kind, gpu=gpu)
+    shape = (", GPU graph" if gpu else "" if static is None
+             else f", static W={static.verify_width} C={static.max_context}")
+    click.echo(f"exporting {Path(model).name} -> {out} ({weights}{', via optimum' if via == 'optimum' else ''}"
+               f"{shape})", err=True)
+    how = via if via == "optimum" else "hf" if hf else "gguf"
+    export = partial(_export_onnx, via=how, model={"optimum": model, "hf": hf_model, "gguf": source}[how],
+                     weights=weights, tolerance=tolerance, threads=threads, profile=export_profile)
+    heads = None if drafter_vocab is None else lambda stage: _export_drafter_vocab(
+        stage, source, hf_model, weights, drafter_vocab, calib_target or model, calib_limit, calib_tokens, cache_dir,
+        threads)  # --drafter-vocab: the VocabTrim drafter heads beside the artifact
+    _gated_publish(out, export, heads)
+    click.echo(str(out))
+
+
+def _resolve_hub(model: str, cache_dir) -> str:
+    """hf:OWNER/REPO: the cached copy (pulled if missing), a GGUF file or a checkpoint directory; else `model`."""
+    if not hub.is_hub_ref(model):
+        return model
+    try:
+        return str(hub.resolve(model, cache_dir))
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+
+
+def _onnx_weights(weights: str | None, via: str, gpu: bool, profile: str) -> str:
+    """The ONNX weight format (default: fp32 via optimum, fp16 for a GPU graph, else int8); refused combinations."""
     weights = weights or ("fp32" if via == "optimum" else "fp16" if gpu else "int8")
     if weights == "keep":
         raise click.BadParameter("--weights keep copies GGUF blocks into a GGUF: use it with --format gguf",
@@ -135,41 +172,38 @@ def export_cmd(model, fmt, weights, out, layers, profile, gpu, verify_width, max
     if via == "optimum" and profile != "dynamic":
         raise click.BadParameter(f"--profile {profile} is built by our graph builder; drop --via optimum",
                                  param_hint="--profile")
-    try:
-        hf_model = open_hf(model) if hf and via != "optimum" else None
-    except (ValueError, FileNotFoundError) as e:
-        raise click.ClickException(str(e)) from None
-    config = hf_model.config if hf_model is not None else getattr(source, "config", None)
-    static = _static_shape(profile, weights, verify_width, max_context, config) if config is not None else None
-    if drafter_vocab is not None and (static is not None or via == "optimum"):
-        raise click.BadParameter("VocabTrim heads are built for our dynamic-profile graphs: drop --profile static "
-                                 "and --via optimum", param_hint="--drafter-vocab")
-    from ..export.onnx_export import (ExportProfile, ParityError, Profile, Tolerance, WeightFormat,
-                                      export_gguf_to_onnx, export_hf_to_onnx)
-    tolerance = None
-    if min_top1 is not None or max_dlogit is not None:
-        base = Tolerance.for_format(weights, "float16" if gpu else "float32")
-        tolerance = Tolerance(base.min_top1 if min_top1 is None else min_top1,
-                              base.max_dlogit if max_dlogit is None else max_dlogit)
-    kind = Profile.STATIC if static is not None else Profile(profile or "dynamic")
-    export_profile = ExportProfile(kind, static, gpu=gpu)
-    out = out or model_cache_dir(cache_dir) / artifact_name(name, weights, via=via, profile=kind, gpu=gpu)
-    shape = (", GPU graph" if gpu else "" if static is None
-             else f", static W={static.verify_width} C={static.max_context}")
-    click.echo(f"exporting {Path(model).name} -> {out} ({weights}{', via optimum' if via == 'optimum' else ''}"
-               f"{shape})", err=True)
+    return weights
+
+
+def _tolerance(weights: str, gpu: bool, min_top1: float | None, max_dlogit: float | None):
+    """The parity gate's tolerance: the format's, with --min-top1 / --max-dlogit over it; None: the format's."""
+    if min_top1 is None and max_dlogit is None:
+        return None
+    from ..export.onnx_export import Tolerance
+    base = Tolerance.for_format(weights, "float16" if gpu else "float32")
+    return Tolerance(base.min_top1 if min_top1 is None else min_top1,
+                     base.max_dlogit if max_dlogit is None else max_dlogit)
+
+
+def _export_onnx(stage: Path, *, via: str, model, weights: str, tolerance, threads: int | None, profile) -> Path:
+    """`model` (via "optimum": a checkpoint directory's path; "hf": an opened HF checkpoint; "gguf": a GGUF source)
+    exported into `stage` through its parity gate (ParityError); the manifest's path."""
+    from ..export.onnx_export import WeightFormat, export_gguf_to_onnx, export_hf_to_onnx
+    if via == "optimum":
+        from ..export.optimum_export import export_via_optimum
+        return export_via_optimum(model, stage, tolerance=tolerance, threads=threads)
+    write = export_hf_to_onnx if via == "hf" else export_gguf_to_onnx
+    return write(model, stage, WeightFormat(weights), tolerance=tolerance, threads=threads, profile=profile)
+
+
+def _gated_publish(out: Path, export, after=None) -> None:
+    """export(stage) -> manifest into a stage folder beside `out`, then after(stage), then published to `out`; a
+    parity failure is published too (marked failed, kept for inspection) and exits non-zero; the stage never stays."""
+    from ..export.onnx_export import ParityError
     stage = _stage_dir(out)
     try:
         try:
-            if via == "optimum":
-                from ..export.optimum_export import export_via_optimum
-                manifest = export_via_optimum(model, stage, tolerance=tolerance, threads=threads)
-            elif hf:
-                manifest = export_hf_to_onnx(hf_model, stage, WeightFormat(weights), tolerance=tolerance,
-                                             threads=threads, profile=export_profile)
-            else:
-                manifest = export_gguf_to_onnx(source, stage, WeightFormat(weights), tolerance=tolerance,
-                                               threads=threads, profile=export_profile)
+            manifest = export(stage)
         except ParityError as e:
             publish(stage, out)
             raise click.ClickException(f"{e}\nthe artifact in {out} is kept for inspection and marked failed") from None
@@ -178,13 +212,11 @@ def export_cmd(model, fmt, weights, out, layers, profile, gpu, verify_width, max
         parity = json.loads(manifest.read_text("utf-8"))["parity"]
         click.echo(f"parity gate PASS: top-1 agreement {parity['top1']:.2%}, max |dlogit| {parity['max_dlogit']:.4g} "
                    f"({parity['positions']} positions)", err=True)
-        if drafter_vocab is not None:
-            _export_drafter_vocab(stage, source, hf_model, weights, drafter_vocab, calib_target or model, calib_limit,
-                                  calib_tokens, cache_dir, threads)
+        if after is not None:
+            after(stage)
         publish(stage, out)
     finally:
         shutil.rmtree(stage, ignore_errors=True)  # gone already when published
-    click.echo(str(out))
 
 
 def _check_gpu(fmt, profile, via, weights, drafter_vocab, lora_drop) -> None:

@@ -13,12 +13,14 @@ sees unchanged.
 Extension fields (llama.cpp's server uses the same names): request `top_k`, `min_p`, `typical_p`, `repeat_penalty`,
 `dry_multiplier`, `dry_base`, `dry_allowed_length` (DRY; llama.cpp's `dry_penalty_last_n` and
 `dry_sequence_breakers` are refused: ours looks at the whole context and breaks at the model's newline, ':', '"', '*'
-and end-of-turn tokens), `grammar` (GBNF) and `json_schema` (a schema object), and our `regex`; response `specedge` with the speculative-decoding statistics of the call (see docs/server.md for its schema).
+and end-of-turn tokens), `grammar` (GBNF) and `json_schema` (a schema object), and our `regex` and
+`repetition_stop`; response `specedge` with the speculative-decoding statistics of the call (see docs/server.md for
+its schema). The CallSettings fields with a `wire` type are these extensions' (WIRE_FIELDS); the rest are OWN_RULES.
 
 Omitted fields take specedge's defaults, as the CLI and the Engine do, but for the length: no max_tokens /
 max_completion_tokens decodes to the end of the turn (EOS, a stop string) or the context limit, as OpenAI's, for
 both routes (finish_reason "length" only at the limit; the CLI and the Engine cap answers at 1024 tokens), an
-answer that repeats itself stopping there (CallSettings.repetition_stop, on); no temperature / top_p / top_k / min_p samples with the model's own defaults
+answer that repeats itself stopping there (`repetition_stop`, on unless the request says false); no temperature / top_p / top_k / min_p samples with the model's own defaults
 (assembly/sampling_defaults.py; temperature 0.7, top_p 0.9 when the model states none, repeat_penalty 1.1 for
 sampled calls), not OpenAI's temperature 1;
 temperature 0 is greedy; seed 0.
@@ -57,10 +59,8 @@ def engine_error(e: ValueError, req: "GenRequest | None" = None) -> APIError:
             reason = f"a forced tool's parameters are not a JSON Schema llguidance can enforce: {reason}"
         return APIError(400, reason, param=req.constraint)
     sampling = (f.name for f in fields(CallSettings) if f.name not in ("seed", "stop", "grammar", "logprobs"))
-    names = (*sampling, "repetition_penalty", "prompt", "messages")
-    hits = [(msg.find(f), f) for f in names if f in msg]
+    hits = [(msg.find(f), f) for f in (*sampling, "prompt", "messages") if f in msg]
     param = min(hits)[1] if hits else None
-    param = "repeat_penalty" if param == "repetition_penalty" else param
     if param == "prompt" and req is not None and req.chat:
         param = "messages"
     code = "context_length_exceeded" if "context holds" in msg else None
@@ -96,10 +96,12 @@ class GenRequest:
 # Every documented request field, and how it is honoured (docs/server.md's table). A field not listed in its route's
 # set is refused with a 400 naming it; a listed field with a value we cannot honour is refused the same way.
 # the CallSettings fields declared with a `wire` type (assembly/decoder.py option): temperature, top_p and the
-# extensions llama.cpp's server names (top_k, min_p, typical_p, repeat_penalty), parsed alike in _common
+# extensions (llama.cpp's server's names, and repetition_stop), parsed alike in _common
 MAX_TOKENS = 2**31 - 1  # a token count llama.cpp's int32 positions can hold; larger is a client error
 OPENAI_RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0)}
 WIRE_FIELDS = {f.name: f.metadata["wire"] for f in fields(CallSettings) if f.metadata.get("wire")}
+# the other CallSettings fields: OpenAI's, each with a rule of its own in _common (every field is one or the other)
+OWN_RULES = ("max_tokens", "presence_penalty", "frequency_penalty", "logit_bias", "seed", "stop", "grammar", "logprobs")
 COMMON_FIELDS = {"model", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n", "presence_penalty", "seed",
                  "stop", "stream", "stream_options", "user",
                  # extensions (llama.cpp's server names): grammars
@@ -165,6 +167,18 @@ def _integer(body: dict, name: str, default: int | None = None) -> int | None:
     if isinstance(v, bool) or not isinstance(v, int):
         raise invalid(f"{name} must be an integer, got {v!r}", name)
     return v
+
+
+def _boolean(body: dict, name: str, default: bool | None = None) -> bool | None:
+    v = body.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise invalid(f"{name} must be true or false, got {v!r}", name)
+    return v
+
+
+_WIRE_TYPES = {"number": _number, "integer": _integer, "boolean": _boolean}
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -250,7 +264,7 @@ def _common(body: dict, chat: bool) -> tuple[CallSettings, bool, bool, bool, int
     if extra or so.get("include_obfuscation"):
         raise invalid(f"stream_options supports include_usage (include_obfuscation: false only), got {so!r}",
                       "stream_options")
-    wire = {name: (_integer if kind == "integer" else _number)(body, name, None) for name, kind in WIRE_FIELDS.items()}
+    wire = {name: _WIRE_TYPES[kind](body, name, None) for name, kind in WIRE_FIELDS.items()}
     for name, (low, high) in OPENAI_RANGES.items():  # OpenAI's own ranges (the CLI and Engine allow more)
         if wire.get(name) is not None and not low <= wire[name] <= high:
             raise invalid(f"{name} must be in [{low}, {high}], got {wire[name]}", name)

@@ -3,9 +3,8 @@
     model_options    --backend --ctx --threads --device --gpu-layers --cache-dir -> ModelSettings (generate chat serve)
     decode_options   --drafter --k --adaptive-k/--fixed-k --verifier --lossy -> DecodeSettings  (generate chat serve)
     plan_options     --auto --no-plan                                         -> open_decoder's plan / auto
-    call_options     one flag per CallSettings field declared with option(...) (assembly/decoder.py): --max-tokens
-                     --[no-]repetition-stop --temperature --top-p --top-k --min-p --typical-p --repeat-penalty
-                     --presence-penalty --frequency-penalty --logit-bias --seed  -> CallSettings (generate chat)
+    call_options     one flag per CallSettings option (CALL_OPTIONS, assembly/decoder.py): --max-tokens
+                     --[no-]repetition-stop --temperature ... --seed                    -> CallSettings (generate chat)
     STOP                                                                      (generate chat)
     THREADS, CTX, MAX_TOKENS, CACHE_DIR(...)   single options `specedge bench` takes with its own defaults
 
@@ -21,7 +20,7 @@ from typing import Callable, get_type_hints
 
 import click
 
-from ..assembly.decoder import CallSettings, DecodeSettings, ModelSettings, parse_logit_bias
+from ..assembly.decoder import CALL_OPTIONS, CallSettings, DecodeSettings, ModelSettings, parse_logit_bias
 from ..assembly.open import open_decoder, settings_from
 from ..runtime.backends import backend_names, parse_gpu_layers
 from ..runtime.backends.onnx_providers import DEVICE_CHOICES
@@ -131,8 +130,7 @@ def _call_option(f: Field, hint) -> Callable:
 
 
 _HINTS = get_type_hints(CallSettings)
-# the CallSettings fields call_options sets (stop, grammar and logprobs are each command's own flags)
-CALL_FIELDS = tuple(f.name for f in fields(CallSettings) if "help" in f.metadata)
+CALL_FIELDS = CALL_OPTIONS  # the CallSettings fields call_options sets (stop, grammar, logprobs: each command's own)
 _CALL = [_call_option(f, _HINTS[f.name]) for f in fields(CallSettings) if f.name in CALL_FIELDS]
 MODEL_FIELDS = ("backend", "ctx", "threads", "device", "gpu_layers", "cache_dir")
 DECODE_FIELDS = ("drafter", "k", "adaptive_k", "verifier", "lossy")

@@ -100,8 +100,8 @@ class DecodeSettings:
 
 def option(help: str, wire: str | None = None, **click) -> dict:
     """A per-call option's declaration, as CallSettings field metadata: its CLI help (and click arguments beyond the
-    type and default its annotation gives), and `wire` "number" / "integer": an OpenAI request body field parsed as
-    such (apps/openai_protocol.py; the fields with rules of their own there have none)."""
+    type and default its annotation gives), and `wire` "number" / "integer" / "boolean": an OpenAI request body field
+    parsed as such (apps/openai_protocol.py; the fields with rules of their own there, OWN_RULES, have none)."""
     return {"help": help, "wire": wire, "click": click}
 
 
@@ -123,7 +123,7 @@ class CallSettings:
         "Most tokens to generate (the server's default: to the end of the turn or the context limit).", min=1))
     repetition_stop: bool = field(default=True, metadata=option(
         "End an answer that repeats itself (one span of up to 64 tokens copied back to back over about 200 tokens) "
-        "with finish reason 'repetition'; the text is a prefix of the answer without the stop."))
+        "with finish reason 'repetition'; the text is a prefix of the answer without the stop.", "boolean"))
     temperature: float | None = field(default=None, metadata=option(
         "0 = greedy. Default: the model's (GGUF general.sampling.temp, an exported artifact's generation config), "
         "else 0.7.", "number"))
@@ -175,14 +175,20 @@ class CallSettings:
         except (TypeError, ValueError):
             raise ValueError(f"logit_bias must map token ids to numeric biases, got {self.logit_bias!r}") from None
         object.__setattr__(self, "logit_bias", bias)
-        try:
-            self.sampling()  # raises ValueError naming a bad value
-        except ValueError as e:  # named as the caller set it: --repeat-penalty, /set repeat_penalty, repeat_penalty=
-            raise ValueError(str(e).replace("repetition_penalty", "repeat_penalty")) from None
+        self.sampling()  # raises ValueError naming a bad value (SamplingParams' fields are named as these)
+
+    def with_options(self, **options) -> "CallSettings":
+        """These settings with `options` (CallSettings fields) over them; TypeError naming an unknown one and the
+        fields there are, ValueError naming a bad value."""
+        unknown = sorted(set(options) - {f.name for f in fields(CallSettings)})
+        if unknown:
+            raise TypeError(f"unknown call option {unknown[0]!r}; the call options are "
+                            f"{', '.join(f.name for f in fields(CallSettings))} (CallSettings)")
+        return replace(self, **options)
 
     def sampling(self, defaults: SamplingDefaults = CHAT_DEFAULTS) -> SamplingParams:
         """The SamplingParams of this call: every field both declare, by name (`defaults` for an unset temperature /
-        top_p / top_k / min_p), and repeat_penalty as repetition_penalty."""
+        top_p / top_k / min_p; for an unset repeat_penalty / dry_multiplier, theirs when sampling, off when greedy)."""
         values = {name: getattr(self, name) for name in _SHARED}
         values = {k: getattr(defaults, k) if v is None else v for k, v in values.items()}
         penalty, dry = self.repeat_penalty, self.dry_multiplier
@@ -191,11 +197,15 @@ class CallSettings:
             penalty = 1.0 if greedy else defaults.repeat_penalty
         if dry is None:
             dry = 0.0 if greedy else defaults.dry_multiplier
-        return SamplingParams(**{**values, "dry_multiplier": dry}, repetition_penalty=penalty)
+        return SamplingParams(**values, repeat_penalty=penalty, dry_multiplier=dry)
 
 
+# the per-call options: the fields declared with option(...), each a CLI flag of generate and chat, a /set key and an
+# Engine keyword (stop, grammar and logprobs are options of the Engine and the wire, with each command's own flags)
+CALL_OPTIONS = tuple(f.name for f in fields(CallSettings) if "help" in f.metadata)
+_PENALTIES = ("repeat_penalty", "dry_multiplier")  # None: the defaults' when sampling, off when greedy
 _SHARED = tuple(f.name for f in fields(CallSettings)
-                if f.name in {g.name for g in fields(SamplingParams)} and f.name != "dry_multiplier")
+                if f.name in {g.name for g in fields(SamplingParams)} and f.name not in _PENALTIES)
 
 
 def parse_logit_bias(items: Iterable[str]) -> dict[int, float]:

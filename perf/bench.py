@@ -307,9 +307,9 @@ def specedge_configs(targets: Sequence[str], drafters: Sequence[str], ks: Sequen
     """Greedy configurations: each target plain first, then each drafter x k x adaptive mode on it. Chat template
     applied as in chat use. kernels FAST_PLAIN_ONLY opens the targets with their fast plain-decoding kernels
     (ModelSettings)."""
-    from ..assembly.decoder import CallSettings, DecodeSettings, Decoder, ModelSettings
+    from ..assembly.decoder import CallSettings, DecodeSettings, ModelSettings
     from ..assembly.load import parse_drafter
-    from ..assembly.open import load
+    from ..assembly.open import open_decoder
 
     call = CallSettings(max_tokens=max_tokens, temperature=0.0)  # greedy, seed 0
     drafters = [PLAIN] + [d for d in drafters if d != PLAIN]
@@ -320,8 +320,8 @@ def specedge_configs(targets: Sequence[str], drafters: Sequence[str], ks: Sequen
         kind, name = parse_target(t, model)
         settings = ModelSettings(name, kind, ctx=ctx, threads=threads, device="cpu", cache_dir=cache_dir,
                                  kernels=kernels)
-        target = load(settings)
-        tok = target.tokenizer
+        plain = open_decoder(settings, DecodeSettings(parse_drafter(PLAIN)), plan=False)  # loads the target once
+        target, tok = plain.model, plain.model.tokenizer
         ids_of = {}
 
         def prompt_ids(p: Prompt, tok=tok, ids_of=ids_of):
@@ -332,7 +332,7 @@ def specedge_configs(targets: Sequence[str], drafters: Sequence[str], ks: Sequen
         for d in (x for x in (drafter_for(d, kind, t) for d in drafters) if x is not None):
             for k, adapt in ([(0, False)] if d == PLAIN else [(k, a) for k in ks for a in adaptive]):
                 before = rss_mb()
-                decoder = Decoder(target, settings, DecodeSettings(parse_drafter(d), max(k, 1), adapt))
+                decoder = plain.with_decode(DecodeSettings(parse_drafter(d), max(k, 1), adapt))
 
                 def run(p: Prompt, decoder=decoder, prompt_ids=prompt_ids):
                     result = decoder.run(prompt_ids(p), call)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..assembly.decoder import CallSettings, DecodeSettings, Decoder, ModelSettings
-from ..assembly.open import load
+from ..assembly.open import open_decoder
 from ..assembly.load import parse_drafter
 from ..runtime.backends import BackendKind
 from ..runtime.session import Session
@@ -105,7 +105,7 @@ def main(argv=None) -> dict:
     for target in a.targets:
         backend, _, model = target.partition(":")
         settings = ModelSettings(model, BackendKind(backend), ctx=a.ctx, threads=a.threads)
-        engine = Chat(Decoder(load(settings), settings, DecodeSettings(parse_drafter(a.drafter))))
+        engine = Chat(open_decoder(settings, DecodeSettings(parse_drafter(a.drafter)), plan=False))
         results[target] = measure(engine, a.turns, a.max_tokens, a.reps)
         print(table(f"{target} (drafter {a.drafter}, {a.max_tokens} tokens per answer, median of {a.reps})",
                     results[target]), flush=True)

@@ -17,8 +17,8 @@ import time
 
 import numpy as np
 
-from ..assembly.decoder import DecodeSettings, Decoder, ModelSettings
-from ..assembly.open import load
+from ..assembly.decoder import DecodeSettings, ModelSettings
+from ..assembly.open import open_decoder
 from ..assembly.environment import cpu_info
 from ..assembly.load import parse_drafter
 from ..runtime.backends import BackendKind
@@ -47,9 +47,10 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
-    model = load(ModelSettings(a.model, BackendKind(a.backend), threads=a.threads))
     settings = ModelSettings(a.model, BackendKind(a.backend), threads=a.threads)
-    decoders = {d: Decoder(model, settings, DecodeSettings(parse_drafter(d), a.k, False)) for d in ("none", "ngram")}
+    plain = open_decoder(settings, DecodeSettings(parse_drafter("none"), a.k, False), plan=False)
+    decoders = {"none": plain, "ngram": plain.with_decode(DecodeSettings(parse_drafter("ngram"), a.k, False))}
+    model = plain.model
     compiler = decoders["none"].grammar_compiler()
     tok = model.tokenizer
     prompts = read_prompts(limit=a.limit)

@@ -26,7 +26,7 @@ import numpy as np
 from ..assembly.decoder import CallSettings, Decoder, DecodeSettings, ModelSettings
 from ..assembly.devset import load_prompts
 from ..assembly.load import parse_drafter
-from ..assembly.open import load
+from ..assembly.open import open_decoder
 from ..runtime.backends import BackendKind
 
 SPAN, TIMES = 16, 3  # a 16-token span seen 3 times: a loop
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for model in a.models:
         settings = ModelSettings(model, BackendKind.LLAMACPP, ctx=a.ctx, threads=a.threads)
-        decoder = Decoder(load(settings), settings, DecodeSettings(parse_drafter("none")))
+        decoder = open_decoder(settings, DecodeSettings(parse_drafter("none")), plan=False)
         for config in a.configs:
             kw = parse_config(config)
             outcomes, lengths = Counter(), []

@@ -56,30 +56,14 @@ def decode(target: Backend, prompt: Tokens, spec: Speculation = PLAIN, req: Requ
     """
     prompt = as_tokens(prompt)
     stepper = make_stepper(target, spec, req)
-    limit = session.capacity if session is not None else (req.max_context or target.config.context_length)
-    limit = limit if stepper.context_limit is None else min(limit, stepper.context_limit)
-    check_prompt(len(prompt), limit)
-    room = limit - len(prompt)
-    max_tokens = room if req.max_tokens is None else min(req.max_tokens, room)
+    limit, max_tokens = _bounds(target, len(prompt), stepper, req, session)
     rng = np.random.default_rng(req.seed)
     stats = stats if stats is not None else DecodeStats()
     eos = set(req.eos_ids or ())
     watch = None if req.repetition is None else req.repetition.watch()
     t0 = time.perf_counter()
-    if session is None:
-        seq, start = SeqState(prompt, target.new_cache(min(limit, len(prompt) + max_tokens + stepper.reserve))), 0
-    else:
-        start = session.start(prompt)
-        seq = SeqState(prompt, session.cache)
-    try:
-        n_prefilled = stepper.start(seq, start)
-    except BaseException:
-        if session is not None:  # an interrupted prefill keeps what the cache consistently holds
-            session.finish(seq.tokens)
-        raise
+    seq = _prefill(target, prompt, stepper, session, min(limit, len(prompt) + max_tokens + stepper.reserve), stats)
     stats.prefill_s += time.perf_counter() - t0
-    stats.n_prefilled += n_prefilled
-    stats.n_calls += 1
     produced, dec0, gen0 = 0, stats.decode_s, stats.n_generated  # the stats may accumulate over calls
     t_dec = time.perf_counter()
     try:
@@ -102,6 +86,37 @@ def decode(target: Backend, prompt: Tokens, spec: Speculation = PLAIN, req: Requ
         stats.decode_s, stats.n_generated = dec0 + time.perf_counter() - t_dec, gen0 + produced
         if session is not None:
             session.finish(seq.tokens)
+
+
+def _bounds(target: Backend, n_prompt: int, stepper: Stepper, req: Request, session: Session | None
+            ) -> tuple[int, int]:
+    """(the context limit, the most tokens this call may emit): the session's capacity, else the request's context
+    or the model's, within the stepper's own limit; ValueError for a prompt that leaves no room."""
+    limit = session.capacity if session is not None else (req.max_context or target.config.context_length)
+    limit = limit if stepper.context_limit is None else min(limit, stepper.context_limit)
+    check_prompt(n_prompt, limit)
+    room = limit - n_prompt
+    return limit, room if req.max_tokens is None else min(req.max_tokens, room)
+
+
+def _prefill(target: Backend, prompt: Tokens, stepper: Stepper, session: Session | None, capacity: int,
+             stats: DecodeStats) -> SeqState:
+    """The call's sequence, its prompt prefilled by the stepper: in a new cache of `capacity` positions, or in the
+    session's cache past the prefix it holds (an interrupted prefill leaves the session what its cache holds)."""
+    if session is None:
+        seq, start = SeqState(prompt, target.new_cache(capacity)), 0
+    else:
+        start = session.start(prompt)
+        seq = SeqState(prompt, session.cache)
+    try:
+        n_prefilled = stepper.start(seq, start)
+    except BaseException:
+        if session is not None:
+            session.finish(seq.tokens)
+        raise
+    stats.n_prefilled += n_prefilled
+    stats.n_calls += 1
+    return seq
 
 
 def check_prompt(n_prompt: int, limit: int) -> None:

@@ -103,7 +103,7 @@ def _apply_penalties(x: np.ndarray, history: np.ndarray, params: SamplingParams)
     count there, the repetition penalty once (CTRL style: positive logits / penalty, the rest * penalty), then
     `- c * frequency_penalty - presence_penalty`."""
     T, H, n = x.shape[0], len(history), params.repeat_last_n
-    pen, freq, pres = params.repetition_penalty, params.frequency_penalty, params.presence_penalty
+    pen, freq, pres = params.repeat_penalty, params.frequency_penalty, params.presence_penalty
     for i in range(T):
         end = max(0, H - (T - 1 - i))
         ids, counts = np.unique(history[max(0, end - n):end], return_counts=True)  # [<= n]

@@ -169,10 +169,10 @@ class CallStats:
         its default (typical_p, the penalties, DRY, logit_bias as {id: bias}), seed, defaults."""
         p = self.sampling
         out = {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "min_p": p.min_p,
-               "repeat_penalty": p.repetition_penalty}
+               "repeat_penalty": p.repeat_penalty}
         for f in fields(SamplingParams):
             value = getattr(p, f.name)
-            if f.name in out or f.name in ("repetition_penalty", "dry_breakers"):  # breakers: the model's, not the call's
+            if f.name in out or f.name == "dry_breakers":  # breakers: the model's, not the call's
                 continue
             if value != f.default:
                 out[f.name] = {t: b for t, b in value} if f.name == "logit_bias" else value

@@ -39,7 +39,7 @@ class SamplingParams:
     top_p: float = 1.0  # 1 = off
     min_p: float = 0.0  # 0 = off
     typical_p: float = 1.0  # 1 = off; locally typical sampling (llama.cpp's typical_p, HF's typical_p)
-    repetition_penalty: float = 1.0  # 1 = off (llama.cpp / CTRL style: divide positive logits, multiply negative)
+    repeat_penalty: float = 1.0  # 1 = off (llama.cpp / CTRL style: divide positive logits, multiply negative)
     repeat_last_n: int = 64  # window of recent tokens the penalties look at
     presence_penalty: float = 0.0  # 0 = off; subtracted once from a token seen in the window (llama.cpp / OpenAI)
     frequency_penalty: float = 0.0  # 0 = off; subtracted per occurrence in the window
@@ -63,7 +63,7 @@ class SamplingParams:
             (0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1] (1 = off)"),
             (0.0 <= self.min_p < 1.0, "min_p", "must be in [0, 1) (0 = off)"),
             (0.0 < self.typical_p <= 1.0, "typical_p", "must be in (0, 1] (1 = off)"),
-            (np.isfinite(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty",
+            (np.isfinite(self.repeat_penalty) and self.repeat_penalty > 0, "repeat_penalty",
              "must be > 0 (1 = off)"),
             (self.repeat_last_n >= 0, "repeat_last_n", "must be >= 0"),
             (np.isfinite(self.presence_penalty), "presence_penalty", "must be a finite number (0 = off)"),
@@ -88,7 +88,7 @@ class SamplingParams:
     @property
     def penalised(self) -> bool:
         """Whether p depends on the history (a repetition, presence, frequency or DRY penalty is on)."""
-        return (self.repeat_last_n > 0 and (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+        return (self.repeat_last_n > 0 and (self.repeat_penalty != 1.0 or self.presence_penalty != 0.0
                                             or self.frequency_penalty != 0.0)) or self.dry_multiplier > 0
 
 

@@ -63,7 +63,7 @@ def test_greedy_speculative_equals_plain(tiny, which, k):
         assert tokens_of(target, prompt, drafter, k=k) == tokens_of(target, prompt), (which, k, text)
 
 
-PENALISED = SamplingParams(presence_penalty=0.6, frequency_penalty=0.3, repetition_penalty=1.2, repeat_last_n=16,
+PENALISED = SamplingParams(presence_penalty=0.6, frequency_penalty=0.3, repeat_penalty=1.2, repeat_last_n=16,
                            logit_bias={5: 2.0, 7: -np.inf}, dry_multiplier=0.8, dry_breakers={3})
 
 
@@ -177,7 +177,7 @@ def test_sampled_speculation_under_penalties_and_bias_follows_the_target(drafter
     penalised by its own history)."""
     V, n, trials = 5, 3, 12000
     P, Q = random_markov_table(V, seed=3, scale=1.0), random_markov_table(V, seed=4, scale=1.0)
-    params = SamplingParams(temperature=1.0, presence_penalty=0.7, frequency_penalty=0.4, repetition_penalty=1.3,
+    params = SamplingParams(temperature=1.0, presence_penalty=0.7, frequency_penalty=0.4, repeat_penalty=1.3,
                             repeat_last_n=3, logit_bias={2: 0.8, 4: -1.5}, dry_multiplier=0.9, dry_allowed_length=1)
     target, prompt = MarkovBackend(P), np.array([0, 1, 0, 1, 0], dtype=np.int32)
     rng, counts = np.random.default_rng(77), Counter()

@@ -51,14 +51,14 @@ def cli_json(*args):
 def test_call_settings_default_to_the_end_and_the_model_default():
     c = CallSettings()
     assert c.max_tokens == DEFAULT_MAX_TOKENS and c.temperature is None and c.top_p is None and c.seed == 0
-    assert c.sampling() == SamplingParams(temperature=0.7, top_p=0.9, repetition_penalty=1.1, dry_multiplier=0.8)
+    assert c.sampling() == SamplingParams(temperature=0.7, top_p=0.9, repeat_penalty=1.1, dry_multiplier=0.8)
     greedy = CallSettings(temperature=0).sampling(SamplingDefaults(0.6, 0.95, 20, repeat_penalty=1.1,
                                                                    dry_multiplier=0.8))
-    assert greedy.greedy and greedy.repetition_penalty == 1.0 and greedy.dry_multiplier == 0.0  # exactly greedy
+    assert greedy.greedy and greedy.repeat_penalty == 1.0 and greedy.dry_multiplier == 0.0  # exactly greedy
     assert CallSettings(temperature=0, dry_multiplier=0.5).sampling().dry_multiplier == 0.5  # unless asked
     assert CallSettings(dry_multiplier=0).sampling().dry_multiplier == 0.0  # 0 turns it off
-    assert CallSettings(temperature=0, repeat_penalty=1.3).sampling().repetition_penalty == 1.3  # unless asked
-    assert CallSettings(repeat_penalty=1.0).sampling().repetition_penalty == 1.0  # 1 turns it off
+    assert CallSettings(temperature=0, repeat_penalty=1.3).sampling().repeat_penalty == 1.3  # unless asked
+    assert CallSettings(repeat_penalty=1.0).sampling().repeat_penalty == 1.0  # 1 turns it off
     with pytest.raises(ValueError, match="max_tokens"):
         CallSettings(max_tokens=0)
     with pytest.raises(ValueError, match="top_p"):

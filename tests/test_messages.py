@@ -152,9 +152,9 @@ def test_set_says_where_each_unset_value_comes_from():
     sampled, greedy = CallSettings().sampling(model), CallSettings(temperature=0).sampling(model)
     assert unset_value("temperature", sampled.temperature, False, model) == "0.6 (the model's own: gguf general.sampling)"
     assert unset_value("top_p", sampled.top_p, False, model) == "0.9 (the chat default: the model states no top_p)"
-    assert unset_value("repeat_penalty", sampled.repetition_penalty, False, model) == \
+    assert unset_value("repeat_penalty", sampled.repeat_penalty, False, model) == \
         "1.1 (specedge's default for sampled answers)"
-    assert unset_value("repeat_penalty", greedy.repetition_penalty, True, model) == \
+    assert unset_value("repeat_penalty", greedy.repeat_penalty, True, model) == \
         "1.0 (off: a greedy answer stays exactly greedy; 1.1 when sampling)"
     assert unset_value("dry_multiplier", greedy.dry_multiplier, True, CHAT_DEFAULTS) == \
         "0.0 (off: a greedy answer stays exactly greedy; 0.8 when sampling)"

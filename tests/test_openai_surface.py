@@ -53,6 +53,7 @@ COMPLETION_SWEEP = {
 }
 EXTENSIONS = {"top_k": (5, OK), "min_p": (0.1, OK), "typical_p": (0.9, OK), "repeat_penalty": (1.1, OK),
               "dry_multiplier": (0.8, OK), "dry_base": (2.0, OK), "dry_allowed_length": (3, OK),
+              "repetition_stop": (False, OK),
               "grammar": ('root ::= "a" "b"', OK), "json_schema": ({"type": "object"}, OK), "regex": ("[a-c]+", OK), "no_such_field": (1, REFUSED)}
 NEEDS = {"top_logprobs": {"logprobs": True}, "stream_options": {"stream": True}, "tool_choice": {"tools": [WEATHER]},
          "parallel_tool_calls": {"tools": [WEATHER]}}

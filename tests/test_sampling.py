@@ -108,18 +108,18 @@ def test_order_temperature_topk_topp_minp():
     np.testing.assert_allclose(p[0], [s[0] / (s[0] + s[1]), s[1] / (s[0] + s[1]), 0, 0], rtol=1e-12)
 
 
-def test_repetition_penalty_ctrl_style():
-    params = SamplingParams(temperature=1.0, repetition_penalty=2.0)
+def test_repeat_penalty_ctrl_style():
+    params = SamplingParams(temperature=1.0, repeat_penalty=2.0)
     p = logits_to_probs(row(2.0, -1.0, 0.5, 1.0), params, history=np.array([0, 1, 1]))
     np.testing.assert_allclose(p[0], softmax([1.0, -2.0, 0.5, 1.0]), rtol=1e-12)  # each id penalised once
     # greedy sees the penalty too: id 0 (2.0 -> 1.0) now loses to id 3 (1.5)
-    g = logits_to_probs(row(2.0, -1.0, 0.5, 1.5), SamplingParams(repetition_penalty=2.0), history=np.array([0]))
+    g = logits_to_probs(row(2.0, -1.0, 0.5, 1.5), SamplingParams(repeat_penalty=2.0), history=np.array([0]))
     np.testing.assert_array_equal(g[0], [0, 0, 0, 1])
 
 
-def test_repetition_penalty_window_per_row():
+def test_repeat_penalty_window_per_row():
     # history = [.., 3, 0, 2]: rows are the inputs [3, 0, 2]; row i sees history up to its own input token.
-    params = SamplingParams(temperature=1.0, repetition_penalty=2.0, repeat_last_n=2)
+    params = SamplingParams(temperature=1.0, repeat_penalty=2.0, repeat_last_n=2)
     logits = np.tile(np.array([1.0, 1.0, 1.0, 1.0], np.float32), (3, 1))
     p = logits_to_probs(logits, params, history=np.array([1, 3, 0, 2]))
     np.testing.assert_allclose(p[0], softmax([1, 0.5, 1, 0.5]), rtol=1e-12)  # window [1, 3]
@@ -133,7 +133,7 @@ def test_repetition_penalty_window_per_row():
 
 def test_frequency_and_presence_penalties_as_llama_cpp():
     # window [0, 1, 1, 0, 1]: id 0 twice, id 1 three times. llama.cpp: repetition once, then - c*freq - presence.
-    params = SamplingParams(temperature=1.0, repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
+    params = SamplingParams(temperature=1.0, repeat_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
     p = logits_to_probs(row(2.0, -1.0, 0.5, 1.0), params, history=np.array([0, 1, 1, 0, 1]))
     np.testing.assert_allclose(p[0], softmax([1.0 - 1.0 - 0.25, -2.0 - 1.5 - 0.25, 0.5, 1.0]), rtol=1e-12)
     # a negative presence penalty encourages seen tokens; greedy sees it (id 2 0.5 + 1 beats id 3 1.2)
@@ -155,7 +155,7 @@ def test_logit_bias_added_first_and_bans():
     g = logits_to_probs(row(2.0, 1.0, 0.5, 3.0), SamplingParams(logit_bias={1: 1.5, 3: -np.inf}))
     np.testing.assert_array_equal(g[0], [0, 1, 0, 0])  # greedy argmax after the bias
     # the bias comes before the repetition penalty (llama.cpp's chain): 1 + 1.5 = 2.5 -> / 2 = 1.25 < 2
-    g = logits_to_probs(row(2.0, 1.0), SamplingParams(logit_bias={1: 1.5}, repetition_penalty=2.0),
+    g = logits_to_probs(row(2.0, 1.0), SamplingParams(logit_bias={1: 1.5}, repeat_penalty=2.0),
                         history=np.array([1]))
     np.testing.assert_array_equal(g[0], [1, 0])
     # ids past the row's width (a drafter's smaller vocabulary) do not exist there
@@ -214,7 +214,7 @@ def test_dry_penalises_extending_a_repeat_as_llama_cpp():
 
 
 def test_penalty_without_history_is_off():
-    params = SamplingParams(temperature=1.0, repetition_penalty=3.0)
+    params = SamplingParams(temperature=1.0, repeat_penalty=3.0)
     np.testing.assert_allclose(logits_to_probs(row(1, 2), params)[0], softmax([1, 2]), rtol=1e-12)
 
 
@@ -223,7 +223,7 @@ def test_input_not_modified_and_rows_normalised():
     logits = rng.standard_normal((5, 300)).astype(np.float32)
     before = logits.copy()
     p = logits_to_probs(logits, SamplingParams(temperature=0.7, top_k=50, top_p=0.9, min_p=0.05,
-                                               repetition_penalty=1.3), history=rng.integers(0, 300, 40))
+                                               repeat_penalty=1.3), history=rng.integers(0, 300, 40))
     np.testing.assert_array_equal(logits, before)
     np.testing.assert_allclose(p.sum(axis=1), 1.0, rtol=1e-12)
     assert ((p > 0).sum(axis=1) >= 1).all() and ((p > 0).sum(axis=1) <= 50).all()
@@ -233,7 +233,7 @@ def test_input_not_modified_and_rows_normalised():
     (dict(temperature=-0.1), "temperature"), (dict(top_k=-1), "top_k"), (dict(top_k=2.5), "top_k"),
     (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(min_p=1.0), "min_p"), (dict(min_p=-0.1), "min_p"),
     (dict(typical_p=0.0), "typical_p"), (dict(typical_p=1.2), "typical_p"),
-    (dict(repetition_penalty=0.0), "repetition_penalty"), (dict(repeat_last_n=-1), "repeat_last_n"),
+    (dict(repeat_penalty=0.0), "repeat_penalty"), (dict(repeat_last_n=-1), "repeat_last_n"),
     (dict(temperature=float("nan")), "temperature"), (dict(presence_penalty=float("inf")), "presence_penalty"),
     (dict(frequency_penalty=float("nan")), "frequency_penalty"), (dict(logit_bias={-1: 1.0}), "logit_bias"),
     (dict(logit_bias={3: float("inf")}), "logit_bias"),

@@ -162,7 +162,7 @@ def test_recycle_drafter_spec_and_block_verifier_kind():
     assert VerifierKind("block") is VerifierKind.BLOCK
 
 
-@pytest.mark.parametrize("params", [SamplingParams(repetition_penalty=1.3, repeat_last_n=8),
+@pytest.mark.parametrize("params", [SamplingParams(repeat_penalty=1.3, repeat_last_n=8),
                                     SamplingParams(presence_penalty=0.5, frequency_penalty=0.4, repeat_last_n=8,
                                                    logit_bias={3: 1.0})], ids=["repeat", "presence-frequency-bias"])
 def test_greedy_recycling_with_penalties_equals_plain(tiny, params):
