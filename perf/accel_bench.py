@@ -82,7 +82,7 @@ def invariance(be, rng, ctx: int) -> dict:
     return dict(max_abs_diff=worst, top1_flips=flips, rows=3 * len(one))
 
 
-def main(argv=None) -> None:
+def _args(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--targets", nargs="+", required=True, help="LABEL=ARTIFACT@DEVICE each")
     ap.add_argument("--threads", type=int, default=None)
@@ -96,26 +96,31 @@ def main(argv=None) -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--invariance", action="store_true")
     ap.add_argument("--out", default=None)
-    a = ap.parse_args(argv)
-    rng = np.random.default_rng(0)
-    runs = []
-    for t in a.targets:
-        label, _, rest = t.partition("=")
-        art, _, device = rest.rpartition("@")
-        device, *options = device.split(",")
-        m = load_onnx(art, device=device, threads=a.threads)
-        if options:  # width=N, graph=0|1: OnnxBackend's fixed_width and cuda_graph
-            kw = dict(o.split("=", 1) for o in options)
-            unknown = set(kw) - {"width", "graph"}
-            if unknown:
-                raise SystemExit(f"{t}: unknown target options {sorted(unknown)} (width=N, graph=0|1)")
-            m = dataclasses.replace(m, backend=OnnxBackend(
-                m.manifest, device=device, threads=a.threads,
-                fixed_width=int(kw["width"]) if "width" in kw else None, cuda_graph=kw.get("graph", "1") != "0"))
-        runs.append((label, device, m, {n: [] for n in a.widths}, []))
-        print(f"{label}: {m.backend.choice.note}; session providers {m.backend.session.get_providers()}; fixed width "
-              f"{getattr(m.backend, 'fixed_width', 0) or 'none'}, CUDA graphs {getattr(m.backend, 'cuda_graph', False)}",
-              flush=True)
+    return ap.parse_args(argv)
+
+
+def _target(t: str, threads: int | None):
+    """LABEL=ARTIFACT@DEVICE[,width=N][,graph=0|1] -> (label, device, loaded model)."""
+    label, _, rest = t.partition("=")
+    art, _, device = rest.rpartition("@")
+    device, *options = device.split(",")
+    m = load_onnx(art, device=device, threads=threads)
+    if options:  # width=N, graph=0|1: OnnxBackend's fixed_width and cuda_graph
+        kw = dict(o.split("=", 1) for o in options)
+        unknown = set(kw) - {"width", "graph"}
+        if unknown:
+            raise SystemExit(f"{t}: unknown target options {sorted(unknown)} (width=N, graph=0|1)")
+        m = dataclasses.replace(m, backend=OnnxBackend(
+            m.manifest, device=device, threads=threads,
+            fixed_width=int(kw["width"]) if "width" in kw else None, cuda_graph=kw.get("graph", "1") != "0"))
+    print(f"{label}: {m.backend.choice.note}; session providers {m.backend.session.get_providers()}; fixed width "
+          f"{getattr(m.backend, 'fixed_width', 0) or 'none'}, CUDA graphs {getattr(m.backend, 'cuda_graph', False)}",
+          flush=True)
+    return label, device, m
+
+
+def _measure(runs, a, rng) -> None:
+    """Rounds of T(n) at every width and a plain decode, interleaved over the targets."""
     cap = a.ctx + max(a.widths) + 1
     for _ in range(a.rounds):
         for _, _, m, times, speeds in runs:
@@ -128,15 +133,9 @@ def main(argv=None) -> None:
                 for n in a.widths:
                     times[n].append(time_forward(be, cache, n, rng))
             speeds.append(plain_tok_s(be, a.decode, rng))
-    rows = []
-    for label, device, m, times, speeds in runs:
-        ms = {n: 1e3 * min(v) for n, v in times.items()}
-        row = dict(target=label, device=device, tok_s=max(speeds), ms=ms, ratio={n: ms[n] / ms[1] for n in ms})
-        if a.invariance:
-            row["invariance"] = invariance(m.backend, rng, a.ctx)
-        if a.prompts:
-            row["spec"] = speculative(m, dev_prompts(m.tokenizer, a.prompts), a.k, a.max_tokens)
-        rows.append(row)
+
+
+def _report(rows, a) -> None:
     print(f"ctx={a.ctx} reps={a.reps} rounds={a.rounds} stat=min threads={a.threads}")
     print("| target | device | plain tok/s | T(1) ms | " + " | ".join(f"T({n})/T(1)" for n in a.widths[1:]) + " |")
     print("|---|---|---|---|" + "---|" * (len(a.widths) - 1))
@@ -153,6 +152,23 @@ def main(argv=None) -> None:
             print(f"{r['target']}: n-gram k={a.k} over {s['prompts']} dev prompts x {a.max_tokens} tokens: speedup "
                   f"{s['speedup']:.2f}x (plain {s['plain_tok_s']:.1f} tok/s, speculative {s['spec_tok_s']:.1f}), "
                   f"tau {s['tau']:.2f}, identical to plain: {s['identical']}")
+
+
+def main(argv=None) -> None:
+    a = _args(argv)
+    rng = np.random.default_rng(0)
+    runs = [(*_target(t, a.threads), {n: [] for n in a.widths}, []) for t in a.targets]
+    _measure(runs, a, rng)
+    rows = []
+    for label, device, m, times, speeds in runs:
+        ms = {n: 1e3 * min(v) for n, v in times.items()}
+        row = dict(target=label, device=device, tok_s=max(speeds), ms=ms, ratio={n: ms[n] / ms[1] for n in ms})
+        if a.invariance:
+            row["invariance"] = invariance(m.backend, rng, a.ctx)
+        if a.prompts:
+            row["spec"] = speculative(m, dev_prompts(m.tokenizer, a.prompts), a.k, a.max_tokens)
+        rows.append(row)
+    _report(rows, a)
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"args": vars(a), "time": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows}, f, indent=2)

@@ -17,6 +17,7 @@ import numpy as np
 import onnxruntime as ort
 
 
+# size-exception: a one-off GPU probe (issue 31), not product code: one linear script read top to bottom
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("artifact")
