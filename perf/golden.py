@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from ..assembly.decoder import CallSettings, DecodeSettings, Decoder, ModelSettings
-from ..assembly.load import LoadedModel, artifact_name, load_model, parse_drafter
+from ..assembly.load import artifact_name, load_model, parse_drafter
+from ..assembly.open import open_decoder
 from ..models.catalog import CATALOG
 from ..runtime.backends import BackendKind, Opens, info, reference_engine
 from ..runtime.lossy import parse_lossy
@@ -111,10 +112,13 @@ def kind_of(backend: str) -> BackendKind:
 
 
 def load_target(backend: str, target: Target, *, threads: int | None = None, artifact_dir: Path | None = None
-                ) -> LoadedModel:
-    """The target as `specedge generate --backend <backend>` loads it; onnx from artifact_dir when given."""
+                ) -> Decoder:
+    """The target as `specedge generate --backend <backend> --drafter none` opens it (assembly/open.py, no plan): a
+    plain decoder whose loaded model every golden configuration on it shares (decode_config); onnx from
+    artifact_dir when given."""
     name = str(artifact_dir) if artifact_dir is not None else target.name
-    return load_model(name, kind_of(backend), threads=threads, device=_device(backend))
+    settings = ModelSettings(name, kind_of(backend), threads=threads, device=_device(backend))
+    return open_decoder(settings, DecodeSettings(parse_drafter("none")), plan=False)
 
 
 def artifact_files(root: Path) -> dict[str, str]:
@@ -135,28 +139,28 @@ def export_artifact(target: Target, out: Path) -> Path:
     return Path(out)
 
 
-def inputs_of(backend: str, loaded: dict[str, LoadedModel]) -> dict:
+def inputs_of(backend: str, loaded: dict[str, Decoder]) -> dict:
     """What the outputs depend on besides the code: the source GGUF and, on onnx, every artifact file's hash."""
     entry = CATALOG[MODEL]
     out = {"model": MODEL, "model_file": entry.filename, "model_sha256": entry.sha256, "targets": {}}
     for name, m in loaded.items():
-        out["targets"][name] = {"artifact": m.path.name, "files": artifact_files(m.path) if _artifacts(backend) else None}
+        path = m.model.path
+        out["targets"][name] = {"artifact": path.name, "files": artifact_files(path) if _artifacts(backend) else None}
     return out
 
 
-def decode_config(backend: str, model: LoadedModel, config: str, prompts: list[list[int]], tokens: int, *,
+def decode_config(backend: str, plain: Decoder, config: str, prompts: list[list[int]], tokens: int, *,
                   golden_dir: Path, threads: int | None = None, artifacts: dict[str, Path] | None = None
                   ) -> list[list[int]]:
-    """Greedy token ids per prompt for one configuration, as `specedge generate` decodes them (EOS not included).
-    artifacts: ONNX artifact name -> directory, for a draft model not in the model cache."""
+    """Greedy token ids per prompt for one configuration over the target `plain` decodes (load_target), as
+    `specedge generate` decodes them (EOS not included). artifacts: ONNX artifact name -> directory, for a draft
+    model not in the model cache. `threads`: the target's, set when it was loaded."""
     config = config.replace("{golden}", str(golden_dir))
     for name, path in (artifacts or {}).items():
         config = config.replace(f"model:{name}", f"model:{path}")
     lossy = parse_lossy(config[len("lossy:"):]) if config.startswith("lossy:") else None
-    decode = DecodeSettings(parse_drafter("none" if lossy else config), K, ADAPTIVE_K, lossy=lossy)
-    settings = ModelSettings(str(model.path), model.kind, threads=threads,
-                             device=_device(backend))
-    decoder = Decoder(model, settings, decode)  # the one assembly path the CLI, Engine, server and bench take
+    decoder = plain.with_decode(DecodeSettings(parse_drafter("none" if lossy else config), K, ADAPTIVE_K,
+                                               lossy=lossy))
     call = CallSettings(max_tokens=tokens, temperature=0.0, seed=SEED)  # greedy: the golden outputs
     return [[int(t) for t in decoder.run(np.asarray(ids, np.int32), call).tokens] for ids in prompts]
 
@@ -215,7 +219,7 @@ def record(backend: str, out_dir: Path, n_prompts: int, tokens: int, only: set[s
     path = golden_file(backend, out_dir)
     loaded = {t.name: load_target(backend, t, threads=threads) for t in PLAN[backend]}
     first = next(iter(loaded.values()))
-    qids, prompts = golden_prompts(first.tokenizer, n_prompts)
+    qids, prompts = golden_prompts(first.model.tokenizer, n_prompts)
     head = {"backend": backend, **inputs_of(backend, loaded), "prompts": n_prompts, "tokens": tokens, "k": K,
             "adaptive_k": ADAPTIVE_K, "threads": threads, "prompt_qids": qids, "prompt_ids_sha256": ids_sha256(prompts),
             "kernels": kernel_signature()}

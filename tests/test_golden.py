@@ -87,7 +87,7 @@ def test_golden_output(backend, key, tmp_path_factory):
     target, config = golden.split_key(backend, key)
     model = loaded(backend, target, data, tmp_path_factory)
     n = n_prompts(data["prompts"])
-    qids, prompts = golden.golden_prompts(model.tokenizer, n)
+    qids, prompts = golden.golden_prompts(model.model.tokenizer, n)
     assert qids == data["prompt_qids"][:n], "the benchmark's prompt selection changed"
     assert golden.ids_sha256(prompts) == data["prompt_ids_sha256"][:n], "the prompts' token ids changed (tokenizer, " \
         "chat template or dev set)"
