@@ -11,7 +11,8 @@ depth) and an automaton two dict states per token, both hundreds of bytes per to
 neither evicts. Sorting int64 keys is one NumPy call (64k tokens: a few ms per finished request), a lookup is three
 `searchsorted` calls plus one [candidates, 8] compare per 8 further tokens of match, and the occurrence counts the
 confidence needs are the sizes of the candidate sets (the counts a suffix tree keeps on its nodes). The growing
-request is indexed the same way: each round inserts its few new keys (one O(n) `np.insert`, n <= the context).
+request keeps its keys unsorted, searched by one vectorised compare over them (a few microseconds for a context of
+thousands of tokens), and sorts them once they pass 4096.
 
 Key of position i (tokens x, enc(t) = t + 1, 0 for "none": before the buffer or across a separator):
     key_i = enc(x_i) << 42 | enc(x_{i-1}) << 21 | enc(x_{i-2})
@@ -30,7 +31,8 @@ import numpy as np
 BITS = 21  # bits per key field: token ids below 2**21 - 1 (every vocabulary here: <= 262144)
 DEPTH = 3  # tokens in a key
 SEP = -1  # between entries; never equal to a context token, so no match or continuation crosses it
-MAX_ID = (1 << BITS) - 2
+MASK = (1 << BITS) - 1  # one key field
+MAX_ID = MASK - 1  # the largest token id (enc = id + 1 fits a field)
 STEP = 8  # backward-compare columns per NumPy call past the key's depth
 
 
@@ -48,13 +50,17 @@ def keys_of(x: np.ndarray, start: int) -> np.ndarray:
 
 
 class SuffixIndex:
-    """Tokens and their positions sorted by key; `extend` appends (keys inserted in place), `matches` looks up."""
+    """Tokens, the key of each position, and the positions before `n_sorted` sorted by key. Positions past it (the
+    tail: a growing request's) are searched by one vectorised compare; the tail is sorted in once it reaches
+    `merge_at` positions (0: at once, as the memory's index is)."""
 
-    def __init__(self, tokens: np.ndarray | None = None) -> None:
+    def __init__(self, tokens: np.ndarray | None = None, merge_at: int = 4096) -> None:
         self.x = np.zeros(256, np.int32)  # [capacity]; the indexed tokens are x[:n]
-        self.n = 0
-        self.keys = np.zeros(0, np.int64)  # [n] sorted
-        self.order = np.zeros(0, np.int64)  # [n] positions in key order (equal keys: ascending position)
+        self.k = np.zeros(256, np.int64)  # [capacity] the key of each position
+        self.n = self.n_sorted = 0
+        self.merge_at = merge_at
+        self.keys = np.zeros(0, np.int64)  # [n_sorted] the keys of positions < n_sorted, sorted
+        self.order = np.zeros(0, np.int64)  # [n_sorted] their positions in key order (equal keys: ascending)
         if tokens is not None:
             self.extend(tokens)
 
@@ -67,30 +73,39 @@ class SuffixIndex:
         new = np.asarray(new, dtype=np.int32).reshape(-1)
         m, n = self.n, self.n + len(new)
         if n > len(self.x):
-            self.x = np.concatenate([self.x[:m], np.zeros(max(n, 2 * len(self.x)) - m, np.int32)])
+            size = max(n, 2 * len(self.x))
+            self.x = np.concatenate([self.x[:m], np.zeros(size - m, np.int32)])
+            self.k = np.concatenate([self.k[:m], np.zeros(size - m, np.int64)])
         self.x[m:n] = new
         self.n = n
-        keys = keys_of(self.x[:n], m)
-        by = np.argsort(keys, kind="stable")
-        if m == 0:
-            self.keys, self.order = keys[by], by.astype(np.int64)
-            return
-        at = np.searchsorted(self.keys, keys[by], side="right")  # after equal keys: positions stay ascending
-        self.keys = np.insert(self.keys, at, keys[by])
-        self.order = np.insert(self.order, at, by + m)
+        self.k[m:n] = keys_of(self.x[:n], m)
+        if n - self.n_sorted >= self.merge_at:
+            before_sep = np.nonzero(self.x[1:n] == SEP)[0]
+            self.k[before_sep] = 0  # no follower: never a match (a separator ends an entry)
+            self.order = np.argsort(self.k[:n], kind="stable")
+            self.keys, self.n_sorted = self.k[:n][self.order], n
 
     def matches(self, rev: np.ndarray, max_depth: int) -> tuple[int, np.ndarray]:
         """The longest match of a context suffix: rev = the context reversed (rev[d] = context[-1 - d]). Returns
         (length, ends): the positions e whose last `length` tokens equal the context's last `length` (capped at
         max_depth) and that have a follower (x[e + 1] is a token); (0, []) when no token of it matches."""
-        for m in range(min(DEPTH, len(rev)), 0, -1):
-            lo = 0
-            for d in range(m):
-                lo |= (int(rev[d]) + 1) << (BITS * (DEPTH - 1 - d))
-            i0, i1 = np.searchsorted(self.keys, [lo, lo + (1 << (BITS * (DEPTH - m)))])
-            ends = self.order[i0:i1]
-            ends = ends[ends + 1 < self.n]
-            ends = ends[self.x[ends + 1] != SEP]
+        fields = [int(t) + 1 for t in rev[:DEPTH]]
+        tail = self.k[self.n_sorted:self.n - 1]  # the last position has no follower
+        found = [np.nonzero((tail >> (2 * BITS)) == fields[0])[0]] if len(tail) else []
+        for d in range(1, len(fields) if found else 0):  # tail positions matching d + 1 tokens: a subset of d's
+            if not len(found[-1]):
+                break
+            shift = BITS * (DEPTH - 1 - d)
+            found.append(found[-1][((tail[found[-1]] >> shift) & MASK) == fields[d]])
+        for m in range(len(fields), 0, -1):
+            ends = self.n_sorted + found[m - 1] if m <= len(found) else np.zeros(0, np.int64)
+            ends = ends[self.x[ends + 1] != SEP]  # (the tail of a general index may hold separators too)
+            if self.n_sorted:
+                lo = sum(f << (BITS * (DEPTH - 1 - d)) for d, f in enumerate(fields[:m]))
+                i0, i1 = self.keys.searchsorted(lo), self.keys.searchsorted(lo + (1 << (BITS * (DEPTH - m))))
+                if i1 > i0:
+                    head = self.order[i0:i1]
+                    ends = np.concatenate([head[head < self.n - 1], ends])
             if len(ends):
                 return self._longest(ends, m, rev, max_depth)
         return 0, np.zeros(0, np.int64)
@@ -161,5 +176,5 @@ class SuffixMemory:
             while total > self.budget:
                 total -= len(self._entries.popleft())
             parts = [p for e in self._entries for p in (e, np.array([SEP], np.int32))]
-            self._index = SuffixIndex(np.concatenate(parts))
+            self._index = SuffixIndex(np.concatenate(parts), merge_at=0)
             self.added += 1
