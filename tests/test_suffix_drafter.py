@@ -277,3 +277,14 @@ def test_the_engine_drafts_a_repeated_ask_from_its_memory(tiny):
     first, second = (c.stats.decode for c in calls)
     assert second.n_generated == 48 and second.n_emitted / second.n_target_forwards >= 6
     assert second.n_target_forwards < first.n_target_forwards and eng.drafter.memory.added == 2
+
+
+def test_the_perf_script_runs_every_drafter_and_checks_the_answers(tiny, capsys):
+    from specedge.perf import suffix_memory
+    path, _ = tiny
+    rows = suffix_memory.main(["--targets", f"numpy:{path}", "--prompts", "1", "--turns", "2", "--max-tokens", "12",
+                               "--threads", "1", "--ctx", "256", "--drafters", "none", "suffix"])
+    assert [(r["scenario"], r["drafter"]) for r in rows] == [("repeat", "none"), ("repeat", "suffix"),
+                                                              ("chat", "none"), ("chat", "suffix")]
+    assert [r["identical"] for r in rows] == ["1/1", "1/1", "2/2", "2/2"]
+    assert rows[1]["tau"] > 1 and rows[0]["tau"] == 1 and "| repeat | suffix |" in capsys.readouterr().out
