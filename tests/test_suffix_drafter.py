@@ -251,6 +251,10 @@ def test_the_spec_round_trips_and_bad_specs_fail_with_the_fix():
         with pytest.raises(ValueError, match=msg):
             parse_drafter(bad)
     assert set(BUILDERS) >= {SuffixSpec.kind}
+    huge = MarkovBackend(random_markov_table(4, seed=0))
+    huge.config = type(huge.config)(**{**huge.config.__dict__, "vocab_size": 1 << 22})
+    with pytest.raises(ValueError, match="token ids up to 2097150.*use ngram"):
+        build_drafter(SuffixSpec(), DrafterInputs(huge))
 
 
 def test_the_cli_runs_it_identical_to_plain(tiny):

@@ -27,10 +27,11 @@ import math
 
 import numpy as np
 
+from ..backends.base import Backend
 from ..types import Draft, SamplingParams, Tokens
 from .base import Drafter
 from .chain import ChainDrafter
-from .suffix_index import SEP, SuffixIndex, SuffixMemory
+from .suffix_index import MAX_ID, SEP, SuffixIndex, SuffixMemory
 
 KIND = 100  # suffix drafts are labelled KIND + 1 .. KIND + 8 (the match length, capped)
 EMPTY = Draft(tokens=np.zeros(0, dtype=np.int32), q=None)
@@ -79,6 +80,12 @@ class SuffixDrafter(Drafter):
         self._req = SuffixIndex()
         self._mem = self.memory.snapshot()
         self.from_memory = 0  # drafts with a follower from the memory (for tests and --stats)
+
+    def check(self, target: Backend) -> None:
+        """Start-up: the index's key fields hold every token id of the target's vocabulary."""
+        if target.config.vocab_size - 1 > MAX_ID:
+            raise ValueError(f"the suffix drafter indexes token ids up to {MAX_ID}, and this model's vocabulary has "
+                             f"{target.config.vocab_size} tokens: use ngram")
 
     def begin(self, prompt: Tokens) -> None:
         """A new request: index its prompt; take the memory as it is now (later adds are seen by the next request)."""
