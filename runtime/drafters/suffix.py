@@ -110,7 +110,7 @@ class SuffixDrafter(Drafter):
         if m == 0:
             return EMPTY
         n = min(k, math.ceil(self.alpha * m))
-        # memory rows first, the request's last: a cap on rows keeps the most recent occurrences
+        # memory rows first, the request's last: the row cap keeps the request's, then the memory's last (index order)
         parts = [src.followers(ends, n) for src, length, ends in found if length == m]
         rows = np.concatenate(parts)[-self.max_rows:]
         tokens, _ = walk(rows, n, self.p_min)
