@@ -1,7 +1,7 @@
 """The suffix drafter's memory of past answers (docs/algorithms.md 2.9) on a repeated ask and a multi-turn chat:
 tok/s and tau against plain decoding, greedy, each answer checked identical to plain's.
 
-    python -m specedge.perf.suffix_memory [--targets native:smollm2-135m] [--drafters none ngram suffix ngram+suffix]
+    python -m specedge.perf.suffix_memory [--targets native:smollm2-135m] [--drafters none ngram suffix ngram+suffix suffix+tree:16]
         [--k 8] [--fixed-k] [--prompts 3] [--turns 5] [--max-tokens 96] [--threads 2] [--out suffix.json]
 
 Per target one loaded model; per drafter a fresh decoder (so a fresh, empty memory) with one Session, as the
@@ -93,7 +93,7 @@ def table(target: str, runners: dict[str, Runner]) -> list[dict]:
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--targets", nargs="+", default=["native:smollm2-135m"], help="BACKEND:MODEL each")
-    ap.add_argument("--drafters", nargs="+", default=["none", "ngram", "suffix", "ngram+suffix"],
+    ap.add_argument("--drafters", nargs="+", default=["none", "ngram", "suffix", "ngram+suffix", "suffix+tree:16"],
                     help="the first is the baseline (plain: none)")
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--fixed-k", action="store_true", help="no adaptive draft length (k drafted every round)")

@@ -292,3 +292,42 @@ def test_the_perf_script_runs_every_drafter_and_checks_the_answers(tiny, capsys)
                                                               ("chat", "none"), ("chat", "suffix")]
     assert [r["identical"] for r in rows] == ["1/1", "1/1", "2/2", "2/2"]
     assert rows[1]["tau"] > 1 and rows[0]["tau"] == 1 and "| repeat | suffix |" in capsys.readouterr().out
+
+
+def test_a_suffix_tree_branches_where_the_followers_differ():
+    from specedge.runtime.drafters.suffix import grow
+    rows = np.array([[1, 2, 7], [1, 3, SEP], [1, 2, 7], [4, 5, 6]])
+    tree = grow(rows, 16, 0.0)
+    # root -> 1 (3/4) -> 2 (2/3) -> 7; 1 -> 3 (1/3); root -> 4 (1/4) -> 5 -> 6; breadth-first
+    assert tree.tokens.tolist() == [1, 4, 2, 3, 5, 7, 6] and tree.parents.tolist() == [0, 0, 1, 1, 2, 3, 5]
+    assert grow(rows, 3, 0.0).tokens.tolist() == [1, 2, 7]  # best first: 1 (0.75), 2 (0.5), 7 (0.5), not 4 (0.25)
+    assert grow(rows, 16, 0.3).tokens.tolist() == [1, 2, 7]  # paths valued below 0.3 are not grown
+    assert grow(rows[:0], 16, 0.0).n == 0
+
+
+def test_suffix_trees_are_lossless_and_a_repeated_ask_is_accepted_deep(tiny):
+    _, target = tiny
+    spec = parse_drafter("suffix+tree:12")
+    assert spec == SuffixSpec(tree=12) and str(spec) == "suffix+tree:12" and spec.is_tree
+    drafter = build_drafter(spec, DrafterInputs(target))
+    prompt = [11, 42, 7, 99, 3, 18, 64, 5]
+    for p in ([1, 5, 9, 2, 1, 5, 9], [3, 4], prompt):
+        assert run(target, p, drafter) == run(target, p)
+    st = DecodeStats()
+    assert run(target, prompt, drafter, n=64, stats=st) == run(target, prompt, n=64)  # the ask again
+    assert st.n_emitted / st.n_target_forwards >= 8  # trees of 12 along the remembered answer
+    with pytest.raises(ValueError, match="tree"):
+        build_drafter(spec, DrafterInputs(MarkovBackend(random_markov_table(4, seed=0))))
+
+
+def test_sampled_suffix_trees_follow_the_target():
+    from test_tree_decode import TreeMarkovBackend
+    params = SamplingParams(temperature=1.0)
+    P = random_markov_table(5, seed=3, scale=1.0)
+    prompt = np.array([0, 1, 0, 2, 0], dtype=np.int32)
+    memory = SuffixMemory(budget=4096)
+    from specedge.runtime.drafters.suffix import SuffixTreeDrafter
+    counts = sampled_counts(TreeMarkovBackend(P), prompt, params,
+                            lambda: SuffixTreeDrafter(SuffixDrafter(memory, p_min=0.0), 6), trials=6000, seed=14, n=3)
+    assert memory.added == 6000
+    assert_matches_target(counts, P, prompt, params, 3, 6000)

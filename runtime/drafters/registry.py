@@ -24,8 +24,8 @@ from .loradrop import LoRADropDrafter
 from .model import ModelDrafter
 from .ngram import NgramDrafter
 from .recycle import RecycleDrafter
-from .spec import DrafterKind, DrafterSpec, ModelSpec
-from .suffix import LongerDrafter, SuffixDrafter
+from .spec import DrafterKind, DrafterSpec, ModelSpec, SuffixSpec
+from .suffix import LongerDrafter, SuffixDrafter, SuffixTreeDrafter
 from .suffix_index import SuffixMemory
 
 
@@ -90,6 +90,11 @@ def _with_memory(drafter: Drafter, budget: int | None) -> Drafter:
     return drafter if budget is None else LongerDrafter(SuffixDrafter(SuffixMemory(budget)), drafter)
 
 
+def _suffix(spec: SuffixSpec) -> Drafter:
+    chain = SuffixDrafter(SuffixMemory(spec.budget))
+    return SuffixTreeDrafter(chain, spec.tree) if spec.tree else chain
+
+
 def _stop(spec: DrafterSpec):
     """A fresh draft-stop policy from the spec's suffix, or None."""
     return spec.stop.build() if spec.stop else None
@@ -106,5 +111,5 @@ BUILDERS: dict[DrafterKind, Callable[[DrafterSpec, DrafterInputs], Drafter | Non
     DrafterKind.DEL: lambda spec, inputs: DelDrafter(_stop(spec)),
     DrafterKind.LORADROP: lambda spec, inputs: LoRADropDrafter(inputs.corrections),
     # one memory per built drafter: per loaded model, shared by every call of its decoder (the server's included)
-    DrafterKind.SUFFIX: lambda spec, inputs: SuffixDrafter(SuffixMemory(spec.budget)),
+    DrafterKind.SUFFIX: lambda spec, inputs: _suffix(spec),
 }

@@ -9,6 +9,7 @@ model drafter, '+tree[:<nodes>]' (a dynamic draft tree, runtime/drafters/dytree.
 first, the model when no n-token match exists, runtime/drafters/lookup.py). A chain ngram or model drafter may end
 in '+suffix[:<budget>]': the suffix drafter's memory of past answers first, the longer draft of the two
 (runtime/drafters/suffix.py); <budget> is the memory's size in tokens (default 65536).
+'suffix[:<budget>]+tree[:<nodes>]': the suffix drafter's trees (a target with tree masks).
 
 Each spec declares what it needs: from the target backend (`backend_needs`: tree masks, layer plans, drop steps)
 and from the assembly layer (`needs_draft`: a loaded draft model; `needs_corrections`: fitted LoRA-Drop
@@ -98,12 +99,23 @@ class NgramSpec(DrafterSpec):
 
 @dataclass(frozen=True)
 class SuffixSpec(DrafterSpec):
-    """A memory of past answers: the suffix drafter (2.9) with a memory of `budget` tokens."""
+    """A memory of past answers: the suffix drafter (2.9) with a memory of `budget` tokens; `tree`: trees of that
+    many nodes (None: chains)."""
     kind: ClassVar[DrafterKind] = DrafterKind.SUFFIX
     budget: int = SUFFIX_BUDGET
+    tree: int | None = None
+
+    @property
+    def backend_needs(self) -> frozenset[BackendNeed]:
+        return frozenset({BackendNeed.TREE_MASK}) if self.tree else frozenset()
+
+    @property
+    def is_tree(self) -> bool:
+        return bool(self.tree)
 
     def __str__(self) -> str:
-        return "suffix" if self.budget == SUFFIX_BUDGET else f"suffix:{self.budget}"
+        tree = f"+tree:{self.tree}" if self.tree else ""
+        return ("suffix" if self.budget == SUFFIX_BUDGET else f"suffix:{self.budget}") + tree
 
 
 @dataclass(frozen=True)
@@ -281,14 +293,16 @@ def parse_drafter(text: str) -> DrafterSpec:
     return NoneSpec() if kind is DrafterKind.NONE else NgramSpec()
 
 
-def _tree(text: str, body: str, nodes: str) -> ModelSpec:
+def _tree(text: str, body: str, nodes: str) -> ModelSpec | SuffixSpec:
     spec = parse_drafter(body)
-    if not isinstance(spec, ModelSpec) or spec.stop is not None or spec.lookup or spec.suffix:
+    chain_suffix = isinstance(spec, SuffixSpec) and not spec.tree
+    if not chain_suffix and (not isinstance(spec, ModelSpec) or spec.stop is not None or spec.lookup or spec.suffix):
         raise ValueError(f"drafter {text!r}: +tree[:<nodes>] follows a model drafter without a draft stop, lookup "
-                         "or suffix memory, as model:<name>+tree:16")
+                         "or suffix memory, or the suffix drafter, as model:<name>+tree:16 or suffix+tree:16")
     if nodes and not (nodes.isdigit() and 1 <= int(nodes) <= 256):
         raise ValueError(f"drafter {text!r}: the tree size is a node count in 1..256, as +tree:16")
-    return ModelSpec(spec.model, tree=int(nodes) if nodes else 16)
+    return replace(spec, tree=int(nodes) if nodes else 16) if chain_suffix else \
+        ModelSpec(spec.model, tree=int(nodes) if nodes else 16)
 
 
 def _lookup(text: str, body: str, n: str) -> ModelSpec:

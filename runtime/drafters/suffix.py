@@ -23,13 +23,16 @@ maybe paid, drafter does not run), else the longer of the two (a tie: the suffix
 """
 from __future__ import annotations
 
+import heapq
 import math
 
 import numpy as np
 
 from ..backends.base import Backend
+from ..tree import TreeDraft
 from ..types import Draft, SamplingParams, Tokens
-from .base import Drafter
+from .base import Drafter, TreeDrafter
+from .dytree import bfs_tree
 from .chain import ChainDrafter
 from .suffix_index import MAX_ID, SEP, SuffixIndex, SuffixMemory
 
@@ -94,29 +97,32 @@ class SuffixDrafter(Drafter):
 
     def propose(self, context: Tokens, k: int, params: SamplingParams, rng: np.random.Generator) -> Draft:
         """requires: context = every committed token; returns 0..k tokens, q = None (params unused)."""
-        context = np.asarray(context, dtype=np.int32).reshape(-1)
-        m = self._req.n
-        if len(context) < m or not np.array_equal(context[:m], self._req.tokens):
-            self.begin(context)  # not an extension of the indexed request (a new sequence without begin)
-        elif len(context) > m:
-            self._req.extend(context[m:])
-        return self.draft(context, k) if k > 0 and len(context) else EMPTY
+        m, rows = self.rows(context, k)
+        tokens = walk(rows, rows.shape[1], self.p_min)[0] if m else rows[0, :0]
+        return Draft(tokens=tokens, q=None, kind=KIND + min(m, 8)) if len(tokens) else EMPTY
 
-    def draft(self, context: np.ndarray, k: int) -> Draft:
-        """The draft for a committed context (steps 1 and 2 of the module docstring)."""
+    def rows(self, context: Tokens, k: int) -> tuple[int, np.ndarray]:
+        """Index the committed context, then step 1 of the module docstring: (m, followers [R, min(k, ceil(alpha m))])
+        of the longest match's occurrences; (0, an empty [1, 0]) without one."""
+        context = np.asarray(context, dtype=np.int32).reshape(-1)
+        done = self._req.n
+        if len(context) < done or not np.array_equal(context[:done], self._req.tokens):
+            self.begin(context)  # not an extension of the indexed request (a new sequence without begin)
+        elif len(context) > done:
+            self._req.extend(context[done:])
+        if k <= 0 or not len(context):
+            return 0, np.zeros((1, 0), np.int32)
         rev = context[::-1][:self.max_depth]
         found = [(src, *src.matches(rev, self.max_depth)) for src in (self._mem, self._req) if src.n]
         m = max((length for _, length, _ in found), default=0)
         if m == 0:
-            return EMPTY
+            return 0, np.zeros((1, 0), np.int32)
         n = min(k, math.ceil(self.alpha * m))
         # memory rows first, the request's last: the row cap keeps the request's, then the memory's last (index order)
         parts = [src.followers(ends, n) for src, length, ends in found if length == m]
-        rows = np.concatenate(parts)[-self.max_rows:]
-        tokens, _ = walk(rows, n, self.p_min)
-        if len(tokens) and found[0][0] is self._mem and found[0][1] == m:
+        if found[0][0] is self._mem and found[0][1] == m:
             self.from_memory += 1
-        return Draft(tokens=tokens, q=None, kind=KIND + min(m, 8)) if len(tokens) else EMPTY
+        return m, np.concatenate(parts)[-self.max_rows:]
 
     def finish(self, tokens: Tokens) -> None:
         """The request ended: its prompt and answer join the memory."""
@@ -147,3 +153,60 @@ class LongerDrafter(ChainDrafter):
 
     def accept(self, n_accepted: int, next_token: int) -> None:
         self.sources[self.source].accept(n_accepted, next_token)
+
+
+class SuffixTreeDrafter(TreeDrafter):
+    """`suffix+tree[:<nodes>]`: the same occurrences grown into a tree, best first by path probability (the product
+    of the step probabilities, as SuffixDecoding scores its trees), up to `nodes` nodes while that stays >= p_min;
+    the depth is capped at ceil(alpha m) as the chain's length is. Deterministic (no q): the 1.2 tree rule verifies
+    it. Needs a target with tree masks (numpy, native; onnx fp32/fp16)."""
+
+    def __init__(self, chain: SuffixDrafter, nodes: int = 16) -> None:
+        if not 1 <= nodes <= 256:
+            raise ValueError(f"suffix tree: the node count is in 1..256, got {nodes}")
+        self.chain, self.max_nodes, self.name = chain, nodes, "suffix+tree"
+        self.memory = chain.memory
+
+    def check(self, target: Backend) -> None:
+        super().check(target)
+        self.chain.check(target)
+
+    def begin(self, prompt: Tokens) -> None:
+        self.chain.begin(prompt)
+
+    def finish(self, tokens: Tokens) -> None:
+        self.chain.finish(tokens)
+
+    def propose_tree(self, context: Tokens, max_nodes: int, params: SamplingParams, rng: np.random.Generator
+                     ) -> TreeDraft:
+        """requires: context = every committed token; returns a tree of <= min(nodes, max_nodes) nodes."""
+        budget = min(self.max_nodes, max_nodes)
+        m, rows = self.chain.rows(context, budget)
+        tree = grow(rows, budget, self.chain.p_min)
+        return TreeDraft(tree.tokens, tree.parents, kind=KIND + min(m, 8))
+
+
+def grow(rows: np.ndarray, max_nodes: int, p_min: float) -> TreeDraft:
+    """The best-first tree of the paths through `rows` [R, D] (SEP where a row ends): a node's value is the product of
+    (rows with its token) / (rows alive at its parent) along its path; nodes valued below p_min are not added."""
+    tokens, parents, depths, heap, tick = [0], [0], [0], [], 0
+
+    def expand(node: int, alive: np.ndarray, depth: int, value: float) -> None:
+        nonlocal tick
+        if depth >= rows.shape[1] or not len(alive):
+            return
+        col = rows[alive, depth]
+        vals, counts = np.unique(col[col != SEP], return_counts=True)
+        for v, c in zip(vals.tolist(), counts.tolist()):
+            if value * c / len(alive) >= p_min:
+                tick += 1
+                heapq.heappush(heap, (-value * c / len(alive), tick, node, v, alive[col == v], depth + 1))
+
+    expand(0, np.arange(len(rows)), 0, 1.0)
+    while heap and len(tokens) - 1 < max_nodes:
+        neg, _, parent, token, alive, depth = heapq.heappop(heap)
+        tokens.append(token)
+        parents.append(parent)
+        depths.append(depth)
+        expand(len(tokens) - 1, alive, depth, -neg)
+    return bfs_tree(tokens, parents, depths)[0]
