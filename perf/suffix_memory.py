@@ -1,8 +1,8 @@
 """The suffix drafter's memory of past answers (docs/algorithms.md 2.9) on a repeated ask and a multi-turn chat:
 tok/s and tau against plain decoding, greedy, each answer checked identical to plain's.
 
-    python -m specedge.perf.suffix_memory [--targets native:smollm2-135m] [--drafters none ngram suffix ngram+suffix suffix+tree:16]
-        [--k 8] [--fixed-k] [--prompts 3] [--turns 5] [--max-tokens 96] [--threads 2] [--out suffix.json]
+    python -m specedge.perf.suffix_memory [--targets native:smollm2-135m]
+        [--drafters none ngram suffix ngram+suffix suffix+tree:16] [--k 8] [--fixed-k] [--prompts 3] [--turns 5] [--max-tokens 96] [--threads 2] [--out suffix.json]
 
 Per target one loaded model; per drafter a fresh decoder (so a fresh, empty memory) with one Session, as the
 Engine and `specedge chat` run them:
