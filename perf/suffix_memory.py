@@ -2,7 +2,8 @@
 tok/s and tau against plain decoding, greedy, each answer checked identical to plain's.
 
     python -m specedge.perf.suffix_memory [--targets native:smollm2-135m]
-        [--drafters none ngram suffix ngram+suffix suffix+tree:16] [--k 8] [--fixed-k] [--prompts 3] [--turns 5] [--max-tokens 96] [--threads 2] [--out suffix.json]
+        [--drafters none ngram suffix ngram+suffix suffix+tree:16] [--k 8] [--fixed-k] [--prompts 3] [--turns 5]
+        [--max-tokens 96] [--threads 2] [--out suffix.json]
 
 Per target one loaded model; per drafter a fresh decoder (so a fresh, empty memory) with one Session, as the
 Engine and `specedge chat` run them:
