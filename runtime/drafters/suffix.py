@@ -18,6 +18,7 @@ so the adaptive draft length learns acceptance per match length apart from n-gra
 Example: memory [5, 6, 7, 8, SEP, 5, 6, 7, 9, SEP, 5, 6, 7, 8, SEP], context [1, 5, 6, 7], k 4: m = 3 (three
 occurrences of [5, 6, 7]); followers 8, 9, 8: 8 with p 2/3, then every row ends: draft [8], kind KIND + 3.
 
+`SuffixTreeDrafter` (`suffix+tree[:<nodes>]`) grows the same occurrences into a tree, best first by path probability.
 `LongerDrafter` combines it with another chain drafter: the suffix draft when it already has k tokens (the other,
 maybe paid, drafter does not run), else the longer of the two (a tie: the suffix draft, which costs nothing).
 """
@@ -82,7 +83,7 @@ class SuffixDrafter(Drafter):
         self.max_depth, self.alpha, self.p_min, self.max_rows = max_depth, alpha, p_min, max_rows
         self._req = SuffixIndex()
         self._mem = self.memory.snapshot()
-        self.from_memory = 0  # drafts with a follower from the memory (for tests and --stats)
+        self.from_memory = 0  # rounds whose longest match was (also) in the memory (for tests)
 
     def check(self, target: Backend) -> None:
         """Start-up: the index's key fields hold every token id of the target's vocabulary."""
