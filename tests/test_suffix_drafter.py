@@ -331,3 +331,21 @@ def test_sampled_suffix_trees_follow_the_target():
                             lambda: SuffixTreeDrafter(SuffixDrafter(memory, p_min=0.0), 6), trials=6000, seed=14, n=3)
     assert memory.added == 6000
     assert_matches_target(counts, P, prompt, params, 3, 6000)
+
+
+def test_sampled_suffix_with_a_draft_model_follows_the_target():
+    """model+suffix mixes drafts without q (the memory's, rule 1.2) and with q (the model's, rule 1.1)."""
+    from specedge.runtime.drafters.model import ModelDrafter
+    params = SamplingParams(temperature=1.0)
+    P, Q = random_markov_table(5, seed=3, scale=1.0), random_markov_table(5, seed=4, scale=1.0)
+    prompt = np.array([0, 1, 0, 2, 0], dtype=np.int32)
+    memory, drafters = SuffixMemory(budget=4096), []
+
+    def new():
+        drafters.append(LongerDrafter(SuffixDrafter(memory, p_min=0.0), ModelDrafter(MarkovBackend(Q))))
+        return drafters[-1]
+
+    counts = sampled_counts(MarkovBackend(P), prompt, params, new, trials=6000, seed=15, n=3, k=3)
+    rounds = {part: sum(d.rounds[part] for d in drafters) for part in ("suffix", "other")}
+    assert rounds["suffix"] > 1000 and rounds["other"] > 1000
+    assert_matches_target(counts, P, prompt, params, 3, 6000)
