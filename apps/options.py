@@ -84,7 +84,10 @@ _DECODE = [
                       "optionally +tree[:<nodes>] (dynamic draft trees) or +lookup[:<n>] (prompt lookup first, the "
                       "model when no n-token match) | "
                       "skip:<R> | swift | exit:<layer> | del (self-speculative: the target's own layers; numpy or "
-                      "a layered ONNX artifact), optionally +conf[:<t>] or +logistic[:<h>] to stop drafting early"),
+                      "a layered ONNX artifact), optionally +conf[:<t>] or +logistic[:<h>] to stop drafting early | "
+                      "suffix[:<budget>] (a memory of the earlier calls' prompts and answers, at most <budget> "
+                      "tokens, default 65536; +tree[:<nodes>]: as trees, tree backends); ngram or a chain model "
+                      "drafter may end in +suffix[:<budget>] (the longer draft of the two)"),
     click.option("--k", "k", type=click.IntRange(0, 64), default=None,
                  help="Draft length, the maximum with --adaptive-k (default: the plan's, else 4)."),
     click.option("--adaptive-k", "adaptive_flag", is_flag=True,

@@ -84,6 +84,7 @@ def decode(target: Backend, prompt: Tokens, spec: Speculation = PLAIN, req: Requ
                     return
     finally:
         stats.decode_s, stats.n_generated = dec0 + time.perf_counter() - t_dec, gen0 + produced
+        stepper.finish(seq.tokens[:len(prompt) + produced].copy())  # no token a step committed past the end
         if session is not None:
             session.finish(seq.tokens)
 

@@ -3,6 +3,7 @@ length checks, the cache, prefill timing, stopping, statistics, sessions) and dr
 
     stepper.start(seq, start)            once: prefill / bind / begin; returns the prompt tokens it prefilled
     stepper.step(seq, room, rng)         each round: commits >= 1 token into seq and returns (emitted, StepStats)
+    stepper.finish(tokens)               once, however the call ends: the prompt and every emitted token
 
   ChainStepper   draft a chain (or nothing: plain decoding), verify it in one forward (docs/algorithms.md 1.1-1.3)
   TreeStepper    draft a token tree, verify it under the tree mask (1.4)
@@ -72,6 +73,9 @@ class Stepper(abc.ABC):
         """requires: seq.cache.length == seq.n - 1, `room` free positions past it (>= 1). Commits the emitted tokens
         (>= 1) into seq and returns them with the round's stats."""
 
+    def finish(self, tokens: Tokens) -> None:
+        """The call ended (finished, stopped or interrupted); tokens [T] = the prompt and every emitted token."""
+
 
 def prefill(target: Backend, seq: SeqState, start: int = 0, drafter: Drafter | None = None) -> int:
     """Feed the prompt tokens from `start` up to all but the last (the first round feeds it); a drafter that
@@ -103,6 +107,10 @@ class _Speculative(Stepper):
                 self.drafter.bind(self.target, seq.cache)
             self.drafter.begin(seq.tokens.copy())
         return n
+
+    def finish(self, tokens: Tokens) -> None:
+        if self.drafter is not None:  # a memory of past answers keeps them (runtime/drafters/suffix.py)
+            self.drafter.finish(tokens)
 
 
 class ChainStepper(_Speculative):

@@ -3,8 +3,9 @@
 from .base import BackendNeed, Drafter, DrafterCaps, TreeDrafter
 from .registry import BUILDERS, DraftModel, DrafterInputs, build_drafter, check_target
 from .spec import (DelSpec, DrafterKind, DrafterSpec, ExitSpec, LoraDropSpec, ModelSpec, NgramSpec, NoneSpec,
-                   RecycleSpec, SkipSpec, SwiftSpec, parse_drafter)
+                   RecycleSpec, SkipSpec, SuffixSpec, SwiftSpec, parse_drafter)
 
 __all__ = ["BackendNeed", "Drafter", "DrafterCaps", "TreeDrafter", "BUILDERS", "DraftModel", "DrafterInputs",
            "build_drafter", "check_target", "DelSpec", "DrafterKind", "DrafterSpec", "ExitSpec", "LoraDropSpec",
-           "ModelSpec", "NgramSpec", "NoneSpec", "RecycleSpec", "SkipSpec", "SwiftSpec", "parse_drafter"]
+           "ModelSpec", "NgramSpec", "NoneSpec", "RecycleSpec", "SkipSpec", "SuffixSpec", "SwiftSpec",
+           "parse_drafter"]

@@ -7,6 +7,8 @@ Contracts (every method but `propose` / `propose_tree` has a no-op default here)
                                          of at most k tokens continuing it (k may be 0), any q rows computed with
                                          `params` (the call's SamplingParams: a drafter holds none of its own).
   accept(n_accepted, next_token)         the target kept the first n_accepted draft tokens, then emitted next_token.
+  finish(tokens)                         the sequence ended (finished, stopped or interrupted): tokens = the prompt
+                                         and every emitted token (a memory of past answers keeps them: suffix.py).
 Optional, declared by caps:
   caps.binds_target    bind(target, cache): once per sequence before begin; self-speculative drafters run the
                        target's own weights (a LayerPlan) and write draft K/V into its cache past its length, leaving
@@ -97,6 +99,9 @@ class Drafter(abc.ABC):
 
     def accept(self, n_accepted: int, next_token: int) -> None:
         """The target kept n_accepted draft tokens, then emitted next_token."""
+
+    def finish(self, tokens: Tokens) -> None:
+        """The sequence ended; tokens [T] = its prompt and every emitted token."""
 
     def bind(self, target: Backend, cache: Cache) -> None:
         """caps.binds_target: share the target's weights and KV cache for the next sequence."""

@@ -99,6 +99,10 @@ class ChainDrafter(Drafter):
         self.rates.clear()
         self._passed.clear()
 
+    def finish(self, tokens: Tokens) -> None:
+        for s in self.sources:
+            s.finish(tokens)
+
     def observe(self, tokens: Tokens, logits: Logits) -> None:
         for s in self.sources:
             if s.caps.observes_logits:

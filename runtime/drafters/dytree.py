@@ -70,13 +70,13 @@ class DynamicTreeDrafter(TreeDrafter):
                     depths.append(depths[parent] + 1)
             if len(tokens) - 1 >= budget or not fresh:
                 break
-            tree, order = _bfs(tokens, parents, depths)
+            tree, order = bfs_tree(tokens, parents, depths)
             logits = m.tree_logits(context, tree)
             self.waves += 1
             row = {i: 1 + n for n, i in enumerate(order)}  # insertion index -> row of the BFS-ordered forward
             for j in fresh:
                 self._push(heap, j, logits[row[j]], values[j])
-        return _bfs(tokens, parents, depths)[0]
+        return bfs_tree(tokens, parents, depths)[0]
 
     def _push(self, heap: list, node: int, logits: Logits, value: float) -> None:
         """The node's top `branch` continuations as candidates worth value * p(token)."""
@@ -92,7 +92,7 @@ class DynamicTreeDrafter(TreeDrafter):
         """Nothing to learn; `ModelDrafter.root_logits` reconciles the draft cache at the next tree."""
 
 
-def _bfs(tokens: list, parents: list, depths: list) -> tuple[TreeDraft, list[int]]:
+def bfs_tree(tokens: list, parents: list, depths: list) -> tuple[TreeDraft, list[int]]:
     """The nodes renumbered breadth-first (by depth, then insertion order: a parent precedes its children), and the
     insertion indices in that order."""
     order = sorted(range(1, len(tokens)), key=lambda i: (depths[i], i))

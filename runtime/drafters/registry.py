@@ -24,7 +24,9 @@ from .loradrop import LoRADropDrafter
 from .model import ModelDrafter
 from .ngram import NgramDrafter
 from .recycle import RecycleDrafter
-from .spec import DrafterKind, DrafterSpec, ModelSpec
+from .spec import DrafterKind, DrafterSpec, ModelSpec, SuffixSpec
+from .suffix import LongerDrafter, SuffixDrafter, SuffixTreeDrafter
+from .suffix_index import SuffixMemory
 
 
 @dataclass(frozen=True, eq=False)
@@ -80,7 +82,17 @@ def _model(spec: ModelSpec, inputs: DrafterInputs) -> Drafter:
     if spec.tree:
         return DynamicTreeDrafter(model_drafter(inputs.draft), spec.tree)
     drafter = model_drafter(inputs.draft, spec.stop.build() if spec.stop else None)
-    return LookupModelDrafter(drafter, spec.lookup) if spec.lookup else drafter
+    return _with_memory(LookupModelDrafter(drafter, spec.lookup) if spec.lookup else drafter, spec.suffix)
+
+
+def _with_memory(drafter: Drafter, budget: int | None) -> Drafter:
+    """'+suffix[:<budget>]': the suffix drafter with a fresh memory of `budget` tokens first, the longer draft."""
+    return drafter if budget is None else LongerDrafter(SuffixDrafter(SuffixMemory(budget)), drafter)
+
+
+def _suffix(spec: SuffixSpec) -> Drafter:
+    chain = SuffixDrafter(SuffixMemory(spec.budget))
+    return SuffixTreeDrafter(chain, spec.tree) if spec.tree else chain
 
 
 def _stop(spec: DrafterSpec):
@@ -90,7 +102,7 @@ def _stop(spec: DrafterSpec):
 
 BUILDERS: dict[DrafterKind, Callable[[DrafterSpec, DrafterInputs], Drafter | None]] = {
     DrafterKind.NONE: lambda spec, inputs: None,
-    DrafterKind.NGRAM: lambda spec, inputs: NgramDrafter(),
+    DrafterKind.NGRAM: lambda spec, inputs: _with_memory(NgramDrafter(), spec.suffix),
     DrafterKind.RECYCLE: lambda spec, inputs: RecycleDrafter(inputs.target.config.vocab_size, spec.nodes),
     DrafterKind.MODEL: _model,
     DrafterKind.SKIP: lambda spec, inputs: LayerSkipDrafter(spec.ratio, _stop(spec)),
@@ -98,4 +110,6 @@ BUILDERS: dict[DrafterKind, Callable[[DrafterSpec, DrafterInputs], Drafter | Non
     DrafterKind.EXIT: lambda spec, inputs: EarlyExitDrafter(spec.layer, _stop(spec)),
     DrafterKind.DEL: lambda spec, inputs: DelDrafter(_stop(spec)),
     DrafterKind.LORADROP: lambda spec, inputs: LoRADropDrafter(inputs.corrections),
+    # one memory per built drafter: per loaded model, shared by every call of its decoder (the server's included)
+    DrafterKind.SUFFIX: lambda spec, inputs: _suffix(spec),
 }

@@ -3,10 +3,13 @@
     parse_drafter(text) -> DrafterSpec        str(spec) -> the canonical text (parse_drafter(str(s)) == s)
 
 Grammar: 'none' | 'ngram' | 'model:<name-or-path>' | 'recycle[:<nodes>]' | 'skip:<R>' | 'swift' | 'exit:<layer>' |
-'del' | 'loradrop[:<corrections-dir>]', optionally followed by '+<stop>' (model and self-speculative drafters):
-+conf, +conf:<t>, +logistic, +logistic:<h> (runtime/draft_stop.py StopSpec); or, for a model drafter,
-'+tree[:<nodes>]' (a dynamic draft tree, runtime/drafters/dytree.py) or '+lookup[:<n>]' (prompt lookup first, the
-model when no n-token match exists, runtime/drafters/lookup.py).
+'del' | 'loradrop[:<corrections-dir>]' | 'suffix[:<budget>]', optionally followed by '+<stop>' (model and
+self-speculative drafters): +conf, +conf:<t>, +logistic, +logistic:<h> (runtime/draft_stop.py StopSpec); or, for a
+model drafter, '+tree[:<nodes>]' (a dynamic draft tree, runtime/drafters/dytree.py) or '+lookup[:<n>]' (prompt lookup
+first, the model when no n-token match exists, runtime/drafters/lookup.py). A chain ngram or model drafter may end
+in '+suffix[:<budget>]': the suffix drafter's memory of past answers first, the longer draft of the two
+(runtime/drafters/suffix.py); <budget> is the memory's size in tokens (default 65536).
+'suffix[:<budget>]+tree[:<nodes>]': the suffix drafter's trees (a target with tree masks).
 
 Each spec declares what it needs: from the target backend (`backend_needs`: tree masks, layer plans, drop steps)
 and from the assembly layer (`needs_draft`: a loaded draft model; `needs_corrections`: fitted LoRA-Drop
@@ -15,7 +18,7 @@ corrections). runtime/drafters/registry.py builds the drafter from a spec and th
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from ..draft_stop import StopKind, StopSpec, format_number
@@ -32,6 +35,11 @@ class DrafterKind(enum.Enum):
     EXIT = "exit"  # early exit at layer l (2.4)
     DEL = "del"  # exit layer and draft length from shadow tokens (2.4)
     LORADROP = "loradrop"  # self-speculative LoRA-Drop (2.5); optional argument: a fitted corrections directory
+    SUFFIX = "suffix"  # a memory of past answers (2.9); optional argument: its budget in tokens
+
+
+SUFFIX_BUDGET = 65536  # tokens a suffix drafter's memory holds by default (about 1.3 MB of index)
+SUFFIX_BUDGETS = (256, 1 << 24)  # the budgets parse_drafter accepts
 
 
 _LAYERED = frozenset({BackendNeed.LAYER_PLAN})
@@ -67,6 +75,11 @@ def _suffix(stop: StopSpec | None) -> str:
     return "" if stop is None else f"+{stop}"
 
 
+def _memory(budget: int | None) -> str:
+    """The '+suffix[:<budget>]' a chain drafter's spec ends in (the default budget unwritten)."""
+    return "" if budget is None else "+suffix" if budget == SUFFIX_BUDGET else f"+suffix:{budget}"
+
+
 @dataclass(frozen=True)
 class NoneSpec(DrafterSpec):
     """Plain decoding: no drafter."""
@@ -75,8 +88,34 @@ class NoneSpec(DrafterSpec):
 
 @dataclass(frozen=True)
 class NgramSpec(DrafterSpec):
-    """Prompt lookup / n-gram drafter (docs/algorithms.md 2.6)."""
+    """Prompt lookup / n-gram drafter (docs/algorithms.md 2.6); `suffix`: a suffix memory of that many tokens
+    combined with it (2.9), None: none."""
     kind: ClassVar[DrafterKind] = DrafterKind.NGRAM
+    suffix: int | None = None
+
+    def __str__(self) -> str:
+        return f"ngram{_memory(self.suffix)}"
+
+
+@dataclass(frozen=True)
+class SuffixSpec(DrafterSpec):
+    """A memory of past answers: the suffix drafter (2.9) with a memory of `budget` tokens; `tree`: trees of that
+    many nodes (None: chains)."""
+    kind: ClassVar[DrafterKind] = DrafterKind.SUFFIX
+    budget: int = SUFFIX_BUDGET
+    tree: int | None = None
+
+    @property
+    def backend_needs(self) -> frozenset[BackendNeed]:
+        return frozenset({BackendNeed.TREE_MASK}) if self.tree else frozenset()
+
+    @property
+    def is_tree(self) -> bool:
+        return bool(self.tree)
+
+    def __str__(self) -> str:
+        tree = f"+tree:{self.tree}" if self.tree else ""
+        return ("suffix" if self.budget == SUFFIX_BUDGET else f"suffix:{self.budget}") + tree
 
 
 @dataclass(frozen=True)
@@ -100,13 +139,15 @@ class RecycleSpec(DrafterSpec):
 @dataclass(frozen=True)
 class ModelSpec(DrafterSpec):
     """A separate draft model (2.1): `model` is a catalogue name or GGUF path (an exported artifact for onnx);
-    optionally a draft stop, a dynamic tree of `tree` nodes, or prompt lookup first (matches of >= `lookup`)."""
+    optionally a draft stop, a dynamic tree of `tree` nodes, or prompt lookup first (matches of >= `lookup`); for a
+    chain, `suffix`: a suffix memory of that many tokens combined with it (2.9)."""
     kind: ClassVar[DrafterKind] = DrafterKind.MODEL
     needs_draft: ClassVar[bool] = True
     model: str = ""
     stop: StopSpec | None = None
     tree: int | None = None
     lookup: int | None = None
+    suffix: int | None = None
 
     @property
     def backend_needs(self) -> frozenset[BackendNeed]:
@@ -119,7 +160,7 @@ class ModelSpec(DrafterSpec):
     def __str__(self) -> str:
         tree = f"+tree:{self.tree}" if self.tree else ""
         lookup = f"+lookup:{self.lookup}" if self.lookup else ""
-        return f"model:{self.model}{_suffix(self.stop)}{tree}{lookup}"
+        return f"model:{self.model}{_suffix(self.stop)}{tree}{lookup}{_memory(self.suffix)}"
 
 
 @dataclass(frozen=True)
@@ -196,6 +237,8 @@ _STOPS = tuple(k.value for k in StopKind)
 def parse_drafter(text: str) -> DrafterSpec:
     """The spec of a `--drafter` string (grammar in the module docstring); ValueError naming the fix otherwise."""
     body, plus, stop = text.rpartition("+")
+    if plus and stop.partition(":")[0] == "suffix":
+        return _with_memory(text, body, stop.partition(":")[2])
     if plus and stop.partition(":")[0] == "tree":
         return _tree(text, body, stop.partition(":")[2])
     if plus and stop.partition(":")[0] == "lookup":
@@ -206,8 +249,16 @@ def parse_drafter(text: str) -> DrafterSpec:
     try:
         kind = DrafterKind(head)
     except ValueError:
+        if head.startswith("suffix+"):
+            raise ValueError(f"drafter {text!r}: the suffix memory combines with a drafter written first, as "
+                             "ngram+suffix or model:<name>+suffix") from None
         raise ValueError(f"unknown drafter {text!r}; use none, ngram, recycle[:nodes], model:<name-or-path>, "
-                         "skip:<R>, swift, exit:<layer>, del or loradrop[:<corrections-dir>]") from None
+                         "skip:<R>, swift, exit:<layer>, del, loradrop[:<corrections-dir>] or suffix[:<budget>]"
+                         ) from None
+    if kind is DrafterKind.SUFFIX:
+        if stop is not None:
+            raise ValueError(f"drafter {text!r}: the suffix drafter drafts without probabilities; drop the +{stop}")
+        return SuffixSpec(_budget(text, arg) if arg else SUFFIX_BUDGET)
     if kind is DrafterKind.LORADROP:
         if stop is not None:
             raise ValueError(f"drafter {text!r}: the loradrop drafter takes no draft stop; drop the +{stop}")
@@ -242,14 +293,16 @@ def parse_drafter(text: str) -> DrafterSpec:
     return NoneSpec() if kind is DrafterKind.NONE else NgramSpec()
 
 
-def _tree(text: str, body: str, nodes: str) -> ModelSpec:
+def _tree(text: str, body: str, nodes: str) -> ModelSpec | SuffixSpec:
     spec = parse_drafter(body)
-    if not isinstance(spec, ModelSpec) or spec.stop is not None:
-        raise ValueError(f"drafter {text!r}: +tree[:<nodes>] follows a model drafter without a draft stop, as "
-                         "model:<name>+tree:16")
+    chain_suffix = isinstance(spec, SuffixSpec) and not spec.tree
+    if not chain_suffix and (not isinstance(spec, ModelSpec) or spec.stop is not None or spec.lookup or spec.suffix):
+        raise ValueError(f"drafter {text!r}: +tree[:<nodes>] follows a model drafter without a draft stop, lookup "
+                         "or suffix memory, or the suffix drafter, as model:<name>+tree:16 or suffix+tree:16")
     if nodes and not (nodes.isdigit() and 1 <= int(nodes) <= 256):
         raise ValueError(f"drafter {text!r}: the tree size is a node count in 1..256, as +tree:16")
-    return ModelSpec(spec.model, tree=int(nodes) if nodes else 16)
+    return replace(spec, tree=int(nodes) if nodes else 16) if chain_suffix else \
+        ModelSpec(spec.model, tree=int(nodes) if nodes else 16)
 
 
 def _lookup(text: str, body: str, n: str) -> ModelSpec:
@@ -258,4 +311,21 @@ def _lookup(text: str, body: str, n: str) -> ModelSpec:
         raise ValueError(f"drafter {text!r}: +lookup[:<n>] follows a chain model drafter, as model:<name>+lookup:2")
     if n and not (n.isdigit() and 1 <= int(n) <= 3):
         raise ValueError(f"drafter {text!r}: the lookup match length is 1, 2 or 3 tokens, as +lookup:2")
-    return ModelSpec(spec.model, stop=spec.stop, lookup=int(n) if n else 2)
+    return replace(spec, lookup=int(n) if n else 2)
+
+
+def _budget(text: str, arg: str) -> int:
+    lo, hi = SUFFIX_BUDGETS
+    if not (arg.isdigit() and lo <= int(arg) <= hi):
+        raise ValueError(f"drafter {text!r}: the suffix memory's budget is a token count in {lo}..{hi}, as "
+                         f"suffix:{SUFFIX_BUDGET}")
+    return int(arg)
+
+
+def _with_memory(text: str, body: str, arg: str) -> DrafterSpec:
+    """'<ngram | chain model drafter>+suffix[:<budget>]'."""
+    spec = parse_drafter(body)
+    if not isinstance(spec, (NgramSpec, ModelSpec)) or spec.is_tree or spec.suffix is not None:
+        raise ValueError(f"drafter {text!r}: +suffix[:<budget>] follows ngram or a chain model drafter, once, as "
+                         "ngram+suffix or model:<name>+suffix (the suffix drafter alone: suffix[:<budget>])")
+    return replace(spec, suffix=_budget(text, arg) if arg else SUFFIX_BUDGET)
