@@ -13,8 +13,8 @@ from specedge.runtime.types import SamplingParams
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    path = write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "t.gguf", seed=0, n_layers=2)
+def engine(tiny_gguf):
+    path = tiny_gguf  # tests/conftest.py, shared (read-only)
     return specedge.Engine.open(str(path), backend="numpy", drafter="ngram", ctx=256)
 
 

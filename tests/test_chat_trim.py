@@ -15,8 +15,8 @@ CTX = 160
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return write_tiny_gguf(tmp_path_factory.mktemp("trim") / "tiny.gguf", seed=0)
+def tiny(tiny_gguf):
+    return tiny_gguf  # tests/conftest.py, shared (read-only)
 
 
 def test_answer_reserve():

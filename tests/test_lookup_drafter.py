@@ -10,10 +10,7 @@ from specedge.apps.cli import cli
 from specedge.assembly.load import DrafterSpec
 from specedge.runtime.draft_stop import StopKind, StopSpec
 from specedge.runtime.drafters.spec import ModelSpec
-from specedge.models.gguf_in import open_gguf
-from specedge.models.tiny import write_tiny_gguf
 from specedge.runtime.backends.fake import MarkovBackend, random_markov_table
-from specedge.runtime.backends.numpy_ref import NumpyBackend
 from specedge.runtime.decode import decode
 from specedge.runtime.request import Request, Speculation
 from specedge.runtime.drafters.lookup import LookupModelDrafter
@@ -26,11 +23,8 @@ GREEDY = SamplingParams()
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    d = tmp_path_factory.mktemp("lookup")
-    target, draft = (write_tiny_gguf(d / f"{n}.gguf", seed=s, n_layers=l) for n, s, l in (("t", 0, 2), ("d", 1, 1)))
-    return target, draft, NumpyBackend(open_gguf(target).load_weights(), np.float64), \
-        NumpyBackend(open_gguf(draft).load_weights(), np.float64)
+def models(tiny_gguf, draft_gguf, tiny_backends):
+    return tiny_gguf, draft_gguf, *tiny_backends[:2]  # tests/conftest.py, shared
 
 
 def run(target, prompt, drafter=None, n=48, params=GREEDY, stats=None, seed=0):

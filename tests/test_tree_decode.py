@@ -7,17 +7,13 @@ import pytest
 
 from specedge.assembly.load import DrafterSpec
 from specedge.runtime.drafters.spec import RecycleSpec
-from specedge.models.gguf_in import open_gguf
-from specedge.models.tiny import write_tiny_gguf
 from specedge.runtime.backends.base import BackendCaps
 from specedge.runtime.backends.fake import FakeCache, MarkovBackend, random_markov_table
-from specedge.runtime.backends.numpy_ref import NumpyBackend
 from specedge.runtime.decode import decode
 from specedge.runtime.request import Request, Speculation
 from specedge.runtime.drafters.model import ModelDrafter
 from specedge.runtime.drafters.recycle import RecycleDrafter, tree_template
 from specedge.runtime.stats import DecodeStats
-from specedge.runtime.tokenizer import Tokenizer
 from specedge.runtime.tree import TreeDraft
 from specedge.runtime.types import SamplingParams
 from specedge.runtime.verify import VerifierKind
@@ -27,10 +23,8 @@ GREEDY = SamplingParams()
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny")
-    g = open_gguf(write_tiny_gguf(d / "t.gguf", seed=0, n_layers=2))
-    return NumpyBackend(g.load_weights(), np.float64), Tokenizer(g.tokenizer_spec())
+def tiny(tiny_backends):
+    return tiny_backends[0], tiny_backends[2]  # tests/conftest.py: (target float64, tokenizer), shared
 
 
 def run(backend, prompt, drafter=None, n=40, params=GREEDY, seed=0, stats=None):

@@ -22,8 +22,8 @@ from specedge.runtime.sampling import logits_to_probs
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return write_tiny_gguf(tmp_path_factory.mktemp("typ") / "t.gguf", seed=0, n_layers=2)
+def tiny(tiny_gguf):
+    return tiny_gguf  # tests/conftest.py, shared (read-only)
 
 
 @pytest.fixture(scope="module")
