@@ -147,6 +147,7 @@ def test_engine_lookup_hybrid_drafts_from_the_calls_sampled_q(tmp_path):
     assert (rows.max(axis=1) < 0.999).any(), "every draft row is one-hot: the model part drafted greedily"
 
 
+@pytest.mark.slow
 def test_the_next_chat_turn_keeps_a_sampled_answers_ids(tmp_path):
     """A sampled answer that re-tokenizes to other ids (random tokens of a tiny model) keeps its generated ids in
     the next turn's prompt, so the whole previous conversation is reused from the cache; a raw prompt is always

@@ -130,6 +130,7 @@ def assert_counts_match(counts, exact, trials, alpha=1e-3):
     assert p_value > alpha, p_value
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0),
                                     SamplingParams(temperature=0.8, top_p=0.9),
                                     SamplingParams(temperature=1.2, top_k=3),
@@ -162,6 +163,7 @@ def test_sampled_decode_loop_preserves_the_target_distribution(params, drafter_k
     assert p_value > 1e-3, p_value
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter_kind", ["model", "ngram"])
 def test_sampled_speculation_under_penalties_and_bias_follows_the_target(drafter_kind):
     """Chi-square: with presence, frequency and repetition penalties over a short window, DRY and a logit bias, sampled

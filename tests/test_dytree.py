@@ -67,6 +67,7 @@ def test_self_drafted_tree_holds_the_greedy_chain_and_respects_the_budget(models
     assert out == run(target, prompt) and st.n_accepted / st.n_target_forwards >= 2  # rounds only (no prefill)
 
 
+@pytest.mark.slow
 def test_sampled_dynamic_trees_preserve_the_target_distribution():
     params = SamplingParams(temperature=1.0)
     P, Q = random_markov_table(5, seed=3, scale=1.0), random_markov_table(5, seed=4, scale=1.0)

@@ -61,6 +61,7 @@ def test_the_draft_models_cache_catches_up_after_lookup_rounds(models):
     assert st.n_accepted >= 4 * model_rounds
 
 
+@pytest.mark.slow
 def test_sampled_hybrid_preserves_the_target_distribution():
     params = SamplingParams(temperature=1.0)
     P, Q = random_markov_table(5, seed=3, scale=1.0), random_markov_table(5, seed=4, scale=1.0)
@@ -97,6 +98,7 @@ def test_lookup_suffix_parses_and_bad_combinations_fail_at_start_up(models):
     assert stats["identical_to_baseline"] is True and "+lookup" in stats["drafter"]  # the canonical spec: +lookup:2
 
 
+@pytest.mark.slow
 def test_a_lookup_match_can_complete_a_model_draft_and_stays_lossless(models):
     """Once the model's draft so far ends in a 3-token match, the match's continuation ends the draft (point-mass q
     rows). Greedy: identical to plain greedy; sampled: the target's distribution. min_n=3 keeps round-start lookups

@@ -265,8 +265,8 @@ def test_specedge_serve_command_serves(tiny_path):
     try:
         wait_ready(url, proc, timeout=120)
         c = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
-        assert c.models.list().data[0].id == "t.gguf"
-        assert c.completions.create(model="t.gguf", prompt="hi", max_tokens=3).usage.completion_tokens >= 1
+        assert c.models.list().data[0].id == tiny_path.name  # the file's name
+        assert c.completions.create(model=tiny_path.name, prompt="hi", max_tokens=3).usage.completion_tokens >= 1
     finally:
         proc.terminate()
         out = proc.communicate(timeout=30)[0].decode()

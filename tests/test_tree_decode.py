@@ -35,7 +35,7 @@ def run(backend, prompt, drafter=None, n=40, params=GREEDY, seed=0, stats=None):
 PROMPTS = ["the cat sat on the mat and the cat", "hello world", "a", "one two one two one two"]
 
 
-@pytest.mark.parametrize("nodes", [1, 8, 16, 80])
+@pytest.mark.parametrize("nodes", [1, 8, 16, pytest.param(80, marks=pytest.mark.slow)])
 def test_greedy_token_recycling_equals_plain_greedy(tiny, nodes):
     target, tok = tiny
     drafter, st = RecycleDrafter(target.config.vocab_size, nodes), DecodeStats()  # adj carries over prompts
@@ -85,6 +85,7 @@ class TreeMarkovBackend(MarkovBackend):
         return super().forward(tokens, cache)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_p=0.9)],
                          ids=["t1", "t0.8p0.9"])
 def test_sampled_tree_decode_preserves_the_target_distribution(params):
@@ -99,6 +100,7 @@ def test_sampled_tree_decode_preserves_the_target_distribution(params):
     assert_matches_target(counts, P, prompt, params, n, trials)
 
 
+@pytest.mark.slow
 def test_sampled_decode_with_block_verification_preserves_the_target_distribution():
     params = SamplingParams(temperature=1.0)
     P, Q = random_markov_table(5, seed=3, scale=1.0), random_markov_table(5, seed=4, scale=1.0)
