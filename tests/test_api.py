@@ -13,8 +13,8 @@ from specedge.runtime.types import SamplingParams
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    path = write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "t.gguf", seed=0, n_layers=2)
+def engine(tiny_gguf):
+    path = tiny_gguf  # tests/conftest.py, shared (read-only)
     return specedge.Engine.open(str(path), backend="numpy", drafter="ngram", ctx=256)
 
 
@@ -147,6 +147,7 @@ def test_engine_lookup_hybrid_drafts_from_the_calls_sampled_q(tmp_path):
     assert (rows.max(axis=1) < 0.999).any(), "every draft row is one-hot: the model part drafted greedily"
 
 
+@pytest.mark.slow
 def test_the_next_chat_turn_keeps_a_sampled_answers_ids(tmp_path):
     """A sampled answer that re-tokenizes to other ids (random tokens of a tiny model) keeps its generated ids in
     the next turn's prompt, so the whole previous conversation is reused from the cache; a raw prompt is always

@@ -33,6 +33,7 @@ def run(*args):
     return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
 
 
+@pytest.mark.slow
 def test_bench_profile_device_then_auto(tiny):
     path, prompts, d = tiny
     cache, out = d / "cache", d / "profile-out"
@@ -78,6 +79,7 @@ def test_bench_profile_device_then_auto(tiny):
     assert "predicted vs measured" in (out / "report.md").read_text() and (out / "verify_cost.png").is_file()
 
 
+@pytest.mark.slow
 def test_generate_auto_is_plain_greedy_and_remeasures_a_corrupt_profile(tiny):
     path, _, d = tiny
     cache = d / "gen-cache"
@@ -99,6 +101,7 @@ def test_generate_auto_is_plain_greedy_and_remeasures_a_corrupt_profile(tiny):
     DeviceProfile.from_dict(json.loads(cached.read_text()))  # rewritten whole
 
 
+@pytest.mark.slow
 def test_chat_auto_prints_the_choice(tiny):
     path, _, d = tiny
     r = CliRunner().invoke(cli, ["chat", str(path), "--backend", "numpy", "--max-tokens", "8", "--auto",

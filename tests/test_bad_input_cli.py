@@ -26,8 +26,8 @@ def run(*args):
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return write_tiny_gguf(tmp_path_factory.mktemp("bad") / "tiny.gguf", seed=0)
+def tiny(tiny_gguf):
+    return tiny_gguf  # tests/conftest.py, shared (read-only)
 
 
 @pytest.mark.parametrize("flag, value, message", [

@@ -94,6 +94,7 @@ def test_manifest_round_trip_of_the_block(spec):
         config_from_dict({**d, "block": {**d["block"], "norm": "layernorm"}})
 
 
+@pytest.mark.slow
 def test_numpy_gemma3_like_block_matches_transformers():
     """The declaration's semantics against an independent implementation: transformers' Gemma3 text model ((1 + w)
     norms, pre+post norms, q/k norms, GELU-tanh, embedding scale, q/k/v/o biases, sliding layers with their own RoPE

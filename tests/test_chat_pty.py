@@ -81,6 +81,7 @@ def command(child, text, expect):
     child.expect("> ")
 
 
+@pytest.mark.slow
 def test_a_runaway_answer_then_a_trimmed_turn(endless):
     """An answer that runs to the context limit (the model never ends its turn) is shortened at the next message,
     before the conversation's start is dropped; the cut is reported as the context limit, a max_tokens cut as such."""
@@ -99,6 +100,7 @@ def test_a_runaway_answer_then_a_trimmed_turn(endless):
     child.expect(pexpect.EOF)
 
 
+@pytest.mark.slow
 def test_turns_slash_commands_save_and_load(endless, tmp_path):
     child = spawn(endless, "--backend", "numpy", "--max-tokens", 12, "--ctx", 1024)
     first = turn(child, "hello there")
@@ -142,6 +144,7 @@ def test_turns_slash_commands_save_and_load(endless, tmp_path):
     child.expect(pexpect.EOF)
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_the_answer_keeps_the_conversation(endless, tmp_path):
     child = spawn(endless, "--backend", "numpy", "--drafter", "none", "--max-tokens", 3000)
     child.sendline("tell me everything")

@@ -15,8 +15,8 @@ CTX = 160
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return write_tiny_gguf(tmp_path_factory.mktemp("trim") / "tiny.gguf", seed=0)
+def tiny(tiny_gguf):
+    return tiny_gguf  # tests/conftest.py, shared (read-only)
 
 
 def test_answer_reserve():
@@ -45,6 +45,7 @@ def test_set_penalties_and_logit_bias():
         parse_option("presence_penalty", "inf", {})
 
 
+@pytest.mark.slow
 def test_a_long_conversation_keeps_going_dropping_the_oldest_turns(tiny, tmp_path, capsys):
     engine = specedge.Engine.open(str(tiny), backend="numpy", drafter="ngram", ctx=CTX)
     conv = Conversation("You are terse.", [], {"max_tokens": 8, "temperature": 0})

@@ -5,14 +5,11 @@ import pytest
 from click.testing import CliRunner
 
 from specedge.apps.cli import cli
-from specedge.models.tiny import write_tiny_gguf
 
 
 @pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory):
-    d = tmp_path_factory.mktemp("cli")
-    write_tiny_gguf(d / "other.gguf", seed=1, n_layers=1)
-    return write_tiny_gguf(d / "tiny.gguf", seed=0)
+def tiny_path(tiny_gguf):
+    return tiny_gguf  # tests/conftest.py, shared (read-only)
 
 
 def run(*args):

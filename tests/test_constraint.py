@@ -227,6 +227,7 @@ def exact_constrained(P, start, params, n, V=5):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=3)],
                          ids=["t1", "t0.8k3"])
 @pytest.mark.parametrize("drafter_kind", ["model", "ngram"])

@@ -6,10 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from specedge.models.gguf_in import open_gguf
-from specedge.models.tiny import write_tiny_gguf
 from specedge.runtime.backends.fake import MarkovBackend, random_markov_table
-from specedge.runtime.backends.numpy_ref import NumpyBackend
 from specedge.runtime.decode import decode
 from specedge.runtime.request import PLAIN, Request, Speculation
 from specedge.runtime.drafters.base import Drafter
@@ -18,7 +15,6 @@ from specedge.runtime.drafters.ngram import NgramDrafter
 from specedge.runtime.generate import collect, held_back, stream
 from specedge.runtime.sampling import logits_to_probs
 from specedge.runtime.stats import DecodeStats
-from specedge.runtime.tokenizer import Tokenizer
 from specedge.runtime.types import Draft, FinishReason, SamplingParams
 
 GREEDY = SamplingParams()
@@ -36,12 +32,8 @@ class RandomDrafter(Drafter):
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny")
-    target = open_gguf(write_tiny_gguf(d / "t.gguf", seed=0, n_layers=2))
-    other = open_gguf(write_tiny_gguf(d / "d.gguf", seed=1, n_layers=1))
-    return (NumpyBackend(target.load_weights(), np.float64), NumpyBackend(other.load_weights(), np.float64),
-            Tokenizer(target.tokenizer_spec()))
+def tiny(tiny_backends):
+    return tiny_backends  # tests/conftest.py: (target float64, 1-layer drafter float64, tokenizer), shared
 
 
 def tokens_of(backend, prompt, drafter=None, k=4, n=40, params=GREEDY, seed=0, stats=None):
@@ -138,6 +130,7 @@ def assert_counts_match(counts, exact, trials, alpha=1e-3):
     assert p_value > alpha, p_value
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0),
                                     SamplingParams(temperature=0.8, top_p=0.9),
                                     SamplingParams(temperature=1.2, top_k=3),
@@ -170,6 +163,7 @@ def test_sampled_decode_loop_preserves_the_target_distribution(params, drafter_k
     assert p_value > 1e-3, p_value
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter_kind", ["model", "ngram"])
 def test_sampled_speculation_under_penalties_and_bias_follows_the_target(drafter_kind):
     """Chi-square: with presence, frequency and repetition penalties over a short window, DRY and a logit bias, sampled

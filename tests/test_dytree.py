@@ -11,9 +11,7 @@ from specedge.apps.cli import cli
 from specedge.assembly.load import DrafterSpec
 from specedge.runtime.drafters.spec import ModelSpec
 from specedge.models.gguf_in import open_gguf
-from specedge.models.tiny import write_tiny_gguf
 from specedge.runtime.backends.fake import MarkovBackend, random_markov_table
-from specedge.runtime.backends.numpy_ref import NumpyBackend
 from specedge.runtime.decode import decode
 from specedge.runtime.request import Request, Speculation
 from specedge.runtime.drafters.dytree import DynamicTreeDrafter
@@ -26,11 +24,8 @@ GREEDY = SamplingParams()
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    d = tmp_path_factory.mktemp("dytree")
-    target, draft = (write_tiny_gguf(d / f"{n}.gguf", seed=s, n_layers=l) for n, s, l in (("t", 0, 2), ("d", 1, 1)))
-    return d, target, draft, NumpyBackend(open_gguf(target).load_weights(), np.float64), \
-        NumpyBackend(open_gguf(draft).load_weights(), np.float64)
+def models(tiny_gguf, draft_gguf, tiny_backends):
+    return tiny_gguf.parent, tiny_gguf, draft_gguf, *tiny_backends[:2]  # tests/conftest.py, shared (read-only)
 
 
 def run(target, prompt, drafter=None, n=40, params=GREEDY, stats=None, seed=0):
@@ -72,6 +67,7 @@ def test_self_drafted_tree_holds_the_greedy_chain_and_respects_the_budget(models
     assert out == run(target, prompt) and st.n_accepted / st.n_target_forwards >= 2  # rounds only (no prefill)
 
 
+@pytest.mark.slow
 def test_sampled_dynamic_trees_preserve_the_target_distribution():
     params = SamplingParams(temperature=1.0)
     P, Q = random_markov_table(5, seed=3, scale=1.0), random_markov_table(5, seed=4, scale=1.0)

@@ -106,6 +106,7 @@ def mutated(draw, base):
     return Blob(data)
 
 
+@pytest.mark.slow
 @fuzz_settings(ci=1500)
 @given(data=st.data())
 def test_damaged_gguf_is_a_clean_error(base, data):

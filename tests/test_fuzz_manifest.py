@@ -118,6 +118,7 @@ def _check_manifest(case, text: bytes) -> str:
     return "ok"
 
 
+@pytest.mark.slow
 @fuzz_settings(ci=1500)
 @given(data=st.data())
 def test_damaged_manifest_is_a_clean_error(artifact, data):
@@ -194,6 +195,7 @@ def test_tokenizer_file_not_utf8_is_a_clean_error(artifact, tmp_path):
 
 # ---- tokenizer.json ----------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @fuzz_settings(ci=800)
 @given(data=st.data())
 def test_damaged_tokenizer_json_is_a_clean_error(artifact, data):

@@ -66,6 +66,7 @@ def corrupted_fields(draw, fields):
     return f
 
 
+@pytest.mark.slow
 @fuzz_settings(ci=1000)
 @given(data=st.data())
 def test_corrupted_gguf_tokenizer_fields_are_a_clean_error(base, data):
@@ -115,6 +116,7 @@ def _write_with(base_model, path, edits: dict) -> None:
     wr.close()
 
 
+@pytest.mark.slow
 @fuzz_settings(ci=400)
 @given(data=st.data())
 def test_wrong_typed_gguf_metadata_is_a_clean_error(base, data):

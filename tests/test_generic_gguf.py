@@ -116,6 +116,7 @@ def test_numpy_and_onnx_export_refuse_it_with_the_family_message(files):
         assert "unsupported model architecture 'gpt2'; supported:" in r.output and "llama.cpp backend" in r.output
 
 
+@pytest.mark.slow
 def test_the_planner_skips_onnx_for_it_and_plans_llamacpp(files, tmp_path, monkeypatch):
     """The llama.cpp engines run it (ik too where installed, gated against mainline); ONNX export is skipped."""
     from quiet_machine import assume_quiet

@@ -1,7 +1,8 @@
 """Golden greedy outputs: every drafter configuration of every backend, re-decoded token for token against the files
 recorded by perf/golden.py (tests/golden/<backend>.json) before issue 17 reassembled the decoders.
 
-SPECEDGE_GOLDEN_PROMPTS=N compares the first N recorded prompts (default 3); `all` compares every recorded one.
+SPECEDGE_GOLDEN_PROMPTS=N compares the first N recorded prompts (default 3; 1 for the slow NumPy reference); `all`
+compares every recorded one.
 The recorded inputs are checked first (catalogue SHA-256, prompt ids, ONNX artifact files), so a mismatch says
 whether the inputs or the decoder changed. ONNX artifacts come from the model cache when their files match the
 recorded hashes, else they are exported into a temporary directory (15-25 s each) and must match them.
@@ -29,8 +30,14 @@ _MODELS: dict = {}  # (backend, target) -> LoadedModel, shared by the configurat
 _ARTIFACTS: dict = {}  # artifact name -> directory whose files match the recorded hashes
 
 
-def n_prompts(recorded: int) -> int:
-    text = os.environ.get("SPECEDGE_GOLDEN_PROMPTS", "3")
+# The NumPy reference is slow on SmolLM2 (numpy.json's own "seconds": ~1000 s for its 6 prompts over 15
+# configurations, 2 cores), so each of its configurations compares one recorded prompt (64 tokens: tens of
+# draft/verify/rollback rounds) unless SPECEDGE_GOLDEN_PROMPTS asks for more.
+DEFAULT_PROMPTS = {"numpy": 1}
+
+
+def n_prompts(recorded: int, backend: str) -> int:
+    text = os.environ.get("SPECEDGE_GOLDEN_PROMPTS", str(DEFAULT_PROMPTS.get(backend, 3)))
     return recorded if text == "all" else min(int(text), recorded)
 
 
@@ -86,7 +93,7 @@ def test_golden_output(backend, key, tmp_path_factory):
                                                           CATALOG[data["model"]].sha256), "the catalogue model changed"
     target, config = golden.split_key(backend, key)
     model = loaded(backend, target, data, tmp_path_factory)
-    n = n_prompts(data["prompts"])
+    n = n_prompts(data["prompts"], backend)
     qids, prompts = golden.golden_prompts(model.model.tokenizer, n)
     assert qids == data["prompt_qids"][:n], "the benchmark's prompt selection changed"
     assert golden.ids_sha256(prompts) == data["prompt_ids_sha256"][:n], "the prompts' token ids changed (tokenizer, " \

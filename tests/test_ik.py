@@ -104,6 +104,7 @@ def test_feed_appends_what_forward_appends_without_the_logits(tiny):
     assert isinstance(backend, FeedingBackend)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter", ["ngram", "model:{path}", "model:{path}+lookup"])
 def test_speculation_on_ik_equals_its_plain_decoding(tiny, tmp_path, drafter):
     path, _ = tiny
@@ -117,6 +118,7 @@ def test_speculation_on_ik_equals_its_plain_decoding(tiny, tmp_path, drafter):
         assert got.tokens == want, (drafter, text)
 
 
+@pytest.mark.slow
 def test_the_gate_is_cached_per_file_and_threads(tiny, tmp_path):
     path, _ = tiny
     first = engine_gate.engine_gate(path, info("ik"), threads=2, cache_dir=tmp_path)
@@ -194,6 +196,7 @@ def test_repacked_weights_are_plain_decoding_kernels_only(tmp_path):
     assert same.repacked == 0 and same.caps.batch_invariant
 
 
+@pytest.mark.slow
 def test_the_gate_admits_plain_kernels_only_where_they_are_faithful(tmp_path, monkeypatch):
     """The gate measures the repacked weights as it measures call sizes; a load for plain decoding
     (Kernels.FAST_PLAIN_ONLY, as a plan's plain ik choice) repacks only where they passed, and a file with nothing to

@@ -90,6 +90,7 @@ def _architecture_problems(text: str) -> list[str]:
     return bad
 
 
+@pytest.mark.slow
 def test_every_backticked_name_in_the_architecture_doc_exists():
     """The architecture doc quotes code by name; a rename or a removal that leaves the doc behind fails here."""
     assert _architecture_problems((ROOT / "docs" / "ARCHITECTURE.md").read_text()) == []

@@ -10,10 +10,7 @@ from specedge.apps.cli import cli
 from specedge.assembly.load import DrafterSpec
 from specedge.runtime.draft_stop import StopKind, StopSpec
 from specedge.runtime.drafters.spec import ModelSpec
-from specedge.models.gguf_in import open_gguf
-from specedge.models.tiny import write_tiny_gguf
 from specedge.runtime.backends.fake import MarkovBackend, random_markov_table
-from specedge.runtime.backends.numpy_ref import NumpyBackend
 from specedge.runtime.decode import decode
 from specedge.runtime.request import Request, Speculation
 from specedge.runtime.drafters.lookup import LookupModelDrafter
@@ -26,11 +23,8 @@ GREEDY = SamplingParams()
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    d = tmp_path_factory.mktemp("lookup")
-    target, draft = (write_tiny_gguf(d / f"{n}.gguf", seed=s, n_layers=l) for n, s, l in (("t", 0, 2), ("d", 1, 1)))
-    return target, draft, NumpyBackend(open_gguf(target).load_weights(), np.float64), \
-        NumpyBackend(open_gguf(draft).load_weights(), np.float64)
+def models(tiny_gguf, draft_gguf, tiny_backends):
+    return tiny_gguf, draft_gguf, *tiny_backends[:2]  # tests/conftest.py, shared
 
 
 def run(target, prompt, drafter=None, n=48, params=GREEDY, stats=None, seed=0):
@@ -67,6 +61,7 @@ def test_the_draft_models_cache_catches_up_after_lookup_rounds(models):
     assert st.n_accepted >= 4 * model_rounds
 
 
+@pytest.mark.slow
 def test_sampled_hybrid_preserves_the_target_distribution():
     params = SamplingParams(temperature=1.0)
     P, Q = random_markov_table(5, seed=3, scale=1.0), random_markov_table(5, seed=4, scale=1.0)
@@ -103,6 +98,7 @@ def test_lookup_suffix_parses_and_bad_combinations_fail_at_start_up(models):
     assert stats["identical_to_baseline"] is True and "+lookup" in stats["drafter"]  # the canonical spec: +lookup:2
 
 
+@pytest.mark.slow
 def test_a_lookup_match_can_complete_a_model_draft_and_stays_lossless(models):
     """Once the model's draft so far ends in a 3-token match, the match's continuation ends the draft (point-mass q
     rows). Greedy: identical to plain greedy; sampled: the target's distribution. min_n=3 keeps round-start lookups

@@ -20,6 +20,7 @@ def run(*args):
     return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
 
 
+@pytest.mark.slow
 def test_export_then_lossless_drafter(tiny):
     d, path = tiny
     r = run("export", path, "--lora-drop", "rank=4,cycle=3", "--out", d / "ld")

@@ -29,8 +29,8 @@ def run(*args, **kw):
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return write_tiny_gguf(tmp_path_factory.mktemp("msg") / "tiny.gguf", seed=0)
+def tiny(tiny_gguf):
+    return tiny_gguf  # tests/conftest.py, shared (read-only)
 
 
 def _cut(src, dst):

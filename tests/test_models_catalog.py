@@ -85,6 +85,7 @@ def test_corrupted_cache_is_repulled(tmp_path, index, payload):
     assert pull(entry, tmp_path, pip_args=_offline(index), progress=False).read_bytes() == payload
 
 
+@pytest.mark.slow
 def test_a_pull_says_what_it_does_and_names_a_damaged_file(tmp_path, index, payload):
     entry, lines = _entry(payload), []
     path = pull(entry, tmp_path, pip_args=_offline(index), log=lines.append)

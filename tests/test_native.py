@@ -293,6 +293,7 @@ def test_registered_as_a_planned_gated_engine():
     assert engine.many_caches and engine.draft_models
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter", ["ngram", "model:{path}+lookup", "recycle", "skip:1", "exit:1"])
 def test_speculation_on_native_equals_its_plain_decoding(tiny_files, tmp_path, drafter):
     path = tiny_files["llama", "Q4_1"]

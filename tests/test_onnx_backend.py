@@ -23,13 +23,10 @@ TOL = 1e-4
 
 
 @pytest.fixture(scope="module", params=TINY_ARCHS)
-def pair(request, tmp_path_factory):
+def pair(request, onnx3):
     """(ONNX fp32 backend, NumPy float32 backend) over the same tiny GGUF; llama with 3 layers, untied qwen2."""
-    d = tmp_path_factory.mktemp(f"onnx-{request.param}")
-    tied = request.param == "llama"
-    gguf = open_gguf(write_tiny_gguf(d / "m.gguf", arch=request.param, n_layers=3, tied=tied, seed=3))
-    export_gguf_to_onnx(gguf, d / "onnx", WeightFormat.FP32, gate=False)
-    return OnnxBackend(d / "onnx", threads=1), NumpyBackend(gguf.load_weights())
+    gguf, artifact = onnx3(request.param)  # tests/conftest.py, shared (read-only)
+    return OnnxBackend(artifact, threads=1), NumpyBackend(gguf.load_weights())
 
 
 def test_prompt_then_verify_steps_with_rollbacks_match_numpy(pair):

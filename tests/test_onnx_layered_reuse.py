@@ -162,6 +162,7 @@ def test_int4_layered_runs_drop_steps_but_refuses_lossless_trees(tmp_path):
     assert lay.caps.layer_reuse and not lay.caps.tree_mask and "8 bits" in lay.tree_hint
 
 
+@pytest.mark.slow
 def test_cli_loradrop_on_a_layered_onnx_artifact(pair, tmp_path):
     lay, _ = pair
     art = lay.manifest.root

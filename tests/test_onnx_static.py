@@ -38,12 +38,11 @@ def run(*args):
 
 
 @pytest.fixture(scope="module", params=TINY_ARCHS)
-def pair(request, tmp_path_factory):
+def pair(request, tmp_path_factory, onnx3):
     """(static fp32 backend, NumPy float32 backend) over one tiny GGUF; llama with 3 layers and a tied head, qwen2
     with q/k/v biases and an untied head."""
     d = tmp_path_factory.mktemp(f"static-{request.param}")
-    gguf = open_gguf(write_tiny_gguf(d / "m.gguf", arch=request.param, n_layers=3, tied=request.param == "llama",
-                                     seed=3))
+    gguf, _ = onnx3(request.param)  # tests/conftest.py: the shared 3-layer GGUF
     export_gguf_to_onnx(gguf, d / "onnx", WeightFormat.FP32, gate=False, profile=ExportProfile.static(StaticShape(W, C)))
     return open_onnx(d / "onnx", threads=1), NumpyBackend(gguf.load_weights())
 

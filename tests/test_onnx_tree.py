@@ -9,11 +9,8 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from specedge.models.gguf_in import open_gguf  # noqa: E402
-from specedge.export.onnx_export import export_gguf_to_onnx  # noqa: E402
-from specedge.export.onnx_linear import WeightFormat  # noqa: E402
 from specedge.models.manifest import MANIFEST  # noqa: E402
-from specedge.models.tiny import TINY_ARCHS, write_tiny_gguf  # noqa: E402
+from specedge.models.tiny import TINY_ARCHS  # noqa: E402
 from specedge.runtime.backends.base import require_tree  # noqa: E402
 from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
 from specedge.runtime.backends.onnxrt import OnnxBackend  # noqa: E402
@@ -36,13 +33,11 @@ def ancestor_mask(parents: list[int]) -> np.ndarray:
 
 
 @pytest.fixture(scope="module", params=TINY_ARCHS)
-def pair(request, tmp_path_factory):
-    """(ONNX fp32 backend, NumPy float32 backend, artifact dir) over one tiny GGUF; untied qwen2 has q/k/v biases."""
-    d = tmp_path_factory.mktemp(f"onnx-tree-{request.param}")
-    gguf = open_gguf(write_tiny_gguf(d / "m.gguf", arch=request.param, n_layers=3,
-                                     tied=request.param == "llama", seed=5))
-    export_gguf_to_onnx(gguf, d / "onnx", WeightFormat.FP32, gate=False)
-    return OnnxBackend(d / "onnx", threads=1), NumpyBackend(gguf.load_weights()), d / "onnx"
+def pair(request, onnx3):
+    """(ONNX fp32 backend, NumPy float32 backend, artifact dir: read-only, copy to change it) over one tiny GGUF;
+    untied qwen2 has q/k/v biases."""
+    gguf, artifact = onnx3(request.param)  # tests/conftest.py, shared
+    return OnnxBackend(artifact, threads=1), NumpyBackend(gguf.load_weights()), artifact
 
 
 def _tokens(backend, n: int, seed: int) -> np.ndarray:

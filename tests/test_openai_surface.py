@@ -16,7 +16,6 @@ from specedge.apps import openai_protocol as proto
 from specedge.apps.openai_grammar import grammar_of
 from specedge.apps.serve_cmd import ServerThread
 from specedge.apps.server import ServerConfig, create_app
-from specedge.models.tiny import write_tiny_gguf
 from specedge.runtime.constraint import Gbnf, JsonObject, JsonSchema, Regex
 from specedge.assembly.decoder import CallStream
 from specedge.runtime.stats import CallStats, DecodeStats
@@ -60,8 +59,8 @@ NEEDS = {"top_logprobs": {"logprobs": True}, "stream_options": {"stream": True},
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    path = write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "t.gguf", seed=0, n_layers=2, context=4096)
+def engine(tiny_gguf_4k):
+    path = tiny_gguf_4k  # tests/conftest.py, shared (read-only)
     return specedge.Engine.open(str(path), backend="numpy", drafter="ngram", ctx=4096)
 
 

@@ -190,6 +190,7 @@ def _wait_burning(procs, timeout: float = 10.0) -> None:
             time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_a_plan_measured_while_another_process_burns_the_cpu_is_not_cached(tiny, monkeypatch):
     """Two CPU-burning children on the 2 cores while planning: the watch sees other processes' CPU time, the plan
     is used for this run only (one line says so), nothing is cached; `specedge plan` shows the load."""
@@ -217,6 +218,7 @@ def test_a_plan_measured_while_another_process_burns_the_cpu_is_not_cached(tiny,
     assert "BUSY" in plan.measured()
 
 
+@pytest.mark.slow
 def test_a_plan_measured_on_a_quiet_machine_is_cached_with_its_load(tiny, monkeypatch):
     """The same flow with the watch reporting a quiet machine (whatever else this test machine runs)."""
     from specedge.assembly import contention, measured
@@ -254,6 +256,7 @@ def test_head_to_head_rounds_that_disagree_are_named_noise_not_busy():
         assert not ("busy" in line.lower() and "quiet" in line.lower()), line
 
 
+@pytest.mark.slow
 def test_rounds_that_disagree_on_a_quiet_machine_say_noise_and_the_model_is_read_before_timing(tiny, monkeypatch):
     pytest.importorskip("llama_cpp")
     path, cache = tiny
@@ -380,6 +383,7 @@ def run(*args):
     return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
 
 
+@pytest.mark.slow
 def test_generate_plans_on_first_use_then_reuses_the_plan_and_decodes_like_plain(tiny):
     pytest.importorskip("llama_cpp")
     pytest.importorskip("onnxruntime")
@@ -421,6 +425,7 @@ def test_generate_plans_on_first_use_then_reuses_the_plan_and_decodes_like_plain
         assert r.exit_code == 0 and "plan:" not in r.stderr, flags
 
 
+@pytest.mark.slow
 def test_a_new_engine_version_or_cpu_replans_and_says_what_changed(tiny, monkeypatch):
     pytest.importorskip("llama_cpp")
     path, cache = tiny
@@ -451,6 +456,7 @@ def test_an_artifact_plans_over_itself_only(tiny):
     assert Path(plan.choice.path) == art
 
 
+@pytest.mark.slow
 def test_llamacpp_speculation_is_planned_only_where_it_is_lossless(tiny):
     # llama.cpp's verify batches equal its one-token calls only at 1 thread: at 2 the plan keeps it plain
     pytest.importorskip("llama_cpp")
@@ -463,6 +469,7 @@ def test_llamacpp_speculation_is_planned_only_where_it_is_lossless(tiny):
         assert {r.drafter for r in two.rows if r.engine == "ik"} == {PLAIN, "ngram"}
 
 
+@pytest.mark.slow
 def test_ik_s_repacked_weights_are_planned_as_a_plain_target_of_their_own(tiny):
     """ik is batch-invariant, so its speculation is planned on its exact kernels; its plain kernels (repacked
     weights, not batch-invariant) are measured as a target of their own, plain only, where the file has weights to
@@ -516,6 +523,7 @@ def test_llamacpp_plain_kernels_are_declared_not_batch_invariant(tiny):
     assert "--threads 1" in many.backend.caps.variance.fix and "thread count" in batch_invariance_warning(many)
 
 
+@pytest.mark.slow
 def test_head_to_head_rescales_each_target_by_its_plain_speed_now(tiny):
     pytest.importorskip("llama_cpp")
     pytest.importorskip("onnxruntime")

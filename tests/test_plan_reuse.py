@@ -47,6 +47,7 @@ def hand_made_plan(path, cache, threads, drafter):
     return plan
 
 
+@pytest.mark.slow
 def test_another_thread_count_reuses_the_plan_and_says_so(tiny):
     path, cache = tiny
     hand_made_plan(path, cache, 2, PLAIN)
@@ -77,6 +78,7 @@ def test_a_reused_speculative_choice_runs_plain_where_it_would_not_be_exact(tiny
     assert str(one.settings.drafter) == "ngram" and one.model.backend.caps.batch_invariant
 
 
+@pytest.mark.slow
 def test_no_plan_and_a_skipped_plan_are_lossless(tiny, monkeypatch):
     path, cache = tiny
     lines = []
@@ -103,6 +105,7 @@ def test_no_plan_and_a_skipped_plan_are_lossless(tiny, monkeypatch):
     assert "[llamacpp plain greedy]" in r.stderr and "may differ" not in r.stderr
 
 
+@pytest.mark.slow
 def test_engine_open_announces_a_measurement_on_its_logger(tiny, caplog):
     path, cache = tiny
     with caplog.at_level(logging.INFO, logger="specedge.engine"):

@@ -13,7 +13,6 @@ from specedge.apps import openai_responses as responses_api
 from specedge.apps.openai_protocol import APIError
 from specedge.apps.serve_cmd import ServerThread
 from specedge.apps.server import ServerConfig, create_app
-from specedge.models.tiny import write_tiny_gguf
 from test_openai_surface import TOOL_PIECES, Scripted
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather",
@@ -21,8 +20,8 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Current we
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    path = write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "t.gguf", seed=0, n_layers=2, context=4096)
+def engine(tiny_gguf_4k):
+    path = tiny_gguf_4k  # tests/conftest.py, shared (read-only)
     return specedge.Engine.open(str(path), backend="numpy", drafter="ngram", ctx=4096)
 
 

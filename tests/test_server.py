@@ -18,7 +18,6 @@ import specedge
 from specedge.apps.cli import cli
 from specedge.apps.serve_cmd import ServerThread
 from specedge.apps.server import ServerConfig, create_app
-from specedge.models.tiny import write_tiny_gguf
 from specedge.perf.load_test import free_port, reference, run_load, wait_ready
 from specedge.runtime.decode import decode
 from specedge.runtime.request import PLAIN, Request
@@ -27,9 +26,9 @@ HI = [{"role": "user", "content": "hi there"}]
 
 
 @pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory):
+def tiny_path(tiny_gguf_4k):
     # 4096 positions: a long generation takes ~2 s, long enough to disconnect from in the middle
-    return write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "t.gguf", seed=0, n_layers=2, context=4096)
+    return tiny_gguf_4k  # tests/conftest.py, shared (read-only)
 
 
 @pytest.fixture(scope="module")
@@ -266,8 +265,8 @@ def test_specedge_serve_command_serves(tiny_path):
     try:
         wait_ready(url, proc, timeout=120)
         c = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
-        assert c.models.list().data[0].id == "t.gguf"
-        assert c.completions.create(model="t.gguf", prompt="hi", max_tokens=3).usage.completion_tokens >= 1
+        assert c.models.list().data[0].id == tiny_path.name  # the file's name
+        assert c.completions.create(model=tiny_path.name, prompt="hi", max_tokens=3).usage.completion_tokens >= 1
     finally:
         proc.terminate()
         out = proc.communicate(timeout=30)[0].decode()

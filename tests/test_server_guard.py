@@ -11,7 +11,6 @@ from specedge.apps.cli import cli
 from specedge.apps.serve_cmd import ServerThread, is_origin
 from specedge.apps.server import ServerConfig, create_app
 from specedge.apps.server_guard import MAX_JSON_DEPTH, SitePolicy, host_name, json_depth
-from specedge.models.tiny import write_tiny_gguf
 
 LOCAL = "http://127.0.0.1"
 BODY = b'{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}'
@@ -19,8 +18,8 @@ JSON = {"Content-Type": "application/json"}
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return write_tiny_gguf(tmp_path_factory.mktemp("guard") / "t.gguf", seed=0, n_layers=2, context=256)
+def tiny(tiny_gguf):
+    return tiny_gguf  # tests/conftest.py, shared (read-only): 2 layers, context 256
 
 
 @pytest.fixture(scope="module")

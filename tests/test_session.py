@@ -3,9 +3,6 @@ what is new."""
 import numpy as np
 import pytest
 
-from specedge.models.gguf_in import open_gguf
-from specedge.models.tiny import write_tiny_gguf
-from specedge.runtime.backends.numpy_ref import NumpyBackend
 from specedge.runtime.decode import decode
 from specedge.runtime.request import Request, Speculation
 from specedge.runtime.drafters.early_exit import EarlyExitDrafter
@@ -20,11 +17,8 @@ GREEDY = SamplingParams()
 
 
 @pytest.fixture(scope="module")
-def backends(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny")
-    target = open_gguf(write_tiny_gguf(d / "t.gguf", seed=0, n_layers=2))
-    other = open_gguf(write_tiny_gguf(d / "d.gguf", seed=1, n_layers=1))
-    return NumpyBackend(target.load_weights(), np.float64), NumpyBackend(other.load_weights(), np.float64)
+def backends(tiny_backends):
+    return tiny_backends[:2]  # tests/conftest.py: (target float64, 1-layer drafter float64), shared
 
 
 def run(target, prompt, params=GREEDY, *, seed=0, session=None, drafter=None, max_tokens=12, stats=None):

@@ -11,7 +11,6 @@ from specedge import ForceTool, JsonObject, Tool, ToolCall
 from specedge.apps.tool_grammar import forced_grammar
 from specedge.apps.tool_parse import ToolStream, parse_tool_calls
 from specedge.apps.tools import render_messages, resolve_choice, tools_of
-from specedge.models.tiny import write_tiny_gguf
 
 # bounded strings: the random tiny model's forced arguments must end within max_tokens
 WEATHER = Tool("get_weather", "The weather in a city", {"type": "object", "properties": {
@@ -26,8 +25,8 @@ TOOLS_TEMPLATE = ("{% if tools %}TOOLS:{% for t in tools %}{{ t['function']['nam
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    path = write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "t.gguf", seed=0, n_layers=2, context=4096)
+def engine(tiny_gguf_4k):
+    path = tiny_gguf_4k  # tests/conftest.py, shared (read-only)
     return specedge.Engine.open(str(path), backend="numpy", drafter="ngram", ctx=4096)
 
 

@@ -7,17 +7,13 @@ import pytest
 
 from specedge.assembly.load import DrafterSpec
 from specedge.runtime.drafters.spec import RecycleSpec
-from specedge.models.gguf_in import open_gguf
-from specedge.models.tiny import write_tiny_gguf
 from specedge.runtime.backends.base import BackendCaps
 from specedge.runtime.backends.fake import FakeCache, MarkovBackend, random_markov_table
-from specedge.runtime.backends.numpy_ref import NumpyBackend
 from specedge.runtime.decode import decode
 from specedge.runtime.request import Request, Speculation
 from specedge.runtime.drafters.model import ModelDrafter
 from specedge.runtime.drafters.recycle import RecycleDrafter, tree_template
 from specedge.runtime.stats import DecodeStats
-from specedge.runtime.tokenizer import Tokenizer
 from specedge.runtime.tree import TreeDraft
 from specedge.runtime.types import SamplingParams
 from specedge.runtime.verify import VerifierKind
@@ -27,10 +23,8 @@ GREEDY = SamplingParams()
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny")
-    g = open_gguf(write_tiny_gguf(d / "t.gguf", seed=0, n_layers=2))
-    return NumpyBackend(g.load_weights(), np.float64), Tokenizer(g.tokenizer_spec())
+def tiny(tiny_backends):
+    return tiny_backends[0], tiny_backends[2]  # tests/conftest.py: (target float64, tokenizer), shared
 
 
 def run(backend, prompt, drafter=None, n=40, params=GREEDY, seed=0, stats=None):
@@ -41,7 +35,7 @@ def run(backend, prompt, drafter=None, n=40, params=GREEDY, seed=0, stats=None):
 PROMPTS = ["the cat sat on the mat and the cat", "hello world", "a", "one two one two one two"]
 
 
-@pytest.mark.parametrize("nodes", [1, 8, 16, 80])
+@pytest.mark.parametrize("nodes", [1, 8, 16, pytest.param(80, marks=pytest.mark.slow)])
 def test_greedy_token_recycling_equals_plain_greedy(tiny, nodes):
     target, tok = tiny
     drafter, st = RecycleDrafter(target.config.vocab_size, nodes), DecodeStats()  # adj carries over prompts
@@ -91,6 +85,7 @@ class TreeMarkovBackend(MarkovBackend):
         return super().forward(tokens, cache)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_p=0.9)],
                          ids=["t1", "t0.8p0.9"])
 def test_sampled_tree_decode_preserves_the_target_distribution(params):
@@ -105,6 +100,7 @@ def test_sampled_tree_decode_preserves_the_target_distribution(params):
     assert_matches_target(counts, P, prompt, params, n, trials)
 
 
+@pytest.mark.slow
 def test_sampled_decode_with_block_verification_preserves_the_target_distribution():
     params = SamplingParams(temperature=1.0)
     P, Q = random_markov_table(5, seed=3, scale=1.0), random_markov_table(5, seed=4, scale=1.0)

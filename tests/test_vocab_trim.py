@@ -118,6 +118,7 @@ class TrimmedMarkov(MarkovBackend):
         return super().forward(tokens, cache, **kw)[:, self.ids]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_p=0.9)],
                          ids=["t1", "t0.8p0.9"])
 def test_sampling_with_a_trimmed_q_reproduces_the_target_distribution(params):
