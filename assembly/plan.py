@@ -155,8 +155,8 @@ class Plan:
         return all(r.prompt_tok_s for r in self.rows)
 
     def score(self, row: PlanRow) -> float:
-        """What the choice compares: end-to-end tok/s over REQUESTS (decoding tok/s without prompt rates)."""
-        return row.end_to_end_tok_s if self.scored_end_to_end else row.predicted_tok_s
+        """What the choice compares for `row` (scores)."""
+        return scores(self.rows)[self.rows.index(row)]
 
     @property
     def speedup(self) -> float:
@@ -260,6 +260,13 @@ def target_rows(target: PlanTarget, profile: DeviceProfile, drafters: Sequence[s
     return list(best.values())
 
 
+def scores(rows: Sequence[PlanRow]) -> list[float]:
+    """What the choice compares per row: end-to-end tok/s over REQUESTS where every row has a measured prompt
+    rate, else decoding tok/s."""
+    e2e = all(r.prompt_tok_s for r in rows)
+    return [r.end_to_end_tok_s if e2e else r.predicted_tok_s for r in rows]
+
+
 def select(rows: Sequence[PlanRow], margin: float = PLAN_MARGIN) -> tuple[int, int]:
     """(chosen, reference) indices: the fastest row end to end (by decoding where a row has no prompt rate),
     unless it is speculative and not `margin` faster than the fastest plain row (then that one); the reference is
@@ -268,8 +275,7 @@ def select(rows: Sequence[PlanRow], margin: float = PLAN_MARGIN) -> tuple[int, i
     plains = [i for i, r in enumerate(rows) if r.plain]
     if not plains:
         raise ValueError("a plan needs plain decoding on at least one engine")
-    e2e = all(r.prompt_tok_s for r in rows)
-    score = [r.end_to_end_tok_s if e2e else r.predicted_tok_s for r in rows]
+    score = scores(rows)
     best_plain = max(plains, key=lambda i: (score[i], -i))
     best = max(range(len(rows)), key=lambda i: (score[i], -i))
     if not rows[best].plain and score[best] < score[best_plain] * (1 + margin):

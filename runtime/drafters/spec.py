@@ -97,13 +97,9 @@ class NgramSpec(DrafterSpec):
         return f"ngram{_memory(self.suffix)}"
 
 
-@dataclass(frozen=True)
-class SuffixSpec(DrafterSpec):
-    """A memory of past answers: the suffix drafter (2.9) with a memory of `budget` tokens; `tree`: trees of that
-    many nodes (None: chains)."""
-    kind: ClassVar[DrafterKind] = DrafterKind.SUFFIX
-    budget: int = SUFFIX_BUDGET
-    tree: int | None = None
+class _OptionalTree:
+    """A spec drafting chains, or trees of `tree` nodes (then the target needs tree masks)."""
+    tree: int | None
 
     @property
     def backend_needs(self) -> frozenset[BackendNeed]:
@@ -112,6 +108,15 @@ class SuffixSpec(DrafterSpec):
     @property
     def is_tree(self) -> bool:
         return bool(self.tree)
+
+
+@dataclass(frozen=True)
+class SuffixSpec(_OptionalTree, DrafterSpec):
+    """A memory of past answers: the suffix drafter (2.9) with a memory of `budget` tokens; `tree`: trees of that
+    many nodes (None: chains)."""
+    kind: ClassVar[DrafterKind] = DrafterKind.SUFFIX
+    budget: int = SUFFIX_BUDGET
+    tree: int | None = None
 
     def __str__(self) -> str:
         tree = f"+tree:{self.tree}" if self.tree else ""
@@ -137,7 +142,7 @@ class RecycleSpec(DrafterSpec):
 
 
 @dataclass(frozen=True)
-class ModelSpec(DrafterSpec):
+class ModelSpec(_OptionalTree, DrafterSpec):
     """A separate draft model (2.1): `model` is a catalogue name or GGUF path (an exported artifact for onnx);
     optionally a draft stop, a dynamic tree of `tree` nodes, or prompt lookup first (matches of >= `lookup`); for a
     chain, `suffix`: a suffix memory of that many tokens combined with it (2.9)."""
@@ -148,14 +153,6 @@ class ModelSpec(DrafterSpec):
     tree: int | None = None
     lookup: int | None = None
     suffix: int | None = None
-
-    @property
-    def backend_needs(self) -> frozenset[BackendNeed]:
-        return frozenset({BackendNeed.TREE_MASK}) if self.tree else frozenset()
-
-    @property
-    def is_tree(self) -> bool:
-        return bool(self.tree)
 
     def __str__(self) -> str:
         tree = f"+tree:{self.tree}" if self.tree else ""
