@@ -147,6 +147,35 @@ def test_float_primitives_agree_across_isas_and_with_numpy():
     assert all(np.array_equal(y, ys[0]) for y in ys)
 
 
+@pytest.mark.parametrize("n", [7, 64, 576, 1000])
+def test_row_steps_agree_across_isas_bit_for_bit_and_with_numpy(n):
+    """Norms' sums of squares, the softmax's max and sum (16 lanes, a fixed tree; any tail), SiLU(g) * u and the
+    activations' quantization: every ISA computes the portable C's bits."""
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal(n) * 3).astype(np.float32)
+    for op, want in ((0, x.astype(np.float64).sum()), (1, (x.astype(np.float64) ** 2).sum()), (2, x.max())):
+        got = [LIB.se_vec_reduce(nl.fptr(x), n, op, isa) for isa in ISAS]
+        assert len(set(got)) == 1, (op, got)
+        assert abs(got[0] - want) <= 1e-5 * max(1.0, abs(want)) * np.sqrt(n), (op, got[0], want)
+    g, u = x, rng.standard_normal(n).astype(np.float32)
+    ys = []
+    for isa in ISAS:
+        y = np.empty(n, np.float32)
+        LIB.se_vec_silu_mul(nl.fptr(g), nl.fptr(u), nl.fptr(y), n, isa)
+        ys.append(y)
+    assert all(np.array_equal(y, ys[0]) for y in ys)
+    g64 = g.astype(np.float64)
+    assert np.allclose(ys[0], g64 / (1 + np.exp(-g64)) * u, rtol=1e-5, atol=1e-6)
+    k = n // 32 * 32
+    if k:
+        want = quantized(x[None, :k])
+        for isa in ISAS:
+            q, d = np.empty(k, np.int8), np.empty(k // 32, np.float32)
+            s, h = np.empty(k // 32, np.int32), np.empty(k // 32, np.int32)
+            LIB.se_vec_quantize(nl.fptr(x), k // 32, q.ctypes.data, d.ctypes.data, s.ctypes.data, h.ctypes.data, isa)
+            assert all(np.array_equal(a, b[0]) for a, b in zip((q, d, s, h), want)), nl.isa_name(isa)
+
+
 @pytest.mark.parametrize("hd", [64, 80, 256])
 def test_attention_scores_and_weighted_sums_in_batches_equal_key_by_key(hd):
     """Scores of 16 (AVX-512) or 4 (AVX2) keys at once reduce each key in dot_f16's order; weighted sums of V rows

@@ -94,7 +94,7 @@ void se_vec_axpy(float *y, float a, const uint16_t *x, int n, int isa) {
     se_set_isa(before);
 }
 
-int se_abi_version(void) { return 2; }
+int se_abi_version(void) { return 3; }
 
 typedef struct { const uint8_t *buf; size_t bytes; uint64_t sums[64]; } roof_job;
 
@@ -133,5 +133,29 @@ void se_vec_wsum(const float *w, const uint16_t *V, const int32_t *idx, int cnt,
     int before = se_isa();
     se_set_isa(isa);
     se_vec()->wsum(w, V, idx, cnt, hd, out);
+    se_set_isa(before);
+}
+
+/* vec_rows.c under a chosen ISA (tests): op 0 sum, 1 sum of squares, 2 max */
+float se_vec_reduce(const float *x, int n, int op, int isa) {
+    int before = se_isa();
+    se_set_isa(isa);
+    const se_row_ops *r = se_rows();
+    float v = op == 0 ? r->sum(x, n) : op == 1 ? r->sumsq(x, n) : r->max(x, n);
+    se_set_isa(before);
+    return v;
+}
+
+void se_vec_silu_mul(const float *g, const float *u, float *y, int n, int isa) {
+    int before = se_isa();
+    se_set_isa(isa);
+    se_rows()->silu_mul(g, u, y, n);
+    se_set_isa(before);
+}
+
+void se_vec_quantize(const float *x, int nblocks, int8_t *q, float *d, int32_t *s, int32_t *h, int isa) {
+    int before = se_isa();
+    se_set_isa(isa);
+    se_rows()->quantize(x, nblocks, q, d, s, h);
     se_set_isa(before);
 }

@@ -8,18 +8,14 @@
 
 
 static void rms_norm(const float *x, const float *w, int n, float eps, float *y) {
-    float ss = 0.0f;
-    for (int d = 0; d < n; d++) ss += x[d] * x[d];
-    float s = sqrtf(ss / (float)n + eps);
+    float s = sqrtf(se_rows()->sumsq(x, n) / (float)n + eps);
     for (int d = 0; d < n; d++) y[d] = x[d] / s * w[d];
 }
 
 static void quantize_span(const float *x, int n, se_act *a, int row, int col) {
-    for (int b = 0; b < n / SE_BLOCK; b++) {
-        int blk = col / SE_BLOCK + b;
-        se_quantize_block(x + b * SE_BLOCK, a->q + (size_t)row * a->k + blk * SE_BLOCK, a->d + (size_t)row * a->nb + blk,
-                          a->s + (size_t)row * a->nb + blk, a->h + (size_t)row * a->nb + blk);
-    }
+    int blk = col / SE_BLOCK;
+    se_rows()->quantize(x, n / SE_BLOCK, a->q + (size_t)row * a->k + blk * SE_BLOCK, a->d + (size_t)row * a->nb + blk,
+                        a->s + (size_t)row * a->nb + blk, a->h + (size_t)row * a->nb + blk);
 }
 
 static se_act act_view(se_model *m, int k) {
@@ -68,12 +64,10 @@ static void attend(se_model *m, const se_call *c, int l, int r, int h0, int nq, 
     }
     ops->scores_q(q, nq, K, idx, cnt, hd, scale, sc);
     for (int j = 0; j < nq; j++) {
-        float mx = -INFINITY, total = 0.0f;
-        for (int i = 0; i < cnt; i++) mx = sc[j][i] > mx ? sc[j][i] : mx;
+        float mx = se_rows()->max(sc[j], cnt);
         for (int i = 0; i < cnt; i++) sc[j][i] = sc[j][i] - mx;
         ops->exp_inplace(sc[j], cnt);
-        for (int i = 0; i < cnt; i++) total += sc[j][i];
-        sum[j] = total;
+        sum[j] = se_rows()->sum(sc[j], cnt);
     }
     ops->wsum_q((const float *const *)sc, nq, V, idx, cnt, hd, out);
     for (int j = 0; j < nq; j++) {
@@ -107,17 +101,15 @@ static void prepare_head(se_model *m, const se_call *c, int l, int r, int h) {
     se_vec()->to_f16(v, c->v_cache + at, hd);
 }
 
-/* act(g) * u over one 32-wide block: silu(g) = g / (1 + exp(-g)) with the engine's exp (the same in every ISA), or
- * gelu's tanh form. */
-static void gated_block(int kind, const float *g, const float *u, float *y) {
+/* act(g) * u over n values: silu(g) = g / (1 + exp(-g)) with the engine's exp (the same in every ISA), or gelu's
+ * tanh form; element by element, so a span's values never depend on the span. */
+static void gated_span(int kind, const float *g, const float *u, float *y, int n) {
     if (kind == SE_ACT_SILU) {
-        for (int j = 0; j < SE_BLOCK; j++) y[j] = -g[j];
-        se_vec()->exp_inplace(y, SE_BLOCK);
-        for (int j = 0; j < SE_BLOCK; j++) y[j] = g[j] / (1.0f + y[j]) * u[j];
+        se_rows()->silu_mul(g, u, y, n);
         return;
     }
     const float k = (float)0.7978845608028654; /* sqrt(2 / pi) */
-    for (int j = 0; j < SE_BLOCK; j++) {
+    for (int j = 0; j < n; j++) {
         float x = g[j];
         y[j] = 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x))) * u[j];
     }
@@ -234,16 +226,19 @@ static void att_quant_items(void *p, int thread, int a, int b) {
     for (int r = a; r < b; r++) quantize_span(ph->m->att + (size_t)r * QD, QD, &xQ, r, 0);
 }
 
+/* items: 32-wide blocks of the rows' d_ff values, in runs of one row (at most d_model values: tmp's size) */
 static void gated_items(void *p, int thread, int a, int b) {
     const phase *ph = p;
     se_model *m = ph->m;
-    int F = m->cfg.d_ff, nbF = F / SE_BLOCK;
+    int F = m->cfg.d_ff, nbF = F / SE_BLOCK, most = m->cfg.d_model / SE_BLOCK;
     float *tmp = tmp_of(m, thread);
     se_act xF = act_view(m, F);
-    for (int it = a; it < b; it++) {
-        int r = it / nbF, col = (it % nbF) * SE_BLOCK;
-        gated_block(m->cfg.activation, m->g + (size_t)r * F + col, m->u + (size_t)r * F + col, tmp);
-        quantize_span(tmp, SE_BLOCK, &xF, r, col);
+    for (int it = a; it < b;) {
+        int r = it / nbF, first = it % nbF, end = (r + 1) * nbF < b ? (r + 1) * nbF : b;
+        int cnt = end - it < most ? end - it : most, col = first * SE_BLOCK;
+        gated_span(m->cfg.activation, m->g + (size_t)r * F + col, m->u + (size_t)r * F + col, tmp, cnt * SE_BLOCK);
+        quantize_span(tmp, cnt * SE_BLOCK, &xF, r, col);
+        it += cnt;
     }
 }
 

@@ -135,4 +135,15 @@ typedef struct {
 } se_vec_ops;
 const se_vec_ops *se_vec(void);
 float se_expf(float x);  /* the engine's exp: the same polynomial in every ISA */
+
+/* vec_rows.c: per-row steps of the norms, the softmax and the MLP, one fixed order (see the file), bit for bit in
+ * every ISA (AVX2 runs the portable C: the compiler's vectorisation of these loops keeps their order) */
+typedef struct {
+    float (*sum)(const float *x, int n);
+    float (*sumsq)(const float *x, int n);
+    float (*max)(const float *x, int n);
+    void (*silu_mul)(const float *g, const float *u, float *y, int n);
+    void (*quantize)(const float *x, int nblocks, int8_t *q, float *d, int32_t *s, int32_t *h);
+} se_row_ops;
+const se_row_ops *se_rows(void);
 #endif

@@ -14,7 +14,7 @@ from functools import lru_cache
 
 import numpy as np
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 ISA_NAMES = ("portable", "avx2", "avx512")  # se.h SE_ISA_*
 GGML_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}  # se.h's
 PACKED = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")  # formats the kernels take as they are (docs/native.md)
@@ -75,6 +75,9 @@ _SIGNATURES = {
     "se_vec_axpy": (None, [_P(c_float), c_float, c_void_p, c_int, c_int]),
     "se_vec_scores": (None, [_P(c_float), c_void_p, _P(c_int32), c_int, c_int, c_float, _P(c_float), c_int]),
     "se_vec_wsum": (None, [_P(c_float), c_void_p, _P(c_int32), c_int, c_int, _P(c_float), c_int]),
+    "se_vec_reduce": (c_float, [_P(c_float), c_int, c_int, c_int]),
+    "se_vec_silu_mul": (None, [_P(c_float), _P(c_float), _P(c_float), c_int, c_int]),
+    "se_vec_quantize": (None, [_P(c_float), c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_int]),
     "se_dequant_row": (None, [c_void_p, c_int, _P(c_float)]),
     "se_read_roof": (ctypes.c_uint64, [c_void_p, c_void_p, c_size_t]),
 }

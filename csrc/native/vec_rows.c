@@ -1,0 +1,176 @@
+/* Per-row float steps of the norms, the softmax and the MLP, one fixed operation order in three ISAs:
+ *   sum, sumsq: 16 partial sums p[l] += x[16c + l] (sumsq: fused x * x + p), the n % 16 tail into lanes 0.. in
+ *               order, then (p[l] + p[l+8]) -> (+4) -> (+2) -> (+1), as dot_f16 reduces;
+ *   max:        exact in any order;
+ *   silu_mul:   y = g / (1 + exp(-g)) * u, element by element (each a correctly rounded IEEE step);
+ *   quantize:   se_quantize_block's arithmetic (act.c), block by block: its steps are exact or element-wise.
+ * AVX2 keeps the 16 partial sums in two registers; its max, silu_mul and quantize are the portable C.
+ * So every ISA gives the portable C's bits, and a row's result never depends on the rows beside it. */
+#include "se.h"
+
+#include <math.h>
+#include <string.h>
+
+static float reduce16(float *p) {
+    for (int l = 0; l < 8; l++) p[l] = p[l] + p[l + 8];
+    for (int l = 0; l < 4; l++) p[l] = p[l] + p[l + 4];
+    for (int l = 0; l < 2; l++) p[l] = p[l] + p[l + 2];
+    return p[0] + p[1];
+}
+
+static float sum_portable(const float *x, int n) {
+    float p[16] = {0};
+    int c = 0;
+    for (; c + 16 <= n; c += 16)
+        for (int l = 0; l < 16; l++) p[l] = p[l] + x[c + l];
+    for (int l = 0; c + l < n; l++) p[l] = p[l] + x[c + l];
+    return reduce16(p);
+}
+
+static float sumsq_portable(const float *x, int n) {
+    float p[16] = {0};
+    int c = 0;
+    for (; c + 16 <= n; c += 16)
+        for (int l = 0; l < 16; l++) p[l] = fmaf(x[c + l], x[c + l], p[l]);
+    for (int l = 0; c + l < n; l++) p[l] = fmaf(x[c + l], x[c + l], p[l]);
+    return reduce16(p);
+}
+
+static float max_portable(const float *x, int n) {
+    float m = -INFINITY;
+    for (int i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+static void silu_mul_portable(const float *g, const float *u, float *y, int n) {
+    for (int j = 0; j < n; j++) y[j] = -g[j];
+    se_vec()->exp_inplace(y, n);
+    for (int j = 0; j < n; j++) y[j] = g[j] / (1.0f + y[j]) * u[j];
+}
+
+static void quantize_portable(const float *x, int nblocks, int8_t *q, float *d, int32_t *s, int32_t *h) {
+    for (int b = 0; b < nblocks; b++)
+        se_quantize_block(x + b * SE_BLOCK, q + b * SE_BLOCK, d + b, s + b, h + b);
+}
+
+static const se_row_ops portable = {sum_portable, sumsq_portable, max_portable, silu_mul_portable, quantize_portable};
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define T512 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma")))
+
+/* the tail (n % 16) into lanes 0.. of the partial sums, then the portable tree on the 16 lanes */
+static T512 float finish16(__m512 acc, const float *tail, int rest, int square) {
+    float p[16];
+    _mm512_storeu_ps(p, acc);
+    for (int l = 0; l < rest; l++) p[l] = square ? fmaf(tail[l], tail[l], p[l]) : p[l] + tail[l];
+    return reduce16(p);
+}
+
+static T512 float sum_avx512(const float *x, int n) {
+    __m512 acc = _mm512_setzero_ps();
+    int c = 0;
+    for (; c + 16 <= n; c += 16) acc = _mm512_add_ps(acc, _mm512_loadu_ps(x + c));
+    return finish16(acc, x + c, n - c, 0);
+}
+
+static T512 float sumsq_avx512(const float *x, int n) {
+    __m512 acc = _mm512_setzero_ps();
+    int c = 0;
+    for (; c + 16 <= n; c += 16) {
+        __m512 v = _mm512_loadu_ps(x + c);
+        acc = _mm512_fmadd_ps(v, v, acc);
+    }
+    return finish16(acc, x + c, n - c, 1);
+}
+
+static T512 float max_avx512(const float *x, int n) {
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(x + i));
+    float r = _mm512_reduce_max_ps(m);
+    for (; i < n; i++) r = x[i] > r ? x[i] : r;
+    return r;
+}
+
+static T512 void silu_mul_avx512(const float *g, const float *u, float *y, int n) {
+    int j = 0;
+    for (; j + 16 <= n; j += 16) _mm512_storeu_ps(y + j, _mm512_sub_ps(_mm512_setzero_ps(), _mm512_loadu_ps(g + j)));
+    for (; j < n; j++) y[j] = -g[j];
+    se_vec()->exp_inplace(y, n);
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (j = 0; j + 16 <= n; j += 16) {
+        __m512 t = _mm512_div_ps(_mm512_loadu_ps(g + j), _mm512_add_ps(one, _mm512_loadu_ps(y + j)));
+        _mm512_storeu_ps(y + j, _mm512_mul_ps(t, _mm512_loadu_ps(u + j)));
+    }
+    for (; j < n; j++) y[j] = g[j] / (1.0f + y[j]) * u[j];
+}
+
+static T512 void quantize_avx512(const float *x, int nblocks, int8_t *q, float *d, int32_t *s, int32_t *h) {
+    const __m512 magic = _mm512_set1_ps(12582912.0f);
+    for (int b = 0; b < nblocks; b++) {
+        const float *xb = x + b * SE_BLOCK;
+        __m512 lo = _mm512_loadu_ps(xb), hi = _mm512_loadu_ps(xb + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+        float scale = amax / 127.0f, inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+        __m512 vi = _mm512_set1_ps(inv);
+        __m512 rl = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(lo, vi), magic), magic);
+        __m512 rh = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(hi, vi), magic), magic);
+        const __m512i top = _mm512_set1_epi32(127), bottom = _mm512_set1_epi32(-127);
+        __m512i il = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvttps_epi32(rl), bottom), top);
+        __m512i ih = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvttps_epi32(rh), bottom), top);
+        _mm_storeu_si128((__m128i *)(q + b * SE_BLOCK), _mm512_cvtepi32_epi8(il));
+        _mm_storeu_si128((__m128i *)(q + b * SE_BLOCK + 16), _mm512_cvtepi32_epi8(ih));
+        int32_t half = _mm512_reduce_add_epi32(il), rest = _mm512_reduce_add_epi32(ih);
+        d[b] = scale;
+        s[b] = half + rest;
+        h[b] = half;
+    }
+}
+
+static const se_row_ops avx512 = {sum_avx512, sumsq_avx512, max_avx512, silu_mul_avx512, quantize_avx512};
+
+#define T256 __attribute__((target("avx2,fma")))
+
+/* lanes 0-7 and 8-15 of the 16 partial sums in two registers */
+static T256 float finish8x2(__m256 lo, __m256 hi, const float *tail, int rest, int square) {
+    float p[16];
+    _mm256_storeu_ps(p, lo);
+    _mm256_storeu_ps(p + 8, hi);
+    for (int l = 0; l < rest; l++) p[l] = square ? fmaf(tail[l], tail[l], p[l]) : p[l] + tail[l];
+    return reduce16(p);
+}
+
+static T256 float sum_avx2(const float *x, int n) {
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    int c = 0;
+    for (; c + 16 <= n; c += 16) {
+        lo = _mm256_add_ps(lo, _mm256_loadu_ps(x + c));
+        hi = _mm256_add_ps(hi, _mm256_loadu_ps(x + c + 8));
+    }
+    return finish8x2(lo, hi, x + c, n - c, 0);
+}
+
+static T256 float sumsq_avx2(const float *x, int n) {
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    int c = 0;
+    for (; c + 16 <= n; c += 16) {
+        __m256 a = _mm256_loadu_ps(x + c), b = _mm256_loadu_ps(x + c + 8);
+        lo = _mm256_fmadd_ps(a, a, lo);
+        hi = _mm256_fmadd_ps(b, b, hi);
+    }
+    return finish8x2(lo, hi, x + c, n - c, 1);
+}
+
+static const se_row_ops avx2 = {sum_avx2, sumsq_avx2, max_portable, silu_mul_portable, quantize_portable};
+#endif
+
+const se_row_ops *se_rows(void) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    switch (se_isa()) {
+    case SE_ISA_AVX512: return &avx512;
+    case SE_ISA_AVX2: return &avx2;
+    }
+#endif
+    return &portable;
+}
