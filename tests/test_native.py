@@ -20,7 +20,7 @@ if nl.available() is not None:
 
 import specedge  # noqa: E402
 from specedge.models.gguf_in import open_gguf  # noqa: E402
-from specedge.models.tiny import TINY_ARCHS, write_tiny_gguf  # noqa: E402
+from specedge.models.tiny import TINY_ARCHS, write_model_gguf, write_tiny_gguf  # noqa: E402
 from specedge.runtime.backends import BackendKind, info  # noqa: E402
 from specedge.runtime.backends.base import LayerPlan  # noqa: E402
 from specedge.runtime.backends.base import probe_batch_invariance as batch_invariant  # noqa: E402
@@ -218,6 +218,23 @@ def test_a_tiny_model_computes_what_the_numpy_reference_computes(tiny_files, arc
     toks = np.random.default_rng(0).integers(0, gguf.config.vocab_size, 40)
     got = native.forward(toks, native.new_cache(64))
     want = ref.forward(toks, ref.new_cache(64))
+    assert np.abs(got - want).max() <= 0.05 * np.abs(want).max()
+    assert (got.argmax(1) == want.argmax(1)).mean() >= 0.9
+
+
+@pytest.mark.parametrize("case", ["plain", "partial"])
+def test_phi3_s_fused_tensors_run_as_their_row_ranges(tmp_path, case):
+    """phi3's attn_qkv (q|k|v rows) and ffn_up (gate|up rows) are packed as the separate matrices their row ranges
+    are; LongRoPE and partial rotary (Phi-4-mini-like "partial") come from the RoPE tables the reference builds."""
+    pytest.importorskip("transformers")  # phi3_models builds its cases from transformers' Phi3Config
+    from phi3_models import canonical_weights, hf_config
+    weights = canonical_weights(hf_config(case).to_dict())
+    path = write_model_gguf(tmp_path / f"phi3-{case}.gguf", weights.config, dict(weights.tensors), dtype="q8_0")
+    gguf = open_gguf(path)
+    assert {"layers.0.qkv", "layers.0.gate_up"} <= set(gguf.tensor_types())
+    native, ref = NativeBackend(gguf, n_threads=2), NumpyBackend(gguf.load_weights())
+    toks = np.random.default_rng(2).integers(0, gguf.config.vocab_size, 40)
+    got, want = native.forward(toks, native.new_cache(64)), ref.forward(toks, ref.new_cache(64))
     assert np.abs(got - want).max() <= 0.05 * np.abs(want).max()
     assert (got.argmax(1) == want.argmax(1)).mean() >= 0.9
 

@@ -32,6 +32,19 @@ _VECS = {"attn_norm": 0, "ffn_norm": 1, "q_bias": 2, "k_bias": 3, "v_bias": 4, "
          "post_attn_norm": 8, "post_ffn_norm": 9}  # SE_V_*
 
 
+_FUSED = ("qkv", "gate_up")  # phi3's fused tensors: their row ranges are the separate matrices (_parts)
+
+
+def _parts(short: str, config: ModelConfig) -> list[tuple[str, int, int]]:
+    """(matrix, first row, rows) of a tensor: a fused q|k|v or gate|up tensor is its matrices' rows in order."""
+    H, KV, hd, F = config.n_heads, config.n_kv_heads, config.head_dim, config.d_ff
+    if short == "qkv":
+        return [("q", 0, H * hd), ("k", H * hd, KV * hd), ("v", (H + KV) * hd, KV * hd)]
+    if short == "gate_up":
+        return [("gate", 0, F), ("up", F, F)]
+    return [(short, 0, -1)]
+
+
 class NativeUnsupported(ValueError):
     """This file or model shape is outside what the native engine runs; the message names it and the fix."""
 
@@ -41,14 +54,12 @@ def check_model(config: ModelConfig, types: dict[str, str]) -> None:
     spec, fix = config.block, "use --backend ik or llamacpp for this file"
     if spec.norm not in (Norm.RMS, Norm.RMS_PLUS_ONE):
         raise NativeUnsupported(f"the native engine runs RMSNorm models, not {spec.norm.value} norms; {fix}")
-    if spec.fused_qkv or spec.fused_gate_up:
-        raise NativeUnsupported(f"the native engine does not run fused qkv / gate_up tensors ({config.arch}); {fix}")
     if config.head_dim % 16 or config.d_model % 32 or config.d_ff % 32 or (config.n_heads * config.head_dim) % 32:
         raise NativeUnsupported(f"the native engine needs head_dim % 16 == 0 and d_model, d_ff, heads x head_dim "
                                 f"multiples of 32 (this {config.arch}: head_dim {config.head_dim}, d_model "
                                 f"{config.d_model}, d_ff {config.d_ff}); {fix}")
     for name, kind in types.items():
-        matrix = name == "embed" or name == "lm_head" or name.rsplit(".", 1)[-1] in _MATS
+        matrix = name == "embed" or name == "lm_head" or name.rsplit(".", 1)[-1] in _MATS or name.endswith(_FUSED)
         if matrix and kind not in nl.PACKED:
             raise NativeUnsupported(f"tensor {name!r} is {kind}; the native engine packs {', '.join(nl.PACKED)} "
                                     f"weights so far (docs/native.md); {fix}")
@@ -114,16 +125,8 @@ class NativeBackend:
                 raise NativeUnsupported(f"{gguf.path}: tensor {name!r} is missing")
             layer, short = (-1, name) if not name.startswith("layers.") else (int(name.split(".")[1]),
                                                                              name.split(".", 2)[2])
-            if short in ("embed", "lm_head") or short in _MATS:
-                kind, raw = gguf.raw_blocks(name)
-                raw = np.ascontiguousarray(raw)
-                n, k = expected[name]
-                which = {"embed": 0, "lm_head": 1}.get(short, _MATS.get(short))
-                rc = lib.se_model_set_mat(self._model, layer, which, nl.GGML_TYPES[kind], raw.ctypes.data,
-                                          raw.shape[1], n, k)
-                if rc != 0:
-                    raise NativeUnsupported(f"{gguf.path}: tensor {name!r} ({kind}, {raw.shape}) does not pack as "
-                                            f"a {n} x {k} matrix (code {rc})")
+            if short in ("embed", "lm_head") or short in _MATS or short in _FUSED:
+                self._set_matrix(gguf, name, layer, short, expected[name])
             else:
                 v = gguf.load_tensor(name).astype(np.float32).reshape(-1)
                 if short.endswith("norm"):
@@ -151,6 +154,21 @@ class NativeBackend:
                             variance=None if batch_invariant else gate_variance("native", self.threads))
 
     # -- the Backend protocol -------------------------------------------------------------------------------------
+    def _set_matrix(self, gguf, name: str, layer: int, short: str, shape: tuple[int, ...]) -> None:
+        """Pack one matrix tensor (each part of a fused one) into the C model, its blocks as the file stores them."""
+        kind, raw = gguf.raw_blocks(name)
+        raw = np.ascontiguousarray(raw)
+        n, k = shape
+        for part, first, rows in _parts(short, self.config):
+            rows = n if rows < 0 else rows
+            block = np.ascontiguousarray(raw[first:first + rows])
+            which = {"embed": 0, "lm_head": 1}.get(part, _MATS.get(part))
+            rc = self._lib.se_model_set_mat(self._model, layer, which, nl.GGML_TYPES[kind], block.ctypes.data,
+                                           block.shape[1], rows, k)
+            if rc != 0:
+                raise NativeUnsupported(f"{gguf.path}: tensor {name!r} ({kind}, {raw.shape}) does not pack as a "
+                                        f"{rows} x {k} {part} matrix (rows {first}..{first + rows}; code {rc})")
+
     def new_cache(self, max_len: int) -> NativeCache:
         if max_len > self.config.context_length:
             raise ValueError(f"a cache of {max_len} positions exceeds the model's context {self.config.context_length}; "
