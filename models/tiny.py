@@ -37,8 +37,9 @@ MERGES = (
 _QTYPES = {"f32": GGMLQuantizationType.F32, "f16": GGMLQuantizationType.F16,
            "q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0,
            "q4_1": GGMLQuantizationType.Q4_1, "q5_0": GGMLQuantizationType.Q5_0,
-           "q4_k": GGMLQuantizationType.Q4_K, "q6_k": GGMLQuantizationType.Q6_K}
-_FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7, "q4_0": 2, "q4_1": 3, "q5_0": 8, "q4_k": 15, "q6_k": 18}
+           "q4_k": GGMLQuantizationType.Q4_K, "q5_k": GGMLQuantizationType.Q5_K,
+           "q6_k": GGMLQuantizationType.Q6_K}
+_FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7, "q4_0": 2, "q4_1": 3, "q5_0": 8, "q4_k": 15, "q5_k": 17, "q6_k": 18}
 
 
 def _byte_symbols() -> list[str]:
@@ -100,7 +101,7 @@ def tiny_weights(config: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
 
 def _stored(name: str, w: np.ndarray, dtype: str) -> tuple[np.ndarray, GGMLQuantizationType]:
     """Encode one GGUF-layout tensor; 1-D tensors and rows not a multiple of 32 stay f32 (as llama.cpp does), K-quant
-    rows not a multiple of 256 take llama.cpp's fallback type (Q4_K: Q5_0, Q6_K: Q8_0)."""
+    rows not a multiple of 256 take llama.cpp's fallback type (Q4_K: Q5_0, Q5_K: Q5_1, Q6_K: Q8_0)."""
     qtype = _QTYPES[dtype]
     if w.ndim == 1 or qtype == GGMLQuantizationType.F32:
         return w.astype(np.float32), GGMLQuantizationType.F32

@@ -35,7 +35,7 @@ PROMPTS = ["the cat sat on the mat and the cat sat on the", "one two three one t
 
 
 def random_kquant_blocks(fmt: str, n: int, k: int, rng) -> np.ndarray:
-    """Random Q4_K / Q6_K rows built byte by byte (gguf-py cannot quantize K-quants): every bit of the scales, mins
+    """Random Q4_K / Q5_K / Q6_K rows built byte by byte (gguf-py cannot quantize K-quants): every bit of the scales, mins
     and quants random, the fp16 super-scales finite and of either sign."""
     nsb = k // 256
 
@@ -47,6 +47,8 @@ def random_kquant_blocks(fmt: str, n: int, k: int, rng) -> np.ndarray:
 
     if fmt == "Q4_K":  # d, dmin, 12 bytes of 6-bit scales and mins, qs[128]
         blocks = np.concatenate([f16(0.01), f16(0.01), rand(12), rand(128)], axis=-1)
+    elif fmt == "Q5_K":  # Q4_K's fields with qh[32] (bit 4) before qs
+        blocks = np.concatenate([f16(0.01), f16(0.01), rand(12), rand(32), rand(128)], axis=-1)
     else:  # Q6_K: ql[128], qh[64], int8 scales[16], d
         blocks = np.concatenate([rand(128), rand(64), rand(16), f16(0.002)], axis=-1)
     return blocks.reshape(n, -1)
@@ -55,7 +57,7 @@ def random_kquant_blocks(fmt: str, n: int, k: int, rng) -> np.ndarray:
 def random_matrix(fmt: str, n: int, k: int, seed: int = 0):
     """(GGUF rows uint8 [n, row_bytes], their exact values by gguf-py's dequantize [n, k])."""
     rng = np.random.default_rng(seed)
-    if fmt in ("Q4_K", "Q6_K"):
+    if fmt in ("Q4_K", "Q5_K", "Q6_K"):
         raw = random_kquant_blocks(fmt, n, k, rng)
     else:
         raw = quantize(rng.standard_normal((n, k)).astype(np.float32), GGMLQuantizationType[fmt]).view(np.uint8)
@@ -97,7 +99,7 @@ def test_every_isa_computes_the_portable_c_bit_for_bit_at_every_width(fmt):
     assert np.abs(want - x @ deq.T).max() <= 0.02 * np.abs(x @ deq.T).max()  # activation rounding only
 
 
-@pytest.mark.parametrize("fmt, rms", [("Q4_K", 0.1), ("Q6_K", 0.025)])
+@pytest.mark.parametrize("fmt, rms", [("Q4_K", 0.1), ("Q5_K", 0.05), ("Q6_K", 0.025)])
 def test_the_test_models_k_quant_encoders_round_trip_through_gguf_py(fmt, rms):
     from specedge.models.kquants import ENCODERS
     w = np.random.default_rng(4).standard_normal((8, 512)).astype(np.float32)
@@ -203,7 +205,7 @@ def test_attention_scores_and_weighted_sums_in_batches_equal_key_by_key(hd):
 def tiny_files(tmp_path_factory):
     d = tmp_path_factory.mktemp("native")
     # K-quants need rows of whole 256-superblocks: wider models, so every matrix (embedding included) is one
-    wide = {"Q4_K": {"d_model": 256, "d_ff": 512}, "Q6_K": {"d_model": 256, "d_ff": 512}}
+    wide = {f: {"d_model": 256, "d_ff": 512} for f in ("Q4_K", "Q5_K", "Q6_K")}
     return {(arch, fmt): write_tiny_gguf(d / f"{arch}-{fmt}.gguf", arch=arch, dtype=fmt.lower(), seed=0, n_layers=2,
                                          **wide.get(fmt, {}))
             for arch in TINY_ARCHS for fmt in FORMATS}
@@ -326,7 +328,7 @@ def test_layer_plans_taps_and_a_trimmed_head(tiny_files, fmt):
 def test_files_it_cannot_run_are_refused_naming_the_tensor(tmp_path):
     path = write_tiny_gguf(tmp_path / "f32.gguf", dtype="f32")
     with pytest.raises(NativeUnsupported, match=r"tensor '.*' is F32; the native engine packs Q4_0, Q4_1, Q5_0, Q8_0, "
-                                                r"Q4_K, Q6_K .*"
+                                                r"Q4_K, Q5_K, Q6_K .*"
                                                 r"--backend ik"):
         NativeBackend(open_gguf(path))
     with pytest.raises(ValueError, match="native engine packs"):

@@ -37,12 +37,12 @@ se_mm_fn se_mm_for(const se_mat *w) {
     int isa = se_isa();
 #ifdef SE_X86
     if (isa == SE_ISA_AVX512)
-        return w->kern == SE_KERN_Q4K ? se_mm_q4k_avx512 : w->kern == SE_KERN_Q6K ? se_mm_q6k_avx512 : se_mm_avx512;
+        return w->kern == SE_KERN_Q4K || w->kern == SE_KERN_Q5K ? se_mm_q4k_avx512 : w->kern == SE_KERN_Q6K ? se_mm_q6k_avx512 : se_mm_avx512;
     if (isa == SE_ISA_AVX2)
-        return w->kern == SE_KERN_Q4K ? se_mm_q4k_avx2 : w->kern == SE_KERN_Q6K ? se_mm_q6k_avx2 : se_mm_avx2;
+        return w->kern == SE_KERN_Q4K || w->kern == SE_KERN_Q5K ? se_mm_q4k_avx2 : w->kern == SE_KERN_Q6K ? se_mm_q6k_avx2 : se_mm_avx2;
 #endif
     (void)isa;
-    return w->kern == SE_KERN_Q4K ? se_mm_q4k_portable : w->kern == SE_KERN_Q6K ? se_mm_q6k_portable : se_mm_portable;
+    return w->kern == SE_KERN_Q4K || w->kern == SE_KERN_Q5K ? se_mm_q4k_portable : w->kern == SE_KERN_Q6K ? se_mm_q6k_portable : se_mm_portable;
 }
 
 /* IEEE half <-> single, bit exact (no F16C dependency: the portable path must run anywhere). */

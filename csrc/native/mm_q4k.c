@@ -1,4 +1,5 @@
-/* Q4_K matmul, three ISAs in one file so the mirrored operation order is read side by side. A superblock holds 8
+/* Q4_K and Q5_K matmul, three ISAs in one file so the mirrored operation order is read side by side. Q5_K is Q4_K
+ * with a fifth bit ORed into each weight from its sub-block's masks (u 0..31: no dot overflows). A superblock holds 8
  * Q4-layout sub-blocks of 32 (se.h); sub-block j's scale d * sc_j and min dmin * m_j are exact fp32 products, so
  * it is Q4_1's shape with the scale and min formed in the kernel:
  *     acc = fma(scale_j * xd, (float)dot, acc);  acc = fma(-min_j, xd * (float)xs, acc)
@@ -10,6 +11,10 @@
 
 static inline const uint8_t *superblock(const se_mat *w, int g, int sb) {
     return w->data + (size_t)g * w->group_bytes + (size_t)sb * w->block_bytes;
+}
+
+static inline const uint8_t *sub_block(const se_mat *w, const uint8_t *s, int j) {
+    return s + SE_Q4K_HEAD + (size_t)(w->kern == SE_KERN_Q5K ? SE_Q5K_SUB : 256) * j;
 }
 
 void se_mm_q4k_portable(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1) {
@@ -29,7 +34,7 @@ void se_mm_q4k_portable(const se_mat *w, const se_act *x, int rows, float *out, 
                         int b = sb * SE_SUPER + j;
                         int32_t dot = 0;
                         for (int e = 0; e < SE_BLOCK; e++)
-                            dot += se_unpacked(SE_KERN_Q4K, s + SE_Q4K_HEAD + 256 * j, r, e) * xq[b * SE_BLOCK + e];
+                            dot += se_unpacked(w->kern, sub_block(w, s, j), r, e) * xq[b * SE_BLOCK + e];
                         float scale = d * (float)s[64 + 16 * j + r], min = dmin * (float)s[192 + 16 * j + r];
                         acc = fmaf(scale * xd[b], (float)dot, acc);
                         acc = fmaf(-min, xd[b] * (float)xs[b], acc);
@@ -49,14 +54,33 @@ void se_mm_q4k_portable(const se_mat *w, const se_act *x, int rows, float *out, 
 #define PF 2048
 #define INL __attribute__((always_inline))
 
-static inline INL void prefetch_sub(const uint8_t *s, int j) { /* the superblock's lines, an eighth per sub-block */
-    for (int off = j * (SE_Q4K_BYTES / 8 / 64 + 1) * 64; off < (j + 1) * (SE_Q4K_BYTES / 8 / 64 + 1) * 64; off += 64)
+static inline INL void prefetch_sub(const se_mat *w, const uint8_t *s, int j) { /* an eighth per sub-block */
+    int lines = (int)(w->block_bytes / 8 / 64) + 1;
+    for (int off = j * lines * 64; off < (j + 1) * lines * 64; off += 64)
         _mm_prefetch((const char *)s + PF + off, _MM_HINT_T0);
+}
+
+/* Q5_K: bit 4 of the weights of vector t (one bit per byte, se.h), as a byte mask (AVX-512) or 0x10 bytes (AVX2) */
+static inline INL __mmask64 high_mask(const uint8_t *blk, int t) {
+    uint64_t m;
+    __builtin_memcpy(&m, blk + 256 + 8 * t, 8);
+    return (__mmask64)m;
+}
+
+static inline SE_AVX2 INL __m256i high_bytes(const uint8_t *blk, int t, int h) {
+    uint32_t m;
+    __builtin_memcpy(&m, blk + 256 + 8 * t + 4 * h, 4);
+    const __m256i idx = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                                         3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)m), idx);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), _mm256_set1_epi8(0x10));
 }
 
 static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x, int i0, const int R, float *out,
                                           int ldo, int lanes) {
-    const __m512i nib = _mm512_set1_epi8(0x0f);
+    const __m512i nib = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
+    const int q5 = w->kern == SE_KERN_Q5K;
     __m512 acc[8];
     for (int i = 0; i < R; i++) acc[i] = _mm512_setzero_ps();
     for (int sb = 0; sb < w->nb / SE_SUPER; sb++) {
@@ -65,13 +89,17 @@ static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x
         __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + 32)));
         for (int j = 0; j < SE_SUPER; j++) {
             int b = sb * SE_SUPER + j;
-            const uint8_t *blk = s + SE_Q4K_HEAD + 256 * j;
-            prefetch_sub(s, j);
+            const uint8_t *blk = sub_block(w, s, j);
+            prefetch_sub(w, s, j);
             __m512i dot[8];
             for (int i = 0; i < R; i++) dot[i] = _mm512_setzero_si512();
             for (int t = 0; t < 4; t++) {
                 __m512i v = _mm512_loadu_si512((const void *)(blk + 64 * t));
                 __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+                if (q5) {
+                    lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(high_mask(blk, t), bit4));
+                    hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(high_mask(blk, 4 + t), bit4));
+                }
                 for (int i = 0; i < R; i++) {
                     const int8_t *xq = x->q + (size_t)(i0 + i) * x->k + b * SE_BLOCK;
                     int32_t a0, a1;
@@ -124,6 +152,7 @@ static inline SE_AVX2 INL __m256i dot4(__m256i w, __m256i x) {
 static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, int i0, const int R, float *out,
                                        int ldo, int lanes, int h) {
     const __m256i nib = _mm256_set1_epi8(0x0f);
+    const int q5 = w->kern == SE_KERN_Q5K;
     __m256 acc[4];
     for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();
     for (int sb = 0; sb < w->nb / SE_SUPER; sb++) {
@@ -132,13 +161,17 @@ static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, 
         __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 32 + 16 * h)));
         for (int j = 0; j < SE_SUPER; j++) {
             int b = sb * SE_SUPER + j;
-            const uint8_t *blk = s + SE_Q4K_HEAD + 256 * j;
-            if (h == 0) prefetch_sub(s, j);
+            const uint8_t *blk = sub_block(w, s, j);
+            if (h == 0) prefetch_sub(w, s, j);
             __m256i dot[4];
             for (int i = 0; i < R; i++) dot[i] = _mm256_setzero_si256();
             for (int t = 0; t < 4; t++) {
                 __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 * t + 32 * h));
                 __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                if (q5) {
+                    lo = _mm256_or_si256(lo, high_bytes(blk, t, h));
+                    hi = _mm256_or_si256(hi, high_bytes(blk, 4 + t, h));
+                }
                 for (int i = 0; i < R; i++) {
                     const int8_t *xq = x->q + (size_t)(i0 + i) * x->k + b * SE_BLOCK;
                     int32_t a0, a1;

@@ -27,6 +27,7 @@ size_t se_type_row_bytes(int type, int k) {
     case SE_Q5_0: return (size_t)(k / 32) * 22;
     case SE_Q8_0: return (size_t)(k / 32) * 34;
     case SE_Q4_K: return k % 256 ? 0 : (size_t)(k / 256) * 144;
+    case SE_Q5_K: return k % 256 ? 0 : (size_t)(k / 256) * 176;
     case SE_Q6_K: return k % 256 ? 0 : (size_t)(k / 256) * 210;
     default: return 0;
     }
@@ -61,15 +62,16 @@ int se_pack(se_mat *m, int type, const uint8_t *raw, size_t row_bytes, int n, in
     size_t want = se_type_row_bytes(type, k);
     if (!want || want != row_bytes || n <= 0) return -1;
     m->kern = type == SE_Q8_0 ? SE_KERN_Q8 : type == SE_Q5_0 ? SE_KERN_Q5 : type == SE_Q4_K ? SE_KERN_Q4K
-            : type == SE_Q6_K ? SE_KERN_Q6K : SE_KERN_Q4;
-    m->has_min = type == SE_Q4_1 || type == SE_Q4_K;
+            : type == SE_Q5_K ? SE_KERN_Q5K : type == SE_Q6_K ? SE_KERN_Q6K : SE_KERN_Q4;
+    m->has_min = type == SE_Q4_1 || type == SE_Q4_K || type == SE_Q5_K;
     m->offset = type == SE_Q4_0 ? 8 : type == SE_Q5_0 ? 16 : type == SE_Q6_K ? 32 : type == SE_Q8_0 ? 128 : 0;
-    int super = m->kern == SE_KERN_Q4K || m->kern == SE_KERN_Q6K;
+    int super = m->kern == SE_KERN_Q4K || m->kern == SE_KERN_Q5K || m->kern == SE_KERN_Q6K;
     m->n = n;
     m->k = k;
     m->nb = k / SE_BLOCK;
     m->ngroups = (n + SE_GROUP - 1) / SE_GROUP;
-    m->block_bytes = m->kern == SE_KERN_Q4K ? SE_Q4K_BYTES : m->kern == SE_KERN_Q6K ? SE_Q6K_BYTES
+    m->block_bytes = m->kern == SE_KERN_Q4K ? SE_Q4K_BYTES : m->kern == SE_KERN_Q5K ? SE_Q5K_BYTES
+                   : m->kern == SE_KERN_Q6K ? SE_Q6K_BYTES
                    : se_scale_at(m->kern) + 32 + (m->has_min ? 32 : 0);
     int blocks = super ? m->nb / SE_SUPER : m->nb; /* packed blocks per row */
     m->group_bytes = m->block_bytes * (size_t)blocks;
@@ -98,7 +100,7 @@ void se_mat_free(se_mat *m) {
 void se_dequant_row(const se_mat *m, int row, float *out) {
     const uint8_t *group = m->data + (size_t)(row / SE_GROUP) * m->group_bytes;
     int r = row % SE_GROUP;
-    if (m->kern == SE_KERN_Q4K || m->kern == SE_KERN_Q6K) {
+    if (m->kern == SE_KERN_Q4K || m->kern == SE_KERN_Q5K || m->kern == SE_KERN_Q6K) {
         for (int b = 0; b < m->nb / SE_SUPER; b++)
             se_dequant_superblock(m, group + (size_t)b * m->block_bytes, r, out + b * SE_SUPER * SE_BLOCK);
         return;

@@ -16,11 +16,12 @@
 #define SE_QUERIES 3    /* query heads one attention item takes (a GQA group, in parts of up to 3) */
 
 /* GGML type ids of the formats the engine packs (the GGUF's own numbering). */
-enum { SE_F32 = 0, SE_F16 = 1, SE_Q4_0 = 2, SE_Q4_1 = 3, SE_Q5_0 = 6, SE_Q8_0 = 8, SE_Q4_K = 12, SE_Q6_K = 14 };
+enum { SE_F32 = 0, SE_F16 = 1, SE_Q4_0 = 2, SE_Q4_1 = 3, SE_Q5_0 = 6, SE_Q8_0 = 8, SE_Q4_K = 12, SE_Q5_K = 13,
+       SE_Q6_K = 14 };
 
 /* Kernel families: how a block's integers are stored in the packed form. Q4, Q5, Q8 pack 32-wide blocks; Q4K and
  * Q6K pack 256-wide superblocks of 8 such blocks (SE_SUPER), their scales in a per-superblock header. */
-enum { SE_KERN_Q4 = 0, SE_KERN_Q8 = 1, SE_KERN_Q5 = 2, SE_KERN_Q4K = 3, SE_KERN_Q6K = 4 };
+enum { SE_KERN_Q4 = 0, SE_KERN_Q8 = 1, SE_KERN_Q5 = 2, SE_KERN_Q4K = 3, SE_KERN_Q6K = 4, SE_KERN_Q5K = 5 };
 #define SE_SUPER 8      /* 32-blocks per K-quant superblock */
 
 /* Instruction sets, best last. */
@@ -37,6 +38,8 @@ enum { SE_ISA_PORTABLE = 0, SE_ISA_AVX2 = 1, SE_ISA_AVX512 = 2 };
  * Q4K (Q4_K), 256 wide: 16 fp16 d, 16 fp16 dmin, u8 sc[8][16], u8 m[8][16] (sub-block j, lane r: the 6-bit ints),
  *    then 8 Q4-layout nibble blocks (2368 bytes: 148 per row, Q4_K's 144 plus the unpacked 6-bit ints).
  *    w = (d * sc_j) * u - dmin * m_j (both products exact in fp32).
+ * Q5K (Q5_K), 256 wide: Q4K's header, then 8 Q5-layout blocks of 320 bytes (Q4 nibbles, then the 8 x 64-bit masks
+ *    of bit 4) (2880 bytes: 180 per row, Q5_K's 176 plus the unpacked 6-bit ints). The same w, u 0..31.
  * Q6K (Q6_K), 256 wide: 8 blocks of 384 bytes (Q4-layout nibbles of the low 4 bits, then 2 x 64 bytes: vector p byte
  *    (r*4 + i) bits 2c..2c+1 = bits 4-5 of w[r][4j+i] with j = 4p + c); then int8 sc[16][16] (per 16 weights, lane
  *    r), then 16 fp16 d (3360 bytes: Q6_K's 210 per row). w = (d * sc) * (u - 32), exact in fp32. */
@@ -71,7 +74,7 @@ int se_pack(se_mat *m, int type, const uint8_t *raw, size_t row_bytes, int n, in
 void se_mat_free(se_mat *m);
 void se_dequant_row(const se_mat *m, int row, float *out);  /* exact values of one row */
 size_t se_type_row_bytes(int type, int k);                   /* 0: unsupported type or k */
-/* pack_k.c: the K-quant superblocks (Q4_K, Q6_K) */
+/* pack_k.c: the K-quant superblocks (Q4_K, Q5_K, Q6_K) */
 void se_pack_superblock(int type, const uint8_t *src, uint8_t *dst, int r);
 void se_dequant_superblock(const se_mat *m, const uint8_t *sb, int r, float *out);
 
@@ -99,7 +102,7 @@ static inline int se_unpacked(int kern, const uint8_t *blk, int r, int j) {
     if (kern == SE_KERN_Q8) return blk[(j / 4) * 64 + lane];
     uint8_t byte = blk[((j % 16) / 4) * 64 + lane];
     int u = j < 16 ? byte & 15 : byte >> 4;
-    if (kern == SE_KERN_Q5) u |= (blk[256 + (j / 4) * 8 + lane / 8] >> (lane % 8) & 1) << 4;
+    if (kern == SE_KERN_Q5 || kern == SE_KERN_Q5K) u |= (blk[256 + (j / 4) * 8 + lane / 8] >> (lane % 8) & 1) << 4;
     if (kern == SE_KERN_Q6K) u |= (blk[256 + (j / 16) * 64 + lane] >> (2 * ((j / 4) % 4)) & 3) << 4;
     return u;
 }
@@ -107,6 +110,8 @@ static inline int se_unpacked(int kern, const uint8_t *blk, int r, int j) {
 /* Superblock headers: Q4K's d, dmin, sc, m come first; Q6K's sc, d after its 8 blocks. */
 #define SE_Q4K_HEAD 320
 #define SE_Q4K_BYTES (SE_Q4K_HEAD + 8 * 256)
+#define SE_Q5K_SUB 320  /* a Q5K sub-block: Q4 nibbles, then bit 4's masks (Q5_0's layout without its scales) */
+#define SE_Q5K_BYTES (SE_Q4K_HEAD + 8 * SE_Q5K_SUB)
 #define SE_Q6K_BLOCK 384
 #define SE_Q6K_SC (8 * SE_Q6K_BLOCK)
 #define SE_Q6K_D (SE_Q6K_SC + 256)

@@ -16,9 +16,9 @@ import numpy as np
 
 ABI_VERSION = 3
 ISA_NAMES = ("portable", "avx2", "avx512")  # se.h SE_ISA_*
-GGML_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}  # se.h's
-PACKED = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")  # formats the kernels take as they are (docs/native.md)
-BLOCKS = {"Q4_0": (18, 32), "Q4_1": (20, 32), "Q5_0": (22, 32), "Q8_0": (34, 32), "Q4_K": (144, 256),
+GGML_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}  # se.h's
+PACKED = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")  # formats the kernels take as they are (docs/native.md)
+BLOCKS = {"Q4_0": (18, 32), "Q4_1": (20, 32), "Q5_0": (22, 32), "Q8_0": (34, 32), "Q4_K": (144, 256), "Q5_K": (176, 256),
           "Q6_K": (210, 256)}  # (bytes, weights) of one GGUF block
 ACT = {"silu": 0, "gelu_tanh": 1}
 
