@@ -37,9 +37,10 @@ MERGES = (
 _QTYPES = {"f32": GGMLQuantizationType.F32, "f16": GGMLQuantizationType.F16,
            "q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0,
            "q4_1": GGMLQuantizationType.Q4_1, "q5_0": GGMLQuantizationType.Q5_0,
+           "q5_1": GGMLQuantizationType.Q5_1, "bf16": GGMLQuantizationType.BF16,
            "q4_k": GGMLQuantizationType.Q4_K, "q5_k": GGMLQuantizationType.Q5_K,
            "q6_k": GGMLQuantizationType.Q6_K}
-_FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7, "q4_0": 2, "q4_1": 3, "q5_0": 8, "q4_k": 15, "q5_k": 17, "q6_k": 18}
+_FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7, "q4_0": 2, "q4_1": 3, "q5_0": 8, "q5_1": 9, "q4_k": 15, "q5_k": 17, "q6_k": 18, "bf16": 32}
 
 
 def _byte_symbols() -> list[str]:

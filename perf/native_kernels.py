@@ -68,8 +68,8 @@ def main(argv: list[str] | None = None) -> None:
         roof.append(total / (time.perf_counter() - t0) / 1e9)
         for n in a.rows:
             t0 = time.perf_counter()
-            lib.se_matmul_pool(pool, handles, len(mats), q.ctypes.data, d.ctypes.data, s.ctypes.data, h.ctypes.data, n,
-                               nl.fptr(out), 1)
+            lib.se_matmul_pool(pool, handles, len(mats), q.ctypes.data, d.ctypes.data, s.ctypes.data, h.ctypes.data,
+                               nl.fptr(x), n, nl.fptr(out), 1)
             times[n].append(time.perf_counter() - t0)
     lib.se_pool_free(pool)
     gbs = float(np.median(roof))

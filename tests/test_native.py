@@ -30,6 +30,7 @@ from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
 LIB = nl.load()
 ISAS = list(range(LIB.se_cpu_isa() + 1))  # portable first; every SIMD path this CPU runs
 FORMATS = list(nl.PACKED)
+FLOATS = ("F32", "F16", "BF16")  # matrices multiplied with the float activations (mm_f.c)
 PROMPTS = ["the cat sat on the mat and the cat sat on the", "one two three one two three one two",
            "hello world, hello world", "a b c d e f g a b c"]
 
@@ -59,6 +60,8 @@ def random_matrix(fmt: str, n: int, k: int, seed: int = 0):
     rng = np.random.default_rng(seed)
     if fmt in ("Q4_K", "Q5_K", "Q6_K"):
         raw = random_kquant_blocks(fmt, n, k, rng)
+    elif fmt in FLOATS:  # as stored: F32 and F16 elements, BF16 by gguf-py (round to nearest even)
+        raw = quantize(rng.standard_normal((n, k)).astype(np.float32), GGMLQuantizationType[fmt]).view(np.uint8)
     else:
         raw = quantize(rng.standard_normal((n, k)).astype(np.float32), GGMLQuantizationType[fmt]).view(np.uint8)
     raw = raw.reshape(n, -1)
@@ -91,9 +94,12 @@ def test_every_isa_computes_the_portable_c_bit_for_bit_at_every_width(fmt):
         for n in range(1, 17):  # a row's result never depends on how many rows share the call
             assert np.array_equal(m.matmul(x[:n], isa=isa), want[:n]), (nl.isa_name(isa), n)
         assert np.array_equal(m.matmul(x[9:10], isa=isa)[0], want[9])
-    # and it is the product of the exact weights with int8-per-32 activations (llama.cpp's q8 scheme)
+    # and it is the product of the exact weights with int8-per-32 activations (llama.cpp's q8 scheme), or with the
+    # float activations for float weights
     q, d, s, h = quantized(x)
     xq = (q.reshape(16, k // 32, 32).astype(np.float64) * d[:, :, None]).reshape(16, k)
+    if fmt in FLOATS:
+        xq = x.astype(np.float64)
     exact = xq @ deq.T.astype(np.float64)
     assert np.abs(want - exact).max() <= 1e-5 * np.abs(exact).max()
     assert np.abs(want - x @ deq.T).max() <= 0.02 * np.abs(x @ deq.T).max()  # activation rounding only
@@ -326,9 +332,9 @@ def test_layer_plans_taps_and_a_trimmed_head(tiny_files, fmt):
 
 
 def test_files_it_cannot_run_are_refused_naming_the_tensor(tmp_path):
-    path = write_tiny_gguf(tmp_path / "f32.gguf", dtype="f32")
-    with pytest.raises(NativeUnsupported, match=r"tensor '.*' is F32; the native engine packs Q4_0, Q4_1, Q5_0, Q8_0, "
-                                                r"Q4_K, Q5_K, Q6_K .*"
+    path = write_tiny_gguf(tmp_path / "q5_1.gguf", dtype="q5_1")
+    with pytest.raises(NativeUnsupported, match=r"tensor '.*' is Q5_1; the native engine packs Q4_0, Q4_1, Q5_0, Q8_0, "
+                                                r"Q4_K, Q5_K, Q6_K, F16, BF16, F32 .*"
                                                 r"--backend ik"):
         NativeBackend(open_gguf(path))
     with pytest.raises(ValueError, match="native engine packs"):

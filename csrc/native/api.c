@@ -37,6 +37,7 @@ int se_matmul(const se_mat *w, const float *x, int rows, float *out, int isa) {
         return -2;
     }
     se_quantize_rows(x, rows, w->k, &a);
+    a.f = (float *)x;
     int before = se_isa();
     se_set_isa(isa);
     se_mm_for(w)(w, &a, rows, out, w->n, 0, w->ngroups);
@@ -55,10 +56,10 @@ static void mm_job_run(void *p, int thread, int g0, int g1) {
 
 /* The kernel benchmark's call: pre-quantized activations, the pool's threads, reps repetitions. */
 int se_matmul_pool(se_pool *p, const se_mat *const *ws, int count, const int8_t *q, const float *d, const int32_t *s,
-                   const int32_t *h, int rows, float *out, int reps) {
+                   const int32_t *h, const float *f, int rows, float *out, int reps) {
     for (int r = 0; r < reps; r++)
         for (int i = 0; i < count; i++) {
-            se_act a = {(int8_t *)q, (float *)d, (int32_t *)s, (int32_t *)h, ws[i]->k, ws[i]->nb};
+            se_act a = {(int8_t *)q, (float *)d, (int32_t *)s, (int32_t *)h, ws[i]->k, ws[i]->nb, (float *)f};
             mm_job j = {ws[i], &a, rows, out};
             int chunk = ws[i]->ngroups / (8 * se_pool_threads(p));
             se_pool_for(p, ws[i]->ngroups, chunk < 1 ? 1 : chunk > 16 ? 16 : chunk, mm_job_run, &j);
@@ -67,7 +68,7 @@ int se_matmul_pool(se_pool *p, const se_mat *const *ws, int count, const int8_t 
 }
 
 void se_quantize(const float *x, int rows, int k, int8_t *q, float *d, int32_t *s, int32_t *h) {
-    se_act a = {q, d, s, h, k, k / 32};
+    se_act a = {q, d, s, h, k, k / 32, NULL};
     se_quantize_rows(x, rows, k, &a);
 }
 

@@ -36,12 +36,15 @@ int se_set_isa(int isa) {
 se_mm_fn se_mm_for(const se_mat *w) {
     int isa = se_isa();
 #ifdef SE_X86
+    if (se_is_float(w->kern)) return isa == SE_ISA_AVX512 ? se_mm_f_avx512 : isa == SE_ISA_AVX2 ? se_mm_f_avx2
+                                                                                : se_mm_f_portable;
     if (isa == SE_ISA_AVX512)
         return w->kern == SE_KERN_Q4K || w->kern == SE_KERN_Q5K ? se_mm_q4k_avx512 : w->kern == SE_KERN_Q6K ? se_mm_q6k_avx512 : se_mm_avx512;
     if (isa == SE_ISA_AVX2)
         return w->kern == SE_KERN_Q4K || w->kern == SE_KERN_Q5K ? se_mm_q4k_avx2 : w->kern == SE_KERN_Q6K ? se_mm_q6k_avx2 : se_mm_avx2;
 #endif
     (void)isa;
+    if (se_is_float(w->kern)) return se_mm_f_portable;
     return w->kern == SE_KERN_Q4K || w->kern == SE_KERN_Q5K ? se_mm_q4k_portable : w->kern == SE_KERN_Q6K ? se_mm_q6k_portable : se_mm_portable;
 }
 

@@ -14,6 +14,7 @@ static void rms_norm(const float *x, const float *w, int n, float eps, float *y)
 
 static void quantize_span(const float *x, int n, se_act *a, int row, int col) {
     int blk = col / SE_BLOCK;
+    if (a->f) memcpy(a->f + (size_t)row * a->k + col, x, (size_t)n * sizeof(float));
     se_rows()->quantize(x, n / SE_BLOCK, a->q + (size_t)row * a->k + blk * SE_BLOCK, a->d + (size_t)row * a->nb + blk,
                         a->s + (size_t)row * a->nb + blk, a->h + (size_t)row * a->nb + blk);
 }
@@ -22,6 +23,7 @@ static se_act act_view(se_model *m, int k) {
     se_act a = m->act;
     a.k = k;
     a.nb = k / SE_BLOCK;
+    a.f = m->float_acts ? m->act.f : NULL;
     return a;
 }
 
@@ -345,6 +347,7 @@ int se_forward(se_model *m, const se_call *c) {
 
 int se_head(se_model *m, const float *h, int n, float *logits, const se_mat *w) {
     if (n <= 0 || n > m->cfg.max_rows || se_model_ready(m) != 0 || ensure_scratch(m, 1)) return -1;
+    if (w && se_is_float(w->kern)) m->float_acts = 1;
     head(m, h, NULL, n, w ? w : (m->cfg.tied ? &m->embed : &m->lm_head), logits);
     return 0;
 }

@@ -17,6 +17,7 @@ struct se_model {
     /* workspace for max_rows rows */
     float *x, *a, *q, *k, *v, *att, *g, *u;
     se_act act;
+    int float_acts;      /* a float-weight matrix is loaded: the activations keep their float rows too (act.f) */
     float **scratch;     /* per thread: attention scores and a row, grown to the cache's capacity */
     size_t scratch_len;
 };

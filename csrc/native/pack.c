@@ -22,6 +22,9 @@ static uint8_t *alloc_weights(size_t bytes) {
 size_t se_type_row_bytes(int type, int k) {
     if (k <= 0 || k % SE_BLOCK) return 0;
     switch (type) {
+    case SE_F32: return (size_t)k * 4;
+    case SE_F16:
+    case SE_BF16: return (size_t)k * 2;
     case SE_Q4_0: return (size_t)(k / 32) * 18;
     case SE_Q4_1: return (size_t)(k / 32) * 20;
     case SE_Q5_0: return (size_t)(k / 32) * 22;
@@ -37,6 +40,11 @@ static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 
 /* One GGUF block of row r -> its place in the packed block `dst` (lane r). */
 static void pack_block(const se_mat *m, int type, const uint8_t *src, uint8_t *dst, int r) {
+    if (se_is_float(m->kern)) { /* element t of the 32 -> vector t, lane r */
+        size_t es = m->kern == SE_KERN_F32 ? 4 : 2;
+        for (int t = 0; t < SE_BLOCK; t++) memcpy(dst + ((size_t)t * SE_GROUP + r) * es, src + t * es, es);
+        return;
+    }
     uint16_t *d = (uint16_t *)(dst + se_scale_at(m->kern));
     d[r] = rd16(src);
     if (type == SE_Q8_0) {
@@ -62,7 +70,8 @@ int se_pack(se_mat *m, int type, const uint8_t *raw, size_t row_bytes, int n, in
     size_t want = se_type_row_bytes(type, k);
     if (!want || want != row_bytes || n <= 0) return -1;
     m->kern = type == SE_Q8_0 ? SE_KERN_Q8 : type == SE_Q5_0 ? SE_KERN_Q5 : type == SE_Q4_K ? SE_KERN_Q4K
-            : type == SE_Q5_K ? SE_KERN_Q5K : type == SE_Q6_K ? SE_KERN_Q6K : SE_KERN_Q4;
+            : type == SE_Q5_K ? SE_KERN_Q5K : type == SE_Q6_K ? SE_KERN_Q6K : type == SE_F32 ? SE_KERN_F32
+            : type == SE_F16 ? SE_KERN_F16 : type == SE_BF16 ? SE_KERN_BF16 : SE_KERN_Q4;
     m->has_min = type == SE_Q4_1 || type == SE_Q4_K || type == SE_Q5_K;
     m->offset = type == SE_Q4_0 ? 8 : type == SE_Q5_0 ? 16 : type == SE_Q6_K ? 32 : type == SE_Q8_0 ? 128 : 0;
     int super = m->kern == SE_KERN_Q4K || m->kern == SE_KERN_Q5K || m->kern == SE_KERN_Q6K;
@@ -72,6 +81,7 @@ int se_pack(se_mat *m, int type, const uint8_t *raw, size_t row_bytes, int n, in
     m->ngroups = (n + SE_GROUP - 1) / SE_GROUP;
     m->block_bytes = m->kern == SE_KERN_Q4K ? SE_Q4K_BYTES : m->kern == SE_KERN_Q5K ? SE_Q5K_BYTES
                    : m->kern == SE_KERN_Q6K ? SE_Q6K_BYTES
+                   : se_is_float(m->kern) ? (size_t)SE_BLOCK * SE_GROUP * (m->kern == SE_KERN_F32 ? 4 : 2)
                    : se_scale_at(m->kern) + 32 + (m->has_min ? 32 : 0);
     int blocks = super ? m->nb / SE_SUPER : m->nb; /* packed blocks per row */
     m->group_bytes = m->block_bytes * (size_t)blocks;
@@ -103,6 +113,12 @@ void se_dequant_row(const se_mat *m, int row, float *out) {
     if (m->kern == SE_KERN_Q4K || m->kern == SE_KERN_Q5K || m->kern == SE_KERN_Q6K) {
         for (int b = 0; b < m->nb / SE_SUPER; b++)
             se_dequant_superblock(m, group + (size_t)b * m->block_bytes, r, out + b * SE_SUPER * SE_BLOCK);
+        return;
+    }
+    if (se_is_float(m->kern)) {
+        for (int b = 0; b < m->nb; b++)
+            for (int t = 0; t < SE_BLOCK; t++)
+                out[b * SE_BLOCK + t] = se_f_weight(m, group + (size_t)b * m->block_bytes, t, r);
         return;
     }
     for (int b = 0; b < m->nb; b++) {

@@ -17,11 +17,13 @@
 
 /* GGML type ids of the formats the engine packs (the GGUF's own numbering). */
 enum { SE_F32 = 0, SE_F16 = 1, SE_Q4_0 = 2, SE_Q4_1 = 3, SE_Q5_0 = 6, SE_Q8_0 = 8, SE_Q4_K = 12, SE_Q5_K = 13,
-       SE_Q6_K = 14 };
+       SE_Q6_K = 14, SE_BF16 = 30 };
 
 /* Kernel families: how a block's integers are stored in the packed form. Q4, Q5, Q8 pack 32-wide blocks; Q4K and
  * Q6K pack 256-wide superblocks of 8 such blocks (SE_SUPER), their scales in a per-superblock header. */
-enum { SE_KERN_Q4 = 0, SE_KERN_Q8 = 1, SE_KERN_Q5 = 2, SE_KERN_Q4K = 3, SE_KERN_Q6K = 4, SE_KERN_Q5K = 5 };
+enum { SE_KERN_Q4 = 0, SE_KERN_Q8 = 1, SE_KERN_Q5 = 2, SE_KERN_Q4K = 3, SE_KERN_Q6K = 4, SE_KERN_Q5K = 5,
+       SE_KERN_F32 = 6, SE_KERN_F16 = 7, SE_KERN_BF16 = 8 };
+static inline int se_is_float(int kern) { return kern >= SE_KERN_F32; }
 #define SE_SUPER 8      /* 32-blocks per K-quant superblock */
 
 /* Instruction sets, best last. */
@@ -42,7 +44,9 @@ enum { SE_ISA_PORTABLE = 0, SE_ISA_AVX2 = 1, SE_ISA_AVX512 = 2 };
  *    of bit 4) (2880 bytes: 180 per row, Q5_K's 176 plus the unpacked 6-bit ints). The same w, u 0..31.
  * Q6K (Q6_K), 256 wide: 8 blocks of 384 bytes (Q4-layout nibbles of the low 4 bits, then 2 x 64 bytes: vector p byte
  *    (r*4 + i) bits 2c..2c+1 = bits 4-5 of w[r][4j+i] with j = 4p + c); then int8 sc[16][16] (per 16 weights, lane
- *    r), then 16 fp16 d (3360 bytes: Q6_K's 210 per row). w = (d * sc) * (u - 32), exact in fp32. */
+ *    r), then 16 fp16 d (3360 bytes: Q6_K's 210 per row). w = (d * sc) * (u - 32), exact in fp32.
+ * F32, F16, BF16, 32 wide: 32 vectors of the 16 rows' elements as stored (element (t, r) at t * 16 + r); these
+ *    multiply the float activations (se_act.f), not the int8 ones (mm_f.c). */
 typedef struct {
     int kern;        /* SE_KERN_* */
     int has_min;     /* per-block float min (Q4_1, Q4_K) */
@@ -59,6 +63,7 @@ typedef struct {
     float *d;
     int32_t *s, *h;
     int k, nb;
+    float *f;        /* the float rows the quantization started from (float-weight matrices read these), or NULL */
 } se_act;
 
 typedef void (*se_mm_fn)(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
@@ -92,6 +97,10 @@ void se_mm_q4k_avx512(const se_mat *w, const se_act *x, int rows, float *out, in
 void se_mm_q6k_portable(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
 void se_mm_q6k_avx2(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
 void se_mm_q6k_avx512(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
+void se_mm_f_portable(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
+void se_mm_f_avx2(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
+void se_mm_f_avx512(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
+float se_f_weight(const se_mat *w, const uint8_t *blk, int t, int r);  /* element t of lane r, exactly */
 
 /* Where a 32-wide block's fp16 scales start (after its integers). */
 static inline size_t se_scale_at(int kern) { return kern == SE_KERN_Q8 ? 512 : kern == SE_KERN_Q5 ? 320 : 256; }

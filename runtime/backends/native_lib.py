@@ -16,10 +16,12 @@ import numpy as np
 
 ABI_VERSION = 3
 ISA_NAMES = ("portable", "avx2", "avx512")  # se.h SE_ISA_*
-GGML_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}  # se.h's
-PACKED = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")  # formats the kernels take as they are (docs/native.md)
-BLOCKS = {"Q4_0": (18, 32), "Q4_1": (20, 32), "Q5_0": (22, 32), "Q8_0": (34, 32), "Q4_K": (144, 256), "Q5_K": (176, 256),
-          "Q6_K": (210, 256)}  # (bytes, weights) of one GGUF block
+GGML_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14,
+              "BF16": 30}  # se.h's
+# formats the kernels take as they are (docs/native.md): the float ones multiply float activations
+PACKED = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32")
+BLOCKS = {"Q4_0": (18, 32), "Q4_1": (20, 32), "Q5_0": (22, 32), "Q8_0": (34, 32), "Q4_K": (144, 256),
+          "Q5_K": (176, 256), "Q6_K": (210, 256), "F32": (4, 1), "F16": (2, 1), "BF16": (2, 1)}  # (bytes, weights)
 ACT = {"silu": 0, "gelu_tanh": 1}
 
 c_int, c_int32, c_float, c_size_t, c_void_p = ctypes.c_int, ctypes.c_int32, ctypes.c_float, ctypes.c_size_t, ctypes.c_void_p
@@ -65,8 +67,8 @@ _SIGNATURES = {
     "se_mat_delete": (None, [c_void_p]),
     "se_mat_bytes": (c_size_t, [c_void_p]),
     "se_matmul": (c_int, [c_void_p, _P(c_float), c_int, _P(c_float), c_int]),
-    "se_matmul_pool": (c_int, [c_void_p, _P(c_void_p), c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_int,
-                               _P(c_float), c_int]),
+    "se_matmul_pool": (c_int, [c_void_p, _P(c_void_p), c_int, c_void_p, c_void_p, c_void_p, c_void_p, _P(c_float),
+                               c_int, _P(c_float), c_int]),
     "se_pool_new": (c_void_p, [c_int]),
     "se_pool_free": (None, [c_void_p]),
     "se_quantize": (None, [_P(c_float), c_int, c_int, c_void_p, c_void_p, c_void_p, c_void_p]),
