@@ -17,7 +17,7 @@ from specedge.runtime.backends.numpy_ref import NumpyBackend
 from specedge.runtime.decode import decode
 from specedge.runtime.drafters import (DrafterInputs, HeadSpec, LoadedHead, build_drafter, check_target,
                                        parse_drafter)
-from specedge.runtime.drafters.head import HeadDrafter
+from specedge.runtime.drafters.head import HeadDrafter, Precision
 from specedge.runtime.drafters.head_model import HeadModel, TargetEmbedding, random_head, save_head
 from specedge.runtime.request import Request, Speculation
 from specedge.runtime.session import Session
@@ -168,6 +168,27 @@ def test_the_cache_after_a_decode_equals_a_fresh_head_s(target, weights, head_di
     np.testing.assert_array_equal(head.cache.pos[:n], fresh.cache.pos[:n])
     np.testing.assert_allclose(head.cache.o[:n], fresh.cache.o[:n], atol=1e-4)
     np.testing.assert_allclose(head.cache.k[:, :n], fresh.cache.k[:, :n], atol=1e-4)
+
+
+def test_q8_0_matrices_draft_what_float32_drafts_within_quantization(target, weights, head_dir):
+    """The native kernels' packed Q8_0 matmuls (Precision.Q8_0, what the registry picks where they are built): q
+    rows within 2% of the float32 head's, the greedy draft the same here, and a quarter of the bytes."""
+    from specedge.runtime.backends import native_lib as nl
+    if nl.available() is not None:
+        pytest.skip(f"native engine not built: {nl.available()}")
+    prompt = prompts()[3]
+    cache = target.new_cache(64)
+    _, taps = target.hidden(prompt[:-1], cache, taps=TAPS)
+    heads = [HeadDrafter(HeadModel.load(head_dir), TargetEmbedding.from_array(weights.tensors["embed"]),
+                         precision=p) for p in (Precision.FP32, Precision.Q8_0)]
+    drafts = []
+    for h in heads:
+        h.observe_prompt(taps, prompt, 0)
+        drafts.append((h.propose(prompt, 3, GREEDY, None), h.propose(prompt, 1, SamplingParams(temperature=1.0),
+                                                                     np.random.default_rng(0))))
+    assert list(drafts[0][0].tokens) == list(drafts[1][0].tokens)
+    np.testing.assert_allclose(drafts[0][1].q, drafts[1][1].q, atol=0.02)
+    assert heads[1].weight_bytes_per_token < 0.5 * heads[0].weight_bytes_per_token
 
 
 # -- lossless ------------------------------------------------------------------------------------------------------

@@ -175,11 +175,6 @@ class HeadModel:
                              f"{JSON_NAME} names GGUF sha256 {c.gguf_sha256[:12]}...): the taps it reads would "
                              f"differ; use the GGUF it names, or {RETRAIN}")
 
-    def draft_bytes(self, first: bool = False) -> int:
-        """Weight bytes one drafted token reads (fp32 compute weights; `first`: the step that fuses taps)."""
-        step = sum(int(self.w[n].nbytes) for n in ("wqkv", "wo", "w_gate_up", "w_down", "lm_head"))
-        return step + (int(self.w["fc"].nbytes) if first else 0) + 4 * self.config.hidden
-
 
 def read_arrays(path: Path, config: HeadConfig) -> dict[str, np.ndarray]:
     """head.npz's arrays, each checked against config.shapes() (float16/float32 weights, integer d2t with ids in
@@ -255,12 +250,13 @@ def random_head(target: ModelConfig, taps: tuple[int, ...], *, n_heads: int = 4,
 class TargetEmbedding:
     """The target's token embedding, rows on demand: `rows(ids)` -> float32 [n, D] times the family's embedding
     scale (gemma: sqrt(D); models/block.py BlockSpec.embed_scale). GGUF rows are dequantized the first time they
-    are asked for and kept (the buffer is allocated lazily by the OS: only rows touched take memory)."""
+    are asked for and kept, packed in order of first use (memory: the rows seen, not the vocabulary)."""
 
     def __init__(self, dequant: Callable[[np.ndarray], np.ndarray], vocab: int, dim: int, scale: float) -> None:
         self._dequant, self.scale = dequant, float(scale)
-        self._rows = np.zeros((vocab, dim), dtype=np.float32)
-        self._have = np.zeros(vocab, dtype=bool)
+        self._slot = np.full(vocab, -1, dtype=np.int64)  # token id -> row of _store
+        self._store = np.zeros((256, dim), dtype=np.float32)
+        self._n = 0
 
     @classmethod
     def from_gguf(cls, gguf) -> "TargetEmbedding":
@@ -280,9 +276,16 @@ class TargetEmbedding:
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64)
-        new = np.unique(ids[~self._have[ids]])
-        if len(new):
-            self._rows[new] = np.asarray(self._dequant(new), dtype=np.float32) * np.float32(self.scale)
-            self._have[new] = True
-        return self._rows[ids]
-
+        slots = self._slot[ids]
+        if (slots < 0).any():
+            new = np.unique(ids[slots < 0])
+            if self._n + len(new) > len(self._store):
+                grown = np.zeros((max(2 * len(self._store), self._n + len(new)), self._store.shape[1]), np.float32)
+                grown[:self._n] = self._store[:self._n]
+                self._store = grown
+            self._store[self._n:self._n + len(new)] = \
+                np.asarray(self._dequant(new), dtype=np.float32) * np.float32(self.scale)
+            self._slot[new] = self._n + np.arange(len(new))
+            self._n += len(new)
+            slots = self._slot[ids]
+        return self._store[slots]

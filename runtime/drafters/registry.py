@@ -18,7 +18,7 @@ from ..loradrop import Corrections
 from .base import BackendNeed, Drafter, check_backend
 from .dytree import DynamicTreeDrafter
 from .early_exit import DelDrafter, EarlyExitDrafter
-from .head import HeadDrafter
+from .head import HeadDrafter, default_precision
 from .head_model import HeadModel, TargetEmbedding
 from .layerskip import LayerSkipDrafter, SwiftDrafter
 from .lookup import LookupModelDrafter
@@ -104,7 +104,8 @@ def _with_memory(drafter: Drafter, budget: int | None) -> Drafter:
 
 
 def _head(spec: HeadSpec, inputs: DrafterInputs) -> Drafter:
-    drafter = HeadDrafter(inputs.head.model, inputs.head.embedding, name=f"head:{spec.dir}")
+    drafter = HeadDrafter(inputs.head.model, inputs.head.embedding, name=f"head:{spec.dir}",
+                          precision=default_precision())
     return _with_memory(drafter, spec.suffix)
 
 
