@@ -281,11 +281,7 @@ def parse_drafter(text: str) -> DrafterSpec:
             raise ValueError(f"drafter {text!r}: the loradrop drafter takes no draft stop; drop the +{stop}")
         return LoraDropSpec(arg or None)  # optional: a fitted corrections directory
     if kind is DrafterKind.RECYCLE:
-        if arg and not arg.isdigit():
-            raise ValueError(f"drafter {text!r}: the recycle tree size is a node count, as recycle:16")
-        if stop is not None:
-            raise ValueError(f"drafter {text!r}: recycle drafts trees without probabilities; drop the +{stop}")
-        return RecycleSpec(int(arg) if arg else 16)
+        return _recycle(text, arg, stop)
     if (kind in _ARG) != bool(arg):
         raise ValueError(f"drafter {text!r}: only {', '.join(_ARG.values())} (and recycle:<nodes>) take an "
                          "argument")
@@ -312,6 +308,14 @@ def parse_drafter(text: str) -> DrafterSpec:
     if kind is DrafterKind.DEL:
         return DelSpec(stop_spec)
     return NoneSpec() if kind is DrafterKind.NONE else NgramSpec()
+
+
+def _recycle(text: str, arg: str, stop: str | None) -> RecycleSpec:
+    if arg and not arg.isdigit():
+        raise ValueError(f"drafter {text!r}: the recycle tree size is a node count, as recycle:16")
+    if stop is not None:
+        raise ValueError(f"drafter {text!r}: recycle drafts trees without probabilities; drop the +{stop}")
+    return RecycleSpec(int(arg) if arg else 16)
 
 
 def _tree(text: str, body: str, nodes: str) -> ModelSpec | SuffixSpec:
