@@ -367,3 +367,12 @@ def test_a_target_without_taps_is_refused_at_start_up(head_dir, weights):
     assert str(parse_drafter(f"head:{head_dir}+suffix:1024")) == f"head:{head_dir}+suffix:1024"
     with pytest.raises(ValueError, match="takes no draft stop"):
         parse_drafter("head:x+conf")
+
+
+def test_the_cost_script_prints_one_line_per_precision(capsys):
+    import json
+    from specedge.perf import head_cost
+    head_cost.main(["--precision", "fp32", "--reps", "2", "--context", "16", "--k", "2", "--vocab-draft", "512"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["precision"] == "fp32" and out["k"] == 2 and out["context"] == 16
+    assert out["per_drafted_token_ms"] == pytest.approx((out["propose_ms"] + out["ingest_ms"]) / 2, abs=2e-3)

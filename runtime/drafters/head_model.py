@@ -132,7 +132,7 @@ class HeadModel:
         root = Path(root)
         if not root.is_dir():
             raise FileNotFoundError(f"no draft head directory {root}: give --drafter head:<dir> a directory holding "
-                                    f"{JSON_NAME} and {NPZ_NAME}, or {RETRAIN} --out <dir>")
+                                    f"{JSON_NAME} and {NPZ_NAME}, or {RETRAIN}")
         for name in (JSON_NAME, NPZ_NAME):
             if not (root / name).is_file():
                 raise FileNotFoundError(f"{root / name} is missing: a draft head directory holds {JSON_NAME} and "
