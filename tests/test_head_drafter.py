@@ -199,6 +199,23 @@ def test_greedy_speculation_equals_plain_greedy_on_the_numpy_reference(target, w
         assert stats.n_drafted > 0
 
 
+def test_greedy_drafts_that_are_accepted_keep_the_output(tmp_path, target, weights):
+    """A head whose draft vocabulary is the (one or) two tokens plain greedy emits most: its drafts are accepted (wholly and
+    in part), the output stays plain greedy's, and the head's cache keeps one entry per position through them."""
+    stats = DecodeStats()
+    for i, prompt in enumerate(prompts()):
+        plain = run(target, prompt, n=40)
+        top = sorted(t for t, _ in Counter(plain).most_common(2))
+        cfg, arrays = random_head(weights.config, TAPS, head_dim=8, vocab_draft=len(top), seed=6)
+        arrays["d2t"] = np.array(top, np.int64)
+        head = HeadDrafter(HeadModel.load(save_head(tmp_path / str(i), cfg, arrays)),
+                           TargetEmbedding.from_array(weights.tensors["embed"]))
+        assert run(target, prompt, head, n=40, stats=stats) == plain, prompt
+        np.testing.assert_array_equal(head.cache.pos[:head.cache.n], np.arange(1, head.cache.n + 1))
+    assert 0 < stats.n_accepted < stats.n_drafted
+    assert 0 < stats.accepted_hist[0] and 0 < stats.accepted_hist[1:-1].sum()  # rejected, and partly accepted
+
+
 def test_a_session_reusing_a_prefix_the_head_never_saw_stays_lossless(target, weights, head_dir):
     """Call 1 without the head fills the session; call 2 (the conversation continued) prefills only the new tokens:
     the head has entries from there on (a hole below) and the output is still plain greedy's."""
