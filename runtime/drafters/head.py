@@ -104,8 +104,9 @@ class HeadCache:
 
 
 def _rms(x: np.ndarray, eps: float) -> np.ndarray:
-    """x / sqrt(mean(x^2) + eps) (the weight is folded into the next matmul: head_model.py)."""
-    return x * (1.0 / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + np.float32(eps)))
+    """x [T, D] / sqrt(mean(x^2) + eps) (the weight is folded into the next matmul: head_model.py)."""
+    ms = np.einsum("ij,ij->i", x, x) * np.float32(1.0 / x.shape[1])
+    return x * (1.0 / np.sqrt(ms + np.float32(eps)))[:, None]
 
 
 class HeadRunner:
@@ -117,6 +118,7 @@ class HeadRunner:
         self.d2t = head.d2t
         self.group = c.n_heads // c.n_kv_heads
         self.inv_freq = c.rope_theta ** (-np.arange(0, c.head_dim, 2, dtype=np.float64) / c.head_dim)
+        self._cos = self._sin = np.zeros((0, c.head_dim // 2), dtype=np.float32)
         self.scale = np.float32(1.0 / np.sqrt(c.head_dim))
         self.split = (c.n_heads * c.head_dim, (c.n_heads + c.n_kv_heads) * c.head_dim)
 
@@ -129,9 +131,12 @@ class HeadRunner:
         return sum(self.w[n].nbytes for n in _MATRICES if first or n != "fc") + 4 * self.c.hidden
 
     def rope(self, x: np.ndarray, pos: np.ndarray) -> np.ndarray:
-        """NeoX / HF rotate-half RoPE of x [T, heads, hd] at positions pos [T]."""
-        ang = pos.astype(np.float64)[:, None] * self.inv_freq[None, :]
-        cos, sin = np.cos(ang).astype(np.float32)[:, None, :], np.sin(ang).astype(np.float32)[:, None, :]
+        """NeoX / HF rotate-half RoPE of x [T, heads, hd] at positions pos [T] (float64 angles, float32 tables grown
+        by doubling)."""
+        if pos[-1] >= len(self._cos):
+            ang = np.arange(max(2 * len(self._cos), int(pos[-1]) + 1, 256), dtype=np.float64)[:, None] * self.inv_freq
+            self._cos, self._sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+        cos, sin = self._cos[pos][:, None, :], self._sin[pos][:, None, :]
         half = x.shape[-1] // 2
         x1, x2 = x[..., :half], x[..., half:]
         return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
@@ -142,8 +147,8 @@ class HeadRunner:
         c, w, t = self.c, self.w, len(pos)
         u = np.concatenate([_rms(e, c.rms_eps), _rms(g, c.rms_eps)], axis=1)  # norm weights are in wqkv
         qkv = w["wqkv"](u)
-        q = self.rope(qkv[:, :self.split[0]].reshape(t, c.n_heads, c.head_dim), pos)
-        k = self.rope(qkv[:, self.split[0]:self.split[1]].reshape(t, c.n_kv_heads, c.head_dim), pos)
+        qk = self.rope(qkv[:, :self.split[1]].reshape(t, c.n_heads + c.n_kv_heads, c.head_dim), pos)
+        q, k = qk[:, :c.n_heads], qk[:, c.n_heads:]
         cache.reserve(t)
         s = slice(cache.n, cache.n + t)
         cache.k[:, s] = k.transpose(1, 0, 2)
