@@ -225,8 +225,8 @@ def batch_invariance_warning(model: LoadedModel) -> str | None:
 def make_drafter(spec: DrafterSpec, target: LoadedModel, *, ctx: int | None = None, threads: int | None = None,
                  cache_dir: Path | None = None, device: str = "auto") -> Drafter | None:
     """Load what the spec needs (a draft model on the target's backend kind, sharing its tokenizer; LoRA-Drop
-    corrections; a draft head) and build the drafter through the registry (runtime/drafters/registry.py); checked here, at
-    start-up. Drafters take each call's SamplingParams in `propose`."""
+    corrections; a draft head) and build the drafter through the registry (runtime/drafters/registry.py); checked
+    here, at start-up. Drafters take each call's SamplingParams in `propose`."""
     check_target(spec, target.backend)  # before loading anything (tree masks, drop steps)
     draft = _draft_model(spec, target, ctx=ctx, threads=threads, cache_dir=cache_dir, device=device) \
         if spec.needs_draft else None

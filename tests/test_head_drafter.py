@@ -200,8 +200,8 @@ def test_greedy_speculation_equals_plain_greedy_on_the_numpy_reference(target, w
 
 
 def test_greedy_drafts_that_are_accepted_keep_the_output(tmp_path, target, weights):
-    """A head whose draft vocabulary is the (one or) two tokens plain greedy emits most: its drafts are accepted (wholly and
-    in part), the output stays plain greedy's, and the head's cache keeps one entry per position through them."""
+    """A head whose draft vocabulary is the (one or) two tokens plain greedy emits most: its drafts are accepted
+    (wholly and in part), the output stays plain greedy's, and the head's cache keeps one entry per position through them."""
     stats = DecodeStats()
     for i, prompt in enumerate(prompts()):
         plain = run(target, prompt, n=40)

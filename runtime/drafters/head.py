@@ -1,7 +1,7 @@
 """The head drafter (`--drafter head:<dir>`, docs/drafters.md): an EAGLE-3-style trained draft head (one decoder
 layer over the target's tapped hidden states and the next token's embedding, its own trimmed vocabulary mapped to
 target ids by d2t), run in float32 NumPy with its own KV cache. The files and the math: head_model.py and
-docs/drafters.md "head" (the format the trainer writes).
+docs/drafters.md "The head drafter" (the format the trainer writes).
 
 Where its inputs come from (the Drafter seam's taps, base.py caps.reads_taps): the stepper's prefill runs the target
 as hidden(prompt, taps=verify_taps) and calls observe_prompt; each verify forward taps the same layers and calls
@@ -110,7 +110,7 @@ def _rms(x: np.ndarray, eps: float) -> np.ndarray:
 
 
 class HeadRunner:
-    """The head's forward over its cache (docs/drafters.md "head" math), float32."""
+    """The head's forward over its cache (docs/drafters.md "The head drafter"), float32 or Q8_0 matrices."""
 
     def __init__(self, head: HeadModel, precision: Precision = Precision.FP32) -> None:
         c = self.c = head.config

@@ -1,5 +1,5 @@
-"""A trained draft head on disk (docs/drafters.md "head", the format shared with the trainer): `<dir>/head.json`
-(what it was trained for and its shape) + `<dir>/head.npz` (float16 weights, `d2t` int64), read with
+"""A trained draft head on disk (docs/drafters.md "The head drafter", the format shared with the trainer):
+`<dir>/head.json` (what it was trained for and its shape) + `<dir>/head.npz` (float16 weights, `d2t` int64), read with
 allow_pickle=False and checked array by array against head.json and the target before any draft runs.
 
     HeadModel.load(dir)                      -> config + float32 compute weights (norm weights folded in)

@@ -270,7 +270,8 @@ def parse_drafter(text: str) -> DrafterSpec:
             raise ValueError(f"drafter {text!r}: the suffix memory combines with a drafter written first, as "
                              "ngram+suffix or model:<name>+suffix") from None
         raise ValueError(f"unknown drafter {text!r}; use none, ngram, recycle[:nodes], model:<name-or-path>, "
-                         "skip:<R>, swift, exit:<layer>, del, loradrop[:<corrections-dir>], suffix[:<budget>] or head:<dir>"
+                         "skip:<R>, swift, exit:<layer>, del, loradrop[:<corrections-dir>], suffix[:<budget>] or "
+                         "head:<dir>"
                          ) from None
     if kind is DrafterKind.SUFFIX:
         if stop is not None:
