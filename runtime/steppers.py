@@ -1,7 +1,8 @@
 """Steppers: what one round of decoding does. The decode loop (runtime/decode.py) owns everything else (prompt and
 length checks, the cache, prefill timing, stopping, statistics, sessions) and drives one Stepper per call:
 
-    stepper.start(seq, start)            once: prefill / bind / begin; returns the prompt tokens it prefilled
+    stepper.start(seq, start)            once: prefill (through hidden(taps) + observe_prompt for a drafter that
+                                         reads taps) / bind / begin; returns the prompt tokens it prefilled
     stepper.step(seq, room, rng)         each round: commits >= 1 token into seq and returns (emitted, StepStats)
     stepper.finish(tokens)               once, however the call ends: the prompt and every emitted token
 
