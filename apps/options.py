@@ -87,7 +87,9 @@ _DECODE = [
                       "a layered ONNX artifact), optionally +conf[:<t>] or +logistic[:<h>] to stop drafting early | "
                       "suffix[:<budget>] (a memory of the earlier calls' prompts and answers, at most <budget> "
                       "tokens, default 65536; +tree[:<nodes>]: as trees, tree backends); ngram or a chain model "
-                      "drafter may end in +suffix[:<budget>] (the longer draft of the two)"),
+                      "drafter may end in +suffix[:<budget>] (the longer draft of the two) | "
+                      "head:<dir> (a trained draft head over the target's hidden states; --backend native or numpy; "
+                      "may end in +suffix[:<budget>])"),
     click.option("--k", "k", type=click.IntRange(0, 64), default=None,
                  help="Draft length, the maximum with --adaptive-k (default: the plan's, else 4)."),
     click.option("--adaptive-k", "adaptive_flag", is_flag=True,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..models.catalog import model_cache_dir, resolve_model
+from ..models.catalog import file_sha256, model_cache_dir, resolve_model
 from ..models.errors import ModelFileError, UnsupportedModelError
 from ..models.gguf_any import MetadataGGUF, open_any_gguf
 from ..models.manifest import MANIFEST, Manifest, Profile, read_manifest
@@ -29,8 +29,9 @@ from ..models.ref import RefKind, model_ref
 from ..runtime.backends import (Backend, BackendKind, GateTuning, Kernels, OpenSettings, Opens, TokenizingBackend,
                                 Variance, artifact_engine, default_gguf_engine, describe_gpu_layers, info, open_backend,
                                 open_onnx)
-from ..runtime.drafters import (Drafter, DrafterInputs, DrafterKind, DrafterSpec, DraftModel, ModelSpec,  # noqa: F401
-                                build_drafter, check_target, parse_drafter)  # re-exported for the apps
+from ..runtime.drafters import (Drafter, DrafterInputs, DrafterKind, DrafterSpec, DraftModel, LoadedHead,  # noqa: F401
+                                ModelSpec, build_drafter, check_target, parse_drafter)  # re-exported for the apps
+from ..runtime.drafters.head_model import HeadModel, TargetEmbedding
 from ..runtime.tokenizer import TextTokenizer, Tokenizer
 from ..runtime.vocab_trim import drafter_manifest, read_drafter_vocab
 
@@ -224,8 +225,8 @@ def batch_invariance_warning(model: LoadedModel) -> str | None:
 def make_drafter(spec: DrafterSpec, target: LoadedModel, *, ctx: int | None = None, threads: int | None = None,
                  cache_dir: Path | None = None, device: str = "auto") -> Drafter | None:
     """Load what the spec needs (a draft model on the target's backend kind, sharing its tokenizer; LoRA-Drop
-    corrections) and build the drafter through the registry (runtime/drafters/registry.py); checked here, at
-    start-up. Drafters take each call's SamplingParams in `propose`."""
+    corrections; a draft head) and build the drafter through the registry (runtime/drafters/registry.py); checked
+    here, at start-up. Drafters take each call's SamplingParams in `propose`."""
     check_target(spec, target.backend)  # before loading anything (tree masks, drop steps)
     draft = _draft_model(spec, target, ctx=ctx, threads=threads, cache_dir=cache_dir, device=device) \
         if spec.needs_draft else None
@@ -233,7 +234,20 @@ def make_drafter(spec: DrafterSpec, target: LoadedModel, *, ctx: int | None = No
     if spec.needs_corrections:
         from .loradrop import load_corrections
         corrections = load_corrections(spec.dir, target)
-    return build_drafter(spec, DrafterInputs(target.backend, draft, corrections))
+    head = load_head(spec.dir, target) if spec.needs_head else None
+    return build_drafter(spec, DrafterInputs(target.backend, draft, corrections, head))
+
+
+def load_head(path: str, target: LoadedModel) -> LoadedHead:
+    """A draft head directory checked against the target (shape, taps, the GGUF's SHA-256 when head.json names
+    one), with the target's token embedding read from its GGUF (rows dequantized on demand)."""
+    if not isinstance(target.gguf, GGUFModel):
+        raise ValueError(f"the head drafter reads the target's token embedding from its GGUF file, and "
+                         f"{target.path.name} was not opened from one we read; run a GGUF model with --backend native "
+                         "(or --backend numpy)")
+    head = HeadModel.load(path)
+    head.check_target(target.backend.config, lambda: file_sha256(target.path))
+    return LoadedHead(head, TargetEmbedding.from_gguf(target.gguf))
 
 
 def _draft_model(spec: ModelSpec, target: LoadedModel, *, ctx, threads, cache_dir, device) -> DraftModel:

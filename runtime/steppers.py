@@ -1,7 +1,8 @@
 """Steppers: what one round of decoding does. The decode loop (runtime/decode.py) owns everything else (prompt and
 length checks, the cache, prefill timing, stopping, statistics, sessions) and drives one Stepper per call:
 
-    stepper.start(seq, start)            once: prefill / bind / begin; returns the prompt tokens it prefilled
+    stepper.start(seq, start)            once: prefill (through hidden(taps) + observe_prompt for a drafter that
+                                         reads taps) / bind / begin; returns the prompt tokens it prefilled
     stepper.step(seq, room, rng)         each round: commits >= 1 token into seq and returns (emitted, StepStats)
     stepper.finish(tokens)               once, however the call ends: the prompt and every emitted token
 
@@ -20,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .backends.base import Backend, Cache, feed
+from .backends.base import Backend, Cache, LayeredBackend, feed
 from .constraint import Constraint, mask_logits, mask_q
 from .draft_length import AdaptiveDraftLength
 from .drafters.base import Drafter, TreeDrafter
@@ -88,6 +89,19 @@ def prefill(target: Backend, seq: SeqState, start: int = 0, drafter: Drafter | N
     return max(n, 0)
 
 
+def prefill_taps(target: LayeredBackend, seq: SeqState, start: int, taps: tuple[int, ...],
+                 observer: Drafter | None = None) -> tuple[int, dict[int, np.ndarray]]:
+    """prefill for a drafter that reads taps (caps.reads_taps): the same tokens through hidden(..., taps), so the
+    drafter sees the target's hidden states at every prompt position it fed. Returns (tokens fed, {n: [T, D]})."""
+    n = seq.n - 1 - start
+    if n <= 0:
+        return 0, {}
+    h, tapped = target.hidden(seq.tokens[start:-1], seq.cache, taps=taps)
+    if observer is not None:
+        observer.observe(seq.tokens[start:-1], target.logits_from_hidden(h))
+    return n, tapped
+
+
 class _Speculative(Stepper):
     """What chain and tree rounds share: prefill with the drafter watching, then bind and begin; the call's
     Request (runtime/request.py): its sampling params, constraint and logprobs (n alternatives per token, None: off)."""
@@ -99,13 +113,19 @@ class _Speculative(Stepper):
         caps = drafter.caps if drafter is not None else None  # read once per decode, never in the step
         self.observer = drafter if (caps is not None and caps.observes_logits) else None
         self.binds = caps is not None and caps.binds_target
+        self.reads_taps = caps is not None and caps.reads_taps
 
     def start(self, seq: SeqState, start: int) -> int:
-        n = prefill(self.target, seq, start, self.observer)
+        if self.reads_taps:  # a trained head fills its own cache from the prompt's hidden states
+            n, tapped = prefill_taps(self.target, seq, start, tuple(self.drafter.verify_taps), self.observer)
+        else:
+            n = prefill(self.target, seq, start, self.observer)
         if self.drafter is not None:
             if self.binds:  # self-speculative drafters share the target's weights and KV cache
                 self.drafter.bind(self.target, seq.cache)
             self.drafter.begin(seq.tokens.copy())
+            if self.reads_taps:
+                self.drafter.observe_prompt(tapped, seq.tokens.copy(), start)
         return n
 
     def finish(self, tokens: Tokens) -> None:

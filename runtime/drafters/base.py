@@ -15,6 +15,14 @@ Optional, declared by caps:
                        cache.length as they found it (the verify forward overwrites those rows). After bind,
                        `verify_taps` (DEL) may be non-empty: the decode step then runs its verify forward as
                        hidden(..., taps=verify_taps) and calls observe_verify({n: h [T, D]}, emitted) before accept.
+  caps.reads_taps      the drafter reads the target's hidden states at `verify_taps` (fixed at construction) at
+                       every position, the prompt's included (a trained head, head.py): the stepper prefills with
+                       hidden(prompt[start:-1], taps=verify_taps) instead of feeding it and, after begin, calls
+                       observe_prompt({n: h [T - 1 - start, D]}, prompt, start): rows at positions start..T-2 (those
+                       below `start` were cached by a Session and never tapped: the drafter keeps what it saw of them,
+                       or drafts without); every verify forward then taps them and calls observe_verify(taps,
+                       emitted), rows 0..len(emitted)-1 at positions C-1.. for C committed tokens before the round.
+                       Needs a LayeredBackend (BackendNeed.TAPS).
   caps.observes_logits observe(tokens [T], logits [T, V]) after every target forward (token recycling).
   caps.tree            a TreeDrafter: propose_tree(context, max_nodes, params, rng) -> TreeDraft and `max_nodes`
                        instead of propose; the decode loop runs tree rounds (runtime/steppers.py TreeStepper).
@@ -41,6 +49,7 @@ class BackendNeed(enum.Enum):
     TREE_MASK = "tree_mask"  # the target verifies token trees (caps.tree_mask)
     LAYER_PLAN = "layer_plan"  # the target is a LayeredBackend running layer plans (self-speculative drafters)
     LAYER_REUSE = "layer_reuse"  # ... including LoRA-Drop drop steps (caps.layer_reuse)
+    TAPS = "taps"  # the target exposes hidden states after given layers (LayeredBackend.hidden's taps)
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,7 @@ class DrafterCaps:
 
     observes_logits: bool = False
     binds_target: bool = False
+    reads_taps: bool = False
     tree: bool = False
     pays_per_token: bool = False
     budget_kind: int | None = None
@@ -68,6 +78,15 @@ def require_layered(target: Backend, drafter: str) -> LayeredBackend:
     return target
 
 
+def require_taps(target: Backend, drafter: str) -> LayeredBackend:
+    """The target as a LayeredBackend whose hidden states a drafter can tap, or a ValueError naming the fix."""
+    if not target.caps.layer_plan or not isinstance(target, LayeredBackend):
+        raise ValueError(f"the {drafter} drafter reads the target's hidden states (taps) from its own forwards, which "
+                         f"the {target.name} backend does not expose (caps.layer_plan); use --backend native (or "
+                         "--backend numpy)")
+    return target
+
+
 def check_backend(target: Backend, needs: frozenset[BackendNeed], drafter: str) -> None:
     """Raise a ValueError naming the fix when `target` lacks one of `needs` (STYLE principle 10)."""
     if BackendNeed.TREE_MASK in needs:
@@ -76,6 +95,8 @@ def check_backend(target: Backend, needs: frozenset[BackendNeed], drafter: str) 
         require_layered(target, drafter)
     if BackendNeed.LAYER_REUSE in needs:
         require_reuse(target)
+    if BackendNeed.TAPS in needs:
+        require_taps(target, drafter)
 
 
 class Drafter(abc.ABC):
@@ -111,6 +132,9 @@ class Drafter(abc.ABC):
 
     def observe_verify(self, taps: dict[int, np.ndarray], emitted: Tokens) -> None:
         """verify_taps non-empty: hidden states {n: [T, D]} of the verify forward and the emitted tokens [m]."""
+
+    def observe_prompt(self, taps: dict[int, np.ndarray], tokens: Tokens, start: int) -> None:
+        """caps.reads_taps: hidden states {n: [T - 1 - start, D]} of the prefill of tokens [T] from `start`."""
 
 
 class TreeDrafter(Drafter):

@@ -47,6 +47,7 @@ def chain_caps(sources: Sequence[Drafter]) -> DrafterCaps:
     caps = [s.caps for s in sources]
     return DrafterCaps(observes_logits=any(c.observes_logits for c in caps),
                        binds_target=any(c.binds_target for c in caps),
+                       reads_taps=any(c.reads_taps for c in caps),
                        pays_per_token=any(c.pays_per_token for c in caps),
                        budget_kind=0 if caps[-1].pays_per_token else None,
                        needs=frozenset().union(*(c.needs for c in caps)))
@@ -80,6 +81,22 @@ class ChainDrafter(Drafter):
     def weight_bytes_per_token(self) -> int:
         """What a fallback round reads per drafted token."""
         return self.sources[-1].weight_bytes_per_token
+
+    @property
+    def verify_taps(self) -> tuple[int, ...]:
+        """Every source's taps (known after bind)."""
+        return tuple(sorted(set().union(*(s.verify_taps for s in self.sources))))
+
+    def observe_prompt(self, taps: dict[int, np.ndarray], tokens: Tokens, start: int) -> None:
+        for s in self.sources:
+            if s.caps.reads_taps:
+                s.observe_prompt({n: taps[n] for n in s.verify_taps if n in taps}, tokens, start)
+
+    def observe_verify(self, taps: dict[int, np.ndarray], emitted: Tokens) -> None:
+        """Every source with taps hears every round (a head keeps its cache whichever source drafted)."""
+        for s in self.sources:
+            if s.verify_taps:
+                s.observe_verify({n: taps[n] for n in s.verify_taps}, emitted)
 
     def check(self, target: Backend) -> None:
         for s in self.sources:

@@ -3,8 +3,8 @@
     build_drafter(spec, DrafterInputs(target, draft, corrections)) -> Drafter | None   (None: plain decoding)
 
 No file I/O and no model loading here: the assembly layer (assembly/load.py) loads what `spec.needs_draft` /
-`spec.needs_corrections` ask for and passes it in. Start-up checks run here: the target's capabilities
-(spec.backend_needs, then the built drafter's `check`), and each drafter's own argument checks.
+`spec.needs_corrections` / `spec.needs_head` ask for and passes it in. Start-up checks run here: the target's
+capabilities (spec.backend_needs, then the built drafter's `check`), and each drafter's own argument checks.
 """
 from __future__ import annotations
 
@@ -18,13 +18,15 @@ from ..loradrop import Corrections
 from .base import BackendNeed, Drafter, check_backend
 from .dytree import DynamicTreeDrafter
 from .early_exit import DelDrafter, EarlyExitDrafter
+from .head import HeadDrafter, default_precision
+from .head_model import HeadModel, TargetEmbedding
 from .layerskip import LayerSkipDrafter, SwiftDrafter
 from .lookup import LookupModelDrafter
 from .loradrop import LoRADropDrafter
 from .model import ModelDrafter
 from .ngram import NgramDrafter
 from .recycle import RecycleDrafter
-from .spec import DrafterKind, DrafterSpec, ModelSpec, SuffixSpec
+from .spec import DrafterKind, DrafterSpec, HeadSpec, ModelSpec, SuffixSpec
 from .suffix import LongerDrafter, SuffixDrafter, SuffixTreeDrafter
 from .suffix_index import SuffixMemory
 
@@ -41,13 +43,22 @@ class DraftModel:
 
 
 @dataclass(frozen=True, eq=False)
+class LoadedHead:
+    """A draft head read and checked against the target (head_model.py), and the target's token embedding."""
+
+    model: HeadModel
+    embedding: TargetEmbedding
+
+
+@dataclass(frozen=True, eq=False)
 class DrafterInputs:
-    """What the assembly layer filled in for a spec: the target backend, and a draft model / corrections when the
-    spec needs them."""
+    """What the assembly layer filled in for a spec: the target backend, and a draft model / corrections / a draft
+    head when the spec needs them."""
 
     target: Backend
     draft: DraftModel | None = None
     corrections: Corrections | None = None
+    head: LoadedHead | None = None
 
 
 def check_target(spec: DrafterSpec, target: Backend) -> None:
@@ -64,6 +75,8 @@ def build_drafter(spec: DrafterSpec, inputs: DrafterInputs) -> Drafter | None:
         raise ValueError(f"drafter {spec}: needs a loaded draft model (DrafterInputs.draft)")
     if spec.needs_corrections and inputs.corrections is None:
         raise ValueError(f"drafter {spec}: needs LoRA-Drop corrections (DrafterInputs.corrections)")
+    if spec.needs_head and inputs.head is None:
+        raise ValueError(f"drafter {spec}: needs a loaded draft head (DrafterInputs.head)")
     check_target(spec, inputs.target)
     drafter = BUILDERS[spec.kind](spec, inputs)
     if drafter is not None:
@@ -90,6 +103,12 @@ def _with_memory(drafter: Drafter, budget: int | None) -> Drafter:
     return drafter if budget is None else LongerDrafter(SuffixDrafter(SuffixMemory(budget)), drafter)
 
 
+def _head(spec: HeadSpec, inputs: DrafterInputs) -> Drafter:
+    drafter = HeadDrafter(inputs.head.model, inputs.head.embedding, name=f"head:{spec.dir}",
+                          precision=default_precision())
+    return _with_memory(drafter, spec.suffix)
+
+
 def _suffix(spec: SuffixSpec) -> Drafter:
     chain = SuffixDrafter(SuffixMemory(spec.budget))
     return SuffixTreeDrafter(chain, spec.tree) if spec.tree else chain
@@ -112,4 +131,5 @@ BUILDERS: dict[DrafterKind, Callable[[DrafterSpec, DrafterInputs], Drafter | Non
     DrafterKind.LORADROP: lambda spec, inputs: LoRADropDrafter(inputs.corrections),
     # one memory per built drafter: per loaded model, shared by every call of its decoder (the server's included)
     DrafterKind.SUFFIX: lambda spec, inputs: _suffix(spec),
+    DrafterKind.HEAD: _head,
 }

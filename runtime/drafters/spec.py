@@ -3,10 +3,10 @@
     parse_drafter(text) -> DrafterSpec        str(spec) -> the canonical text (parse_drafter(str(s)) == s)
 
 Grammar: 'none' | 'ngram' | 'model:<name-or-path>' | 'recycle[:<nodes>]' | 'skip:<R>' | 'swift' | 'exit:<layer>' |
-'del' | 'loradrop[:<corrections-dir>]' | 'suffix[:<budget>]', optionally followed by '+<stop>' (model and
+'del' | 'loradrop[:<corrections-dir>]' | 'suffix[:<budget>]' | 'head:<dir>', optionally followed by '+<stop>' (model and
 self-speculative drafters): +conf, +conf:<t>, +logistic, +logistic:<h> (runtime/draft_stop.py StopSpec); or, for a
 model drafter, '+tree[:<nodes>]' (a dynamic draft tree, runtime/drafters/dytree.py) or '+lookup[:<n>]' (prompt lookup
-first, the model when no n-token match exists, runtime/drafters/lookup.py). A chain ngram or model drafter may end
+first, the model when no n-token match exists, runtime/drafters/lookup.py). A chain ngram, model or head drafter may end
 in '+suffix[:<budget>]': the suffix drafter's memory of past answers first, the longer draft of the two
 (runtime/drafters/suffix.py); <budget> is the memory's size in tokens (default 65536).
 'suffix[:<budget>]+tree[:<nodes>]': the suffix drafter's trees (a target with tree masks).
@@ -36,6 +36,7 @@ class DrafterKind(enum.Enum):
     DEL = "del"  # exit layer and draft length from shadow tokens (2.4)
     LORADROP = "loradrop"  # self-speculative LoRA-Drop (2.5); optional argument: a fitted corrections directory
     SUFFIX = "suffix"  # a memory of past answers (2.9); optional argument: its budget in tokens
+    HEAD = "head"  # a trained draft head over the target's taps (runtime/drafters/head.py); argument: its directory
 
 
 SUFFIX_BUDGET = 65536  # tokens a suffix drafter's memory holds by default (about 1.3 MB of index)
@@ -52,6 +53,7 @@ class DrafterSpec:
     kind: ClassVar[DrafterKind]
     needs_draft: ClassVar[bool] = False  # the assembly layer loads a draft model (registry.DraftModel)
     needs_corrections: ClassVar[bool] = False  # the assembly layer loads LoRA-Drop corrections
+    needs_head: ClassVar[bool] = False  # the assembly layer loads a draft head and the target's embedding
 
     @classmethod
     def parse(cls, text: str) -> "DrafterSpec":
@@ -161,6 +163,23 @@ class ModelSpec(_OptionalTree, DrafterSpec):
 
 
 @dataclass(frozen=True)
+class HeadSpec(DrafterSpec):
+    """A trained draft head in `dir` (head.json + head.npz) reading the target's taps; `suffix`: a suffix memory of
+    that many tokens combined with it (2.9), None: none."""
+    kind: ClassVar[DrafterKind] = DrafterKind.HEAD
+    needs_head: ClassVar[bool] = True
+    dir: str = ""
+    suffix: int | None = None
+
+    @property
+    def backend_needs(self) -> frozenset[BackendNeed]:
+        return frozenset({BackendNeed.TAPS})
+
+    def __str__(self) -> str:
+        return f"head:{self.dir}{_memory(self.suffix)}"
+
+
+@dataclass(frozen=True)
 class _LayeredSpec(DrafterSpec):
     """The self-speculative drafters that run the target's own layers: they need a backend with layer plans."""
 
@@ -227,7 +246,8 @@ class LoraDropSpec(DrafterSpec):
         return "loradrop" if self.dir is None else f"loradrop:{self.dir}"
 
 
-_ARG = {DrafterKind.MODEL: "model:<name-or-path>", DrafterKind.SKIP: "skip:<R>", DrafterKind.EXIT: "exit:<layer>"}
+_ARG = {DrafterKind.MODEL: "model:<name-or-path>", DrafterKind.SKIP: "skip:<R>", DrafterKind.EXIT: "exit:<layer>",
+        DrafterKind.HEAD: "head:<dir>"}
 _STOPS = tuple(k.value for k in StopKind)
 
 
@@ -250,7 +270,8 @@ def parse_drafter(text: str) -> DrafterSpec:
             raise ValueError(f"drafter {text!r}: the suffix memory combines with a drafter written first, as "
                              "ngram+suffix or model:<name>+suffix") from None
         raise ValueError(f"unknown drafter {text!r}; use none, ngram, recycle[:nodes], model:<name-or-path>, "
-                         "skip:<R>, swift, exit:<layer>, del, loradrop[:<corrections-dir>] or suffix[:<budget>]"
+                         "skip:<R>, swift, exit:<layer>, del, loradrop[:<corrections-dir>], suffix[:<budget>] or "
+                         "head:<dir>"
                          ) from None
     if kind is DrafterKind.SUFFIX:
         if stop is not None:
@@ -261,11 +282,7 @@ def parse_drafter(text: str) -> DrafterSpec:
             raise ValueError(f"drafter {text!r}: the loradrop drafter takes no draft stop; drop the +{stop}")
         return LoraDropSpec(arg or None)  # optional: a fitted corrections directory
     if kind is DrafterKind.RECYCLE:
-        if arg and not arg.isdigit():
-            raise ValueError(f"drafter {text!r}: the recycle tree size is a node count, as recycle:16")
-        if stop is not None:
-            raise ValueError(f"drafter {text!r}: recycle drafts trees without probabilities; drop the +{stop}")
-        return RecycleSpec(int(arg) if arg else 16)
+        return _recycle(text, arg, stop)
     if (kind in _ARG) != bool(arg):
         raise ValueError(f"drafter {text!r}: only {', '.join(_ARG.values())} (and recycle:<nodes>) take an "
                          "argument")
@@ -275,6 +292,10 @@ def parse_drafter(text: str) -> DrafterSpec:
             raise ValueError(f"drafter {text!r}: a draft stop needs a drafter with probabilities (model, skip, "
                              "swift, exit, del)")
         stop_spec = StopSpec.parse(stop)  # fails here, at start-up
+    if kind is DrafterKind.HEAD:
+        if stop is not None:
+            raise ValueError(f"drafter {text!r}: the head drafter takes no draft stop; drop the +{stop}")
+        return HeadSpec(arg)
     if kind is DrafterKind.MODEL:
         return ModelSpec(arg, stop=stop_spec)
     if kind in (DrafterKind.SKIP, DrafterKind.EXIT):
@@ -288,6 +309,14 @@ def parse_drafter(text: str) -> DrafterSpec:
     if kind is DrafterKind.DEL:
         return DelSpec(stop_spec)
     return NoneSpec() if kind is DrafterKind.NONE else NgramSpec()
+
+
+def _recycle(text: str, arg: str, stop: str | None) -> RecycleSpec:
+    if arg and not arg.isdigit():
+        raise ValueError(f"drafter {text!r}: the recycle tree size is a node count, as recycle:16")
+    if stop is not None:
+        raise ValueError(f"drafter {text!r}: recycle drafts trees without probabilities; drop the +{stop}")
+    return RecycleSpec(int(arg) if arg else 16)
 
 
 def _tree(text: str, body: str, nodes: str) -> ModelSpec | SuffixSpec:
@@ -320,9 +349,9 @@ def _budget(text: str, arg: str) -> int:
 
 
 def _with_memory(text: str, body: str, arg: str) -> DrafterSpec:
-    """'<ngram | chain model drafter>+suffix[:<budget>]'."""
+    """'<ngram | chain model drafter | head>+suffix[:<budget>]'."""
     spec = parse_drafter(body)
-    if not isinstance(spec, (NgramSpec, ModelSpec)) or spec.is_tree or spec.suffix is not None:
-        raise ValueError(f"drafter {text!r}: +suffix[:<budget>] follows ngram or a chain model drafter, once, as "
-                         "ngram+suffix or model:<name>+suffix (the suffix drafter alone: suffix[:<budget>])")
+    if not isinstance(spec, (NgramSpec, ModelSpec, HeadSpec)) or spec.is_tree or spec.suffix is not None:
+        raise ValueError(f"drafter {text!r}: +suffix[:<budget>] follows ngram, a chain model drafter or a head, once, "
+                         "as ngram+suffix or model:<name>+suffix (the suffix drafter alone: suffix[:<budget>])")
     return replace(spec, suffix=_budget(text, arg) if arg else SUFFIX_BUDGET)
