@@ -28,7 +28,7 @@ from specedge.runtime.backends.native import NativeBackend, NativeUnsupported  #
 from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
 
 LIB = nl.load()
-ISAS = list(range(LIB.se_cpu_isa() + 1))  # portable first; every SIMD path this CPU runs
+ISAS = nl.cpu_isas(LIB)  # portable first; every SIMD path this CPU runs
 FORMATS = list(nl.PACKED)
 FLOATS = ("F32", "F16", "BF16")  # matrices multiplied with the float activations (mm_f.c)
 PROMPTS = ["the cat sat on the mat and the cat sat on the", "one two three one two three one two",
@@ -404,7 +404,7 @@ for fmt in nl.PACKED:
     raw = ENCODERS[fmt](w) if fmt in ENCODERS else quantize(w, Q[fmt]).view(np.uint8).reshape(40, -1)
     m = nl.PackedMatrix(fmt, raw)
     x = np.random.default_rng(1).standard_normal((16, k)).astype(np.float32)
-    outs = [m.matmul(x, isa) for isa in range(lib.se_cpu_isa() + 1)]
+    outs = [m.matmul(x, isa) for isa in nl.cpu_isas(lib)]
     assert all(np.array_equal(o, outs[0]) for o in outs)
     rows = np.stack([m.row(i) for i in range(40)])
     bad = lib.se_mat_new(nl.GGML_TYPES[fmt], x.ctypes.data, 7, 40, k)  # a row length that is not the format's

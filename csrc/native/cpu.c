@@ -7,6 +7,27 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define SE_X86 1
 #endif
+#if defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+#define SE_ARM 1
+#if defined(__linux__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+#endif
+#endif
+
+/* The NEON float primitives need only base AArch64; its matmul needs the ARMv8.2 dot product (sdot), without
+ * which the NEON ISA runs the portable matmul. Every Apple arm64 CPU has it. */
+int se_cpu_dotprod(void) {
+#if defined(SE_ARM) && defined(__linux__)
+    return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+#elif defined(SE_ARM) && defined(__APPLE__)
+    return 1;
+#else
+    return 0;
+#endif
+}
 
 int se_cpu_isa(void) {
 #ifdef SE_X86
@@ -16,6 +37,9 @@ int se_cpu_isa(void) {
         return SE_ISA_AVX512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
         return SE_ISA_AVX2;
+#endif
+#ifdef SE_ARM
+    return SE_ISA_NEON;
 #endif
     return SE_ISA_PORTABLE;
 }
@@ -27,9 +51,11 @@ int se_isa(void) {
     return g_isa;
 }
 
+/* x86: portable, AVX2, AVX-512 up to the CPU's best; AArch64: portable or NEON. Anything else: the best. */
 int se_set_isa(int isa) {
     int best = se_cpu_isa();
-    g_isa = isa < 0 || isa > best ? best : isa;
+    int ok = isa == SE_ISA_PORTABLE || isa == best || (best != SE_ISA_NEON && isa > 0 && isa < best);
+    g_isa = ok ? isa : best;
     return g_isa;
 }
 
@@ -42,6 +68,13 @@ se_mm_fn se_mm_for(const se_mat *w) {
         return w->kern == SE_KERN_Q4K || w->kern == SE_KERN_Q5K ? se_mm_q4k_avx512 : w->kern == SE_KERN_Q6K ? se_mm_q6k_avx512 : se_mm_avx512;
     if (isa == SE_ISA_AVX2)
         return w->kern == SE_KERN_Q4K || w->kern == SE_KERN_Q5K ? se_mm_q4k_avx2 : w->kern == SE_KERN_Q6K ? se_mm_q6k_avx2 : se_mm_avx2;
+#endif
+#ifdef SE_ARM
+    if (isa == SE_ISA_NEON && (w->kern == SE_KERN_Q4 || w->kern == SE_KERN_Q5 || w->kern == SE_KERN_Q8)) {
+        static int dotprod = -1;
+        if (dotprod < 0) dotprod = se_cpu_dotprod();
+        if (dotprod) return se_mm_neon;
+    }
 #endif
     (void)isa;
     if (se_is_float(w->kern)) return se_mm_f_portable;

@@ -26,8 +26,8 @@ enum { SE_KERN_Q4 = 0, SE_KERN_Q8 = 1, SE_KERN_Q5 = 2, SE_KERN_Q4K = 3, SE_KERN_
 static inline int se_is_float(int kern) { return kern >= SE_KERN_F32; }
 #define SE_SUPER 8      /* 32-blocks per K-quant superblock */
 
-/* Instruction sets, best last. */
-enum { SE_ISA_PORTABLE = 0, SE_ISA_AVX2 = 1, SE_ISA_AVX512 = 2 };
+/* Instruction sets. On x86 the choices are portable < AVX2 < AVX-512 (best last); on AArch64 portable and NEON. */
+enum { SE_ISA_PORTABLE = 0, SE_ISA_AVX2 = 1, SE_ISA_AVX512 = 2, SE_ISA_NEON = 3 };
 
 /* A weight matrix [n, k] (out x in) repacked: groups of 16 output rows, each group's blocks contiguous. Lane r of a
  * 64-byte vector is bytes r*4 .. r*4+3: four consecutive weights of row r (vpdpbusd's shape).
@@ -71,7 +71,9 @@ typedef void (*se_mm_fn)(const se_mat *w, const se_act *x, int rows, float *out,
 /* cpu.c */
 int se_cpu_isa(void);               /* the best ISA this CPU and build support */
 int se_isa(void);                   /* the ISA in use */
-int se_set_isa(int isa);            /* force one (tests); returns the ISA now in use (never above the CPU's) */
+int se_set_isa(int isa);            /* force one (tests); returns the ISA now in use (one this CPU runs, else
+                                       the best) */
+int se_cpu_dotprod(void);           /* AArch64: the CPU has the ARMv8.2 dot product (se_mm_neon needs it) */
 se_mm_fn se_mm_for(const se_mat *w);  /* the kernel for w's family under the ISA in use */
 
 /* pack.c */
@@ -91,6 +93,7 @@ void se_quantize_block(const float *x, int8_t *q, float *d, int32_t *s, int32_t 
 void se_mm_portable(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
 void se_mm_avx2(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
 void se_mm_avx512(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
+void se_mm_neon(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
 void se_mm_q4k_portable(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
 void se_mm_q4k_avx2(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
 void se_mm_q4k_avx512(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
@@ -130,7 +133,7 @@ static inline int se_unpacked(int kern, const uint8_t *blk, int r, int j) {
 float se_f16_to_f32(uint16_t h);
 uint16_t se_f32_to_f16(float f);
 
-/* vec.c: the float primitives attention and norms share, one fixed order, three ISAs */
+/* vec.c: the float primitives attention and norms share, one fixed order, every ISA (NEON's in vec_neon.c) */
 typedef struct {
     float (*dot_f16)(const float *q, const uint16_t *k, int n);             /* n % 16 == 0 */
     void (*axpy_f16)(float *y, float a, const uint16_t *x, int n);         /* y += a * x, n % 16 == 0 */
@@ -148,6 +151,7 @@ typedef struct {
                    float *const *out);
 } se_vec_ops;
 const se_vec_ops *se_vec(void);
+const se_vec_ops *se_vec_neon(void);  /* vec_neon.c (AArch64 builds only) */
 float se_expf(float x);  /* the engine's exp: the same polynomial in every ISA */
 
 /* vec_rows.c: per-row steps of the norms, the softmax and the MLP, one fixed order (see the file), bit for bit in
@@ -160,4 +164,5 @@ typedef struct {
     void (*quantize)(const float *x, int nblocks, int8_t *q, float *d, int32_t *s, int32_t *h);
 } se_row_ops;
 const se_row_ops *se_rows(void);
+const se_row_ops *se_rows_neon(void);  /* vec_neon.c (AArch64 builds only) */
 #endif

@@ -382,5 +382,8 @@ const se_vec_ops *se_vec(void) {
     case SE_ISA_AVX2: return &avx2;
     }
 #endif
+#if defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+    if (se_isa() == SE_ISA_NEON) return se_vec_neon();
+#endif
     return &portable;
 }

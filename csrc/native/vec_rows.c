@@ -172,5 +172,8 @@ const se_row_ops *se_rows(void) {
     case SE_ISA_AVX2: return &avx2;
     }
 #endif
+#if defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+    if (se_isa() == SE_ISA_NEON) return se_rows_neon();
+#endif
     return &portable;
 }

@@ -15,7 +15,7 @@ from functools import lru_cache
 import numpy as np
 
 ABI_VERSION = 3
-ISA_NAMES = ("portable", "avx2", "avx512")  # se.h SE_ISA_*
+ISA_NAMES = ("portable", "avx2", "avx512", "neon")  # se.h SE_ISA_*
 GGML_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14,
               "BF16": 30}  # se.h's
 # formats the kernels take as they are (docs/native.md): the float ones multiply float activations
@@ -129,6 +129,12 @@ def available() -> str | None:
 
 def isa_name(isa: int) -> str:
     return ISA_NAMES[isa]
+
+
+def cpu_isas(lib) -> list[int]:
+    """The ISAs this CPU runs, portable first: x86 portable .. its best (AVX2, AVX-512), AArch64 portable and NEON."""
+    best = lib.se_cpu_isa()
+    return [0, best] if ISA_NAMES[best] == "neon" else list(range(best + 1))
 
 
 def fptr(a: np.ndarray):
