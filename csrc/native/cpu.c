@@ -70,10 +70,9 @@ se_mm_fn se_mm_for(const se_mat *w) {
         return w->kern == SE_KERN_Q4K || w->kern == SE_KERN_Q5K ? se_mm_q4k_avx2 : w->kern == SE_KERN_Q6K ? se_mm_q6k_avx2 : se_mm_avx2;
 #endif
 #ifdef SE_ARM
-    if (isa == SE_ISA_NEON && (w->kern == SE_KERN_Q4 || w->kern == SE_KERN_Q5 || w->kern == SE_KERN_Q8)) {
-        static int dotprod = -1;
-        if (dotprod < 0) dotprod = se_cpu_dotprod();
-        if (dotprod) return se_mm_neon;
+    if (isa == SE_ISA_NEON && se_cpu_dotprod()) { /* Q6_K and float weights: the portable C, below */
+        if (w->kern == SE_KERN_Q4 || w->kern == SE_KERN_Q5 || w->kern == SE_KERN_Q8) return se_mm_neon;
+        if (w->kern == SE_KERN_Q4K || w->kern == SE_KERN_Q5K) return se_mm_q4k_neon;
     }
 #endif
     (void)isa;

@@ -73,7 +73,7 @@ static uint8_t *random_rows(int type, int n, int k, size_t *row_bytes) {
 
 static void check_matmuls(int isa) {
     static const int types[] = {SE_Q4_0, SE_Q4_1, SE_Q5_0, SE_Q8_0, SE_Q4_K, SE_Q5_K, SE_Q6_K, SE_F32, SE_F16, SE_BF16};
-    const int n = 37, k = 256, rows = 16; /* 37: a last group of 5 rows (a partial NEON quarter, AVX2 half) */
+    const int n = 37, k = 512, rows = 16; /* 37: a last group of 5 rows (a partial NEON quarter, AVX2 half); 512: 2 K-quant superblocks */
     for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
         size_t rb;
         uint8_t *raw = random_rows(types[t], n, k, &rb);
