@@ -59,7 +59,8 @@ pass_rows(const se_mat *w, const uint8_t *group, const se_act *x, int i0, const 
         }
         float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(blk + scale_at) + 4 * h)));
         if (w->has_min) {
-            float32x4_t m = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(blk + scale_at) + 16 + 4 * h)));
+            const uint16_t *mins = (const uint16_t *)(blk + scale_at) + 16;
+            float32x4_t m = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(mins + 4 * h)));
             for (int i = 0; i < R; i++) {
                 float xd = x->d[(size_t)(i0 + i) * x->nb + b];
                 float xs = (float)x->s[(size_t)(i0 + i) * x->nb + b];

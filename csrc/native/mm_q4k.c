@@ -1,7 +1,7 @@
-/* Q4_K and Q5_K matmul, three ISAs in one file so the mirrored operation order is read side by side. Q5_K is Q4_K
- * with a fifth bit ORed into each weight from its sub-block's masks (u 0..31: no dot overflows). A superblock holds 8
- * Q4-layout sub-blocks of 32 (se.h); sub-block j's scale d * sc_j and min dmin * m_j are exact fp32 products, so
- * it is Q4_1's shape with the scale and min formed in the kernel:
+/* Q4_K and Q5_K matmul, the x86 ISAs in one file so the mirrored operation order is read side by side (NEON's is
+ * mm_q4k_neon.c). Q5_K is Q4_K with a fifth bit ORed into each weight from its sub-block's masks (u 0..31: no dot
+ * overflows). A superblock holds 8 Q4-layout sub-blocks of 32 (se.h); sub-block j's scale d * sc_j and min
+ * dmin * m_j are exact fp32 products, so it is Q4_1's shape with the scale and min formed in the kernel:
  *     acc = fma(scale_j * xd, (float)dot, acc);  acc = fma(-min_j, xd * (float)xs, acc)
  * for every 32-block in order, dot the exact integer sum of q * x (q 0..15). The SIMD paths compute the scale and
  * min once per sub-block for all 16 lanes and reuse them for every activation row. */

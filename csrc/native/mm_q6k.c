@@ -1,6 +1,7 @@
-/* Q6_K matmul, three ISAs in one file so the mirrored operation order is read side by side. Each 32-block of a
- * superblock (se.h) holds 6-bit q as Q4-layout nibbles plus a 2-bit part; its two int8 scales cover 16 weights
- * each, so the kernel forms two integer dots (q 0..63) and folds the offset and both scales in exactly, in int32:
+/* Q6_K matmul, the x86 ISAs in one file so the mirrored operation order is read side by side (NEON's is
+ * mm_q6k_neon.c). Each 32-block of a superblock (se.h) holds 6-bit q as Q4-layout nibbles plus a 2-bit part;
+ * its two int8 scales cover 16 weights each, so the kernel forms two integer dots (q 0..63) and folds the offset
+ * and both scales in exactly, in int32:
  *     isum = sc_0 * (dot_0 - 32 * h) + sc_1 * (dot_1 - 32 * (s - h))   (h: the activations' first-16 sum)
  *     acc = fma(d * xd, (float)isum, acc)
  * |isum| <= 2 * 128 * 16 * 32 * 127 < 2^24, so the conversion to float is exact too. */

@@ -101,6 +101,7 @@ void se_mm_q4k_neon(const se_mat *w, const se_act *x, int rows, float *out, int 
 void se_mm_q6k_portable(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
 void se_mm_q6k_avx2(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
 void se_mm_q6k_avx512(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
+void se_mm_q6k_neon(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
 void se_mm_f_portable(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
 void se_mm_f_avx2(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
 void se_mm_f_avx512(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);

@@ -1,4 +1,4 @@
-/* Float primitives of attention and activations, one fixed operation order in three ISAs:
+/* Float primitives of attention and activations, one fixed operation order in every ISA (NEON's in vec_neon.c):
  *   dot:  16 partial sums p[l] += q[16c + l] * k[16c + l] (fused), then (p[l] + p[l+8]) -> (+4) -> (+2) -> (+1);
  *   axpy: y[d] = fma(a, x[d], y[d]) lane by lane;
  *   exp:  n = round(x * log2 e), r = x - n * ln2 (two fused steps), a degree-5 polynomial (fused), times 2^n.

@@ -1,4 +1,5 @@
-/* Per-row float steps of the norms, the softmax and the MLP, one fixed operation order in three ISAs:
+/* Per-row float steps of the norms, the softmax and the MLP, one fixed operation order in every ISA (NEON's in
+ * vec_neon.c):
  *   sum, sumsq: 16 partial sums p[l] += x[16c + l] (sumsq: fused x * x + p), the n % 16 tail into lanes 0.. in
  *               order, then (p[l] + p[l+8]) -> (+4) -> (+2) -> (+1), as dot_f16 reduces;
  *   max:        exact in any order;

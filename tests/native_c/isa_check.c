@@ -1,5 +1,5 @@
-/* Every ISA this CPU runs against the portable C, bit for bit, on seeded random inputs (tests/test_native_isa_harness.py
- * builds it natively and for AArch64 under qemu-user, with the flags setup.py uses):
+/* Every ISA this CPU runs against the portable C, bit for bit, on seeded random inputs (built by
+ * tests/test_native_isa_harness.py natively and for AArch64 under qemu-user, with the flags setup.py uses):
  *   - se_matmul on random GGUF blocks of every packed format, widths 1..16 and a row alone;
  *   - the float primitives (vec.c, vec_rows.c and their SIMD forms);
  *   - a whole forward of a small random model (mixed Q4_0/Q4_1/Q5_0/Q8_0 weights, GQA, RoPE, a sliding window, a KV
@@ -52,7 +52,8 @@ static uint8_t *random_rows(int type, int n, int k, size_t *row_bytes) {
                 if (type == SE_F32) memcpy(row + 4 * t, &f, 4);
                 else put16(row + 2 * t, type == SE_F16 ? se_f32_to_f16(f) : (uint16_t)(bits >> 16));
             }
-        for (int b = 0; type == SE_Q4_0 || type == SE_Q4_1 || type == SE_Q5_0 || type == SE_Q8_0 ? b < k / 32 : 0; b++) {
+        int q32 = type == SE_Q4_0 || type == SE_Q4_1 || type == SE_Q5_0 || type == SE_Q8_0;
+        for (int b = 0; q32 && b < k / 32; b++) {
             size_t bb = rb / (size_t)(k / 32);
             put16(row + b * bb, se_f32_to_f16(frand(-0.05f, 0.05f)));
             if (type == SE_Q4_1) put16(row + b * bb + 2, se_f32_to_f16(frand(-0.1f, 0.1f)));
@@ -73,7 +74,8 @@ static uint8_t *random_rows(int type, int n, int k, size_t *row_bytes) {
 
 static void check_matmuls(int isa) {
     static const int types[] = {SE_Q4_0, SE_Q4_1, SE_Q5_0, SE_Q8_0, SE_Q4_K, SE_Q5_K, SE_Q6_K, SE_F32, SE_F16, SE_BF16};
-    const int n = 37, k = 512, rows = 16; /* 37: a last group of 5 rows (a partial NEON quarter, AVX2 half); 512: 2 K-quant superblocks */
+    /* 37: a last group of 5 rows (a partial NEON quarter, AVX2 half); 512: 2 K-quant superblocks */
+    const int n = 37, k = 512, rows = 16;
     for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
         size_t rb;
         uint8_t *raw = random_rows(types[t], n, k, &rb);
