@@ -2,8 +2,8 @@
  * tests/test_native_isa_harness.py natively and for AArch64 under qemu-user, with the flags setup.py uses):
  *   - se_matmul on random GGUF blocks of every packed format, widths 1..16 and a row alone;
  *   - the float primitives (vec.c, vec_rows.c and their SIMD forms);
- *   - a whole forward of a small random model (mixed Q4_0/Q4_1/Q5_0/Q8_0 weights, GQA, RoPE, a sliding window, a KV
- *     cache filled by a first call), 1 and 2 threads: its logits.
+ *   - whole forwards of two small random models (mixed Q4_0/Q4_1/Q5_0/Q8_0 weights; mixed Q4_K/Q5_K/Q6_K/Q8_0),
+ *     GQA, RoPE, a sliding window, a KV cache filled by a first call, 1 and 2 threads: their logits.
  * Prints one line per ISA and exits 1 on any difference. */
 #include <math.h>
 #include <stdio.h>
@@ -171,19 +171,24 @@ static void check_primitives(int isa) {
 }
 
 /* ---- a whole small model ---- */
-enum { L = 2, D = 64, H = 4, KVH = 2, HD = 16, F = 96, VOCAB = 67, ROWS = 20, CAP = 32 };
+enum { L = 2, H = 4, KVH = 2, VOCAB = 67, ROWS = 20, CAP = 32, MAX_HD = 64 };
 
-static se_model *random_model(int threads, uint64_t seed) {
+/* dims and the weight types the matrices cycle through: 32-wide formats at d 64, K-quants (k % 256) at d 256 */
+typedef struct { int d, hd, f; int types[4]; } model_kind;
+static const model_kind KINDS[] = {{64, 16, 96, {SE_Q4_0, SE_Q4_1, SE_Q5_0, SE_Q8_0}},
+                                   {256, 64, 256, {SE_Q4_K, SE_Q5_K, SE_Q6_K, SE_Q8_0}}};
+
+static se_model *random_model(const model_kind *mk, int threads, uint64_t seed) {
     g_rng = seed;
+    int D = mk->d, HD = mk->hd, F = mk->f;
     se_cfg cfg = {L, D, H, KVH, HD, F, VOCAB, 1e-5f, 1.0f, SE_ACT_SILU, 0, 0, 0, 0, 0, ROWS, threads};
     se_model *m = se_model_new(&cfg);
-    static const int types[] = {SE_Q4_0, SE_Q4_1, SE_Q5_0, SE_Q8_0};
     int shapes[SE_W_NMATS][2] = {{H * HD, D}, {KVH * HD, D}, {KVH * HD, D}, {D, H * HD}, {F, D}, {F, D}, {D, F}};
-    float vec[F];
+    float vec[256];
     size_t rb;
     for (int l = -1; l < L; l++) {
         for (int w = 0; w < (l < 0 ? 2 : SE_W_NMATS); w++) {
-            int n = l < 0 ? VOCAB : shapes[w][0], k = l < 0 ? D : shapes[w][1], type = types[(l + 1 + w) % 4];
+            int n = l < 0 ? VOCAB : shapes[w][0], k = l < 0 ? D : shapes[w][1], type = mk->types[(l + 1 + w) % 4];
             uint8_t *raw = random_rows(type, n, k, &rb);
             if (se_model_set_mat(m, l, w, type, raw, rb, n, k) != 0) return NULL;
             free(raw);
@@ -197,10 +202,11 @@ static se_model *random_model(int threads, uint64_t seed) {
 }
 
 /* two calls (12 rows, then 8 more over the cache): the logits of all 20 rows */
-static int run_model(int isa, int threads, float *logits) {
-    se_model *m = random_model(threads, 1234);
+static int run_model(const model_kind *mk, int isa, int threads, float *logits) {
+    se_model *m = random_model(mk, threads, 1234);
     if (!m) return -1;
-    static float cos_t[ROWS * HD / 2], sin_t[ROWS * HD / 2];
+    int HD = mk->hd;
+    static float cos_t[ROWS * MAX_HD / 2], sin_t[ROWS * MAX_HD / 2];
     for (int p = 0; p < ROWS; p++)
         for (int j = 0; j < HD / 2; j++) {
             double a = p * pow(10000.0, -2.0 * j / HD);
@@ -226,15 +232,22 @@ static int run_model(int isa, int threads, float *logits) {
 
 static void check_model(int isa) {
     static float want[ROWS * VOCAB], got[ROWS * VOCAB];
-    if (run_model(SE_ISA_PORTABLE, 1, want) != 0) {
-        same("a", "b", 1, "the model forward failed", isa);
-        return;
-    }
-    for (int threads = 1; threads <= 2; threads++) {
+    for (size_t kind = 0; kind < sizeof KINDS / sizeof *KINDS; kind++) {
         char what[64];
-        snprintf(what, sizeof what, "model logits, %d thread(s)", threads);
-        if (run_model(isa, threads, got) != 0) same("a", "b", 1, what, isa);
-        else same(got, want, sizeof want, what, isa);
+        snprintf(what, sizeof what, "model %zu forward failed", kind);
+        if (run_model(&KINDS[kind], SE_ISA_PORTABLE, 1, want) != 0) {
+            same("a", "b", 1, what, isa);
+            continue;
+        }
+        int finite = 1, varied = 0; /* equal garbage would pass a bitwise comparison */
+        for (int i = 0; i < ROWS * VOCAB; i++) finite &= isfinite(want[i]) != 0, varied |= want[i] != want[0];
+        snprintf(what, sizeof what, "model %zu logits not finite or all equal", kind);
+        if (!finite || !varied) same("a", "b", 1, what, isa);
+        for (int threads = 1; threads <= 2; threads++) {
+            snprintf(what, sizeof what, "model %zu logits, %d thread(s)", kind, threads);
+            if (run_model(&KINDS[kind], isa, threads, got) != 0) same("a", "b", 1, what, isa);
+            else same(got, want, sizeof want, what, isa);
+        }
     }
 }
 
