@@ -9,7 +9,6 @@
 #if defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
 #include <arm_neon.h>
 
-#define SE_DOTPROD __attribute__((target("arch=armv8.2-a+dotprod")))
 #define INL __attribute__((always_inline))
 #define PASS 8
 #define PF_AHEAD 2048

@@ -8,7 +8,6 @@
 #if defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
 #include <arm_neon.h>
 
-#define SE_DOTPROD __attribute__((target("arch=armv8.2-a+dotprod")))
 #define INL __attribute__((always_inline))
 #define PASS 6 /* two dot accumulators a row: 6 rows keep them and the weights in the 32 registers */
 #define PF_AHEAD 2048

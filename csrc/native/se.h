@@ -29,6 +29,17 @@ static inline int se_is_float(int kern) { return kern >= SE_KERN_F32; }
 /* Instruction sets. On x86 the choices are portable < AVX2 < AVX-512 (best last); on AArch64 portable and NEON. */
 enum { SE_ISA_PORTABLE = 0, SE_ISA_AVX2 = 1, SE_ISA_AVX512 = 2, SE_ISA_NEON = 3 };
 
+/* AArch64 kernels using sdot (ARMv8.2 dot product), compiled for it whatever the build's baseline (cpu.c checks the
+ * CPU before choosing them). Apple's arm64 baseline already has it; clang spells the feature without arch=
+ * (untested here: CI cross-compiles with GCC). */
+#if defined(__aarch64__) && defined(__ARM_FEATURE_DOTPROD)
+#define SE_DOTPROD
+#elif defined(__aarch64__) && defined(__clang__)
+#define SE_DOTPROD __attribute__((target("dotprod")))
+#elif defined(__aarch64__)
+#define SE_DOTPROD __attribute__((target("arch=armv8.2-a+dotprod")))
+#endif
+
 /* A weight matrix [n, k] (out x in) repacked: groups of 16 output rows, each group's blocks contiguous. Lane r of a
  * 64-byte vector is bytes r*4 .. r*4+3: four consecutive weights of row r (vpdpbusd's shape).
  * Q4 (Q4_0, Q4_1), 32 wide: 4 x 64 bytes of nibbles, vector t byte (r*4 + i) = w[r][4t+i] | w[r][16+4t+i] << 4;
