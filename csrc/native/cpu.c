@@ -70,7 +70,8 @@ se_mm_fn se_mm_for(const se_mat *w) {
         return w->kern == SE_KERN_Q4K || w->kern == SE_KERN_Q5K ? se_mm_q4k_avx2 : w->kern == SE_KERN_Q6K ? se_mm_q6k_avx2 : se_mm_avx2;
 #endif
 #ifdef SE_ARM
-    if (isa == SE_ISA_NEON && se_cpu_dotprod()) { /* float weights: the portable C, below */
+    if (isa == SE_ISA_NEON && se_is_float(w->kern)) return se_mm_f_neon;
+    if (isa == SE_ISA_NEON && se_cpu_dotprod()) {
         if (w->kern == SE_KERN_Q4 || w->kern == SE_KERN_Q5 || w->kern == SE_KERN_Q8) return se_mm_neon;
         if (w->kern == SE_KERN_Q4K || w->kern == SE_KERN_Q5K) return se_mm_q4k_neon;
         if (w->kern == SE_KERN_Q6K) return se_mm_q6k_neon;

@@ -3,7 +3,8 @@
  * 32 vectors of the group's 16 rows (element (t, r) at t * 16 + r). Each output is four chains, block b feeding
  * chain b % 4 with fused steps in element order, then (c0 + c1) + (c2 + c3):
  *     c[b % 4] = fma(w[r][32 b + t], x[32 b + t], c[b % 4])  for b, then t, in order
- * so the SIMD paths (lanes = rows, the four chains in registers) compute the portable C's bits. */
+ * so the SIMD paths (lanes = rows, the four chains in registers; NEON's in mm_f_neon.c) compute the portable C's
+ * bits. */
 #include <math.h>
 #include <string.h>
 

@@ -116,6 +116,7 @@ void se_mm_q6k_neon(const se_mat *w, const se_act *x, int rows, float *out, int 
 void se_mm_f_portable(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
 void se_mm_f_avx2(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
 void se_mm_f_avx512(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
+void se_mm_f_neon(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
 float se_f_weight(const se_mat *w, const uint8_t *blk, int t, int r);  /* element t of lane r, exactly */
 
 /* Where a 32-wide block's fp16 scales start (after its integers). */

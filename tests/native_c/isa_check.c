@@ -2,8 +2,9 @@
  * tests/test_native_isa_harness.py natively and for AArch64 under qemu-user, with the flags setup.py uses):
  *   - se_matmul on random GGUF blocks of every packed format, widths 1..16 and a row alone;
  *   - the float primitives (vec.c, vec_rows.c and their SIMD forms);
- *   - whole forwards of two small random models (mixed Q4_0/Q4_1/Q5_0/Q8_0 weights; mixed Q4_K/Q5_K/Q6_K/Q8_0),
- *     GQA, RoPE, a sliding window, a KV cache filled by a first call, 1 and 2 threads: their logits.
+ *   - whole forwards of three small random models (weights Q4_0/Q4_1/Q5_0/Q8_0, Q4_K/Q5_K/Q6_K/Q8_0,
+ *     F16/BF16/F32/Q8_0), GQA, RoPE, a sliding window, a KV cache filled by a first call, 1 and 2 threads: their
+ *     logits.
  * Prints one line per ISA and exits 1 on any difference. */
 #include <math.h>
 #include <stdio.h>
@@ -173,10 +174,12 @@ static void check_primitives(int isa) {
 /* ---- a whole small model ---- */
 enum { L = 2, H = 4, KVH = 2, VOCAB = 67, ROWS = 20, CAP = 32, MAX_HD = 64 };
 
-/* dims and the weight types the matrices cycle through: 32-wide formats at d 64, K-quants (k % 256) at d 256 */
+/* dims and the weight types the matrices cycle through: 32-wide formats at d 64, K-quants (k % 256) at d 256,
+ * float weights (multiplied with the float activations) beside Q8_0 */
 typedef struct { int d, hd, f; int types[4]; } model_kind;
 static const model_kind KINDS[] = {{64, 16, 96, {SE_Q4_0, SE_Q4_1, SE_Q5_0, SE_Q8_0}},
-                                   {256, 64, 256, {SE_Q4_K, SE_Q5_K, SE_Q6_K, SE_Q8_0}}};
+                                   {256, 64, 256, {SE_Q4_K, SE_Q5_K, SE_Q6_K, SE_Q8_0}},
+                                   {64, 16, 96, {SE_F16, SE_BF16, SE_F32, SE_Q8_0}}};
 
 static se_model *random_model(const model_kind *mk, int threads, uint64_t seed) {
     g_rng = seed;
