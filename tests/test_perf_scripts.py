@@ -30,6 +30,15 @@ def test_verify_cost_measures_every_target_and_width(tmp_path, capsys, clock, tr
     assert "| onnx:" in capsys.readouterr().out
 
 
+def test_prompt_rate_prefills_every_target(tmp_path, capsys):
+    from specedge.perf import prompt_rate
+    path = write_tiny_gguf(tmp_path / "m.gguf", dtype="q8_0", seed=1)
+    prompt_rate.main(["--targets", f"native:{path}", f"numpy:{path}", "--tokens", "40", "--rounds", "2",
+                      "--threads", "1"])
+    out = capsys.readouterr().out
+    assert f"| native:{path} |" in out and f"| numpy:{path} |" in out and "1.00x |" in out
+
+
 def test_heap_tree_mask():
     # parents: 1, 2 -> 0; 3, 4 -> 1
     expect = np.array([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 0, 1]], bool)
