@@ -93,13 +93,13 @@ def build_head(cfg: HeadConfig, embed: np.ndarray):
                 self.wo.mul_(0.1)
                 self.w_down.mul_(0.1)
             inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim))
-            self.register_buffer("inv_freq", inv.float(), persistent=False)
+            self.register_buffer("inv_freq", inv, persistent=False)
 
         def _rope(self, x, positions):
             """x [B, heads, T, hd] rotated (NeoX / HF llama rotate-half) at positions [T]."""
-            angles = positions.float()[:, None] * self.inv_freq[None, :]
+            angles = positions.double()[:, None] * self.inv_freq.double()[None, :]  # float64 angles, as rope.py
             emb = torch.cat((angles, angles), dim=-1)
-            return x * emb.cos() + rotate_half(x) * emb.sin()
+            return x * emb.cos().to(x.dtype) + rotate_half(x) * emb.sin().to(x.dtype)
 
         def _qkv(self, g, e, positions):
             c = self.cfg

@@ -142,6 +142,15 @@ def expected_tau(head, seqs: Sequences, ids: np.ndarray, t2d: np.ndarray, drafts
     return 1.0 + float(np.concatenate(accepted).mean()) if accepted else float("nan")
 
 
+def new_head(target: Target, d2t: np.ndarray, seed: int = 0):
+    """A freshly initialised head for `target` over the draft vocabulary d2t (the same for the same seed)."""
+    torch = require_torch()
+    torch.manual_seed(seed)
+    head = build_head(HeadConfig.for_target(target.config, len(d2t)), target.embed)
+    init_weights(head, target, d2t)
+    return head
+
+
 def init_weights(head, target: Target, d2t: np.ndarray) -> None:
     """lm_head = the target's output rows of the draft vocabulary (its final norm folded in), fc = the high tap
     (g starts as the target's own late hidden state) plus a little of the others, norms at 1."""
@@ -209,10 +218,7 @@ def train_head(seqs: Sequences, target: Target, d2t: np.ndarray, out: Path, sett
     """Train (or, resume=True, continue from <out>/train/checkpoint.pt, same data and d2t) and evaluate tau."""
     torch = require_torch()
     torch.set_num_threads(settings.threads)
-    torch.manual_seed(settings.seed)
-    cfg = HeadConfig.for_target(target.config, len(d2t))
-    head = build_head(cfg, target.embed)
-    init_weights(head, target, d2t)
+    head = new_head(target, d2t, settings.seed)
     opt = torch.optim.AdamW(head.parameters(), lr=settings.lr, weight_decay=0.01, betas=(0.9, 0.95))
     path = out / CHECKPOINT
     step, seconds = _resume(torch, path, head, opt, seqs.sha256) if resume and path.exists() else (0, 0.0)
