@@ -52,7 +52,8 @@ def head_name(model: str) -> str:
 @click.option("--vocab-draft", type=click.IntRange(1, None), default=8192, show_default=True,
               help="Draft vocabulary: the most frequent answer tokens (at most the target's vocabulary).")
 @click.option("--batch", type=click.IntRange(1, None), default=4, show_default=True, help="Sequences per step.")
-@click.option("--lr", type=click.FloatRange(0, None, min_open=True), default=5e-4, show_default=True)
+@click.option("--lr", type=click.FloatRange(0, None, min_open=True), default=2e-3, show_default=True,
+              help="Peak learning rate (AdamW; warm-up, then cosine to a tenth).")
 @click.option("--ttt-steps", type=click.IntRange(1, 8), default=3, show_default=True,
               help="Draft steps unrolled per position (EAGLE-3's training-time test).")
 @click.option("--backend", type=click.Choice(BACKENDS), default="native", show_default=True,

@@ -113,9 +113,14 @@ def build_head(cfg: HeadConfig, embed: np.ndarray):
             v = v.repeat_interleave(group, dim=1)
             return self._rope(q, positions), k, v
 
+        def logits(self, o):
+            """Draft logits [..., Vd] of output hidden states o [..., D] (the final norm and lm_head): the trainer
+            applies it only to the rows it scores, the LM head being the head's largest matmul."""
+            return rms(o, self.norm) @ self.lm_head.T
+
         def forward(self, taps, tokens, steps: int):
-            """taps float [B, T, 3, D], tokens int64 [B, T] -> [(logits [B, T, Vd], o [B, T, D]) per step]:
-            step j's row p drafts x[p + 2] for the chain rooted at p - j."""
+            """taps float [B, T, 3, D], tokens int64 [B, T] -> [o [B, T, D] per step]: step j's row p (logits(o))
+            drafts x[p + 2] for the chain rooted at p - j."""
             c = self.cfg
             b, t = tokens.shape
             positions = torch.arange(1, t + 1)  # e = x[p + 1] sits at position p + 1
@@ -127,7 +132,7 @@ def build_head(cfg: HeadConfig, embed: np.ndarray):
             scale = 1.0 / math.sqrt(c.head_dim)
             for j in range(steps):
                 if j:
-                    g = shift(outs[-1][1], 1)
+                    g = shift(outs[-1], 1)
                 q, k, v = self._qkv(g, e, positions)
                 if j == 0:
                     k0, v0 = k, v
@@ -147,7 +152,7 @@ def build_head(cfg: HeadConfig, embed: np.ndarray):
                 r = g + attn @ self.wo.T
                 x = rms(r, self.post_norm)
                 o = r + (torch.nn.functional.silu(x @ self.w_gate.T) * (x @ self.w_up.T)) @ self.w_down.T
-                outs.append((rms(o, self.norm) @ self.lm_head.T, o))
+                outs.append(o)
             return outs
 
     return DraftHead()
