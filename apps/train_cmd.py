@@ -1,7 +1,7 @@
 """`specedge train-drafter MODEL`: train an EAGLE-3-style draft head for MODEL on the CPU (extra `train`: torch).
 
     specedge train-drafter smollm2-135m --prompts 600 --minutes 30 --threads 1
-        -> ~/.cache/specedge/heads/smollm2-135m/{head.npz, head.json}  (docs/heads.md)
+        -> ~/.cache/specedge/heads/smollm2-135m/{head.npz, head.json}  (docs/train_drafter.md)
 
 The data step runs the target on the native engine (else --backend numpy); torch is imported only when the
 command runs (export/train_head/model.py require_torch names the extra).
@@ -64,7 +64,7 @@ def train_cmd(model: str, out: Path | None, prompts: int, max_tokens: int, steps
               minutes: float | None, threads: int, vocab_draft: int, batch: int, lr: float, ttt_steps: int,
               backend: str, resume: bool, cache_dir: Path | None) -> None:
     """Train an EAGLE-3-style draft head for MODEL: the target answers a built-in prompt recipe greedily, its
-    hidden states at three layers are recorded, and a one-layer head learns to draft its next tokens (docs/heads.md).
+    hidden states at three layers are recorded, and a one-layer head learns to draft its next tokens (docs/train_drafter.md).
     Resumable: the data step skips prompts already answered, --resume continues training."""
     from ..export.train_head.data import choose_taps
     from ..export.train_head.model import require_torch

@@ -1,5 +1,5 @@
 """`specedge train-drafter` (export/train_head/): the prompt recipe, the data step's taps against the backend's own,
-the draft vocabulary, the torch head against a step-by-step NumPy reading of docs/heads.md, training lowering the
+the draft vocabulary, the torch head against a step-by-step NumPy reading of docs/train_drafter.md, training lowering the
 loss, the written head's arrays, resuming, and the error without torch. All on the tiny seeded model (conftest)."""
 import builtins
 import json
@@ -107,7 +107,7 @@ def _rope(x, pos, theta):
 
 
 def reference_chain(w, c: HeadConfig, embed, taps, tokens, root: int, steps: int) -> list[np.ndarray]:
-    """docs/heads.md read literally, one position at a time with the head's own KV cache: the verified positions
+    """docs/train_drafter.md read literally, one position at a time with the head's own KV cache: the verified positions
     before `root` enter the cache through fc(taps), then a chain of `steps` drafts from root (teacher tokens)."""
     keys, values = [], []
 

@@ -1,5 +1,5 @@
 """The shipped head: head.npz (float16 weights, d2t int64; loaded with allow_pickle=False) + head.json, per
-docs/heads.md; and the target arrays a head starts from, read through our GGUF reader (no torch here)."""
+docs/train_drafter.md; and the target arrays a head starts from, read through our GGUF reader (no torch here)."""
 from __future__ import annotations
 
 import hashlib
@@ -52,7 +52,7 @@ def head_arrays(head, d2t: np.ndarray) -> dict[str, np.ndarray]:
 
 def manifest(cfg: HeadConfig, *, model: str, gguf_sha256: str, config, taps: tuple[int, int, int],
              training: dict) -> dict:
-    """head.json (docs/heads.md)."""
+    """head.json (docs/train_drafter.md)."""
     return {"format": FORMAT, "version": VERSION,
             "target": {"model": model, "gguf_sha256": gguf_sha256, "arch": config.arch, "n_layers": config.n_layers,
                        "hidden": config.d_model, "vocab": config.vocab_size},

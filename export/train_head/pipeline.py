@@ -2,7 +2,7 @@
 
     <out>/data/        the self-distillation shards (data.py), resumed prompt by prompt-shard
     <out>/train/       the trainer's checkpoint (resumed with resume=True)
-    <out>/head.npz, <out>/head.json   the head (docs/heads.md)
+    <out>/head.npz, <out>/head.json   the head (docs/train_drafter.md)
 """
 from __future__ import annotations
 

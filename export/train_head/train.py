@@ -8,7 +8,7 @@
     expected_tau    teacher-forced acceptance: 1 + the mean accepted length of a greedy chain of up to 4 drafts
                     from every held-out answer position (an accepted draft equals the teacher's token, so the
                     unrolled chain is exactly what the drafter would run)
-    write_head      head.npz (float16 weights, d2t int64; no pickle) + head.json (docs/heads.md)
+    write_head      head.npz (float16 weights, d2t int64; no pickle) + head.json (docs/train_drafter.md)
 
 The trainer's own checkpoint (<dir>/train/checkpoint.pt) is torch.save of state dicts: it never ships.
 """
