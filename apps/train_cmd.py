@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,6 +27,22 @@ def default_out(model: str, cache_dir: Path | None) -> Path:
     models = model_cache_dir(cache_dir)
     chosen = cache_dir is not None or bool(os.environ.get("SPECEDGE_CACHE"))
     return (models if chosen else models.parent) / "heads" / head_name(model)
+
+
+def command_line(ctx: click.Context) -> str:
+    """The command as given (head.json's training.command): the options set on the command line, in order."""
+    parts = ["specedge", ctx.info_name or "train-drafter"]
+    for p in ctx.command.params:
+        if ctx.get_parameter_source(p.name) is not click.core.ParameterSource.COMMANDLINE:
+            continue
+        value = ctx.params[p.name]
+        if isinstance(p, click.Argument):
+            parts.append(str(value))
+        elif getattr(p, "is_flag", False):
+            parts.append(p.opts[0])
+        else:
+            parts += [p.opts[0], str(value)]
+    return shlex.join(parts)
 
 
 def head_name(model: str) -> str:
@@ -102,7 +117,7 @@ def _job(model, out, cache_dir, prompts, max_tokens, steps, minutes, threads, vo
                           batch=batch, lr=lr, ttt_steps=ttt_steps, threads=threads)
     return Job(head_name(model), "", out or default_out(model, cache_dir),
                DataSettings(prompts=prompts, max_tokens=max_tokens), train,
-               vocab_draft=vocab_draft, resume=resume, command="specedge " + shlex.join(sys.argv[1:]))
+               vocab_draft=vocab_draft, resume=resume, command=command_line(click.get_current_context()))
 
 
 def _load(model: str, backend: str, threads: int, cache_dir: Path | None):

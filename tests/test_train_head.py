@@ -234,3 +234,21 @@ def test_missing_torch_names_the_extra(monkeypatch):
     from specedge.apps.cli import cli
     result = CliRunner().invoke(cli, ["train-drafter", "smollm2-135m"])
     assert result.exit_code == 1 and "install the train extra" in result.output
+
+
+def test_cli_writes_the_head_into_the_cache_and_refuses_to_overwrite_a_training(tiny_gguf, tmp_path):
+    from click.testing import CliRunner
+    from specedge.apps.cli import cli
+    model = shutil.copy(tiny_gguf, tmp_path / "tiny-target.gguf")
+    args = ["train-drafter", str(model), "--prompts", "4", "--max-tokens", "6", "--steps", "2", "--batch", "2",
+            "--backend", "numpy", "--cache-dir", str(tmp_path / "cache")]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    head = tmp_path / "cache" / "heads" / "tiny-target"
+    meta = json.loads((head / "head.json").read_text())
+    assert meta["target"]["model"] == "tiny-target" and meta["training"]["steps"] == 2
+    assert meta["training"]["prompts"] == 4
+    assert meta["training"]["command"] == "specedge train-drafter " + " ".join(args[1:])
+    assert f"{head}: head of " in result.output and "tau_eval" in result.output
+    again = CliRunner().invoke(cli, args)
+    assert again.exit_code == 1 and "--resume continues it" in again.output
