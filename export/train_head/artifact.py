@@ -2,25 +2,17 @@
 docs/train_drafter.md; and the target arrays a head starts from, read through our GGUF reader (no torch here)."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 
 import numpy as np
 
+from .data import file_sha256  # noqa: F401 - the command hashes the target file with it
 from .model import HeadConfig
 
 FORMAT = "specedge-draft-head"
 VERSION = 1
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def target_embedding(gguf) -> np.ndarray:

@@ -89,7 +89,7 @@ def sequence_taps(backend: LayeredBackend, tokens, taps: tuple[int, int, int]) -
     return np.stack([np.asarray(tapped[n], dtype=np.float32) for n in taps], axis=1).astype(np.float16)
 
 
-def _sha256_file(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -173,7 +173,7 @@ def _write_shard(backend, tokenizer, out: Path, prompts: list[str], first: int, 
              lengths=np.array(lengths, np.int32), prompt_lens=np.array(prompt_lens, np.int32))
     os.replace(tmp, out / name)
     return {"file": name, "first": first, "count": len(prompts), "tokens": int(sum(lengths)),
-            "sha256": _sha256_file(out / name)}
+            "sha256": file_sha256(out / name)}
 
 
 def load_data(out: Path) -> Sequences:
@@ -185,7 +185,7 @@ def load_data(out: Path) -> Sequences:
     h = hashlib.sha256(json.dumps({k: v for k, v in index.items() if k != "shards"}, sort_keys=True).encode())
     for s in index["shards"]:
         path = out / s["file"]
-        if _sha256_file(path) != s["sha256"]:
+        if file_sha256(path) != s["sha256"]:
             raise ValueError(f"{path} does not match its sha256 in {out / INDEX}: delete it and run the data step "
                              "again (it is remade)")
         h.update(s["sha256"].encode())

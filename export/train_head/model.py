@@ -14,7 +14,6 @@ torch_head.py holds the torch module; build_head imports it only after require_t
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np

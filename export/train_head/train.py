@@ -14,7 +14,6 @@ The trainer's own checkpoint (<dir>/train/checkpoint.pt) is torch.save of state 
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -100,7 +99,7 @@ def batch_arrays(seqs: Sequences, ids: np.ndarray, t2d: np.ndarray):
     return taps, tokens, target
 
 
-def _masked_targets(torch, target, j: int):
+def _masked_targets(target, j: int):
     """Step j's targets: rows p < j have no root (p - j < 0)."""
     out = target.clone()
     out[:, :j] = -1
@@ -112,7 +111,7 @@ def _loss(torch, head, taps, tokens, target, steps: int):
     target = torch.as_tensor(target)
     losses = []
     for j, o in enumerate(outs):
-        tj = _masked_targets(torch, target, j)
+        tj = _masked_targets(target, j)
         keep = tj >= 0
         if keep.any():  # logits of the scored rows only
             losses.append(torch.nn.functional.cross_entropy(head.logits(o[keep]), tj[keep]))
