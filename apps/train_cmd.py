@@ -41,7 +41,7 @@ def command_line(ctx: click.Context) -> str:
         elif getattr(p, "is_flag", False):
             parts.append(p.opts[0])
         else:
-            parts += [p.opts[0], str(value)]
+            parts += [p.opts[0], f"{value:g}" if isinstance(value, float) else str(value)]
     return shlex.join(parts)
 
 
@@ -79,7 +79,8 @@ def train_cmd(model: str, out: Path | None, prompts: int, max_tokens: int, steps
               minutes: float | None, threads: int, vocab_draft: int, batch: int, lr: float, ttt_steps: int,
               backend: str, resume: bool, cache_dir: Path | None) -> None:
     """Train an EAGLE-3-style draft head for MODEL: the target answers a built-in prompt recipe greedily, its
-    hidden states at three layers are recorded, and a one-layer head learns to draft its next tokens (docs/train_drafter.md).
+    hidden states at three layers are recorded, and a one-layer head learns to draft its next tokens
+    (docs/train_drafter.md).
     Resumable: the data step skips prompts already answered, --resume continues training."""
     from ..export.train_head.data import choose_taps
     from ..export.train_head.model import require_torch

@@ -1,6 +1,7 @@
 """`specedge train-drafter` (export/train_head/): the prompt recipe, the data step's taps against the backend's own,
-the draft vocabulary, the torch head against a step-by-step NumPy reading of docs/train_drafter.md, training lowering the
-loss, the written head's arrays, resuming, and the error without torch. All on the tiny seeded model (conftest)."""
+the draft vocabulary, the torch head against a step-by-step NumPy reading of docs/train_drafter.md, training
+lowering the loss, the written head's arrays, resuming, and the error without torch. All on the tiny seeded model
+(conftest)."""
 import builtins
 import json
 import shutil
@@ -200,6 +201,7 @@ def test_written_head_has_the_documented_arrays(tiny, tiny_data, tmp_path):
     assert json.loads((path / "head.json").read_text()) == meta
     assert meta["format"] == "specedge-draft-head" and meta["taps"] == list(TAPS)
     assert meta["training"]["data_sha256"] == tiny_data[1].sha256 and meta["training"]["steps"] == 3
+    assert meta["training"]["data_seconds"] == round(tiny_data[1].seconds, 1) > 0  # the shards' own times
     with np.load(path / "head.npz", allow_pickle=False) as z:
         arrays = dict(z)
     assert set(arrays) == set(c.shapes()) | {"d2t"}
@@ -240,8 +242,8 @@ def test_cli_writes_the_head_into_the_cache_and_refuses_to_overwrite_a_training(
     from click.testing import CliRunner
     from specedge.apps.cli import cli
     model = shutil.copy(tiny_gguf, tmp_path / "tiny-target.gguf")
-    args = ["train-drafter", str(model), "--prompts", "4", "--max-tokens", "6", "--steps", "2", "--batch", "2",
-            "--backend", "numpy", "--cache-dir", str(tmp_path / "cache")]
+    args = ["train-drafter", str(model), "--prompts", "4", "--max-tokens", "6", "--steps", "2", "--minutes", "0.5",
+            "--batch", "2", "--backend", "numpy", "--cache-dir", str(tmp_path / "cache")]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     head = tmp_path / "cache" / "heads" / "tiny-target"

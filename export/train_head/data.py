@@ -6,7 +6,7 @@ tapped hidden states at every position. Shards of `shard_size` prompts are writt
 
     <dir>/index.json         {"format": "specedge-head-data", "taps", "max_tokens", "d_model", "target_sha256",
                               "recipe_version", "shard_size", "shards": [{"file", "first", "count", "tokens",
-                              "sha256"}]}
+                              "seconds", "sha256"}]}
     <dir>/shard-00000.npz    tokens int32 [N] (every sequence's prompt + answer, concatenated), taps float16
                              [N, 3, D] (taps[i, j] = h after the first taps[j] layers at that position), lengths
                              int32 [S], prompt_lens int32 [S]
@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -65,6 +66,7 @@ class Sequences:
     offsets: np.ndarray  # int64 [S + 1]
     prompt_lens: np.ndarray  # int32 [S]
     sha256: str
+    seconds: float | None = None  # the target's time making the shards (None: a shard without its time)
 
     def __len__(self) -> int:
         return len(self.prompt_lens)
@@ -158,6 +160,7 @@ def make_data(backend: LayeredBackend, tokenizer, out: Path, settings: DataSetti
 def _write_shard(backend, tokenizer, out: Path, prompts: list[str], first: int, settings: DataSettings,
                  progress: Callable[[], object] | None) -> dict:
     tokens, taps, lengths, prompt_lens = [], [], [], []
+    t0 = time.perf_counter()
     for text in prompts:
         prompt = as_tokens(tokenizer.chat_ids(text))
         full = np.concatenate([prompt, answer(backend, prompt, settings.max_tokens, tokenizer.eos_ids)])
@@ -173,6 +176,7 @@ def _write_shard(backend, tokenizer, out: Path, prompts: list[str], first: int, 
              lengths=np.array(lengths, np.int32), prompt_lens=np.array(prompt_lens, np.int32))
     os.replace(tmp, out / name)
     return {"file": name, "first": first, "count": len(prompts), "tokens": int(sum(lengths)),
+            "seconds": round(time.perf_counter() - t0, 2),
             "sha256": file_sha256(out / name)}
 
 
@@ -196,5 +200,6 @@ def load_data(out: Path) -> Sequences:
             prompt_lens.append(z["prompt_lens"])
     lengths_all = np.concatenate(lengths)
     offsets = np.concatenate([[0], np.cumsum(lengths_all, dtype=np.int64)])
+    times = [s.get("seconds") for s in index["shards"]]
     return Sequences(np.concatenate(tokens), np.concatenate(taps), offsets, np.concatenate(prompt_lens),
-                     h.hexdigest())
+                     h.hexdigest(), None if None in times else float(sum(times)))

@@ -1,7 +1,7 @@
 """The draft head as a torch module (imported by model.build_head only, once torch is known to be there).
 
-The math, per docs/train_drafter.md, unrolled for the training-time test: step j of the chain rooted at verified position
-r runs at row p = r + j; step j's query attends to step 0's keys at rows <= r and to the chain's own keys
+The math, per docs/train_drafter.md, unrolled for the training-time test: step j of the chain rooted at verified
+position r runs at row p = r + j; step j's query attends to step 0's keys at rows <= r and to the chain's own keys
 k(j', r + j'), j' = 1..j (model.py's docstring draws it).
 """
 from __future__ import annotations
