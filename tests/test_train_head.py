@@ -218,6 +218,8 @@ def test_resume_continues_the_step_count(tiny, tiny_data, tmp_path):
     with pytest.raises(ValueError, match="--resume continues it"):
         run(_job(tmp_path), backend, tok, g)
     job = _job(tmp_path, resume=True)
+    with pytest.raises(ValueError, match="resume with --vocab-draft 64"):
+        run(replace(job, vocab_draft=32), backend, tok, g)
     _, meta = run(replace(job, train=replace(job.train, steps=5)), backend, tok, g)
     assert meta["training"]["steps"] == 5
 

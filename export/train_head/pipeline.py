@@ -54,6 +54,10 @@ def run(job: Job, backend, tokenizer, gguf, bars: Bars = Bars()) -> tuple[Path, 
     seqs = make_data(backend, tokenizer, job.out / "data", job.data, target_sha256=job.gguf_sha256,
                      progress=bars.data)
     d2t = checkpoint_d2t(job.out) if job.resume else None
+    wanted = min(job.vocab_draft, gguf.config.vocab_size)
+    if d2t is not None and len(d2t) != wanted:
+        raise ValueError(f"the checkpoint in {job.out} drafts over {len(d2t)} tokens, not {wanted}: resume with "
+                         f"--vocab-draft {len(d2t)}, or start over without --resume")
     if d2t is None:
         d2t = draft_vocab(seqs.answer_tokens(), gguf.config.vocab_size, job.vocab_draft,
                           always=tuple(tokenizer.eos_ids))
