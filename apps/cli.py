@@ -1,4 +1,4 @@
-"""`specedge` command line: pull, models, rm, export, plan, generate, chat, serve, bench."""
+"""`specedge` command line: pull, models, rm, export, plan, generate, chat, serve, bench, train-drafter."""
 from __future__ import annotations
 
 import json
@@ -17,6 +17,7 @@ from .chat_cmd import chat_cmd
 from .options import CACHE_DIR, STOP, call_options, call_settings, engine_options, open_from
 from .plan_cmd import plan_cmd
 from .serve_cmd import serve_cmd
+from .train_cmd import train_cmd
 
 CACHE_OPT = CACHE_DIR()
 
@@ -289,6 +290,7 @@ cli.add_command(chat_cmd)
 cli.add_command(bench_cmd)
 cli.add_command(serve_cmd)
 cli.add_command(plan_cmd)
+cli.add_command(train_cmd)
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -24,10 +24,10 @@ simd_args() {
 }
 export CMAKE_ARGS="${CMAKE_ARGS:-$(simd_args)}"
 echo "llama-cpp-python CMAKE_ARGS: $CMAKE_ARGS"
-# The hf extra needs torch, but only on the CPU: install a CPU build first (a local CPU wheel where pip's find-links
+# The hf and train extras need torch, but only on the CPU: install a CPU build first (a local CPU wheel where pip's find-links
 # has one, e.g. torch 2.13.0+cpu on these machines) so the extra's range is already met and pip does not pull the
 # newest CUDA build with several GB of nvidia packages. TORCH_SPEC overrides.
-if [[ ",$EXTRAS," == *",hf,"* ]] && ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+if [[ ",$EXTRAS," == *",hf,"* || ",$EXTRAS," == *",train,"* ]] && ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   "$VENV/bin/python" -m pip install "${TORCH_SPEC:-torch==2.13.0}"
 fi
 "$VENV/bin/python" -m pip install ".[$EXTRAS]"
