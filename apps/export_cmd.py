@@ -15,6 +15,9 @@ layer-subset GGUF drafter for llama.cpp.
     specedge export smollm2-135m --format gguf --weights keep --layers 0-11   (early exit at 12, Q4_1 blocks kept)
     specedge export qwen2.5-coder-0.5b --weights int4 --drafter-vocab 16384 --calib-target qwen2.5-coder-1.5b
                                          -> also a VocabTrim drafter head over the target's 16384 most used ids
+    specedge export HEAD_DIR --format gguf [--weights fp16|fp32] [--target MODEL] [--out head.gguf]
+                                         -> a draft head (head.json + head.npz) as llama.cpp's eagle3 GGUF, default
+                                            HEAD_DIR-eagle3.f16.gguf beside the directory (export/head_gguf.py)
 """
 from __future__ import annotations
 
@@ -94,12 +97,21 @@ def parse_layers(text: str, n_layers: int) -> list[int]:
 @click.option("--lora-drop", "lora_drop", default=None,
               help="Fit LoRA-Drop corrections instead (e.g. rank=8,cycle=4; NumPy reference, dev-set prompts) into "
                    "--out or <cache>/<model>-loradrop-r<rank>-c<cycle>/.")
+@click.option("--target", default=None,
+              help="A draft head directory: the target GGUF it was trained on (catalogue name or path; default: "
+                   "the model its head.json names, which must be pulled).")
 @CACHE_DIR()
 def export_cmd(model, fmt, weights, out, layers, profile, gpu, verify_width, max_context, threads, min_top1, max_dlogit,
-               via, lora_drop, drafter_vocab, calib_limit, calib_tokens, calib_target, cache_dir) -> None:
+               via, lora_drop, drafter_vocab, calib_limit, calib_tokens, calib_target, target, cache_dir) -> None:
     """Export MODEL (catalogue name, .gguf path, or a Hugging Face checkpoint directory with config.json and
     *.safetensors). ONNX exports must pass the parity gate against a reference (the NumPy reference; transformers
-    for --via optimum): numbers printed, out of tolerance exits non-zero and marks the artifact failed."""
+    for --via optimum): numbers printed, out of tolerance exits non-zero and marks the artifact failed. A draft head
+    directory (head.json + head.npz) exports as llama.cpp's eagle3 GGUF (docs/drafters.md)."""
+    if (Path(model) / "head.json").is_file():
+        return _export_head(Path(model), weights, out, target, cache_dir)
+    if target is not None:
+        raise click.BadParameter(f"--target names a draft head's target; {model} is not a draft head directory "
+                                 "(no head.json)", param_hint="--target")
     name, model = model, _resolve_hub(model, cache_dir)  # named after hf:OWNER/REPO's REPO; the pulled copy
     hf = is_hf_dir(model)
     if via == "optimum" and not hf:
@@ -312,4 +324,43 @@ def _export_gguf(source, model, weights, out, layers, cache_dir) -> None:
     out = out or model_cache_dir(cache_dir) / f"{source.path.stem}{tag}{suffix}.gguf"
     dtype = GGUF_DTYPES[weights]
     path = write_gguf(out, source, None if dtype == "keep" else source.load_weights(), dtype=dtype, layers=kept)
+    click.echo(str(path))
+
+
+HEAD_WEIGHTS = {"fp16": "f16", "fp32": "f32"}
+_HEAD_OPTIONS = {"model", "fmt", "weights", "out", "target", "cache_dir"}
+
+
+def _export_head(head_dir: Path, weights, out, target, cache_dir) -> None:
+    """A draft head -> llama.cpp's eagle3 GGUF (export/head_gguf.py); options that do not apply are refused."""
+    ctx = click.get_current_context()
+    given = sorted(f"--{n.replace('_', '-')}" for n in ctx.params if n not in _HEAD_OPTIONS
+                   and ctx.get_parameter_source(n) is not click.core.ParameterSource.DEFAULT)
+    if given:
+        raise click.BadParameter(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to a draft "
+                                 "head, which exports as one eagle3 GGUF: use --format gguf, --weights fp16|fp32, "
+                                 "--target and --out", param_hint=given[0])
+    if ctx.params["fmt"] != "gguf" and ctx.get_parameter_source("fmt") is not click.core.ParameterSource.DEFAULT:
+        raise click.BadParameter("a draft head exports to --format gguf (llama.cpp's eagle3)", param_hint="--format")
+    weights = weights or "fp16"
+    if weights not in HEAD_WEIGHTS:
+        raise click.BadParameter(f"a draft head is written as fp16 or fp32, not {weights}", param_hint="--weights")
+    from ..runtime.drafters.head_model import read_head
+    from ..export.head_gguf import write_head_gguf
+    try:
+        named = read_head(head_dir)[0].model  # the files checked before anything else
+    except (ValueError, FileNotFoundError) as e:
+        raise click.ClickException(str(e)) from None
+    try:
+        gguf = open_gguf(resolve_model(target or named, cache_dir, pull_if_missing=False), cache_dir)
+    except (ValueError, FileNotFoundError) as e:
+        hint = "" if target else f" (the model {head_dir / 'head.json'} names; give its GGUF with --target)"
+        raise click.ClickException(f"{e}{hint}") from None
+    dtype = HEAD_WEIGHTS[weights]
+    out = out or head_dir.resolve().parent / f"{head_dir.resolve().name}-eagle3.{dtype}.gguf"
+    try:
+        path = write_head_gguf(out, head_dir, gguf, dtype=dtype)
+    except (ValueError, OSError) as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"run it: llama-server -m {gguf.path} -md {path} --spec-type draft-eagle3", err=True)
     click.echo(str(path))

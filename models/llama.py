@@ -68,12 +68,16 @@ def _heads(canonical: str, config: ModelConfig) -> int | None:
     return heads.get(kind)
 
 
+def permute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Rows of a q or k projection (or bias) [n_heads*hd, ...], HF rotate_half order -> llama.cpp's interleaved-pair
+    RoPE order (convert_hf_to_gguf's LlamaModel.permute): within each head, row j*hd/2 + i goes to 2i + j."""
+    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
 def to_gguf_layout(canonical: str, w: np.ndarray, config: ModelConfig) -> np.ndarray:
     """Canonical (HF rotate_half) -> GGUF row order, as llama.cpp's convert_hf_to_gguf permutes it."""
     n = _heads(canonical, config)
-    if n is None:
-        return w
-    return w.reshape(n, 2, w.shape[0] // n // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return w if n is None else permute_rows(w, n)
 
 
 def from_gguf_layout(canonical: str, w: np.ndarray, config: ModelConfig) -> np.ndarray:

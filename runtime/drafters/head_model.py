@@ -3,6 +3,7 @@
 allow_pickle=False and checked array by array against head.json and the target before any draft runs.
 
     HeadModel.load(dir)                      -> config + float32 compute weights (norm weights folded in)
+    read_head(dir)                           -> (config, stored arrays): the files as written (export/head_gguf.py)
     head.check_target(config, gguf_sha256)   -> ValueError naming the file and the fix on a mismatch
     save_head(dir, config, arrays)           -> writes both files (the trainer and the tests)
     random_head(target_config, taps, ...)    -> a seeded random head for a target (tests, cost measurements)
@@ -129,21 +130,7 @@ class HeadModel:
 
     @classmethod
     def load(cls, root: str | Path) -> "HeadModel":
-        root = Path(root)
-        if not root.is_dir():
-            raise FileNotFoundError(f"no draft head directory {root}: give --drafter head:<dir> a directory holding "
-                                    f"{JSON_NAME} and {NPZ_NAME}, or {RETRAIN}")
-        for name in (JSON_NAME, NPZ_NAME):
-            if not (root / name).is_file():
-                raise FileNotFoundError(f"{root / name} is missing: a draft head directory holds {JSON_NAME} and "
-                                        f"{NPZ_NAME}; re-copy it or {RETRAIN}")
-        try:
-            raw = json.loads((root / JSON_NAME).read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ValueError(f"{root / JSON_NAME} is not valid JSON ({e}); re-copy the head or {RETRAIN}") from None
-        config = HeadConfig.from_json(raw, root / JSON_NAME)
-        config.check(root / JSON_NAME)
-        return cls.from_arrays(config, read_arrays(root / NPZ_NAME, config), root)
+        return cls.from_arrays(*read_head(root), Path(root))
 
     @classmethod
     def from_arrays(cls, config: HeadConfig, a: dict[str, np.ndarray], path: Path | None = None) -> "HeadModel":
@@ -174,6 +161,26 @@ class HeadModel:
             raise ValueError(f"{self.where} was trained on another file of {c.model or 'this model'} (its "
                              f"{JSON_NAME} names GGUF sha256 {c.gguf_sha256[:12]}...): the taps it reads would "
                              f"differ; use the GGUF it names, or {RETRAIN}")
+
+
+def read_head(root: str | Path) -> tuple[HeadConfig, dict[str, np.ndarray]]:
+    """A head directory's checked config and stored arrays (as head.npz holds them); FileNotFoundError/ValueError
+    naming the file and the fix."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"no draft head directory {root}: give a directory holding {JSON_NAME} and "
+                                f"{NPZ_NAME}, or {RETRAIN}")
+    for name in (JSON_NAME, NPZ_NAME):
+        if not (root / name).is_file():
+            raise FileNotFoundError(f"{root / name} is missing: a draft head directory holds {JSON_NAME} and "
+                                    f"{NPZ_NAME}; re-copy it or {RETRAIN}")
+    try:
+        raw = json.loads((root / JSON_NAME).read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{root / JSON_NAME} is not valid JSON ({e}); re-copy the head or {RETRAIN}") from None
+    config = HeadConfig.from_json(raw, root / JSON_NAME)
+    config.check(root / JSON_NAME)
+    return config, read_arrays(root / NPZ_NAME, config)
 
 
 def read_arrays(path: Path, config: HeadConfig) -> dict[str, np.ndarray]:
