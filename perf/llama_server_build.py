@@ -1,6 +1,6 @@
 """Upstream llama.cpp's `llama-server` for `specedge bench --baseline llama-server`: find it, or build it once.
 
-    python -m specedge.perf.llama_server_build [--cache-dir DIR] [--jobs N] [--if-missing]   # ~10 min, 2 cores
+    python -m specedge.perf.llama_server_build [--cache-dir DIR] [--jobs N]    # ~10 minutes on 2 cores
     scripts/build_llama_server.sh                                            # the same
 
 Found, in this order: a `llama-server` on PATH (its `--version` is reported), then the one built earlier into
@@ -160,13 +160,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-dir", type=Path, default=None, help="model cache (default: $SPECEDGE_CACHE or the "
                                                                  "platform cache dir)")
     ap.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (default: cmake's -j, all cores)")
-    ap.add_argument("--if-missing", action="store_true", help="build only when no llama-server is found (on PATH or "
-                                                              "in the cache): CI's step")
     a = ap.parse_args(argv)
-    found = find_llama_server(model_cache_dir(a.cache_dir)) if a.if_missing else None
-    if found is not None:
-        print(f"{found.path}: {found.version} (found on {found.source}; not rebuilt)")
-        return 0
     try:
         path = build_llama_server(model_cache_dir(a.cache_dir), jobs=a.jobs,
                                   log=lambda m: print(m, file=sys.stderr))
