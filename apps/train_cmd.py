@@ -129,8 +129,8 @@ def _load(model: str, backend: str, threads: int, cache_dir: Path | None):
         return load_model(model, BackendKind(backend), threads=threads, cache_dir=cache_dir,
                           log=lambda m: click.echo(m, err=True))
     except (ValueError, FileNotFoundError, ImportError, ModelFileError) as e:
-        hint = " (--backend numpy runs any file our reader opens)" if backend == "native" else ""
-        raise click.ClickException(f"{e}{hint}") from None
+        raise click.ClickException(f"{e} (the data step also runs on --backend numpy, the reference, which runs "
+                                   "any file our reader opens)") from None
 
 
 class _Bars:
