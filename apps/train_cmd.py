@@ -8,14 +8,13 @@ command runs (export/train_head/model.py require_torch names the extra).
 """
 from __future__ import annotations
 
-import os
 import shlex
 from dataclasses import replace
 from pathlib import Path
 
 import click
 
-from ..models.catalog import model_cache_dir
+from ..models.catalog import heads_dir
 from .options import CACHE_DIR
 
 BACKENDS = ("native", "numpy")
@@ -24,9 +23,7 @@ BACKENDS = ("native", "numpy")
 def default_out(model: str, cache_dir: Path | None) -> Path:
     """Where a head goes by default: <cache>/heads/<model> beside the model cache (~/.cache/specedge/heads/NAME), or
     inside --cache-dir / $SPECEDGE_CACHE when one is given."""
-    models = model_cache_dir(cache_dir)
-    chosen = cache_dir is not None or bool(os.environ.get("SPECEDGE_CACHE"))
-    return (models if chosen else models.parent) / "heads" / head_name(model)
+    return heads_dir(cache_dir) / head_name(model)
 
 
 def command_line(ctx: click.Context) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from ..models.catalog import model_cache_dir
+from ..models.catalog import file_sha256, heads_dir, model_cache_dir
 from .measured import recorded, watch
 from .notice import Measuring
 from .environment import environment
@@ -47,9 +47,10 @@ def engine_version(kind: BackendKind) -> str | None:
     return info(kind).version()
 
 
-def candidate_specs(target: LoadedModel, requested: Sequence[str]) -> list[str]:
+def candidate_specs(target: LoadedModel, requested: Sequence[str], cache_dir: Path | None = None) -> list[str]:
     """Drafters worth measuring on this target: ngram, the requested ones (tree drafters and 'none' dropped: plain
-    is always a candidate; trees are not tuned here), and layer skip where the backend runs layer plans."""
+    is always a candidate; trees are not tuned here), layer skip where the backend runs layer plans, and there the
+    trained heads made for this very file (trained_heads)."""
     specs = ["ngram"]
     for text in requested:
         spec = parse_drafter(text)
@@ -59,7 +60,28 @@ def candidate_specs(target: LoadedModel, requested: Sequence[str]) -> list[str]:
         specs.append(SELFSPEC_DEFAULT)
     for s in quantized_self_drafters(target):  # alone and behind prompt lookup (the best measured on fp32 SmolLM2)
         specs += [x for x in (s, f"{s}+lookup") if x not in specs]
+    if target.backend.caps.layer_plan:  # the head drafter reads the verify forward's taps
+        specs += [x for x in trained_heads(target.path, cache_dir) if x not in specs]
     return specs
+
+
+def trained_heads(gguf: Path, cache_dir: Path | None) -> list[str]:
+    """`head:<dir>` for every trained head in the heads cache (models.catalog.heads_dir) whose head.json names this
+    GGUF's SHA-256: a head is measured only on the file it was trained on."""
+    root = heads_dir(cache_dir)
+    if not Path(gguf).is_file() or not root.is_dir():
+        return []
+    mine, out = None, []
+    for meta in sorted(root.glob("*/head.json")):
+        try:
+            target = json.loads(meta.read_text()).get("target", {})
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(target, dict) and target.get("gguf_sha256"):
+            mine = mine or file_sha256(gguf)
+            if target["gguf_sha256"] == mine and (meta.parent / "head.npz").is_file():
+                out.append(f"head:{meta.parent}")
+    return out
 
 
 def quantized_self_drafters(target: LoadedModel) -> list[str]:
@@ -131,7 +153,7 @@ def auto_settings(model: "ModelSettings", decode: "DecodeSettings", target: Load
     """generate/chat --auto: the decode settings (drafter, k, fixed or adaptive) from this target's profile; the
     requested drafter (if not ngram/none) is measured as a candidate too. Prints the choice to stderr."""
     from dataclasses import replace
-    specs = candidate_specs(target, [str(decode.drafter)])
+    specs = candidate_specs(target, [str(decode.drafter)], model.cache_dir)
     profile, path = load_or_measure(target, f"{model.backend.value}:{model.model}", specs, threads=model.threads,
                                     device=model.device, cache_dir=model.cache_dir, ctx=model.ctx, log=log)
     choice = choose(profile, specs)
@@ -149,7 +171,7 @@ def tune_targets(targets: Sequence[str], drafters: Sequence[str], *, model: str,
     for label in targets:
         kind, name = parse_target(label, model)
         target = load_model(name, kind, ctx=ctx, threads=threads, cache_dir=cache_dir, device="cpu")
-        specs = candidate_specs(target, drafters)
+        specs = candidate_specs(target, drafters, cache_dir)
         profile, path = load_or_measure(target, label, specs, threads=threads, device="cpu", cache_dir=cache_dir,
                                         ctx=ctx, force=force, log=log)
         del target

@@ -140,7 +140,7 @@ def _measure_target(run: _Planning, t: PlanTarget, n_left: int) -> list[Measured
     loaded = run.load(t, engine)
     if loaded is None:
         return []
-    specs = candidate_specs(loaded, [])
+    specs = candidate_specs(loaded, [], run.cache_dir)
     if engine.draft_models:
         specs += draft_models(Path(t.path), run.cache_dir)
     variance = loaded.backend.caps.variance

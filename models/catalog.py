@@ -95,6 +95,14 @@ def model_cache_dir(explicit: str | Path | None = None) -> Path:
     return Path(user_cache_dir("specedge")) / "models"
 
 
+def heads_dir(explicit: str | Path | None = None) -> Path:
+    """Where trained draft heads live (`specedge train-drafter` writes <this>/<model>; the plan measures those made for
+    its target): beside the model cache (~/.cache/specedge/heads), or inside an explicit / $SPECEDGE_CACHE cache."""
+    models = model_cache_dir(explicit)
+    chosen = explicit is not None or bool(os.environ.get("SPECEDGE_CACHE"))
+    return (models if chosen else models.parent) / "heads"
+
+
 def get_entry(name: str | CatalogEntry) -> CatalogEntry:
     """Catalogue entry by name (an entry passes through); ValueError listing the names otherwise."""
     if isinstance(name, CatalogEntry):

@@ -134,3 +134,25 @@ def test_float_onnx_targets_get_their_quantized_artifacts_as_drafter_candidates(
     assert [s for s in specs if s.startswith("model:")] == [int4, f"{int4}+lookup"]
     quantized = load_model(str(arts / "a-int4"), BackendKind.ONNX, threads=1)
     assert not [s for s in candidate_specs(quantized, []) if s.startswith("model:")]
+
+
+def test_the_plan_measures_the_heads_trained_on_this_very_file(tmp_path):
+    """A head in the heads cache is a candidate on a target that reads taps, only for the GGUF whose SHA-256 its
+    head.json names (a head for another file, or on a target without taps, is not)."""
+    from specedge.assembly.auto import candidate_specs
+    from specedge.assembly.load import load_model
+    from specedge.models.catalog import file_sha256, heads_dir
+    from specedge.models.gguf_in import open_gguf
+    from specedge.runtime.backends import BackendKind
+    from specedge.runtime.drafters.head_model import random_head, save_head
+
+    a, b = (write_tiny_gguf(tmp_path / f"{n}.gguf", seed=s) for n, s in (("a", 0), ("b", 1)))
+    cache = tmp_path / "cache"
+    for name, path in (("a", a), ("b", b)):
+        cfg, arrays = random_head(open_gguf(path).config, (1, 1, 2), gguf_sha256=file_sha256(path), model=name)
+        save_head(heads_dir(cache) / name, cfg, arrays)
+    target = load_model(str(a), BackendKind.NUMPY, threads=1, cache_dir=cache)
+    heads = [s for s in candidate_specs(target, [], cache) if s.startswith("head:")]
+    assert heads == [f"head:{heads_dir(cache) / 'a'}"]
+    llama = load_model(str(a), BackendKind.LLAMACPP, threads=1, cache_dir=cache)
+    assert not [s for s in candidate_specs(llama, [], cache) if s.startswith("head:")]
