@@ -256,3 +256,38 @@ def test_cli_writes_the_head_into_the_cache_and_refuses_to_overwrite_a_training(
     assert f"{head}: head of " in result.output and "tau_eval" in result.output
     again = CliRunner().invoke(cli, args)
     assert again.exit_code == 1 and "--resume continues it" in again.output
+
+
+def test_the_runtime_drafter_runs_what_the_trainer_trained(tiny, tmp_path):
+    """The trainer's torch head, written as head.npz/head.json, and the runtime's HeadRunner (float32 NumPy) over the
+    same taps and tokens: step 0 from the fused taps and a chained step from its own output give the same logits
+    (the file format and both readings of the math agree end to end)."""
+    from specedge.export.train_head.artifact import head_arrays, manifest, write_head
+    from specedge.runtime.drafters.head import HeadCache, HeadRunner
+    from specedge.runtime.drafters.head_model import HeadModel, TargetEmbedding
+    g, backend, _ = tiny
+    cfg = HeadConfig.for_target(g.config, vocab_draft=17)
+    embed = target_embedding(g)
+    rng = np.random.default_rng(3)
+    torch.manual_seed(3)
+    head = build_head(cfg, embed).double()
+    with torch.no_grad():  # float16-exact weights (what head.npz stores), norms away from 1
+        for name, p in head.named_parameters():
+            v = rng.uniform(0.5, 1.5, p.shape) if p.dim() == 1 else rng.standard_normal(p.shape) / np.sqrt(p.shape[1])
+            p.copy_(torch.as_tensor(v.astype(np.float16).astype(np.float64)))
+    d2t = np.sort(rng.choice(g.config.vocab_size, 17, replace=False))
+    meta = manifest(cfg, model="tiny", gguf_sha256="t", config=g.config, taps=TAPS, training={})
+    write_head(tmp_path / "head", head_arrays(head, d2t), meta)
+    tokens = rng.integers(0, g.config.vocab_size, 10)
+    taps = sequence_taps(backend, tokens.astype(np.int32), TAPS).astype(np.float64)  # [T, 3, D] (stored float16)
+    outs = head(torch.as_tensor(taps[None]), torch.as_tensor(tokens[None]), 2)
+    runner, loaded = HeadRunner(HeadModel.load(tmp_path / "head")), TargetEmbedding.from_array(embed)
+    cache = HeadCache(cfg.n_kv_heads, cfg.head_dim, cfg.d_model)
+    p = 6  # entries at positions 1..p + 1 from taps 0..p and tokens 1..p + 1; the last drafts x[p + 2]
+    o = runner.step(cache, runner.fuse([taps[:p + 1, i] for i in range(3)]), loaded.rows(tokens[1:p + 2]),
+                    np.arange(1, p + 2))[-1:]
+    want0 = head.logits(outs[0][0, p]).detach().numpy()
+    np.testing.assert_allclose(runner.logits(o)[0], want0, rtol=1e-4, atol=1e-4 * np.abs(want0).max())
+    o = runner.step(cache, o, loaded.rows(tokens[p + 2:p + 3]), np.array([p + 2]))
+    want1 = head.logits(outs[1][0, p + 1]).detach().numpy()
+    np.testing.assert_allclose(runner.logits(o)[0], want1, rtol=1e-4, atol=1e-4 * np.abs(want1).max())
