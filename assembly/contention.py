@@ -83,6 +83,9 @@ def _loadavg() -> float:
         return 0.0
 
 
+MIN_WINDOW_S = 0.25  # the shortest window whose /proc/stat ticks (10 ms each) can tell a quiet machine from a busy one
+
+
 class CpuWatch:
     """Measures the other processes' CPU use over a `with` block (or start() ... stop())."""
 
@@ -95,6 +98,9 @@ class CpuWatch:
         return self
 
     def stop(self) -> Load:
+        wall = time.perf_counter() - self._t0
+        if wall < MIN_WINDOW_S:  # the CPU counters tick every 10 ms: a shorter window can read 0 with both cores
+            time.sleep(MIN_WINDOW_S - wall)  # taken, so it is watched on, idle, until the others would show
         wall = max(time.perf_counter() - self._t0, 1e-6)
         busy = _machine_busy_s()
         if busy is not None and self._busy0 is not None:
