@@ -62,7 +62,12 @@ def test_data_taps_equal_the_backends_hidden_taps(tiny, tiny_data):
         seq = seqs.tokens[seqs.offsets[i]:seqs.offsets[i + 1]]
         prompt = tok.chat_ids(text)
         assert seqs.prompt_lens[i] == len(prompt) and np.array_equal(seq[:len(prompt)], prompt)
-        assert 1 <= len(seq) - len(prompt) <= 12
+        answer = seq[len(prompt):]
+        assert 1 <= len(answer) <= 12  # DataSettings(max_tokens=12)
+        # the answer is the target's own greedy continuation, ending at an end-of-turn id or at max_tokens
+        logits = backend.forward(seq, backend.new_cache(len(seq)))
+        assert np.array_equal(logits[len(prompt) - 1:-1].argmax(1), answer)
+        assert len(answer) == 12 or int(answer[-1]) in g.config.eos_ids
         _, tapped = backend.hidden(seq, backend.new_cache(len(seq)), taps=(1, 2))
         got = seqs.taps[seqs.offsets[i]:seqs.offsets[i + 1]]
         for j, n in enumerate(TAPS):
