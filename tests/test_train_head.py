@@ -17,7 +17,7 @@ from specedge.export.train_head.artifact import output_rows, target_embedding  #
 from specedge.export.train_head.data import DataSettings, Sequences, make_data, sequence_taps  # noqa: E402
 from specedge.export.train_head.model import HeadConfig, build_head, require_torch  # noqa: E402
 from specedge.export.train_head.pipeline import Job, run  # noqa: E402
-from specedge.export.train_head.prompts import recipe_prompts, recipe_size  # noqa: E402
+from specedge.export.train_head.prompts import PASSAGE, PATTERN, recipe, recipe_size  # noqa: E402
 from specedge.export.train_head.train import Target, TrainSettings, loss_on, new_head, train_head  # noqa: E402
 from specedge.export.train_head.vocab import draft_vocab, target_to_draft  # noqa: E402
 from specedge.models.gguf_in import open_gguf  # noqa: E402
@@ -37,7 +37,7 @@ def tiny(tiny_gguf):
 def tiny_data(tiny, tmp_path_factory):
     g, backend, tok = tiny
     out = tmp_path_factory.mktemp("head-data")
-    return out, make_data(backend, tok, out, DataSettings(prompts=6, max_tokens=12, taps=TAPS, shard_size=4),
+    return out, make_data(backend, tok, out, DataSettings(prompts=10, max_tokens=12, taps=TAPS, shard_size=8),
                           target_sha256="t")
 
 
@@ -47,19 +47,35 @@ def tiny_target(g) -> Target:
 
 
 def test_recipe_is_fixed_distinct_and_bounded():
-    a = recipe_prompts(300)
-    assert a == recipe_prompts(300) and len(set(a)) == 300
-    assert recipe_prompts(10) == a[:10]
+    a = recipe(600)
+    assert a == recipe(600) and recipe(10) == a[:10]
+    assert len({(p.text, p.source) for p in a}) == 600  # no prompt twice (a passage prompt: with its source)
+    assert [p.kind for p in a[:len(PATTERN)]] == list(PATTERN)
+    for i, p in enumerate(a):  # a passage comes from an earlier topic prompt's answer, each answer used once
+        assert (PASSAGE in p.text) == (p.source is not None) == (p.kind in ("summarize", "rag"))
+        assert p.source is None or (p.source < i and a[p.source].kind == "topic")
+    sources = [p.source for p in a if p.source is not None]
+    assert len(sources) == len(set(sources)) == 120
+    assert sum(p.kind == "translate" and p.text.startswith("Translate") for p in a) == 120
     with pytest.raises(ValueError, match="ask for 1"):
-        recipe_prompts(recipe_size() + 1)
+        recipe(recipe_size() + 1)
 
 
 def test_data_taps_equal_the_backends_hidden_taps(tiny, tiny_data):
     g, backend, tok = tiny
     out, seqs = tiny_data
-    assert len(seqs) == 6 and seqs.taps.dtype == np.float16 and seqs.taps.shape[1:] == (3, g.config.d_model)
-    for i, text in enumerate(recipe_prompts(6)):
+    assert len(seqs) == 10 and seqs.taps.dtype == np.float16 and seqs.taps.shape[1:] == (3, g.config.d_model)
+    prompts = recipe(10)
+    # two passage prompts: 6 reads an answer made earlier in its own shard (8 prompts), 9 one of the first shard
+    assert [p.source for p in prompts if p.source is not None] == [0, 3]
+    for i, p in enumerate(prompts):
         seq = seqs.tokens[seqs.offsets[i]:seqs.offsets[i + 1]]
+        text = p.text
+        if p.source is not None:  # the source's answer, decoded without its end of turn, is the passage
+            src = seqs.tokens[seqs.offsets[p.source] + seqs.prompt_lens[p.source]:seqs.offsets[p.source + 1]]
+            passage = tok.decode([t for t in src.tolist() if t not in g.config.eos_ids]).strip()
+            text = text.replace(PASSAGE, passage)
+            assert passage and PASSAGE not in text
         prompt = tok.chat_ids(text)
         assert seqs.prompt_lens[i] == len(prompt) and np.array_equal(seq[:len(prompt)], prompt)
         answer = seq[len(prompt):]
@@ -79,15 +95,16 @@ def test_data_resumes_without_running_the_target_again(tiny, tiny_data, monkeypa
     out, seqs = tiny_data
     copy = tmp_path / "data"
     shutil.copytree(out, copy)
-    (copy / "shard-00001.npz").unlink()  # the second shard (prompts 4, 5) is missing: only it is remade
+    (copy / "shard-00001.npz").unlink()  # the second shard (prompts 8, 9) is missing: only it is remade, its
+    # passage prompt 9 reading prompt 3's answer back from the first shard
     calls = []
     real = data_mod.answer
     monkeypatch.setattr(data_mod, "answer", lambda *a: calls.append(1) or real(*a))
-    again = make_data(backend, tok, copy, DataSettings(prompts=6, max_tokens=12, taps=TAPS, shard_size=4),
+    again = make_data(backend, tok, copy, DataSettings(prompts=10, max_tokens=12, taps=TAPS, shard_size=8),
                       target_sha256="t")
     assert len(calls) == 2 and again.sha256 == seqs.sha256
     with pytest.raises(ValueError, match="other settings .*max_tokens"):
-        make_data(backend, tok, copy, DataSettings(prompts=6, max_tokens=5, taps=TAPS, shard_size=4),
+        make_data(backend, tok, copy, DataSettings(prompts=10, max_tokens=5, taps=TAPS, shard_size=8),
                   target_sha256="t")
 
 
@@ -191,7 +208,7 @@ def test_training_lowers_the_loss_on_a_repetitive_corpus(tiny, tmp_path):
 
 
 def _job(out, **kw) -> Job:
-    return Job("tiny", "t", out, DataSettings(prompts=6, max_tokens=12, taps=TAPS, shard_size=4),
+    return Job("tiny", "t", out, DataSettings(prompts=10, max_tokens=12, taps=TAPS, shard_size=8),
                TrainSettings(steps=3, minutes=None, batch=2), vocab_draft=64, command="specedge train-drafter tiny",
                **kw)
 

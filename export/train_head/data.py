@@ -1,6 +1,7 @@
 """Self-distillation data for a draft head: the target's own greedy answers and its taps at every position.
 
-For each recipe prompt (prompts.py): the chat template applied, the target answers greedily (up to max_tokens, or
+For each recipe prompt (prompts.py; a passage prompt gets the target's own answer to its source prompt, decoded, in
+place of its PASSAGE): the chat template applied, the target answers greedily (up to max_tokens, or
 its end of turn), then ONE teacher-forced pass over prompt + answer through `hidden(..., taps=taps)` gives the three
 tapped hidden states at every position. Shards of `shard_size` prompts are written one by one:
 
@@ -30,7 +31,7 @@ from ...runtime.backends.base import LayeredBackend
 from ...runtime.decode import decode
 from ...runtime.request import Request
 from ...runtime.types import as_tokens
-from .prompts import RECIPE_VERSION, recipe_prompts
+from .prompts import PASSAGE, RECIPE_VERSION, RecipePrompt, recipe
 
 FORMAT = "specedge-head-data"
 INDEX = "index.json"
@@ -128,11 +129,11 @@ def _write_index(out: Path, header: dict, shards: list[dict]) -> None:
 def make_data(backend: LayeredBackend, tokenizer, out: Path, settings: DataSettings, *, target_sha256: str,
               progress: Callable[[int, int], object] | None = None) -> Sequences:
     """Write (or complete) the data set in `out` and return it loaded. tokenizer: the target's (chat_ids,
-    eos_ids). progress(done, total) is called with the prompts done so far: once with those a previous run did,
-    then after each prompt (the command moves a tqdm bar with it)."""
+    eos_ids, decode). progress(done, total) is called with the prompts done so far: once with those a previous run
+    did, then after each prompt (the command moves a tqdm bar with it)."""
     out.mkdir(parents=True, exist_ok=True)
     header = _header(settings, backend.config.d_model, target_sha256)
-    prompts = recipe_prompts(settings.prompts)
+    prompts = recipe(settings.prompts)
     n, size = len(prompts), settings.shard_size
     kept = {s["first"]: s for s in _read_index(out, header)}
     shards = []
@@ -145,25 +146,52 @@ def make_data(backend: LayeredBackend, tokenizer, out: Path, settings: DataSetti
         def tick():
             counter[0] += 1
             progress(counter[0], n)
+    passages = _Passages(out, size, tokenizer)
     for first in range(0, n, size):
         count = min(size, n - first)
         if first in kept and kept[first]["count"] == count:
             shards.append(kept[first])
             continue
         shards.append(_write_shard(backend, tokenizer, out, prompts[first:first + count], first, settings,
-                                   progress=tick))
+                                   passages, progress=tick))
         _write_index(out, header, shards + [s for f, s in sorted(kept.items()) if f > first])
     _write_index(out, header, shards)
     return load_data(out)
 
 
-def _write_shard(backend, tokenizer, out: Path, prompts: list[str], first: int, settings: DataSettings,
-                 progress: Callable[[], object] | None) -> dict:
+class _Passages:
+    """The target's answers as text, by recipe index: those of this run kept as made, a shard a previous run
+    wrote read back when a passage prompt needs one of its answers."""
+
+    def __init__(self, out: Path, shard_size: int, tokenizer) -> None:
+        self.out, self.size, self.tokenizer = out, shard_size, tokenizer
+        self.answers: dict[int, np.ndarray] = {}
+
+    def add(self, first: int, answers: list[np.ndarray]) -> None:
+        self.answers.update((first + i, a) for i, a in enumerate(answers))
+
+    def fill(self, prompt: RecipePrompt) -> str:
+        if prompt.source is None:
+            return prompt.text
+        if prompt.source not in self.answers:
+            first = prompt.source // self.size * self.size
+            with np.load(self.out / f"shard-{first // self.size:05d}.npz", allow_pickle=False) as z:
+                tokens, lengths, prompt_lens = z["tokens"], z["lengths"], z["prompt_lens"]
+            ends = np.cumsum(lengths)
+            self.add(first, [tokens[e - n + p:e] for e, n, p in zip(ends, lengths, prompt_lens)])
+        ids = [int(t) for t in self.answers[prompt.source] if int(t) not in set(self.tokenizer.eos_ids)]
+        return prompt.text.replace(PASSAGE, self.tokenizer.decode(ids).strip())
+
+
+def _write_shard(backend, tokenizer, out: Path, prompts: list[RecipePrompt], first: int, settings: DataSettings,
+                 passages: _Passages, progress: Callable[[], object] | None) -> dict:
     tokens, taps, lengths, prompt_lens = [], [], [], []
     t0 = time.perf_counter()
-    for text in prompts:
-        prompt = as_tokens(tokenizer.chat_ids(text))
-        full = np.concatenate([prompt, answer(backend, prompt, settings.max_tokens, tokenizer.eos_ids)])
+    for i, item in enumerate(prompts):
+        prompt = as_tokens(tokenizer.chat_ids(passages.fill(item)))
+        reply = answer(backend, prompt, settings.max_tokens, tokenizer.eos_ids)
+        passages.add(first + i, [reply])  # a passage prompt later in this shard may read it
+        full = np.concatenate([prompt, reply])
         tokens.append(full)
         taps.append(sequence_taps(backend, full, settings.taps))
         lengths.append(len(full))
@@ -176,8 +204,7 @@ def _write_shard(backend, tokenizer, out: Path, prompts: list[str], first: int, 
              lengths=np.array(lengths, np.int32), prompt_lens=np.array(prompt_lens, np.int32))
     os.replace(tmp, out / name)
     return {"file": name, "first": first, "count": len(prompts), "tokens": int(sum(lengths)),
-            "seconds": round(time.perf_counter() - t0, 2),
-            "sha256": file_sha256(out / name)}
+            "seconds": round(time.perf_counter() - t0, 2), "sha256": file_sha256(out / name)}
 
 
 def load_data(out: Path) -> Sequences:
