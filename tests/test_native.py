@@ -294,6 +294,30 @@ def test_the_pool_computes_the_same_rows_call_after_call(tiny_files):
         assert np.array_equal(got, want), rep
 
 
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K"])
+def test_a_drafter_s_matrix_on_the_engine_s_pool_equals_one_thread_s(tiny_files, fmt):
+    """NativeBackend.matmul (a draft head's packed matrix on the engine's thread pool, between forwards): the bits
+    of PackedMatrix.matmul on one thread, at 1 and 2 threads and widths 1..16, and forwards before and after it
+    unchanged (it uses none of the model's own buffers)."""
+    gguf = open_gguf(tiny_files["llama", "Q8_0"])
+    one = NativeBackend(gguf, n_threads=1)
+    toks = np.random.default_rng(6).integers(0, gguf.config.vocab_size, 9)
+    want = one.forward(toks, one.new_cache(16))
+    k = 512
+    m = nl.PackedMatrix(fmt, random_matrix(fmt, 96, k, seed=3)[0])
+    rng = np.random.default_rng(7)
+    for threads in (1, 2):
+        b = NativeBackend(gguf, n_threads=threads)
+        cache = b.new_cache(16)
+        first = b.forward(toks[:4], cache)
+        for rows in (1, 2, 5, 16):
+            x = rng.standard_normal((rows, k)).astype(np.float32)
+            assert np.array_equal(b.matmul(m, x), m.matmul(x)), (threads, rows)
+        assert np.array_equal(np.concatenate([first, b.forward(toks[4:], cache)]), want)
+    with pytest.raises(ValueError, match=r"x must be \[rows, 512\]"):
+        b.matmul(m, np.zeros((2, 256), np.float32))
+
+
 def test_a_tree_verifies_each_path_as_its_chain_would(tiny_files):
     """Root, two children, a grandchild under the first child: each node's logits equal the chain's along its path;
     compacting the accepted path leaves the cache a chain would have built."""

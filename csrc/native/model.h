@@ -56,5 +56,6 @@ int se_model_ready(const se_model *m);   /* 0 when every tensor the config needs
 int se_forward(se_model *m, const se_call *c);
 /* Final norm + LM head on hidden states h [n, d_model] -> logits [n, head rows]; head NULL: the model's own. */
 int se_head(se_model *m, const float *h, int n, float *logits, const se_mat *head);
+int se_model_matmul(se_model *m, const se_mat *w, const float *x, int rows, float *out);
 size_t se_model_bytes(const se_model *m);
 #endif

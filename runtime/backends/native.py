@@ -193,6 +193,11 @@ class NativeBackend:
         per_layer = 2 * c.d_model * (c.n_heads + c.n_kv_heads) * c.head_dim + 3 * c.d_model * c.d_ff
         return per_layer * c.n_layers + c.vocab_size * c.d_model * (1 if c.tied_embeddings else 2)
 
+    def matmul(self, packed: nl.PackedMatrix, x: np.ndarray) -> np.ndarray:
+        """A drafter's packed matrix (a draft head's, runtime/drafters/head.py) times x [rows, k] on this engine's
+        thread pool, between forwards: PackedMatrix.matmul's bits, its output rows split over the threads."""
+        return packed.matmul_on(self._model, x)
+
     def forward(self, tokens: Tokens, cache: NativeCache, *, tree_mask: Mask | None = None,
                 plan: LayerPlan | None = None) -> Logits:
         """Logits [T, V] for tokens appended at cache.length."""

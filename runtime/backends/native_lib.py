@@ -14,7 +14,7 @@ from functools import lru_cache
 
 import numpy as np
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 ISA_NAMES = ("portable", "avx2", "avx512", "neon")  # se.h SE_ISA_*
 GGML_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14,
               "BF16": 30}  # se.h's
@@ -66,7 +66,8 @@ _SIGNATURES = {
     "se_mat_new": (c_void_p, [c_int, c_void_p, c_size_t, c_int, c_int]),
     "se_mat_delete": (None, [c_void_p]),
     "se_mat_bytes": (c_size_t, [c_void_p]),
-    "se_matmul": (c_int, [c_void_p, _P(c_float), c_int, _P(c_float), c_int]),
+    "se_matmul": (c_int, [c_void_p, c_void_p, c_int, c_void_p, c_int]),  # x, out: ndarray.ctypes.data (cheap)
+    "se_model_matmul": (c_int, [c_void_p, c_void_p, c_void_p, c_int, c_void_p]),
     "se_matmul_pool": (c_int, [c_void_p, _P(c_void_p), c_int, c_void_p, c_void_p, c_void_p, c_void_p, _P(c_float),
                                c_int, _P(c_float), c_int]),
     "se_pool_new": (c_void_p, [c_int]),
@@ -172,8 +173,19 @@ class PackedMatrix:
         x = np.ascontiguousarray(x, dtype=np.float32)
         out = np.empty((x.shape[0], self.n), dtype=np.float32)
         isa = self._lib.se_cpu_isa() if isa is None else isa
-        if self._lib.se_matmul(self.handle, fptr(x), x.shape[0], fptr(out), isa) != 0:
+        if self._lib.se_matmul(self.handle, x.ctypes.data, x.shape[0], out.ctypes.data, isa) != 0:
             raise ValueError(f"matmul of {x.shape} failed")
+        return out
+
+    def matmul_on(self, model, x: np.ndarray) -> np.ndarray:
+        """matmul(x) on a native model's thread pool (`model`: its se_model handle): the same bits as matmul(x) at
+        the best ISA, the output rows split over the pool's threads. Never while that model runs a forward."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.ndim != 2 or x.shape[1] != self.k:
+            raise ValueError(f"matmul_on: x must be [rows, {self.k}], not {x.shape}")
+        out = np.empty((x.shape[0], self.n), dtype=np.float32)
+        if self._lib.se_model_matmul(model, self.handle, x.ctypes.data, x.shape[0], out.ctypes.data) != 0:
+            raise ValueError(f"matmul of {x.shape} on the model's pool failed")
         return out
 
     def row(self, i: int) -> np.ndarray:

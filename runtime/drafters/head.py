@@ -53,6 +53,7 @@ class Linear:
 
     def __init__(self, w: np.ndarray, precision: Precision) -> None:
         self.w, self.packed = w, None
+        self.pool = None  # a native target's matmul(packed, x): the packed matrix on its thread pool (HeadRunner.use)
         if precision is Precision.Q8_0 and w.shape[1] % 32 == 0:
             from gguf import GGMLQuantizationType
             from gguf.quants import quantize
@@ -67,6 +68,8 @@ class Linear:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         if self.packed is None:
             return x @ self.w.T
+        if self.pool is not None:
+            return self.pool(self.packed, x)
         return self.packed.matmul(x)
 
 
@@ -121,6 +124,13 @@ class HeadRunner:
         self._cos = self._sin = np.zeros((0, c.head_dim // 2), dtype=np.float32)
         self.scale = np.float32(1.0 / np.sqrt(c.head_dim))
         self.split = (c.n_heads * c.head_dim, (c.n_heads + c.n_kv_heads) * c.head_dim)
+
+    def use(self, target) -> None:
+        """Run the packed (Q8_0) matrices on the target's thread pool when it offers one (the native engine's
+        `matmul`: the same bits as one thread, each output row computed by one thread), else on the calling thread."""
+        pool = getattr(target, "matmul", None)
+        for lin in self.w.values():
+            lin.pool = pool if lin.packed is not None else None
 
     def fuse(self, taps: list[np.ndarray]) -> np.ndarray:
         """g = fc @ concat(taps) : [T, nT*D] -> [T, D]."""
@@ -198,6 +208,7 @@ class HeadDrafter(Drafter):
     def check(self, target) -> None:
         super().check(target)
         self.head.check_target(target.config)
+        self.run.use(target)  # checked against the target it drafts for: its thread pool, where it has one
 
     def observe_prompt(self, taps: dict[int, np.ndarray], tokens: Tokens, start: int) -> None:
         """Prefill's taps {n: [T - 1 - start, D]} at positions start..T-2 of tokens [T]: entries start+1..T-1. Rows the
