@@ -7,9 +7,11 @@ A seeded random head of SmolLM2-135M's shapes (D 576, 9 heads, 3 KV heads, head_
 of 8192, 3 taps; the cost does not depend on the weights' values) over `--context` observed positions; each round
 proposes k tokens (k LM heads + k - 1 decoder steps) and ingests the verify's k + 1 tapped rows (fc + one decoder
 step over them): per drafted token = (propose + ingest) / k, median over --reps rounds, for each --precision (fp32:
-NumPy's BLAS; q8_0: the native engine's packed kernels, runtime/drafters/head.py Precision). With --model, the target's
-T(1) on the native engine (one-token forwards at the same context, median) and the ratio. NumPy's BLAS threads
-follow OPENBLAS_NUM_THREADS / OMP_NUM_THREADS (set before the run).
+NumPy's BLAS; q8_0: the native engine's packed kernels on the calling thread, runtime/drafters/head.py Precision). With
+--model, the target's T(1) on the native engine (one-token forwards at the same context, median) and the ratio, and
+q8_0 once more with the matrices on that target's thread pool ("q8_0 on the target's pool": what a decode on the
+native engine runs, HeadDrafter.check binds it). NumPy's BLAS threads follow OPENBLAS_NUM_THREADS / OMP_NUM_THREADS
+(set before the run).
 """
 from __future__ import annotations
 
@@ -66,8 +68,8 @@ def head_round_ms(head: HeadDrafter, context: int, k: int, reps: int) -> dict:
             "weight_mib_per_token": round(head.weight_bytes_per_token / 2 ** 20, 1)}
 
 
-def target_t1_ms(model: str, context: int, reps: int) -> float:
-    """The native engine's median one-token forward at `context` cached positions."""
+def target_t1_ms(model: str, context: int, reps: int):
+    """(the native engine's median one-token forward at `context` cached positions, ms; the engine)."""
     from ..models.catalog import resolve_model
     from ..models.gguf_in import open_gguf
     from ..runtime.backends.native import NativeBackend
@@ -80,7 +82,7 @@ def target_t1_ms(model: str, context: int, reps: int) -> float:
         backend.forward(np.array([7], np.int32), cache)
         times.append(time.perf_counter() - t0)
         cache.rollback(context)
-    return float(np.median(times) * 1e3)
+    return float(np.median(times) * 1e3), backend
 
 
 def main(argv=None) -> None:
@@ -92,10 +94,16 @@ def main(argv=None) -> None:
     ap.add_argument("--vocab-draft", type=int, default=8192)
     ap.add_argument("--precision", nargs="+", choices=[p.value for p in Precision], default=["q8_0", "fp32"])
     args = ap.parse_args(argv)
-    t1 = target_t1_ms(args.model, args.context, args.reps) if args.model else None
-    for name in args.precision:
-        out = {"precision": name, **head_round_ms(smollm2_head(args.vocab_draft, Precision(name)), args.context,
-                                                  args.k, args.reps)}
+    t1, target = target_t1_ms(args.model, args.context, args.reps) if args.model else (None, None)
+    runs = [(name, None) for name in args.precision]
+    if target is not None and "q8_0" in args.precision:
+        runs.append(("q8_0", target))
+    for name, pool in runs:
+        head = smollm2_head(args.vocab_draft, Precision(name))
+        if pool is not None:
+            head.run.use(pool)
+        out = {"precision": name + (" on the target's pool" if pool is not None else ""),
+               **head_round_ms(head, args.context, args.k, args.reps)}
         if t1 is not None:
             out.update(target_t1_ms=round(t1, 3), ratio=round(out["per_drafted_token_ms"] / t1, 3))
         print(json.dumps(out))
