@@ -163,6 +163,15 @@ def _apply_dry(x: np.ndarray, history: np.ndarray, params: SamplingParams) -> No
         x[i, hit] -= params.dry_multiplier * params.dry_base ** (worst[hit] - params.dry_allowed_length)
 
 
+def greedy_ids(logits: Logits, params: SamplingParams, history: Tokens | None = None) -> np.ndarray:
+    """[T] int64: argmax of each row of logits_to_probs(logits, params, history) for greedy params, without building
+    the one-hot rows ([T, V] float64: 1.2 MB a row for a 152k vocabulary, zeroed and scanned again every step)."""
+    logits = np.atleast_2d(logits)
+    if not (params.penalised and history is not None) and not params.logit_bias:
+        return np.argmax(logits, axis=1)  # what the one-hot holds (the float64 cast is monotonic)
+    return np.argmax(logits_to_probs(logits, params, history), axis=1)
+
+
 def _one_hot(ids: np.ndarray, V: int) -> Probs:
     out = np.zeros((len(ids), V), dtype=np.float64)
     out[np.arange(len(ids)), ids] = 1.0

@@ -26,10 +26,10 @@ from .constraint import Constraint, mask_logits, mask_q
 from .draft_length import AdaptiveDraftLength
 from .drafters.base import Drafter, TreeDrafter
 from .request import Request
-from .sampling import logits_to_probs
+from .sampling import greedy_ids, logits_to_probs
 from .tree import TreeDraft
 from .types import EMPTY_DRAFT, Draft, SamplingParams, StepStats, TokenLogprob, Tokens
-from .verify import verify_tree
+from .verify import GreedyVerifier, verify_tree
 from .verify.base import Verifier
 
 
@@ -178,8 +178,11 @@ class ChainStepper(_Speculative):
         if self.observer is not None:  # drafters that learn from the target's logits (token recycling)
             self.observer.observe(step_tokens, logits)
         masked = logits if masks is None else mask_logits(logits, masks)
-        p = logits_to_probs(masked, params, history=np.concatenate([context, draft.tokens]))
-        verdict = self.verifier.verify(draft, p, rng)
+        history = np.concatenate([context, draft.tokens])
+        if isinstance(self.verifier, GreedyVerifier):  # the argmax decides: no [k+1, V] one-hot rows to build
+            verdict = self.verifier.verify_ids(draft, greedy_ids(masked, params, history=history))
+        else:
+            verdict = self.verifier.verify(draft, logits_to_probs(masked, params, history=history), rng)
         if policy is not None:
             policy.observe(draft.kind, own, min(verdict.n_accepted, own), len(step_tokens), forward_s)
         seq.cache.rollback(base + 1 + verdict.n_accepted)  # [last, accepted...] are now committed in the cache

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from specedge.runtime.sampling import logits_to_probs, sample
+from specedge.runtime.sampling import greedy_ids, logits_to_probs, sample
 from specedge.runtime.types import SamplingParams
 
 
@@ -280,3 +280,17 @@ def test_large_vocab_top_p_matches_full_sort():
         want = np.zeros_like(full[t])
         want[order[:n]] = full[t][order[:n]] / full[t][order[:n]].sum()
         np.testing.assert_allclose(p[t], want, rtol=1e-9, atol=1e-15)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(repeat_penalty=1.5, repeat_last_n=8),
+                                    SamplingParams(logit_bias=((3, 4.0), (90, -2.0))),
+                                    SamplingParams(frequency_penalty=0.7, presence_penalty=0.3, repeat_last_n=16)])
+def test_greedy_ids_are_the_one_hot_rows_argmax(params):
+    """What the greedy verify reads instead of one-hot rows: the same token for every row, ties included (rows with
+    repeated maxima), with and without penalties and logit bias."""
+    rng = np.random.default_rng(3)
+    logits = rng.integers(-3, 4, (6, 97)).astype(np.float32)  # small integers: many tied maxima
+    history = rng.integers(0, 97, 20)
+    for hist in (None, history):
+        want = logits_to_probs(logits, params, history=hist).argmax(axis=1)
+        np.testing.assert_array_equal(greedy_ids(logits, params, history=hist), want)

@@ -174,6 +174,13 @@ def test_greedy_prefix_match_and_bonus():
     assert g.verify(Draft(np.array([1, 2, 4], np.int32)), p, rng) == Verdict(0, 0, NextKind.RECOVERED)
     soft = np.array([[0.1, 0.45, 0.45], [0.6, 0.3, 0.1]])  # not one-hot: argmax, ties -> lowest id
     assert g.verify(Draft(np.array([1], np.int32)), soft, rng) == Verdict(1, 0, NextKind.BONUS)
+    # the steppers' path: the greedy choices themselves (no one-hot rows), the same verdicts
+    for tokens in ([0, 2, 4], [0, 3, 4], [1, 2, 4], []):
+        draft = Draft(np.array(tokens, np.int32))
+        assert g.verify_ids(draft, np.array([0, 2, 4, 1][:len(tokens) + 1])) == g.verify(draft, p[:len(tokens) + 1],
+                                                                                          rng)
+    with pytest.raises(ValueError, match="k\\+1 = 3 greedy choices"):
+        g.verify_ids(Draft(np.array([0, 2], np.int32)), np.array([0, 2]))
 
 
 def test_greedy_chain_agree_on_one_hot_p():

@@ -144,9 +144,9 @@ class NativeBackend:
         self._half = np.array([0 if r is None else len(self._inv[r]) for r in self._ropes], dtype=np.int32)
         self._window = np.array([spec.layer(i).window or 0 for i in range(cfg.n_layers)], dtype=np.int32)
         self._all_layers = np.arange(cfg.n_layers, dtype=np.int32)
-        self._half_p, self._window_p = nl.iptr(self._half), nl.iptr(self._window)
+        self._half_p, self._window_p = self._half.ctypes.data, self._window.ctypes.data
         self._rows = np.arange(MAX_ROWS, dtype=np.int32)
-        self._rows_p = nl.iptr(self._rows)
+        self._rows_p = self._rows.ctypes.data
         self._rope_len = 0
         self._trimmed: dict[bytes, nl.PackedMatrix] = {}
         self.isa = nl.isa_name(lib.se_isa())
@@ -297,16 +297,14 @@ class NativeBackend:
         positions = np.ascontiguousarray(positions, dtype=np.int32)
         self._rope_tables(int(positions.max()) + 1)
         tap_keys = np.array(list(tapped), dtype=np.int32)
-        tap_p = (ctypes.POINTER(ctypes.c_float) * max(1, len(tapped)))(*[nl.fptr(b) for b in tapped.values()])
+        tap_p = (ctypes.c_void_p * max(1, len(tapped)))(*[b.ctypes.data for b in tapped.values()])
         out_buf = None if out is None else (out if out.flags.c_contiguous else np.empty_like(out))
-        u16 = ctypes.POINTER(ctypes.c_uint16)
-        call = nl.Call(n, cache.length, cache.capacity, nl.iptr(tokens), nl.iptr(positions),
-                       None if mask is None else mask.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)),
-                       self._cos_p, self._sin_p, self._half_p, self._window_p,
-                       cache.k.ctypes.data_as(u16), cache.v.ctypes.data_as(u16),
-                       nl.iptr(layers), len(layers), nl.iptr(tap_keys), len(tap_keys), tap_p,
-                       None if h is None else nl.fptr(h), self._rows_p, n if out is not None else 0,
-                       None if out_buf is None else nl.fptr(out_buf))
+        call = nl.Call(n, cache.length, cache.capacity, tokens.ctypes.data, positions.ctypes.data,
+                       None if mask is None else mask.ctypes.data, ctypes.addressof(self._cos_p),
+                       ctypes.addressof(self._sin_p), self._half_p, self._window_p, cache.k.ctypes.data,
+                       cache.v.ctypes.data, layers.ctypes.data, len(layers), tap_keys.ctypes.data, len(tap_keys),
+                       ctypes.addressof(tap_p), None if h is None else h.ctypes.data, self._rows_p,
+                       n if out is not None else 0, None if out_buf is None else out_buf.ctypes.data)
         rc = self._lib.se_forward(self._model, ctypes.byref(call))
         if rc != 0:
             why = {-2: "a token id outside the vocabulary"}.get(rc, f"code {rc}")

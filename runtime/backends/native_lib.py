@@ -39,15 +39,15 @@ class Cfg(ctypes.Structure):  # se_cfg (csrc/native/model.h)
                              "threads")]
 
 
-class Call(ctypes.Structure):  # se_call (csrc/native/model.h)
+class Call(ctypes.Structure):  # se_call (csrc/native/model.h); pointers as addresses (ndarray.ctypes.data: cheap)
     _fields_ = [("n", c_int), ("length", c_int), ("capacity", c_int),
-                ("tokens", _P(c_int32)), ("positions", _P(c_int32)), ("mask", _P(ctypes.c_uint8)),
-                ("rope_cos", _P(_P(c_float))), ("rope_sin", _P(_P(c_float))),
-                ("rope_half", _P(c_int32)), ("window", _P(c_int32)),
-                ("k_cache", _P(ctypes.c_uint16)), ("v_cache", _P(ctypes.c_uint16)),
-                ("layers", _P(c_int32)), ("n_run", c_int), ("taps", _P(c_int32)), ("n_taps", c_int),
-                ("tap_out", _P(_P(c_float))), ("h_out", _P(c_float)), ("out_rows", _P(c_int32)), ("n_out", c_int),
-                ("logits", _P(c_float))]
+                ("tokens", c_void_p), ("positions", c_void_p), ("mask", c_void_p),  # int32, int32, uint8
+                ("rope_cos", c_void_p), ("rope_sin", c_void_p),  # float *[n_layers]
+                ("rope_half", c_void_p), ("window", c_void_p),  # int32 [n_layers]
+                ("k_cache", c_void_p), ("v_cache", c_void_p),  # uint16 (fp16)
+                ("layers", c_void_p), ("n_run", c_int), ("taps", c_void_p), ("n_taps", c_int),  # int32, int32
+                ("tap_out", c_void_p), ("h_out", c_void_p), ("out_rows", c_void_p), ("n_out", c_int),  # float *[], ..
+                ("logits", c_void_p)]
 
 
 _SIGNATURES = {

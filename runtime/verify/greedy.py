@@ -22,7 +22,13 @@ class GreedyVerifier:
     def verify(self, draft: Draft, p: Probs, rng: np.random.Generator) -> Verdict:
         """p: [k+1, V]; rng is unused (greedy needs no randomness) but kept for the seam."""
         check_rows(draft, p)
-        top = np.argmax(p, axis=1)  # [k+1]; ties -> lowest id
+        return self.verify_ids(draft, np.argmax(p, axis=1))  # [k+1]; ties -> lowest id
+
+    def verify_ids(self, draft: Draft, top: np.ndarray) -> Verdict:
+        """The same verdict from the target's greedy choices top [k+1] (sampling.greedy_ids: no one-hot rows)."""
+        if len(top) != draft.k + 1:
+            raise ValueError(f"verification needs k+1 = {draft.k + 1} greedy choices (one per input [last, *draft]), "
+                             f"got {len(top)}")
         miss = np.flatnonzero(top[:draft.k] != draft.tokens)
         n = int(miss[0]) if len(miss) else draft.k
         kind = NextKind.BONUS if n == draft.k else NextKind.RECOVERED
