@@ -84,10 +84,31 @@ def test_data_taps_equal_the_backends_hidden_taps(tiny, tiny_data):
         logits = backend.forward(seq, backend.new_cache(len(seq)))
         assert np.array_equal(logits[len(prompt) - 1:-1].argmax(1), answer)
         assert len(answer) == 12 or int(answer[-1]) in g.config.eos_ids
+        # the answer's own forwards' taps: a teacher-forced pass's within float16 rounding on the NumPy reference
         _, tapped = backend.hidden(seq, backend.new_cache(len(seq)), taps=(1, 2))
         got = seqs.taps[seqs.offsets[i]:seqs.offsets[i + 1]]
         for j, n in enumerate(TAPS):
-            np.testing.assert_array_equal(got[:, j], tapped[n].astype(np.float16))
+            np.testing.assert_allclose(got[:, j].astype(np.float32), tapped[n], rtol=2e-3, atol=1e-4)
+
+
+def test_data_taps_on_the_native_engine_are_a_teacher_forced_pass_s_bit_for_bit(tiny_gguf):
+    """One pass (the prompt's forward, then each answer token's): on the batch-invariant native engine the answer is
+    plain greedy decoding's and the taps are sequence_taps' teacher-forced pass's, bit for bit."""
+    from specedge.runtime.backends import native_lib as nl
+    if nl.available() is not None:
+        pytest.skip(f"native engine not built: {nl.available()}")
+    from specedge.runtime.backends.native import NativeBackend
+    g = open_gguf(tiny_gguf)
+    backend, tok = NativeBackend(g, n_threads=2), Tokenizer(g.tokenizer_spec())
+    for text in recipe_prompts_texts(3):
+        prompt = tok.chat_ids(text)
+        reply, taps = data_mod.answer_with_taps(backend, prompt, 12, g.config.eos_ids, TAPS)
+        np.testing.assert_array_equal(reply, data_mod.answer(backend, prompt, 12, g.config.eos_ids))
+        np.testing.assert_array_equal(taps, sequence_taps(backend, np.concatenate([prompt, reply]), TAPS))
+
+
+def recipe_prompts_texts(n: int) -> list[str]:
+    return [p.text for p in recipe(n) if p.source is None]
 
 
 def test_data_resumes_without_running_the_target_again(tiny, tiny_data, monkeypatch, tmp_path):
@@ -98,8 +119,8 @@ def test_data_resumes_without_running_the_target_again(tiny, tiny_data, monkeypa
     (copy / "shard-00001.npz").unlink()  # the second shard (prompts 8, 9) is missing: only it is remade, its
     # passage prompt 9 reading prompt 3's answer back from the first shard
     calls = []
-    real = data_mod.answer
-    monkeypatch.setattr(data_mod, "answer", lambda *a: calls.append(1) or real(*a))
+    real = data_mod.answer_with_taps
+    monkeypatch.setattr(data_mod, "answer_with_taps", lambda *a: calls.append(1) or real(*a))
     again = make_data(backend, tok, copy, DataSettings(prompts=10, max_tokens=12, taps=TAPS, shard_size=8),
                       target_sha256="t")
     assert len(calls) == 2 and again.sha256 == seqs.sha256

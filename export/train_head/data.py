@@ -2,8 +2,12 @@
 
 For each recipe prompt (prompts.py; a passage prompt gets the target's own answer to its source prompt, decoded, in
 place of its PASSAGE): the chat template applied, the target answers greedily (up to max_tokens, or
-its end of turn), then ONE teacher-forced pass over prompt + answer through `hidden(..., taps=taps)` gives the three
-tapped hidden states at every position. Shards of `shard_size` prompts are written one by one:
+its end of turn), and its own forwards, `hidden(..., taps=taps)` over the prompt and then over each answer token (its
+end-of-turn token included), give the three tapped hidden states at every position of prompt + answer: the taps the
+head reads when it drafts (from the verify forwards), with no second pass over the sequence. On the native engine,
+batch-invariant by construction, they are bit for bit a teacher-forced pass's (`sequence_taps`); on the NumPy
+reference within float16 rounding.
+Shards of `shard_size` prompts are written one by one:
 
     <dir>/index.json         {"format": "specedge-head-data", "taps", "max_tokens", "d_model", "target_sha256",
                               "recipe_version", "shard_size", "shards": [{"file", "first", "count", "tokens",
@@ -82,6 +86,25 @@ def answer(backend: LayeredBackend, prompt_ids, max_tokens: int, eos_ids: Sequen
     """The target's greedy answer to prompt_ids (int32 [A], its end-of-turn token included when it ends there)."""
     req = Request(max_tokens=max_tokens, eos_ids=tuple(eos_ids))
     return np.array([e.token for e in decode(backend, as_tokens(prompt_ids), req=req)], dtype=np.int32)
+
+
+def answer_with_taps(backend: LayeredBackend, prompt_ids, max_tokens: int, eos_ids: Sequence[int],
+                     taps: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """(answer(...), float16 [P + A, 3, D]: the taps at every position of prompt + answer) from one pass: the
+    prompt's forward, then each answer token's own, its end-of-turn token's included (module docstring)."""
+    prompt = as_tokens(prompt_ids)
+    wanted = tuple(sorted(set(taps)))
+    cache = backend.new_cache(len(prompt) + max_tokens + 1)
+    eos = {int(e) for e in eos_ids}
+    rows, tokens, step = [], [], prompt
+    while True:
+        h, tapped = backend.hidden(step, cache, taps=wanted)
+        rows.append(np.stack([np.asarray(tapped[n], dtype=np.float32) for n in taps], axis=1).astype(np.float16))
+        if len(tokens) == max_tokens or (tokens and tokens[-1] in eos):
+            break
+        tokens.append(int(np.argmax(backend.logits_from_hidden(h[-1:])[0])))  # greedy: ties to the lowest id
+        step = as_tokens(tokens[-1:])
+    return np.array(tokens, dtype=np.int32), np.concatenate(rows)
 
 
 def sequence_taps(backend: LayeredBackend, tokens, taps: tuple[int, int, int]) -> np.ndarray:
@@ -189,11 +212,11 @@ def _write_shard(backend, tokenizer, out: Path, prompts: list[RecipePrompt], fir
     t0 = time.perf_counter()
     for i, item in enumerate(prompts):
         prompt = as_tokens(tokenizer.chat_ids(passages.fill(item)))
-        reply = answer(backend, prompt, settings.max_tokens, tokenizer.eos_ids)
+        reply, tapped = answer_with_taps(backend, prompt, settings.max_tokens, tokenizer.eos_ids, settings.taps)
         passages.add(first + i, [reply])  # a passage prompt later in this shard may read it
         full = np.concatenate([prompt, reply])
         tokens.append(full)
-        taps.append(sequence_taps(backend, full, settings.taps))
+        taps.append(tapped)
         lengths.append(len(full))
         prompt_lens.append(len(prompt))
         if progress:
