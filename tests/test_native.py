@@ -437,6 +437,7 @@ assert not lib.se_mat_new(nl.GGML_TYPES["Q4_K"], x.ctypes.data, 144, 40, 96)  # 
 for path in sys.argv[1:]:
     b = NativeBackend(open_gguf(path), n_threads=2)
     c = b.new_cache(80)
+    assert np.array_equal(b.matmul(m, x[:3]), m.matmul(x[:3]))  # a drafter's matrix on the model's pool
     b.feed(np.arange(60, dtype=np.int32), c)
     b.forward(np.array([1, 2, 3], np.int32), c, tree_mask=np.tril(np.ones((3, 3), bool)))
     for bad in (np.array([10**6], np.int32), np.array([-1], np.int32)):

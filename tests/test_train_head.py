@@ -22,7 +22,10 @@ from specedge.export.train_head.train import Target, TrainSettings, loss_on, new
 from specedge.export.train_head.vocab import draft_vocab, target_to_draft  # noqa: E402
 from specedge.models.gguf_in import open_gguf  # noqa: E402
 from specedge.runtime.backends.numpy_ref import NumpyBackend  # noqa: E402
+from specedge.runtime.decode import decode  # noqa: E402
+from specedge.runtime.request import Request  # noqa: E402
 from specedge.runtime.tokenizer import Tokenizer  # noqa: E402
+from specedge.runtime.types import as_tokens  # noqa: E402
 
 TAPS = (1, 1, 2)  # choose_taps(2): the tiny model's two layers
 
@@ -79,7 +82,7 @@ def test_data_taps_equal_the_backends_hidden_taps(tiny, tiny_data):
         prompt = tok.chat_ids(text)
         assert seqs.prompt_lens[i] == len(prompt) and np.array_equal(seq[:len(prompt)], prompt)
         answer = seq[len(prompt):]
-        assert 1 <= len(answer) <= 12  # DataSettings(max_tokens=12)
+        assert np.array_equal(answer, plain_greedy(backend, prompt, 12, g.config.eos_ids))  # DataSettings(max_tokens=12)
         # the answer is the target's own greedy continuation, ending at an end-of-turn id or at max_tokens
         logits = backend.forward(seq, backend.new_cache(len(seq)))
         assert np.array_equal(logits[len(prompt) - 1:-1].argmax(1), answer)
@@ -103,8 +106,14 @@ def test_data_taps_on_the_native_engine_are_a_teacher_forced_pass_s_bit_for_bit(
     for text in recipe_prompts_texts(3):
         prompt = tok.chat_ids(text)
         reply, taps = data_mod.answer_with_taps(backend, prompt, 12, g.config.eos_ids, TAPS)
-        np.testing.assert_array_equal(reply, data_mod.answer(backend, prompt, 12, g.config.eos_ids))
+        np.testing.assert_array_equal(reply, plain_greedy(backend, prompt, 12, g.config.eos_ids))
         np.testing.assert_array_equal(taps, sequence_taps(backend, np.concatenate([prompt, reply]), TAPS))
+
+
+def plain_greedy(backend, prompt, max_tokens: int, eos_ids) -> np.ndarray:
+    """The runtime's plain greedy decoding of prompt: what the data step's answer must be."""
+    req = Request(max_tokens=max_tokens, eos_ids=tuple(eos_ids))
+    return np.array([e.token for e in decode(backend, as_tokens(prompt), req=req)], dtype=np.int32)
 
 
 def recipe_prompts_texts(n: int) -> list[str]:

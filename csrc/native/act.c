@@ -2,6 +2,8 @@
  * (the min and offset terms of the weight formats need it), and the sum of its first 16 (Q6_K's scales change every
  * 16 weights). One implementation for every ISA: the rounding trick
  * below is exact IEEE arithmetic, so the compiler may vectorise it without changing a bit. */
+#include <stdlib.h>
+
 #include "se.h"
 
 #include <math.h>
@@ -27,6 +29,26 @@ void se_quantize_block(const float *x, int8_t *q, float *d, int32_t *s, int32_t 
     *d = scale;
     *s = half + rest;
     *h = half;
+}
+
+/* x [rows, k] quantized into freshly allocated blocks (a->f = x, for float-weight matrices); se_act_free releases
+ * them. Returns 0, or -2 when memory runs out (nothing left allocated). */
+int se_act_quantized(const float *x, int rows, int k, se_act *a) {
+    se_act n = {malloc((size_t)rows * k), malloc((size_t)rows * (k / SE_BLOCK) * sizeof(float)),
+                malloc((size_t)rows * (k / SE_BLOCK) * sizeof(int32_t)),
+                malloc((size_t)rows * (k / SE_BLOCK) * sizeof(int32_t)), k, k / SE_BLOCK, (float *)x};
+    *a = n;
+    if (!a->q || !a->d || !a->s || !a->h) {
+        se_act_free(a);
+        return -2;
+    }
+    se_quantize_rows(x, rows, k, a);
+    return 0;
+}
+
+void se_act_free(se_act *a) {
+    free(a->q); free(a->d); free(a->s); free(a->h);
+    a->q = NULL; a->d = NULL; a->s = NULL; a->h = NULL;
 }
 
 void se_quantize_rows(const float *x, int rows, int ldx, se_act *a) {

@@ -28,21 +28,14 @@ size_t se_mat_bytes(const se_mat *m) { return m->group_bytes * (size_t)m->ngroup
 
 /* out [rows, n] = x [rows, k] times the matrix, activations quantized first; one thread, the given ISA's kernel. */
 int se_matmul(const se_mat *w, const float *x, int rows, float *out, int isa) {
+    se_act a;
     if (rows <= 0) return -1;
-    se_act a = {malloc((size_t)rows * w->k), malloc((size_t)rows * w->nb * sizeof(float)),
-                malloc((size_t)rows * w->nb * sizeof(int32_t)), malloc((size_t)rows * w->nb * sizeof(int32_t)), w->k,
-                w->nb};
-    if (!a.q || !a.d || !a.s || !a.h) {
-        free(a.q); free(a.d); free(a.s); free(a.h);
-        return -2;
-    }
-    se_quantize_rows(x, rows, w->k, &a);
-    a.f = (float *)x;
+    if (se_act_quantized(x, rows, w->k, &a)) return -2;
     int before = se_isa();
     se_set_isa(isa);
     se_mm_for(w)(w, &a, rows, out, w->n, 0, w->ngroups);
     se_set_isa(before);
-    free(a.q); free(a.d); free(a.s); free(a.h);
+    se_act_free(&a);
     return 0;
 }
 

@@ -335,18 +335,12 @@ static int ensure_scratch(se_model *m, int capacity) {
  * per block as se_matmul quantizes it, out [rows, w->n]. Each output is one thread's dot in the kernel's fixed order,
  * so out equals se_matmul's at the best ISA bit for bit, whatever the thread count. Not concurrent with a forward. */
 int se_model_matmul(se_model *m, const se_mat *w, const float *x, int rows, float *out) {
+    se_act a;
     if (rows <= 0) return -1;
-    se_act a = {malloc((size_t)rows * w->k), malloc((size_t)rows * w->nb * sizeof(float)),
-                malloc((size_t)rows * w->nb * sizeof(int32_t)), malloc((size_t)rows * w->nb * sizeof(int32_t)), w->k,
-                w->nb, (float *)x};
-    if (!a.q || !a.d || !a.s || !a.h) {
-        free(a.q); free(a.d); free(a.s); free(a.h);
-        return -2;
-    }
-    se_quantize_rows(x, rows, w->k, &a);
+    if (se_act_quantized(x, rows, w->k, &a)) return -2;
     mm_task t = {w, out, w->n};
     matmul_phase(m, &t, 1, &a, rows);
-    free(a.q); free(a.d); free(a.s); free(a.h);
+    se_act_free(&a);
     return 0;
 }
 

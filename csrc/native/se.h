@@ -98,6 +98,8 @@ void se_dequant_superblock(const se_mat *m, const uint8_t *sb, int r, float *out
 
 /* act.c */
 void se_quantize_rows(const float *x, int rows, int ldx, se_act *a);
+int se_act_quantized(const float *x, int rows, int k, se_act *a);
+void se_act_free(se_act *a);
 void se_quantize_block(const float *x, int8_t *q, float *d, int32_t *s, int32_t *h);
 
 /* mm_*.c */

@@ -32,8 +32,6 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ...runtime.backends.base import LayeredBackend
-from ...runtime.decode import decode
-from ...runtime.request import Request
 from ...runtime.types import as_tokens
 from .prompts import PASSAGE, RECIPE_VERSION, RecipePrompt, recipe
 
@@ -82,16 +80,11 @@ class Sequences:
                                for i in range(len(self))])
 
 
-def answer(backend: LayeredBackend, prompt_ids, max_tokens: int, eos_ids: Sequence[int]) -> np.ndarray:
-    """The target's greedy answer to prompt_ids (int32 [A], its end-of-turn token included when it ends there)."""
-    req = Request(max_tokens=max_tokens, eos_ids=tuple(eos_ids))
-    return np.array([e.token for e in decode(backend, as_tokens(prompt_ids), req=req)], dtype=np.int32)
-
-
 def answer_with_taps(backend: LayeredBackend, prompt_ids, max_tokens: int, eos_ids: Sequence[int],
                      taps: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """(answer(...), float16 [P + A, 3, D]: the taps at every position of prompt + answer) from one pass: the
-    prompt's forward, then each answer token's own, its end-of-turn token's included (module docstring)."""
+    """(the target's greedy answer to prompt_ids, int32 [A], its end-of-turn token included when it ends there;
+    float16 [P + A, 3, D]: the taps at every position of prompt + answer) from one pass: the prompt's forward, then
+    each answer token's own (module docstring)."""
     prompt = as_tokens(prompt_ids)
     wanted = tuple(sorted(set(taps)))
     cache = backend.new_cache(len(prompt) + max_tokens + 1)
