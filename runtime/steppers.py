@@ -141,6 +141,7 @@ class ChainStepper(_Speculative):
                  policy: AdaptiveDraftLength | None = None) -> None:
         super().__init__(target, drafter, req)
         self.verifier, self.k, self.policy = verifier, k, policy
+        self.greedy = isinstance(verifier, GreedyVerifier)  # the argmax decides: no [k+1, V] one-hot rows to build
         self.reserve = k + 1
         pays = drafter is not None and drafter.caps.pays_per_token
         self.budget = policy is not None and pays  # a drafter that pays per token drafts only what would be verified
@@ -179,7 +180,7 @@ class ChainStepper(_Speculative):
             self.observer.observe(step_tokens, logits)
         masked = logits if masks is None else mask_logits(logits, masks)
         history = np.concatenate([context, draft.tokens])
-        if isinstance(self.verifier, GreedyVerifier):  # the argmax decides: no [k+1, V] one-hot rows to build
+        if self.greedy:
             verdict = self.verifier.verify_ids(draft, greedy_ids(masked, params, history=history))
         else:
             verdict = self.verifier.verify(draft, logits_to_probs(masked, params, history=history), rng)
