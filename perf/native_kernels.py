@@ -55,7 +55,9 @@ def main(argv: list[str] | None = None) -> None:
     d = np.empty((rmax, kmax // 32), np.float32)
     s = np.empty((rmax, kmax // 32), np.int32)
     h = np.empty((rmax, kmax // 32), np.int32)
-    lib.se_quantize(nl.fptr(x), rmax, kmax, q.ctypes.data, d.ctypes.data, s.ctypes.data, h.ctypes.data)
+    m = np.empty((rmax, kmax // 32), np.float32)
+    lib.se_quantize(nl.fptr(x), rmax, kmax, q.ctypes.data, d.ctypes.data, s.ctypes.data, h.ctypes.data,
+                    m.ctypes.data)
     out = np.empty(rmax * max(m.n for m in mats), np.float32)
     handles = (ctypes.c_void_p * len(mats))(*[m.handle for m in mats])
     pool = lib.se_pool_new(a.threads)
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         for n in a.rows:
             t0 = time.perf_counter()
             lib.se_matmul_pool(pool, handles, len(mats), q.ctypes.data, d.ctypes.data, s.ctypes.data, h.ctypes.data,
-                               nl.fptr(x), n, nl.fptr(out), 1)
+                               m.ctypes.data, nl.fptr(x), n, nl.fptr(out), 1)
             times[n].append(time.perf_counter() - t0)
     lib.se_pool_free(pool)
     gbs = float(np.median(roof))

@@ -96,7 +96,7 @@ def test_every_isa_computes_the_portable_c_bit_for_bit_at_every_width(fmt):
         assert np.array_equal(m.matmul(x[9:10], isa=isa)[0], want[9])
     # and it is the product of the exact weights with int8-per-32 activations (llama.cpp's q8 scheme), or with the
     # float activations for float weights
-    q, d, s, h = quantized(x)
+    q, d, s, h, _ = quantized(x)
     xq = (q.reshape(16, k // 32, 32).astype(np.float64) * d[:, :, None]).reshape(16, k)
     if fmt in FLOATS:
         xq = x.astype(np.float64)
@@ -114,21 +114,23 @@ def test_the_test_models_k_quant_encoders_round_trip_through_gguf_py(fmt, rms):
 
 
 def quantized(x: np.ndarray):
-    """The engine's int8-per-32 activations of x: (q, d, s, h)."""
+    """The engine's int8-per-32 activations of x: (q, d, s, h, m)."""
     rows, k = x.shape
     q, d = np.empty((rows, k), np.int8), np.empty((rows, k // 32), np.float32)
     s, h = np.empty((rows, k // 32), np.int32), np.empty((rows, k // 32), np.int32)
+    m = np.empty((rows, k // 32), np.float32)
     LIB.se_quantize(nl.fptr(np.ascontiguousarray(x)), rows, k, q.ctypes.data, d.ctypes.data, s.ctypes.data,
-                    h.ctypes.data)
-    return q, d, s, h
+                    h.ctypes.data, m.ctypes.data)
+    return q, d, s, h, m
 
 
 def test_activation_blocks_round_half_to_even_with_exact_sums():
     x = np.zeros((1, 32), np.float32)
     x[0, :4] = [127.0, 0.5 * 127 / 127, -1.5, 2.5]  # scale 1: 0.5 -> 0, -1.5 -> -2, 2.5 -> 2
     x[0, 16:18] = [-7.0, 3.0]
-    q, d, s, h = quantized(x)
+    q, d, s, h, m = quantized(x)
     assert d[0, 0] == 1.0 and list(q[0, :4]) == [127, 0, -2, 2] and s[0, 0] == 123 and h[0, 0] == 127
+    assert m[0, 0] == np.float32(d[0, 0]) * np.float32(s[0, 0])  # the min term's factor, formed once per block
 
 
 def test_float_primitives_agree_across_isas_and_with_numpy():
@@ -180,8 +182,10 @@ def test_row_steps_agree_across_isas_bit_for_bit_and_with_numpy(n):
         for isa in ISAS:
             q, d = np.empty(k, np.int8), np.empty(k // 32, np.float32)
             s, h = np.empty(k // 32, np.int32), np.empty(k // 32, np.int32)
-            LIB.se_vec_quantize(nl.fptr(x), k // 32, q.ctypes.data, d.ctypes.data, s.ctypes.data, h.ctypes.data, isa)
-            assert all(np.array_equal(a, b[0]) for a, b in zip((q, d, s, h), want)), nl.isa_name(isa)
+            m = np.empty(k // 32, np.float32)
+            LIB.se_vec_quantize(nl.fptr(x), k // 32, q.ctypes.data, d.ctypes.data, s.ctypes.data, h.ctypes.data,
+                                m.ctypes.data, isa)
+            assert all(np.array_equal(a, b[0]) for a, b in zip((q, d, s, h, m), want)), nl.isa_name(isa)
 
 
 @pytest.mark.parametrize("hd", [64, 80, 256])

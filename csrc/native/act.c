@@ -8,7 +8,7 @@
 
 #include <math.h>
 
-void se_quantize_block(const float *x, int8_t *q, float *d, int32_t *s, int32_t *h) {
+void se_quantize_block(const float *x, int8_t *q, float *d, int32_t *s, int32_t *h, float *m) {
     float amax = 0.0f;
     for (int j = 0; j < SE_BLOCK; j++) {
         float a = fabsf(x[j]);
@@ -29,16 +29,18 @@ void se_quantize_block(const float *x, int8_t *q, float *d, int32_t *s, int32_t 
     *d = scale;
     *s = half + rest;
     *h = half;
+    *m = scale * (float)(half + rest);
 }
 
 /* x [rows, k] quantized into freshly allocated blocks (a->f = x, for float-weight matrices); se_act_free releases
  * them. Returns 0, or -2 when memory runs out (nothing left allocated). */
 int se_act_quantized(const float *x, int rows, int k, se_act *a) {
-    se_act n = {malloc((size_t)rows * k), malloc((size_t)rows * (k / SE_BLOCK) * sizeof(float)),
-                malloc((size_t)rows * (k / SE_BLOCK) * sizeof(int32_t)),
-                malloc((size_t)rows * (k / SE_BLOCK) * sizeof(int32_t)), k, k / SE_BLOCK, (float *)x};
+    size_t blocks = (size_t)rows * (k / SE_BLOCK);
+    se_act n = {.q = malloc((size_t)rows * k), .d = malloc(blocks * sizeof(float)), .s = malloc(blocks * sizeof(int32_t)),
+                .h = malloc(blocks * sizeof(int32_t)), .k = k, .nb = k / SE_BLOCK, .f = (float *)x,
+                .m = malloc(blocks * sizeof(float))};
     *a = n;
-    if (!a->q || !a->d || !a->s || !a->h) {
+    if (!a->q || !a->d || !a->s || !a->h || !a->m) {
         se_act_free(a);
         return -2;
     }
@@ -47,13 +49,14 @@ int se_act_quantized(const float *x, int rows, int k, se_act *a) {
 }
 
 void se_act_free(se_act *a) {
-    free(a->q); free(a->d); free(a->s); free(a->h);
-    a->q = NULL; a->d = NULL; a->s = NULL; a->h = NULL;
+    free(a->q); free(a->d); free(a->s); free(a->h); free(a->m);
+    a->q = NULL; a->d = NULL; a->s = NULL; a->h = NULL; a->m = NULL;
 }
 
 void se_quantize_rows(const float *x, int rows, int ldx, se_act *a) {
     for (int r = 0; r < rows; r++)
         for (int b = 0; b < a->nb; b++)
             se_quantize_block(x + (size_t)r * ldx + b * SE_BLOCK, a->q + (size_t)r * a->k + b * SE_BLOCK,
-                              a->d + (size_t)r * a->nb + b, a->s + (size_t)r * a->nb + b, a->h + (size_t)r * a->nb + b);
+                              a->d + (size_t)r * a->nb + b, a->s + (size_t)r * a->nb + b, a->h + (size_t)r * a->nb + b,
+                              a->m + (size_t)r * a->nb + b);
 }

@@ -49,10 +49,11 @@ static void mm_job_run(void *p, int thread, int g0, int g1) {
 
 /* The kernel benchmark's call: pre-quantized activations, the pool's threads, reps repetitions. */
 int se_matmul_pool(se_pool *p, const se_mat *const *ws, int count, const int8_t *q, const float *d, const int32_t *s,
-                   const int32_t *h, const float *f, int rows, float *out, int reps) {
+                   const int32_t *h, const float *m, const float *f, int rows, float *out, int reps) {
     for (int r = 0; r < reps; r++)
         for (int i = 0; i < count; i++) {
-            se_act a = {(int8_t *)q, (float *)d, (int32_t *)s, (int32_t *)h, ws[i]->k, ws[i]->nb, (float *)f};
+            se_act a = {.q = (int8_t *)q, .d = (float *)d, .s = (int32_t *)s, .h = (int32_t *)h, .k = ws[i]->k,
+                        .nb = ws[i]->nb, .f = (float *)f, .m = (float *)m};
             mm_job j = {ws[i], &a, rows, out};
             int chunk = ws[i]->ngroups / (8 * se_pool_threads(p));
             se_pool_for(p, ws[i]->ngroups, chunk < 1 ? 1 : chunk > 16 ? 16 : chunk, mm_job_run, &j);
@@ -60,8 +61,8 @@ int se_matmul_pool(se_pool *p, const se_mat *const *ws, int count, const int8_t 
     return 0;
 }
 
-void se_quantize(const float *x, int rows, int k, int8_t *q, float *d, int32_t *s, int32_t *h) {
-    se_act a = {q, d, s, h, k, k / 32, NULL};
+void se_quantize(const float *x, int rows, int k, int8_t *q, float *d, int32_t *s, int32_t *h, float *m) {
+    se_act a = {.q = q, .d = d, .s = s, .h = h, .k = k, .nb = k / 32, .f = NULL, .m = m};
     se_quantize_rows(x, rows, k, &a);
 }
 
@@ -88,7 +89,7 @@ void se_vec_axpy(float *y, float a, const uint16_t *x, int n, int isa) {
     se_set_isa(before);
 }
 
-int se_abi_version(void) { return 4; }
+int se_abi_version(void) { return 5; }
 
 typedef struct { const uint8_t *buf; size_t bytes; uint64_t sums[64]; } roof_job;
 
@@ -147,9 +148,9 @@ void se_vec_silu_mul(const float *g, const float *u, float *y, int n, int isa) {
     se_set_isa(before);
 }
 
-void se_vec_quantize(const float *x, int nblocks, int8_t *q, float *d, int32_t *s, int32_t *h, int isa) {
+void se_vec_quantize(const float *x, int nblocks, int8_t *q, float *d, int32_t *s, int32_t *h, float *m, int isa) {
     int before = se_isa();
     se_set_isa(isa);
-    se_rows()->quantize(x, nblocks, q, d, s, h);
+    se_rows()->quantize(x, nblocks, q, d, s, h, m);
     se_set_isa(before);
 }

@@ -74,10 +74,9 @@ pass_rows(const se_mat *w, const uint8_t *group, const se_act *x, int i0, const 
             __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + scale_at + 32 + 16 * h)));
             for (int i = 0; i < R; i++) {
                 float xd = x->d[(size_t)(i0 + i) * x->nb + b];
-                float xs = (float)x->s[(size_t)(i0 + i) * x->nb + b];
                 __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(xd));
                 acc[i] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(dot[i]), acc[i]);
-                acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(xd * xs), acc[i]);
+                acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(x->m[(size_t)(i0 + i) * x->nb + b]), acc[i]);
             }
         } else {
             for (int i = 0; i < R; i++) {

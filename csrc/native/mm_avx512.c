@@ -61,10 +61,9 @@ pass_rows(const se_mat *w, const uint8_t *group, const se_act *x, int i0, const 
             __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + scale_at + 32)));
             for (int i = 0; i < R; i++) {
                 float xd = x->d[(size_t)(i0 + i) * x->nb + b];
-                float xs = (float)x->s[(size_t)(i0 + i) * x->nb + b];
                 __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(xd));
                 acc[i] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(dot[i]), acc[i]);
-                acc[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(xd * xs), acc[i]);
+                acc[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(x->m[(size_t)(i0 + i) * x->nb + b]), acc[i]);
             }
         } else {
             for (int i = 0; i < R; i++) {

@@ -62,10 +62,9 @@ pass_rows(const se_mat *w, const uint8_t *group, const se_act *x, int i0, const 
             float32x4_t m = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(mins + 4 * h)));
             for (int i = 0; i < R; i++) {
                 float xd = x->d[(size_t)(i0 + i) * x->nb + b];
-                float xs = (float)x->s[(size_t)(i0 + i) * x->nb + b];
                 float32x4_t dd = vmulq_f32(d, vdupq_n_f32(xd));
                 acc[i] = vfmaq_f32(acc[i], dd, vcvtq_f32_s32(dot[i]));
-                acc[i] = vfmaq_f32(acc[i], m, vdupq_n_f32(xd * xs));
+                acc[i] = vfmaq_f32(acc[i], m, vdupq_n_f32(x->m[(size_t)(i0 + i) * x->nb + b]));
             }
         } else {
             for (int i = 0; i < R; i++) {

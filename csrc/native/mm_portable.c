@@ -15,6 +15,7 @@ void se_mm_portable(const se_mat *w, const se_act *x, int rows, float *out, int 
             const int8_t *xq = x->q + (size_t)i * x->k;
             const float *xd = x->d + (size_t)i * x->nb;
             const int32_t *xs = x->s + (size_t)i * x->nb;
+            const float *xm = x->m + (size_t)i * x->nb;
             for (int r = 0; r < lanes; r++) {
                 float acc = 0.0f;
                 for (int b = 0; b < w->nb; b++) {
@@ -25,7 +26,7 @@ void se_mm_portable(const se_mat *w, const se_act *x, int rows, float *out, int 
                     float dd = se_f16_to_f32(d[r]) * xd[b];
                     if (w->has_min) {
                         acc = fmaf(dd, (float)dot, acc);
-                        acc = fmaf(se_f16_to_f32(d[16 + r]), xd[b] * (float)xs[b], acc);
+                        acc = fmaf(se_f16_to_f32(d[16 + r]), xm[b], acc);
                     } else {
                         acc = fmaf(dd, (float)(dot - w->offset * xs[b]), acc);
                     }

@@ -2,7 +2,7 @@
  * mm_q4k_neon.c). Q5_K is Q4_K with a fifth bit ORed into each weight from its sub-block's masks (u 0..31: no dot
  * overflows). A superblock holds 8 Q4-layout sub-blocks of 32 (se.h); sub-block j's scale d * sc_j and min
  * dmin * m_j are exact fp32 products, so it is Q4_1's shape with the scale and min formed in the kernel:
- *     acc = fma(scale_j * xd, (float)dot, acc);  acc = fma(-min_j, xd * (float)xs, acc)
+ *     acc = fma(scale_j * xd, (float)dot, acc);  acc = fma(-min_j, xm, acc)   (xm = xd * (float)xs, se_act)
  * for every 32-block in order, dot the exact integer sum of q * x (q 0..15). The SIMD paths compute the scale and
  * min once per sub-block for all 16 lanes and reuse them for every activation row. */
 #include <math.h>
@@ -23,7 +23,7 @@ void se_mm_q4k_portable(const se_mat *w, const se_act *x, int rows, float *out, 
         for (int i = 0; i < rows; i++) {
             const int8_t *xq = x->q + (size_t)i * x->k;
             const float *xd = x->d + (size_t)i * x->nb;
-            const int32_t *xs = x->s + (size_t)i * x->nb;
+            const float *xm = x->m + (size_t)i * x->nb;
             for (int r = 0; r < lanes; r++) {
                 float acc = 0.0f;
                 for (int sb = 0; sb < w->nb / SE_SUPER; sb++) {
@@ -37,7 +37,7 @@ void se_mm_q4k_portable(const se_mat *w, const se_act *x, int rows, float *out, 
                             dot += se_unpacked(w->kern, sub_block(w, s, j), r, e) * xq[b * SE_BLOCK + e];
                         float scale = d * (float)s[64 + 16 * j + r], min = dmin * (float)s[192 + 16 * j + r];
                         acc = fmaf(scale * xd[b], (float)dot, acc);
-                        acc = fmaf(-min, xd[b] * (float)xs[b], acc);
+                        acc = fmaf(-min, xm[b], acc);
                     }
                 }
                 out[(size_t)i * ldo + g * SE_GROUP + r] = acc;
@@ -82,7 +82,14 @@ static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x
     const __m512i nib = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
     const int q5 = w->kern == SE_KERN_Q5K;
     __m512 acc[8];
-    for (int i = 0; i < R; i++) acc[i] = _mm512_setzero_ps();
+    const int8_t *xq[8]; /* each row's activations, found once per pass (not per block: fewer integer steps) */
+    const float *xd[8], *xm[8];
+    for (int i = 0; i < R; i++) {
+        acc[i] = _mm512_setzero_ps();
+        xq[i] = x->q + (size_t)(i0 + i) * x->k;
+        xd[i] = x->d + (size_t)(i0 + i) * x->nb;
+        xm[i] = x->m + (size_t)(i0 + i) * x->nb;
+    }
     for (int sb = 0; sb < w->nb / SE_SUPER; sb++) {
         const uint8_t *s = superblock(w, g, sb);
         __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s));
@@ -101,10 +108,9 @@ static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x
                     hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(high_mask(blk, 4 + t), bit4));
                 }
                 for (int i = 0; i < R; i++) {
-                    const int8_t *xq = x->q + (size_t)(i0 + i) * x->k + b * SE_BLOCK;
                     int32_t a0, a1;
-                    __builtin_memcpy(&a0, xq + 4 * t, 4);
-                    __builtin_memcpy(&a1, xq + 16 + 4 * t, 4);
+                    __builtin_memcpy(&a0, xq[i] + b * SE_BLOCK + 4 * t, 4);
+                    __builtin_memcpy(&a1, xq[i] + b * SE_BLOCK + 16 + 4 * t, 4);
                     dot[i] = _mm512_dpbusd_epi32(dot[i], lo, _mm512_set1_epi32(a0));
                     dot[i] = _mm512_dpbusd_epi32(dot[i], hi, _mm512_set1_epi32(a1));
                 }
@@ -114,10 +120,9 @@ static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x
             __m512 min = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
                                                  _mm_loadu_si128((const __m128i *)(s + 192 + 16 * j)))));
             for (int i = 0; i < R; i++) {
-                float xd = x->d[(size_t)(i0 + i) * x->nb + b];
-                float xs = (float)x->s[(size_t)(i0 + i) * x->nb + b];
-                acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(scale, _mm512_set1_ps(xd)), _mm512_cvtepi32_ps(dot[i]), acc[i]);
-                acc[i] = _mm512_fnmadd_ps(min, _mm512_set1_ps(xd * xs), acc[i]);
+                acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(scale, _mm512_set1_ps(xd[i][b])), _mm512_cvtepi32_ps(dot[i]),
+                                         acc[i]);
+                acc[i] = _mm512_fnmadd_ps(min, _mm512_set1_ps(xm[i][b]), acc[i]);
             }
         }
     }
@@ -187,9 +192,8 @@ static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, 
                                                  _mm_loadl_epi64((const __m128i *)(s + 192 + 16 * j + 8 * h)))));
             for (int i = 0; i < R; i++) {
                 float xd = x->d[(size_t)(i0 + i) * x->nb + b];
-                float xs = (float)x->s[(size_t)(i0 + i) * x->nb + b];
                 acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(scale, _mm256_set1_ps(xd)), _mm256_cvtepi32_ps(dot[i]), acc[i]);
-                acc[i] = _mm256_fnmadd_ps(min, _mm256_set1_ps(xd * xs), acc[i]);
+                acc[i] = _mm256_fnmadd_ps(min, _mm256_set1_ps(x->m[(size_t)(i0 + i) * x->nb + b]), acc[i]);
             }
         }
     }

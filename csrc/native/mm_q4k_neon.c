@@ -1,7 +1,7 @@
 /* NEON matmul of Q4_K and Q5_K (mm_q4k.c's portable C, mirrored): quarter h of a 16-row group is one q-register of
  * 4 rows, sdot adds 4 weights (nibbles, Q5_K's fifth bit ORed in: u <= 31, signed-safe) x 4 activations into each
  * row's lane, and per sub-block j, in the portable order:
- *     acc = fma(scale_j * xd, (float)dot, acc);  acc = fma(-min_j, xd * (float)xs, acc)
+ *     acc = fma(scale_j * xd, (float)dot, acc);  acc = fma(-min_j, xm, acc)   (xm = xd * (float)xs, se_act)
  * with scale_j = d * sc_j and min_j = dmin * m_j formed once per sub-block for the quarter's 4 rows (exact products).
  * Each sub-block quarter is unpacked once per pass of up to PASS activation rows. */
 #include "se.h"
@@ -79,9 +79,8 @@ static inline SE_DOTPROD INL void pass_rows(const se_mat *w, int g, const se_act
             float32x4_t min = vmulq_f32(dmin, u8x4(s + 192 + 16 * j + 4 * h));
             for (int i = 0; i < R; i++) {
                 float xd = x->d[(size_t)(i0 + i) * x->nb + b];
-                float xs = (float)x->s[(size_t)(i0 + i) * x->nb + b];
                 acc[i] = vfmaq_f32(acc[i], vmulq_f32(scale, vdupq_n_f32(xd)), vcvtq_f32_s32(dot[i]));
-                acc[i] = vfmsq_f32(acc[i], min, vdupq_n_f32(xd * xs)); /* fma(-min, xd * xs, acc) */
+                acc[i] = vfmsq_f32(acc[i], min, vdupq_n_f32(x->m[(size_t)(i0 + i) * x->nb + b])); /* fma(-min, xm, acc) */
             }
         }
     }

@@ -30,10 +30,11 @@ se_model *se_model_new(const se_cfg *cfg) {
     m->act.s = malloc((size_t)n * (big / SE_BLOCK) * sizeof(int32_t));
     m->act.h = malloc((size_t)n * (big / SE_BLOCK) * sizeof(int32_t));
     m->act.f = malloc((size_t)n * big * sizeof(float));
+    m->act.m = malloc((size_t)n * (big / SE_BLOCK) * sizeof(float));
     m->nthreads = se_pool_threads(m->pool);
     m->scratch = calloc((size_t)m->nthreads, sizeof(float *));
     if (!m->layers || !m->pool || !m->x || !m->a || !m->q || !m->k || !m->v || !m->att || !m->g || !m->u ||
-        !m->act.q || !m->act.d || !m->act.s || !m->act.h || !m->act.f || !m->scratch) {
+        !m->act.q || !m->act.d || !m->act.s || !m->act.h || !m->act.f || !m->act.m || !m->scratch) {
         se_model_free(m);
         return NULL;
     }
@@ -56,7 +57,7 @@ void se_model_free(se_model *m) {
     se_pool_free(m->pool);
     free(m->layers);
     free(m->x); free(m->a); free(m->q); free(m->k); free(m->v); free(m->att); free(m->g); free(m->u);
-    free(m->act.q); free(m->act.d); free(m->act.s); free(m->act.h); free(m->act.f);
+    free(m->act.q); free(m->act.d); free(m->act.s); free(m->act.h); free(m->act.f); free(m->act.m);
     free(m);
 }
 

@@ -68,13 +68,16 @@ typedef struct {
 } se_mat;
 
 /* Activations quantized per 32: q int8 [rows, k], d float [rows, k/32], s int32 [rows, k/32] (sum of each block's q),
- * h int32 [rows, k/32] (sum of its first 16 q: Q6_K's scale changes every 16 weights; the second half's is s - h). */
+ * h int32 [rows, k/32] (sum of its first 16 q: Q6_K's scale changes every 16 weights; the second half's is s - h),
+ * m float [rows, k/32] = d * (float)s, the min term's factor (Q4_1, Q4_K, Q5_K): formed once per block here, not
+ * once per block in every output group of every matrix that reads it. */
 typedef struct {
     int8_t *q;
     float *d;
     int32_t *s, *h;
     int k, nb;
     float *f;        /* the float rows the quantization started from (float-weight matrices read these), or NULL */
+    float *m;
 } se_act;
 
 typedef void (*se_mm_fn)(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
@@ -100,7 +103,7 @@ void se_dequant_superblock(const se_mat *m, const uint8_t *sb, int r, float *out
 void se_quantize_rows(const float *x, int rows, int ldx, se_act *a);
 int se_act_quantized(const float *x, int rows, int k, se_act *a);
 void se_act_free(se_act *a);
-void se_quantize_block(const float *x, int8_t *q, float *d, int32_t *s, int32_t *h);
+void se_quantize_block(const float *x, int8_t *q, float *d, int32_t *s, int32_t *h, float *m);
 
 /* mm_*.c */
 void se_mm_portable(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
@@ -177,7 +180,7 @@ typedef struct {
     float (*sumsq)(const float *x, int n);
     float (*max)(const float *x, int n);
     void (*silu_mul)(const float *g, const float *u, float *y, int n);
-    void (*quantize)(const float *x, int nblocks, int8_t *q, float *d, int32_t *s, int32_t *h);
+    void (*quantize)(const float *x, int nblocks, int8_t *q, float *d, int32_t *s, int32_t *h, float *m);
 } se_row_ops;
 const se_row_ops *se_rows(void);
 const se_row_ops *se_rows_neon(void);  /* vec_neon.c (AArch64 builds only) */

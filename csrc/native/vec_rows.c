@@ -49,9 +49,9 @@ static void silu_mul_portable(const float *g, const float *u, float *y, int n) {
     for (int j = 0; j < n; j++) y[j] = g[j] / (1.0f + y[j]) * u[j];
 }
 
-static void quantize_portable(const float *x, int nblocks, int8_t *q, float *d, int32_t *s, int32_t *h) {
+static void quantize_portable(const float *x, int nblocks, int8_t *q, float *d, int32_t *s, int32_t *h, float *m) {
     for (int b = 0; b < nblocks; b++)
-        se_quantize_block(x + b * SE_BLOCK, q + b * SE_BLOCK, d + b, s + b, h + b);
+        se_quantize_block(x + b * SE_BLOCK, q + b * SE_BLOCK, d + b, s + b, h + b, m + b);
 }
 
 static const se_row_ops portable = {sum_portable, sumsq_portable, max_portable, silu_mul_portable, quantize_portable};
@@ -107,7 +107,8 @@ static T512 void silu_mul_avx512(const float *g, const float *u, float *y, int n
     for (; j < n; j++) y[j] = g[j] / (1.0f + y[j]) * u[j];
 }
 
-static T512 void quantize_avx512(const float *x, int nblocks, int8_t *q, float *d, int32_t *s, int32_t *h) {
+static T512 void quantize_avx512(const float *x, int nblocks, int8_t *q, float *d, int32_t *s, int32_t *h,
+                                  float *m) {
     const __m512 magic = _mm512_set1_ps(12582912.0f);
     for (int b = 0; b < nblocks; b++) {
         const float *xb = x + b * SE_BLOCK;
@@ -126,6 +127,7 @@ static T512 void quantize_avx512(const float *x, int nblocks, int8_t *q, float *
         d[b] = scale;
         s[b] = half + rest;
         h[b] = half;
+        m[b] = scale * (float)(half + rest);
     }
 }
 

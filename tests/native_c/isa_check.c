@@ -151,12 +151,12 @@ static size_t run_primitives(int isa, float *out) {
     r->silu_mul(g, u, y, N - 3);
     memcpy(out + o, y, (N - 3) * sizeof(float)), o += N - 3;
     int8_t qq[96];
-    float d[3];
+    float d[3], mm[3];
     int32_t s[3], hh[3];
     fill(x, 96, -5, 5);
-    r->quantize(x, 3, qq, d, s, hh);
+    r->quantize(x, 3, qq, d, s, hh, mm);
     for (int i = 0; i < 96; i++) out[o++] = qq[i];
-    for (int i = 0; i < 3; i++) out[o++] = d[i], out[o++] = (float)s[i], out[o++] = (float)hh[i];
+    for (int i = 0; i < 3; i++) out[o++] = d[i], out[o++] = (float)s[i], out[o++] = (float)hh[i], out[o++] = mm[i];
     se_set_isa(SE_ISA_PORTABLE);
     g_rng = seed; /* every ISA sees the same inputs */
     return o;
