@@ -48,12 +48,13 @@ from .environment import SIMD, cpu_info
 from .measured import Store, described
 from .profile import PLAIN, DeviceProfile, choose, k_label, predict
 
-PLAN_VERSION = 9  # 2: rows on the measured scale per drafter; 3: llama.cpp speculation only at 1 thread; 4: its
+PLAN_VERSION = 10  # 2: rows on the measured scale per drafter; 3: llama.cpp speculation only at 1 thread; 4: its
 #                   plain-decoding kernels; 5: targets put on one time base head to head (plan_run.head_to_head);
 #                   6: the ik_llama.cpp engine, a time budget, the machine's load while measuring; 7: prompts fed
 #                   without their logits (FeedingBackend), which made ik 1.4x faster per token after long prompts
 #                   8: ik_llama.cpp's repacked weights measured as a plain-only target (its plain kernels)
 #                   9: prompt processing measured; rows scored end to end over REQUESTS
+#                   10: n-gram and suffix acceptance replayed over plain decoding's answers (profile version 6)
 PLAN_MARGIN = 0.03  # a speculative configuration must be predicted this much faster than the fastest plain engine
 _ENGINES = tuple(e.distribution for e in REGISTRY.values() if e.planned)  # their versions key plans
 PLANS = Store("plans", "plan", PLAN_VERSION, covers="model, machine, threads and engine versions")

@@ -42,9 +42,10 @@ from .measured import Store
 from .schema import check_schema
 from ..runtime.drafters.spec import DrafterKind
 
-PROFILE_SCHEMA_VERSION = 5  # 2: a draft model's cost measured at one k is per token (profile_measure.draft_cost);
+PROFILE_SCHEMA_VERSION = 6  # 2: a draft model's cost measured at one k is per token (profile_measure.draft_cost);
 # 3: each drafter also measured with the adaptive draft length; 4: prompts fed without their logits (a llama.cpp
-# engine's per-token cost after a prompt changed); 5: the prompt's processing rate (plain, and a draft model's)
+# engine's per-token cost after a prompt changed); 5: the prompt's processing rate (plain, and a draft model's);
+# 6: a drafter that reads the committed tokens alone (n-gram, suffix) replayed over the plain run's answers
 PLAIN = DrafterKind.NONE.value
 PROFILES = Store("profiles", "device profile", PROFILE_SCHEMA_VERSION, version_field="schema_version",
                  covers="model, backend, engine version, threads and device")

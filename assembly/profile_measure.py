@@ -5,6 +5,12 @@ T(n) reuses perf/verify_cost.py's `time_forward` (n random tokens appended at a 
 after each call as a rejected draft is); the statistic is the median of `reps` calls after warm-up. Drafters are
 measured greedily at fixed k = k_max (no adaptive truncation), so every position's acceptance is observed, then
 once more with the adaptive draft length (k <= k_max), whose tokens/s is the adaptive candidate (perf/profile.py).
+
+A drafter whose drafts depend only on the committed tokens (n-gram, a memory of past answers: `replayable`) is not
+decoded with at all for its acceptance: greedy speculation emits plain decoding's tokens, so the rounds a decode at
+k_max would run are replayed over the plain run's own answers (`replay_rounds`), exactly and with the drafter's
+real drafting time, for no target forward. The budget then goes to longer answers, which such drafters need (their
+matches grow with the answer): a 1.5B model's budgeted plan measured n-gram on 2 answers of 16 tokens before.
 """
 from __future__ import annotations
 
@@ -40,31 +46,34 @@ class MeasureSettings:
     budget_s: float | None = None  # about this many seconds for the whole measurement (fit_budget); None: as set
 
 
-# The least a budgeted measurement keeps (fit_budget shrinks towards these, in this order)
-FLOOR = {"prompt_tokens": 64, "reps": 2, "ctx": 32, "max_tokens": 16, "adaptive": False, "prompts": 2}
+# The least a budgeted measurement keeps (fit_budget shrinks towards these, in this order: the adaptive runs go
+# before the answers shorten, since acceptance is read off the answers)
+FLOOR = {"prompt_tokens": 64, "reps": 2, "ctx": 32, "adaptive": False, "max_tokens": 16, "prompts": 2}
 
 
-def estimate_s(s: MeasureSettings, t1: float, n_drafters: float) -> float:
+def estimate_s(s: MeasureSettings, t1: float, n_drafters: float, n_replayed: int = 0) -> float:
     """Seconds `measure` takes with one-token calls of t1 s: the T(n) curve (a prefill of ctx, reps calls of every
-    width at about 2.5 t1 each) and the decode runs (plain, each drafter once or twice: a prefill of prompt_tokens at
-    about 0.4 t1 a token, then max_tokens at about 1.2 t1). Rough, but it scales with the model: a 10x slower model
-    is predicted 10x longer. Example: t1 10 ms, PLAN_MEASURE, one drafter: 0.4*256*0.01 + 5*9*2.5*0.01 = 2.1 s,
-    runs 3 * 6 * (256*0.4 + 64*1.2) * 0.01 = 32 s."""
-    runs = 1 + n_drafters * (2 if s.adaptive else 1)
+    width at about 2.5 t1 each) and the decode runs (plain, each decoded drafter once or twice, each replayed one
+    only for its adaptive run: a prefill of prompt_tokens at about 0.4 t1 a token, then max_tokens at about 1.2 t1).
+    Rough, but it scales with the model: a 10x slower model is predicted 10x longer. Example: t1 10 ms,
+    PLAN_MEASURE, one decoded drafter: 0.4*256*0.01 + 5*9*2.5*0.01 = 2.1 s, runs 3 * 6 * (256*0.4 + 64*1.2) * 0.01
+    = 32 s; replayed instead, 2 runs: 21 s."""
+    runs = 1 + n_drafters * (2 if s.adaptive else 1) + (n_replayed if s.adaptive else 0)
     curve = 0.4 * s.ctx * t1 + s.reps * (s.k_max + 1) * 2.5 * t1
     return curve + runs * s.prompts * (0.4 * s.prompt_tokens + 1.2 * s.max_tokens) * t1
 
 
-def fit_budget(s: MeasureSettings, t1: float, n_drafters: float) -> MeasureSettings:
+def fit_budget(s: MeasureSettings, t1: float, n_drafters: float, n_replayed: int = 0) -> MeasureSettings:
     """The settings shrunk, field by field towards FLOOR (shorter prompts, fewer T(n) reps, a shorter curve prefix,
-    fewer generated tokens, no adaptive-length runs, fewer prompts), until estimate_s fits s.budget_s; as given
-    without a budget or when they fit. Example: t1 90 ms (a 1.5B model on 2 cores), PLAN_MEASURE with n-gram, budget
-    25 s -> prompt_tokens 64, reps 2, ctx 32, max_tokens 16, fixed k only, 2 prompts (about 21 s, where the full
-    settings take 310 s)."""
+    no adaptive-length runs, fewer generated tokens, fewer prompts), until estimate_s fits s.budget_s; as given
+    without a budget or when they fit. Example: t1 90 ms (a 1.5B model on 2 cores), PLAN_MEASURE with n-gram
+    decoded, budget 25 s -> prompt_tokens 64, reps 2, ctx 32, fixed k only, max_tokens 16, 2 prompts (about 21 s,
+    where the full settings take 310 s)."""
     if s.budget_s is None:
         return s
+    est = lambda s: estimate_s(s, t1, n_drafters, n_replayed)  # noqa: E731
     for name, low in FLOOR.items():
-        if estimate_s(s, t1, n_drafters) <= s.budget_s:
+        if est(s) <= s.budget_s:
             break
         value = getattr(s, name)
         if isinstance(low, bool):  # a switch: off is the cheaper
@@ -73,8 +82,8 @@ def fit_budget(s: MeasureSettings, t1: float, n_drafters: float) -> MeasureSetti
         if value <= low:
             continue
         # the value that would fit, everything else kept (estimate_s is linear in each field), not below the floor
-        per_unit = (estimate_s(s, t1, n_drafters) - estimate_s(replace(s, **{name: 0}), t1, n_drafters)) / value
-        fit = int((s.budget_s - estimate_s(replace(s, **{name: 0}), t1, n_drafters)) / max(per_unit, 1e-12))
+        per_unit = (est(s) - est(replace(s, **{name: 0}))) / value
+        fit = int((s.budget_s - est(replace(s, **{name: 0}))) / max(per_unit, 1e-12))
         s = replace(s, **{name: max(low, min(value, fit))})
     return s
 
@@ -156,17 +165,56 @@ def dev_prompts(n: int) -> list[Prompt]:
 
 
 def run_rounds(target, drafter, prompts: Sequence[Prompt], k: int, max_tokens: int, prompt_tokens: int = 384,
-               adaptive: bool = False) -> RoundLog:
+               adaptive: bool = False, answers: list | None = None) -> RoundLog:
     """Greedy decode of every prompt (chat-formatted, its last `prompt_tokens` tokens) with `drafter` (None: plain)
-    at fixed k (adaptive: k is the maximum of the adaptive draft length); the merged log."""
+    at fixed k (adaptive: k is the maximum of the adaptive draft length); the merged log. `answers`, when given,
+    receives (prompt ids, answer ids) per prompt."""
     log, tok, params = RoundLog(), target.tokenizer, SamplingParams()
     for p in prompts:
         ids = tok.chat_ids(p.text)
         room = min(prompt_tokens, context_of(target.backend) - max_tokens - k - 2)
         ids = ids[-room:]  # a small-context model sees the end of a long prompt (the chat template's tail)
-        for _ in decode(target.backend, ids, Speculation(drafter, k=max(k, 1), adaptive_k=adaptive),
-                        Request(params, max_tokens=max_tokens, eos_ids=tok.eos_ids, seed=0), stats=log):
-            pass
+        spec = Speculation(drafter, k=max(k, 1), adaptive_k=adaptive)
+        req = Request(params, max_tokens=max_tokens, eos_ids=tok.eos_ids, seed=0)
+        answer = [ev.token for ev in decode(target.backend, ids, spec, req, stats=log)]
+        if answers is not None:
+            answers.append((np.asarray(ids, dtype=np.int32), answer))
+    return log
+
+
+def replayable(drafter) -> bool:
+    """Whether a drafter's drafts depend on the committed tokens alone (n-gram, a memory of past answers): no target
+    logits, taps or bound weights, no tree, no per-token cost. Its greedy rounds can then be replayed over plain
+    decoding's answers (`replay_rounds`) instead of decoded."""
+    c = drafter.caps
+    return not (c.observes_logits or c.binds_target or c.reads_taps or c.tree or c.pays_per_token)
+
+
+def replay_rounds(drafter, answers: Sequence[tuple[np.ndarray, list[int]]], k: int) -> RoundLog:
+    """The rounds greedy speculation at fixed k would run with a `replayable` drafter, over plain decoding's own
+    answers: greedy speculation emits exactly plain decoding's tokens, so each round drafts from the same committed
+    tokens a real decode has, accepts the draft's prefix that equals the answer there, and commits that plus one
+    token. Each round's StepStats has the drafter's measured propose time (no verify: no target forward runs).
+    Example: answer [5, 6, 7, 8], drafts [5, 6, 9] then [8] -> rounds (k 3, accepted 2), (k 1, accepted 1)."""
+    log, params, rng = RoundLog(), SamplingParams(), np.random.default_rng(0)
+    for prompt, answer in answers:
+        drafter.begin(prompt)
+        tokens = np.concatenate([prompt, np.asarray(answer, dtype=np.int32)]).astype(np.int32)
+        n0, p = len(prompt), 0
+        while p < len(answer):
+            t0 = time.perf_counter()
+            draft = drafter.propose(tokens[:n0 + p], k, params, rng)
+            draft_s = time.perf_counter() - t0
+            proposed = [int(t) for t in draft.tokens[:k]]
+            a = 0
+            while a < len(proposed) and p + a < len(answer) and proposed[a] == answer[p + a]:
+                a += 1
+            if p + a < len(answer):
+                drafter.accept(a, answer[p + a])
+            log.record(StepStats(len(proposed), a, draft_s=draft_s))
+            log.n_generated += min(a + 1, len(answer) - p)
+            p += a + 1
+        drafter.finish(tokens)
     return log
 
 
@@ -184,8 +232,10 @@ def measure(target, drafters: dict[str, object], settings: MeasureSettings = Mea
     rng = np.random.default_rng(0)
     if settings.budget_s is not None:  # one call of one token tells how slow this target is, then fit the budget
         t1 = verify_curve(backend, 1, 8, 1, rng)[0]
+        replayed = sum(1 for d in drafters.values() if d is not None and replayable(d))
         settings = fit_budget(settings, t1, sum(1.5 if d is not None and d.caps.pays_per_token else 1.0
-                                                for d in drafters.values()))
+                                                for d in drafters.values() if d is None or not replayable(d)),
+                              replayed)
         log(f"budget {settings.budget_s:.0f} s at {1e3 * t1:.1f} ms a token: {settings.prompts} prompts x "
             f"{settings.max_tokens} tokens (prompts cut to {settings.prompt_tokens}), T(n) x {settings.reps}")
     ctx = max(8, min(settings.ctx, context_of(backend) // 2))
@@ -195,15 +245,24 @@ def measure(target, drafters: dict[str, object], settings: MeasureSettings = Mea
         + " ".join(f"{1e3 * t:.1f}" for t in verify_s) + f" ms ({time.perf_counter() - t0:.1f} s)")
     step("T(n)")
     prompts = dev_prompts(settings.prompts)
-    plain = run_rounds(target, None, prompts, 0, settings.max_tokens, settings.prompt_tokens)
+    answers: list = []
+    plain = run_rounds(target, None, prompts, 0, settings.max_tokens, settings.prompt_tokens, answers=answers)
     step("plain")
     over_x, over_y = [], []
-    logs, adaptive = {}, {}
+    logs, adaptive, replays = {}, {}, {}
     for spec, drafter in drafters.items():
         t0 = time.perf_counter()
-        logs[spec] = run_rounds(target, drafter, prompts, settings.k_max, settings.max_tokens,
-                                 settings.prompt_tokens)
-        log(f"drafter {spec}: {logs[spec].summary()} ({time.perf_counter() - t0:.1f} s)")
+        if drafter is not None and replayable(drafter):
+            replays[spec] = replay_rounds(drafter, answers, settings.k_max)
+            rounds = replays[spec].rounds
+            log(f"drafter {spec}: replayed over plain decoding's {sum(len(a) for _, a in answers)} answer tokens: "
+                f"{len(rounds)} rounds at k={settings.k_max}, "
+                f"{sum(r.n_accepted for r in rounds) / max(len(rounds), 1):.2f} accepted a round "
+                f"({time.perf_counter() - t0:.1f} s)")
+        else:
+            logs[spec] = run_rounds(target, drafter, prompts, settings.k_max, settings.max_tokens,
+                                     settings.prompt_tokens)
+            log(f"drafter {spec}: {logs[spec].summary()} ({time.perf_counter() - t0:.1f} s)")
         step(spec)
         if settings.adaptive:
             t0 = time.perf_counter()
@@ -216,13 +275,15 @@ def measure(target, drafters: dict[str, object], settings: MeasureSettings = Mea
         over_x.append(r.k + 1)
         over_y.append(max(r.verify_s - r.forward_s, 0.0))
     out = {}
-    for spec, lg in logs.items():
+    for spec in drafters:
+        lg = logs.get(spec) or replays[spec]
         alpha, dist = acceptance(lg.rounds, settings.k_max)
         fixed, per_token = draft_cost(lg.rounds, drafters[spec] is not None and drafters[spec].caps.pays_per_token)
         ad = adaptive.get(spec)
         own_prefill = drafters[spec] is not None and drafters[spec].caps.pays_per_token  # a draft model's prompt
+        measured = float(lg.tokens_per_s) if spec in logs else 0.0  # a replay decoded nothing: the plain scale
         out[spec] = DrafterProfile(spec, settings.k_max, alpha, dist, fixed, per_token, len(lg.rounds),
-                                   float(lg.tokens_per_s), float(ad.tokens_per_s) if ad else 0.0,
+                                   measured, float(ad.tokens_per_s) if ad else 0.0,
                                    float(ad.mean_accepted_length) if ad else 0.0,
                                    float(lg.prompt_tokens_per_s) if own_prefill else 0.0)
     return {"verify_s": verify_s, "overhead_s": list(fit_line(over_x, over_y)), "drafters": out, "ctx": ctx,
