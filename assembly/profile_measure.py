@@ -251,25 +251,13 @@ def measure(target, drafters: dict[str, object], settings: MeasureSettings = Mea
     over_x, over_y = [], []
     logs, adaptive, replays = {}, {}, {}
     for spec, drafter in drafters.items():
-        t0 = time.perf_counter()
         if drafter is not None and replayable(drafter):
-            replays[spec] = replay_rounds(drafter, answers, settings.k_max)
-            rounds = replays[spec].rounds
-            log(f"drafter {spec}: replayed over plain decoding's {sum(len(a) for _, a in answers)} answer tokens: "
-                f"{len(rounds)} rounds at k={settings.k_max}, "
-                f"{sum(r.n_accepted for r in rounds) / max(len(rounds), 1):.2f} accepted a round "
-                f"({time.perf_counter() - t0:.1f} s)")
+            replays[spec] = _replayed(spec, drafter, answers, settings.k_max, log)
         else:
-            logs[spec] = run_rounds(target, drafter, prompts, settings.k_max, settings.max_tokens,
-                                     settings.prompt_tokens)
-            log(f"drafter {spec}: {logs[spec].summary()} ({time.perf_counter() - t0:.1f} s)")
+            logs[spec] = _decoded(target, spec, drafter, prompts, settings, False, log)
         step(spec)
         if settings.adaptive:
-            t0 = time.perf_counter()
-            adaptive[spec] = run_rounds(target, drafter, prompts, settings.k_max, settings.max_tokens,
-                                        settings.prompt_tokens, adaptive=True)
-            log(f"drafter {spec}, adaptive k<={settings.k_max}: {adaptive[spec].summary()} "
-                f"({time.perf_counter() - t0:.1f} s)")
+            adaptive[spec] = _decoded(target, spec, drafter, prompts, settings, True, log)
             step(f"{spec} adaptive")
     for r in plain.rounds + [r for lg in logs.values() for r in lg.rounds]:
         over_x.append(r.k + 1)
@@ -289,6 +277,25 @@ def measure(target, drafters: dict[str, object], settings: MeasureSettings = Mea
     return {"verify_s": verify_s, "overhead_s": list(fit_line(over_x, over_y)), "drafters": out, "ctx": ctx,
             "plain_tok_s_measured": float(plain.tokens_per_s),
             "prompt_tok_s_measured": float(plain.prompt_tokens_per_s) or None}
+
+
+def _replayed(spec: str, drafter, answers: list, k: int, log: Callable[[str], None]) -> RoundLog:
+    t0 = time.perf_counter()
+    lg = replay_rounds(drafter, answers, k)
+    log(f"drafter {spec}: replayed over plain decoding's {sum(len(a) for _, a in answers)} answer tokens: "
+        f"{len(lg.rounds)} rounds at k={k}, {lg.n_accepted / max(len(lg.rounds), 1):.2f} accepted a round "
+        f"({time.perf_counter() - t0:.1f} s)")
+    return lg
+
+
+def _decoded(target, spec: str, drafter, prompts: Sequence[Prompt], settings: MeasureSettings, adaptive: bool,
+             log: Callable[[str], None]) -> RoundLog:
+    t0 = time.perf_counter()
+    lg = run_rounds(target, drafter, prompts, settings.k_max, settings.max_tokens, settings.prompt_tokens,
+                    adaptive=adaptive)
+    label = f"drafter {spec}, adaptive k<={settings.k_max}" if adaptive else f"drafter {spec}"
+    log(f"{label}: {lg.summary()} ({time.perf_counter() - t0:.1f} s)")
+    return lg
 
 
 def warm_page_cache(path: Path, chunk: int = 8 << 20) -> None:
