@@ -265,12 +265,13 @@ def test_rows_are_bitwise_invariant_across_widths_threads_and_chunks(tiny_files,
     assert np.array_equal(all_at_once, by_one)
 
 
-@pytest.mark.parametrize("heads", [None, (6, 2), (6, 1)])
+@pytest.mark.parametrize("heads", [None, (6, 2, 96), (6, 1, 96), (8, 2, 128), (7, 1, 224), (4, 1, 192), (3, 1, 96)])
 def test_a_whole_forward_is_bitwise_the_same_under_every_isa(tiny_files, tmp_path, heads):
-    """Matmuls, attention (GQA groups of 2, 3 and 6 query heads: one part, or two parts of 3), exp, the fp16 KV
-    writes: the portable C and each SIMD path give identical logits."""
+    """Matmuls, attention (GQA groups of 2, 3, 4, 6 and 7 query heads, taken 3 at a time with a shorter rest;
+    head_dim 16, 32 and 48: every width of the weighted sums' last chunk), exp, the fp16 KV writes: the portable C and
+    each SIMD path give identical logits."""
     path = tiny_files["qwen2", "Q4_0"] if heads is None else write_tiny_gguf(
-        tmp_path / "gqa.gguf", arch="qwen2", dtype="q4_0", d_model=96, n_heads=heads[0], n_kv_heads=heads[1])
+        tmp_path / "gqa.gguf", arch="qwen2", dtype="q4_0", d_model=heads[2], n_heads=heads[0], n_kv_heads=heads[1])
     gguf = open_gguf(path)
     toks = np.random.default_rng(4).integers(0, gguf.config.vocab_size, 30)
     best, outs = LIB.se_isa(), []
