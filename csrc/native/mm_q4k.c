@@ -51,13 +51,16 @@ void se_mm_q4k_portable(const se_mat *w, const se_act *x, int rows, float *out, 
 
 #define SE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
 #define SE_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define PF 2048
+#define PF 2048     /* ahead into L1 */
+#define PF_L2 12288 /* ahead into L2 (the prototype's second level: PERF_FACTS.md) */
 #define INL __attribute__((always_inline))
 
 static inline INL void prefetch_sub(const se_mat *w, const uint8_t *s, int j) { /* an eighth per sub-block */
     int lines = (int)(w->block_bytes / 8 / 64) + 1;
-    for (int off = j * lines * 64; off < (j + 1) * lines * 64; off += 64)
+    for (int off = j * lines * 64; off < (j + 1) * lines * 64; off += 64) {
         _mm_prefetch((const char *)s + PF + off, _MM_HINT_T0);
+        _mm_prefetch((const char *)s + PF_L2 + off, _MM_HINT_T1);
+    }
 }
 
 /* Q5_K: bit 4 of the weights of vector t (one bit per byte, se.h), as a byte mask (AVX-512) or 0x10 bytes (AVX2) */

@@ -46,12 +46,15 @@ void se_mm_q6k_portable(const se_mat *w, const se_act *x, int rows, float *out, 
 
 #define SE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
 #define SE_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define PF 2048
+#define PF 2048     /* ahead into L1 */
+#define PF_L2 12288 /* ahead into L2 (the prototype's second level: PERF_FACTS.md) */
 #define INL __attribute__((always_inline))
 
 static inline INL void prefetch_sub(const uint8_t *s, int j) { /* the superblock's lines, an eighth per block */
-    for (int off = j * (SE_Q6K_BYTES / 8 / 64 + 1) * 64; off < (j + 1) * (SE_Q6K_BYTES / 8 / 64 + 1) * 64; off += 64)
+    for (int off = j * (SE_Q6K_BYTES / 8 / 64 + 1) * 64; off < (j + 1) * (SE_Q6K_BYTES / 8 / 64 + 1) * 64; off += 64) {
         _mm_prefetch((const char *)s + PF + off, _MM_HINT_T0);
+        _mm_prefetch((const char *)s + PF_L2 + off, _MM_HINT_T1);
+    }
 }
 
 /* The 2-bit part of dot vector 4p + c sits at bits 2c..2c+1 of vector p's bytes: moved to bits 4-5. 16-bit shifts
