@@ -199,7 +199,7 @@ def replay_rounds(drafter, answers: Sequence[tuple[np.ndarray, list[int]]], k: i
     log, params, rng = RoundLog(), SamplingParams(), np.random.default_rng(0)
     for prompt, answer in answers:
         drafter.begin(prompt)
-        tokens = np.concatenate([prompt, np.asarray(answer, dtype=np.int32)]).astype(np.int32)
+        tokens = np.concatenate([prompt, answer]).astype(np.int32)
         n0, p = len(prompt), 0
         while p < len(answer):
             t0 = time.perf_counter()
@@ -230,12 +230,12 @@ def measure(target, drafters: dict[str, object], settings: MeasureSettings = Mea
     `step` is called after each of the measure_steps(...) parts (a progress bar)."""
     backend = target.backend
     rng = np.random.default_rng(0)
+    replayed = {spec for spec, d in drafters.items() if d is not None and replayable(d)}
     if settings.budget_s is not None:  # one call of one token tells how slow this target is, then fit the budget
         t1 = verify_curve(backend, 1, 8, 1, rng)[0]
-        replayed = sum(1 for d in drafters.values() if d is not None and replayable(d))
         settings = fit_budget(settings, t1, sum(1.5 if d is not None and d.caps.pays_per_token else 1.0
-                                                for d in drafters.values() if d is None or not replayable(d)),
-                              replayed)
+                                                for spec, d in drafters.items() if spec not in replayed),
+                              len(replayed))
         log(f"budget {settings.budget_s:.0f} s at {1e3 * t1:.1f} ms a token: {settings.prompts} prompts x "
             f"{settings.max_tokens} tokens (prompts cut to {settings.prompt_tokens}), T(n) x {settings.reps}")
     ctx = max(8, min(settings.ctx, context_of(backend) // 2))
@@ -249,27 +249,26 @@ def measure(target, drafters: dict[str, object], settings: MeasureSettings = Mea
     plain = run_rounds(target, None, prompts, 0, settings.max_tokens, settings.prompt_tokens, answers=answers)
     step("plain")
     over_x, over_y = [], []
-    logs, adaptive, replays = {}, {}, {}
+    logs, adaptive = {}, {}
     for spec, drafter in drafters.items():
-        if drafter is not None and replayable(drafter):
-            replays[spec] = _replayed(spec, drafter, answers, settings.k_max, log)
+        if spec in replayed:
+            logs[spec] = _replayed(spec, drafter, answers, settings.k_max, log)
         else:
             logs[spec] = _decoded(target, spec, drafter, prompts, settings, False, log)
         step(spec)
         if settings.adaptive:
             adaptive[spec] = _decoded(target, spec, drafter, prompts, settings, True, log)
             step(f"{spec} adaptive")
-    for r in plain.rounds + [r for lg in logs.values() for r in lg.rounds]:
+    for r in plain.rounds + [r for spec, lg in logs.items() if spec not in replayed for r in lg.rounds]:
         over_x.append(r.k + 1)
         over_y.append(max(r.verify_s - r.forward_s, 0.0))
     out = {}
-    for spec in drafters:
-        lg = logs.get(spec) or replays[spec]
+    for spec, lg in logs.items():
         alpha, dist = acceptance(lg.rounds, settings.k_max)
         fixed, per_token = draft_cost(lg.rounds, drafters[spec] is not None and drafters[spec].caps.pays_per_token)
         ad = adaptive.get(spec)
         own_prefill = drafters[spec] is not None and drafters[spec].caps.pays_per_token  # a draft model's prompt
-        measured = float(lg.tokens_per_s) if spec in logs else 0.0  # a replay decoded nothing: the plain scale
+        measured = 0.0 if spec in replayed else float(lg.tokens_per_s)  # a replay decoded nothing: the plain scale
         out[spec] = DrafterProfile(spec, settings.k_max, alpha, dist, fixed, per_token, len(lg.rounds),
                                    measured, float(ad.tokens_per_s) if ad else 0.0,
                                    float(ad.mean_accepted_length) if ad else 0.0,

@@ -1,6 +1,8 @@
 """A drafter whose drafts depend on the committed tokens alone is measured by replaying its greedy rounds over plain
 decoding's answers (assembly/profile_measure.py replay_rounds): the rounds must be exactly those a real speculative
 decode runs, and the budget they free goes to longer answers."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -58,8 +60,3 @@ def test_a_replayed_drafter_leaves_a_slow_model_s_budget_to_longer_answers():
     assert estimate_s(replayed, 0.033, 0.0, 1) <= budget and estimate_s(decoded, 0.033, 1.0) <= budget
     assert replayed.max_tokens * replayed.prompts > decoded.max_tokens * decoded.prompts
     assert not replayed.adaptive  # the adaptive run goes before the answers shorten
-
-
-def replace(s, **kw):
-    from dataclasses import replace as r
-    return r(s, **kw)

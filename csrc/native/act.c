@@ -36,9 +36,9 @@ void se_quantize_block(const float *x, int8_t *q, float *d, int32_t *s, int32_t 
  * them. Returns 0, or -2 when memory runs out (nothing left allocated). */
 int se_act_quantized(const float *x, int rows, int k, se_act *a) {
     size_t blocks = (size_t)rows * (k / SE_BLOCK);
-    se_act n = {.q = malloc((size_t)rows * k), .d = malloc(blocks * sizeof(float)), .s = malloc(blocks * sizeof(int32_t)),
-                .h = malloc(blocks * sizeof(int32_t)), .k = k, .nb = k / SE_BLOCK, .f = (float *)x,
-                .m = malloc(blocks * sizeof(float))};
+    se_act n = {.q = malloc((size_t)rows * k), .d = malloc(blocks * sizeof(float)),
+                .s = malloc(blocks * sizeof(int32_t)), .h = malloc(blocks * sizeof(int32_t)), .k = k,
+                .nb = k / SE_BLOCK, .f = (float *)x, .m = malloc(blocks * sizeof(float))};
     *a = n;
     if (!a->q || !a->d || !a->s || !a->h || !a->m) {
         se_act_free(a);

@@ -15,8 +15,9 @@ static void rms_norm(const float *x, const float *w, int n, float eps, float *y)
 static void quantize_span(const float *x, int n, se_act *a, int row, int col) {
     int blk = col / SE_BLOCK;
     if (a->f) memcpy(a->f + (size_t)row * a->k + col, x, (size_t)n * sizeof(float));
-    se_rows()->quantize(x, n / SE_BLOCK, a->q + (size_t)row * a->k + blk * SE_BLOCK, a->d + (size_t)row * a->nb + blk,
-                        a->s + (size_t)row * a->nb + blk, a->h + (size_t)row * a->nb + blk, a->m + (size_t)row * a->nb + blk);
+    size_t at = (size_t)row * a->nb + blk;
+    se_rows()->quantize(x, n / SE_BLOCK, a->q + (size_t)row * a->k + blk * SE_BLOCK, a->d + at, a->s + at, a->h + at,
+                        a->m + at);
 }
 
 static se_act act_view(se_model *m, int k) {

@@ -80,7 +80,8 @@ static inline SE_DOTPROD INL void pass_rows(const se_mat *w, int g, const se_act
             for (int i = 0; i < R; i++) {
                 float xd = x->d[(size_t)(i0 + i) * x->nb + b];
                 acc[i] = vfmaq_f32(acc[i], vmulq_f32(scale, vdupq_n_f32(xd)), vcvtq_f32_s32(dot[i]));
-                acc[i] = vfmsq_f32(acc[i], min, vdupq_n_f32(x->m[(size_t)(i0 + i) * x->nb + b])); /* fma(-min, xm, acc) */
+                float xm = x->m[(size_t)(i0 + i) * x->nb + b];
+                acc[i] = vfmsq_f32(acc[i], min, vdupq_n_f32(xm)); /* fma(-min, xm, acc) */
             }
         }
     }
