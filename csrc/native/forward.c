@@ -155,9 +155,9 @@ static void mm_items(void *p, int thread, int a, int b) {
 static void matmul_phase(se_model *m, const mm_task *t, int count, const se_act *x, int rows) {
     int total = 0;
     for (int i = 0; i < count; i++) total += t[i].w->ngroups;
-    /* a few long runs of groups per thread keep each weight stream sequential (prefetchers); still small enough
-     * that a descheduled worker's chunk is a fraction of the phase */
-    int chunk = (total + 4 * m->nthreads - 1) / (4 * m->nthreads);
+    /* each thread streams its contiguous share of the groups (pool.h); small pieces bound what a descheduled
+     * worker holds up */
+    int chunk = (total + 16 * m->nthreads - 1) / (16 * m->nthreads);
     phase ph = {.m = m, .tasks = t, .ntasks = count, .x = x, .rows = rows};
     se_pool_for(m->pool, total, chunk, mm_items, &ph);
 }

@@ -18,13 +18,25 @@
 
 #define SPIN_BEFORE_YIELD 2048   /* waiting for a phase's last items: pause-spins before giving the core away */
 #define IDLE_SPIN_NS 300000      /* a worker spins this long for the next phase before sleeping */
-#define CLOSED 0xffffffffu        /* a phase's next-item index once the caller is writing the next phase */
+
+/* A thread's share of a phase: pieces [lo, hi), tagged with the phase so a claim made against a finished phase's
+ * share fails. One word: the owner takes pieces from the front, a thief from the back, both by CAS. */
+#define TAG_BITS 24
+#define POS_BITS 20
+#define MAX_PIECES ((1u << POS_BITS) - 1)
+#define TAG(v) ((uint32_t)((v) >> (2 * POS_BITS)))
+#define LO(v) ((uint32_t)((v) >> POS_BITS) & MAX_PIECES)
+#define HI(v) ((uint32_t)(v) & MAX_PIECES)
+typedef struct {
+    _Alignas(64) _Atomic uint64_t v; /* each on its own line: an owner's claims never contend with another's */
+} share;
 
 struct se_pool {
     int nth;
     pthread_t *threads;
-    /* the current phase: high 32 bits its number, low 32 bits the next unclaimed item */
-    _Atomic uint64_t state;
+    share *shares;
+    /* the current phase's number (its low TAG_BITS tag the shares) */
+    _Atomic uint32_t phase;
     _Atomic(se_items) fn;
     _Atomic(void *) ctx;
     _Atomic int n, chunk, done, stop, sleepers;
@@ -40,23 +52,40 @@ static long long now_ns(void) {
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-/* Claim and run chunks of the phase `phase` until none is left; returns whether the phase was still current. */
-static void work(se_pool *p, uint32_t phase, int ith) {
+static uint64_t pack(uint32_t tag, uint32_t lo, uint32_t hi) {
+    return (uint64_t)(tag & ((1u << TAG_BITS) - 1)) << (2 * POS_BITS) | (uint64_t)lo << POS_BITS | hi;
+}
+
+/* Take one piece of thread t's share for phase `tag`: the front one (its owner) or the back one (a thief).
+ * Returns the piece, or -1 once the share is empty or belongs to another phase. */
+static int claim(se_pool *p, int t, uint32_t tag, int own) {
+    uint64_t v = atomic_load(&p->shares[t].v);
     for (;;) {
-        uint64_t s = atomic_load(&p->state);
-        if ((uint32_t)(s >> 32) != phase) return;
-        int n = atomic_load(&p->n), chunk = atomic_load(&p->chunk);
-        se_items fn = atomic_load(&p->fn);
-        void *ctx = atomic_load(&p->ctx);
-        if ((uint32_t)s >= (uint32_t)n) return; /* all claimed, or closed */
-        int i = (int)(uint32_t)s;
-        int end = i + chunk < n ? i + chunk : n;
-        /* The claim succeeds only if the phase did not move since `s` was read: then fn, ctx and n are this
-         * phase's (the caller writes the next phase's only after every item of this one is done). */
-        if (!atomic_compare_exchange_weak(&p->state, &s, (s & 0xffffffff00000000ull) | (uint32_t)end)) continue;
-        fn(ctx, ith, i, end);
-        atomic_fetch_add(&p->done, end - i);
+        if (TAG(v) != (tag & ((1u << TAG_BITS) - 1)) || LO(v) >= HI(v)) return -1;
+        uint64_t next = own ? pack(tag, LO(v) + 1, HI(v)) : pack(tag, LO(v), HI(v) - 1);
+        if (atomic_compare_exchange_weak(&p->shares[t].v, &v, next)) return own ? (int)LO(v) : (int)HI(v) - 1;
     }
+}
+
+/* Run the pieces of phase `phase` this thread can get: its own share front to back (one sequential stream, which
+ * the prefetchers follow), then other threads' from their backs. fn, ctx, n and chunk are read after the phase
+ * number: if the caller has moved on, they may be the next phase's, but every claim is tagged with `phase` and
+ * fails (the caller writes the next phase's shares only after every piece of this one is done). */
+static void work(se_pool *p, uint32_t phase, int ith) {
+    if (atomic_load(&p->phase) != phase) return;
+    int n = atomic_load(&p->n), chunk = atomic_load(&p->chunk);
+    se_items fn = atomic_load(&p->fn);
+    void *ctx = atomic_load(&p->ctx);
+    int did = 0; /* counted once at the end: one write to the shared counter per thread and phase */
+    for (int k = 0; k < p->nth; k++) {
+        int t = (ith + k) % p->nth;
+        for (int piece; (piece = claim(p, t, phase, k == 0)) >= 0;) {
+            int a = piece * chunk, b = a + chunk < n ? a + chunk : n;
+            fn(ctx, ith, a, b);
+            did += b - a;
+        }
+    }
+    if (did) atomic_fetch_add(&p->done, did);
 }
 
 static void *worker(void *arg) {
@@ -66,19 +95,19 @@ static void *worker(void *arg) {
     uint32_t seen = 0;
     for (;;) {
         long long start = now_ns();
-        for (int spins = 0; (uint32_t)(atomic_load(&p->state) >> 32) == seen && !atomic_load(&p->stop); spins++) {
+        for (int spins = 0; atomic_load(&p->phase) == seen && !atomic_load(&p->stop); spins++) {
             CPU_RELAX();
             if ((spins & 255) == 255 && now_ns() - start > IDLE_SPIN_NS) {
                 pthread_mutex_lock(&p->mu);
                 atomic_fetch_add(&p->sleepers, 1);
-                while ((uint32_t)(atomic_load(&p->state) >> 32) == seen && !atomic_load(&p->stop))
+                while (atomic_load(&p->phase) == seen && !atomic_load(&p->stop))
                     pthread_cond_wait(&p->cv, &p->mu);
                 atomic_fetch_sub(&p->sleepers, 1);
                 pthread_mutex_unlock(&p->mu);
             }
         }
         if (atomic_load(&p->stop)) return NULL;
-        seen = (uint32_t)(atomic_load(&p->state) >> 32);
+        seen = atomic_load(&p->phase);
         work(p, seen, ith);
     }
 }
@@ -90,6 +119,14 @@ se_pool *se_pool_new(int nth) {
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     p->threads = calloc((size_t)p->nth, sizeof(pthread_t));
+    p->shares = aligned_alloc(64, (size_t)p->nth * sizeof(share));
+    if (!p->threads || !p->shares) {
+        free(p->threads);
+        free(p->shares);
+        free(p);
+        return NULL;
+    }
+    for (int i = 0; i < p->nth; i++) atomic_init(&p->shares[i].v, 0);
     for (int i = 1; i < p->nth; i++) {
         worker_arg *a = malloc(sizeof *a);
         a->p = p;
@@ -115,6 +152,7 @@ void se_pool_free(se_pool *p) {
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
     free(p->threads);
+    free(p->shares);
     free(p);
 }
 
@@ -125,17 +163,23 @@ void se_pool_for(se_pool *p, int n, int chunk, se_items fn, void *ctx) {
         fn(ctx, 0, 0, n);
         return;
     }
-    /* Close the finished phase first: a worker that read its state just before, and then reads the fields written
-     * below, would otherwise claim "the rest" of the old phase with the new phase's function (its CAS on the old
-     * state still succeeding) and count items the new phase never gave it. */
-    uint32_t phase = (uint32_t)(atomic_load(&p->state) >> 32) + 1;
-    atomic_store(&p->state, ((uint64_t)(phase - 1) << 32) | CLOSED);
+    int pieces = (n + chunk - 1) / chunk;
+    while ((unsigned)pieces > MAX_PIECES) {
+        chunk *= 2;
+        pieces = (n + chunk - 1) / chunk;
+    }
+    /* Every piece of the last phase is done (the wait below), so no claim can succeed on the shares rewritten
+     * here; the fields are published before the phase number that workers read first. */
+    uint32_t phase = atomic_load(&p->phase) + 1;
     atomic_store(&p->fn, fn);
     atomic_store(&p->ctx, ctx);
     atomic_store(&p->n, n);
     atomic_store(&p->chunk, chunk);
     atomic_store(&p->done, 0);
-    atomic_store(&p->state, (uint64_t)phase << 32);
+    for (int t = 0; t < p->nth; t++) /* contiguous shares: each thread streams one run of the phase's items */
+        atomic_store(&p->shares[t].v, pack(phase, (uint32_t)((long long)pieces * t / p->nth),
+                                           (uint32_t)((long long)pieces * (t + 1) / p->nth)));
+    atomic_store(&p->phase, phase);
     if (atomic_load(&p->sleepers) > 0) {
         pthread_mutex_lock(&p->mu);
         pthread_cond_broadcast(&p->cv);
