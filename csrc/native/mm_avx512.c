@@ -7,6 +7,8 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 
+#include "dpbusd.h"
+
 #define SE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
 #define PASS 12
 #define PF_L1 2048
@@ -39,21 +41,13 @@ pass_rows(const se_mat *w, const uint8_t *group, const se_act *x, int i0, const 
             __m512i v = _mm512_loadu_si512((const void *)(blk + 64 * t));
             __m512i lo = q8 ? v : _mm512_and_si512(v, nib);
             if (q5) lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(high_bits(blk, t), bit4));
-            for (int i = 0; i < R; i++) {
-                const int8_t *xq = x->q + (size_t)(i0 + i) * x->k + b * SE_BLOCK;
-                int32_t xa;
-                __builtin_memcpy(&xa, xq + 4 * t, 4);
-                dot[i] = _mm512_dpbusd_epi32(dot[i], lo, _mm512_set1_epi32(xa));
-            }
+            for (int i = 0; i < R; i++)
+                dot[i] = se_dpbusd_bcast(dot[i], lo, x->q + (size_t)(i0 + i) * x->k + b * SE_BLOCK + 4 * t);
             if (!q8) {
                 __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
                 if (q5) hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(high_bits(blk, 4 + t), bit4));
-                for (int i = 0; i < R; i++) {
-                    const int8_t *xq = x->q + (size_t)(i0 + i) * x->k + b * SE_BLOCK;
-                    int32_t xa;
-                    __builtin_memcpy(&xa, xq + 16 + 4 * t, 4);
-                    dot[i] = _mm512_dpbusd_epi32(dot[i], hi, _mm512_set1_epi32(xa));
-                }
+                for (int i = 0; i < R; i++)
+                    dot[i] = se_dpbusd_bcast(dot[i], hi, x->q + (size_t)(i0 + i) * x->k + b * SE_BLOCK + 16 + 4 * t);
             }
         }
         __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + scale_at)));

@@ -49,7 +49,10 @@ void se_mm_q4k_portable(const se_mat *w, const se_act *x, int rows, float *out, 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 
+#include "dpbusd.h"
+
 #define SE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
+#define PASS512 12 /* activation rows per pass: 2 * 12 accumulators + the weights' registers fit the 32 zmm */
 #define SE_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define PF 2048     /* ahead into L1 */
 #define PF_L2 12288 /* ahead into L2 (the prototype's second level: PERF_FACTS.md) */
@@ -80,13 +83,13 @@ static inline SE_AVX2 INL __m256i high_bytes(const uint8_t *blk, int t, int h) {
     return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), _mm256_set1_epi8(0x10));
 }
 
+/* q5 and R are constants at every call (the switch below): no test of the format inside the loop. */
 static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x, int i0, const int R, float *out,
-                                          int ldo, int lanes) {
+                                          int ldo, int lanes, const int q5) {
     const __m512i nib = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
-    const int q5 = w->kern == SE_KERN_Q5K;
-    __m512 acc[8];
-    const int8_t *xq[8]; /* each row's activations, found once per pass (not per block: fewer integer steps) */
-    const float *xd[8], *xm[8];
+    __m512 acc[PASS512];
+    const int8_t *xq[PASS512]; /* each row's activations, found once per pass (not per block: fewer integer steps) */
+    const float *xd[PASS512], *xm[PASS512];
     for (int i = 0; i < R; i++) {
         acc[i] = _mm512_setzero_ps();
         xq[i] = x->q + (size_t)(i0 + i) * x->k;
@@ -101,7 +104,7 @@ static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x
             int b = sb * SE_SUPER + j;
             const uint8_t *blk = sub_block(w, s, j);
             prefetch_sub(w, s, j);
-            __m512i dot[8];
+            __m512i dot[PASS512];
             for (int i = 0; i < R; i++) dot[i] = _mm512_setzero_si512();
             for (int t = 0; t < 4; t++) {
                 __m512i v = _mm512_loadu_si512((const void *)(blk + 64 * t));
@@ -111,11 +114,8 @@ static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x
                     hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(high_mask(blk, 4 + t), bit4));
                 }
                 for (int i = 0; i < R; i++) {
-                    int32_t a0, a1;
-                    __builtin_memcpy(&a0, xq[i] + b * SE_BLOCK + 4 * t, 4);
-                    __builtin_memcpy(&a1, xq[i] + b * SE_BLOCK + 16 + 4 * t, 4);
-                    dot[i] = _mm512_dpbusd_epi32(dot[i], lo, _mm512_set1_epi32(a0));
-                    dot[i] = _mm512_dpbusd_epi32(dot[i], hi, _mm512_set1_epi32(a1));
+                    dot[i] = se_dpbusd_bcast(dot[i], lo, xq[i] + b * SE_BLOCK + 4 * t);
+                    dot[i] = se_dpbusd_bcast(dot[i], hi, xq[i] + b * SE_BLOCK + 16 + 4 * t);
                 }
             }
             __m512 scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
@@ -133,20 +133,21 @@ static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x
     for (int i = 0; i < R; i++) _mm512_mask_storeu_ps(out + (size_t)(i0 + i) * ldo + g * SE_GROUP, mask, acc[i]);
 }
 
+#define PASS_CASE(n, q5) \
+    case n: pass512(w, g, x, i0, n, out, ldo, lanes, q5); break;
+#define PASSES(q5)                                                                                               \
+    switch (rows - i0 < PASS512 ? rows - i0 : PASS512) { /* constant row counts: accumulators in registers */    \
+        PASS_CASE(1, q5) PASS_CASE(2, q5) PASS_CASE(3, q5) PASS_CASE(4, q5) PASS_CASE(5, q5) PASS_CASE(6, q5)     \
+        PASS_CASE(7, q5) PASS_CASE(8, q5) PASS_CASE(9, q5) PASS_CASE(10, q5) PASS_CASE(11, q5)                   \
+        default: pass512(w, g, x, i0, PASS512, out, ldo, lanes, q5); break;                                      \
+    }
+
 SE_AVX512 void se_mm_q4k_avx512(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1) {
     for (int g = g0; g < g1; g++) {
         int lanes = w->n - g * SE_GROUP;
-        for (int i0 = 0; i0 < rows; i0 += 8) {
-            switch (rows - i0 < 8 ? rows - i0 : 8) { /* constant row counts keep the accumulators in registers */
-            case 1: pass512(w, g, x, i0, 1, out, ldo, lanes); break;
-            case 2: pass512(w, g, x, i0, 2, out, ldo, lanes); break;
-            case 3: pass512(w, g, x, i0, 3, out, ldo, lanes); break;
-            case 4: pass512(w, g, x, i0, 4, out, ldo, lanes); break;
-            case 5: pass512(w, g, x, i0, 5, out, ldo, lanes); break;
-            case 6: pass512(w, g, x, i0, 6, out, ldo, lanes); break;
-            case 7: pass512(w, g, x, i0, 7, out, ldo, lanes); break;
-            default: pass512(w, g, x, i0, 8, out, ldo, lanes); break;
-            }
+        for (int i0 = 0; i0 < rows; i0 += PASS512) {
+            if (w->kern == SE_KERN_Q5K) PASSES(1)
+            else PASSES(0)
         }
     }
 }

@@ -44,6 +44,8 @@ void se_mm_q6k_portable(const se_mat *w, const se_act *x, int rows, float *out, 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 
+#include "dpbusd.h"
+
 #define SE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
 #define SE_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define PF 2048     /* ahead into L1 */
@@ -84,11 +86,8 @@ static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x
                 __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), nib), HI2_512(h1, t));
                 for (int i = 0; i < R; i++) {
                     const int8_t *xq = x->q + (size_t)(i0 + i) * x->k + b * SE_BLOCK;
-                    int32_t a0, a1;
-                    __builtin_memcpy(&a0, xq + 4 * t, 4);
-                    __builtin_memcpy(&a1, xq + 16 + 4 * t, 4);
-                    dot0[i] = _mm512_dpbusd_epi32(dot0[i], lo, _mm512_set1_epi32(a0));
-                    dot1[i] = _mm512_dpbusd_epi32(dot1[i], hi, _mm512_set1_epi32(a1));
+                    dot0[i] = se_dpbusd_bcast(dot0[i], lo, xq + 4 * t);
+                    dot1[i] = se_dpbusd_bcast(dot1[i], hi, xq + 16 + 4 * t);
                 }
             }
             __m512i sc0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(s + SE_Q6K_SC + 32 * j)));
