@@ -21,11 +21,11 @@ static inline __mmask64 high_bits(const uint8_t *blk, int j) {
     return (__mmask64)m;
 }
 
+/* R and the format (q8, q5, has_min) are constants at every call (the switch below): no test inside the loop. */
 static inline SE_AVX512 __attribute__((always_inline)) void
 pass_rows(const se_mat *w, const uint8_t *group, const se_act *x, int i0, const int R, float *out, int ldo, int col,
-          int lanes) {
-    const int q8 = w->kern == SE_KERN_Q8, q5 = w->kern == SE_KERN_Q5;
-    const size_t scale_at = se_scale_at(w->kern);
+          int lanes, const int q8, const int q5, const int has_min) {
+    const size_t scale_at = se_scale_at(q8 ? SE_KERN_Q8 : q5 ? SE_KERN_Q5 : SE_KERN_Q4);
     const __m512i nib = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
     __m512 acc[PASS];
     for (int i = 0; i < R; i++) acc[i] = _mm512_setzero_ps();
@@ -51,7 +51,7 @@ pass_rows(const se_mat *w, const uint8_t *group, const se_act *x, int i0, const 
             }
         }
         __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + scale_at)));
-        if (w->has_min) {
+        if (has_min) {
             __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + scale_at + 32)));
             for (int i = 0; i < R; i++) {
                 float xd = x->d[(size_t)(i0 + i) * x->nb + b];
@@ -73,26 +73,31 @@ pass_rows(const se_mat *w, const uint8_t *group, const se_act *x, int i0, const 
     for (int i = 0; i < R; i++) _mm512_mask_storeu_ps(out + (size_t)(i0 + i) * ldo + col, mask, acc[i]);
 }
 
+#define ROWS_CASE(n, ...) \
+    case n: pass_rows(w, group, x, i0, n, out, ldo, g * SE_GROUP, lanes, __VA_ARGS__); break;
+#define PASSES(...)                                                                                              \
+    switch (r) { /* constant row counts: the compiler keeps every accumulator in a register */                 \
+        ROWS_CASE(1, __VA_ARGS__) ROWS_CASE(2, __VA_ARGS__) ROWS_CASE(3, __VA_ARGS__)                            \
+        ROWS_CASE(4, __VA_ARGS__) ROWS_CASE(5, __VA_ARGS__) ROWS_CASE(6, __VA_ARGS__)                            \
+        ROWS_CASE(7, __VA_ARGS__) ROWS_CASE(8, __VA_ARGS__) ROWS_CASE(9, __VA_ARGS__)                            \
+        ROWS_CASE(10, __VA_ARGS__) ROWS_CASE(11, __VA_ARGS__)                                                    \
+        default: pass_rows(w, group, x, i0, PASS, out, ldo, g * SE_GROUP, lanes, __VA_ARGS__); break;           \
+    }
+#define Q8_0 1, 0, 0 /* q8, q5, has_min */
+#define Q5_0 0, 1, 0
+#define Q4_1 0, 0, 1
+#define Q4_0 0, 0, 0
+
 SE_AVX512 void se_mm_avx512(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1) {
     for (int g = g0; g < g1; g++) {
         const uint8_t *group = w->data + (size_t)g * w->group_bytes;
         int lanes = w->n - g * SE_GROUP;
         for (int i0 = 0; i0 < rows; i0 += PASS) {
             int r = rows - i0 < PASS ? rows - i0 : PASS;
-            switch (r) { /* constant row counts: the compiler keeps every accumulator in a register */
-            case 1: pass_rows(w, group, x, i0, 1, out, ldo, g * SE_GROUP, lanes); break;
-            case 2: pass_rows(w, group, x, i0, 2, out, ldo, g * SE_GROUP, lanes); break;
-            case 3: pass_rows(w, group, x, i0, 3, out, ldo, g * SE_GROUP, lanes); break;
-            case 4: pass_rows(w, group, x, i0, 4, out, ldo, g * SE_GROUP, lanes); break;
-            case 5: pass_rows(w, group, x, i0, 5, out, ldo, g * SE_GROUP, lanes); break;
-            case 6: pass_rows(w, group, x, i0, 6, out, ldo, g * SE_GROUP, lanes); break;
-            case 7: pass_rows(w, group, x, i0, 7, out, ldo, g * SE_GROUP, lanes); break;
-            case 8: pass_rows(w, group, x, i0, 8, out, ldo, g * SE_GROUP, lanes); break;
-            case 9: pass_rows(w, group, x, i0, 9, out, ldo, g * SE_GROUP, lanes); break;
-            case 10: pass_rows(w, group, x, i0, 10, out, ldo, g * SE_GROUP, lanes); break;
-            case 11: pass_rows(w, group, x, i0, 11, out, ldo, g * SE_GROUP, lanes); break;
-            default: pass_rows(w, group, x, i0, 12, out, ldo, g * SE_GROUP, lanes); break;
-            }
+            if (w->kern == SE_KERN_Q8) PASSES(Q8_0)
+            else if (w->kern == SE_KERN_Q5) PASSES(Q5_0)
+            else if (w->has_min) PASSES(Q4_1)
+            else PASSES(Q4_0)
         }
     }
 }
