@@ -34,9 +34,9 @@ static inline SE_AVX2 __attribute__((always_inline)) __m256i high_bits(const uin
 
 static inline SE_AVX2 __attribute__((always_inline)) void
 pass_rows(const se_mat *w, const uint8_t *group, const se_act *x, int i0, const int R, float *out, int ldo, int col,
-          int lanes, int h) {
-    const int q8 = w->kern == SE_KERN_Q8, q5 = w->kern == SE_KERN_Q5;
-    const size_t scale_at = se_scale_at(w->kern);
+          int lanes, int h, const int q8, const int q5, const int has_min) {
+    /* R and the format are constants at every call (the switch below): no test inside the loop */
+    const size_t scale_at = se_scale_at(q8 ? SE_KERN_Q8 : q5 ? SE_KERN_Q5 : SE_KERN_Q4);
     const int offset = q8 ? 0 : w->offset; /* the sign trick already subtracted 128 * sum(x) */
     const __m256i nib = _mm256_set1_epi8(0x0f);
     __m256 acc[PASS];
@@ -70,7 +70,7 @@ pass_rows(const se_mat *w, const uint8_t *group, const se_act *x, int i0, const 
             }
         }
         __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + scale_at + 16 * h)));
-        if (w->has_min) {
+        if (has_min) {
             __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + scale_at + 32 + 16 * h)));
             for (int i = 0; i < R; i++) {
                 float xd = x->d[(size_t)(i0 + i) * x->nb + b];
@@ -101,6 +101,14 @@ pass_rows(const se_mat *w, const uint8_t *group, const se_act *x, int i0, const 
     }
 }
 
+#define PASSES(...)                                                                                              \
+    switch (r) { /* q8, q5, has_min */                                                                         \
+    case 1: pass_rows(w, group, x, i0, 1, out, ldo, g * SE_GROUP, lanes, h, __VA_ARGS__); break;                \
+    case 2: pass_rows(w, group, x, i0, 2, out, ldo, g * SE_GROUP, lanes, h, __VA_ARGS__); break;                \
+    case 3: pass_rows(w, group, x, i0, 3, out, ldo, g * SE_GROUP, lanes, h, __VA_ARGS__); break;                \
+    default: pass_rows(w, group, x, i0, 4, out, ldo, g * SE_GROUP, lanes, h, __VA_ARGS__); break;               \
+    }
+
 SE_AVX2 void se_mm_avx2(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1) {
     for (int g = g0; g < g1; g++) {
         const uint8_t *group = w->data + (size_t)g * w->group_bytes;
@@ -108,12 +116,10 @@ SE_AVX2 void se_mm_avx2(const se_mat *w, const se_act *x, int rows, float *out, 
         for (int h = 0; h < 2; h++)
             for (int i0 = 0; i0 < rows; i0 += PASS) {
                 int r = rows - i0 < PASS ? rows - i0 : PASS;
-                switch (r) {
-                case 1: pass_rows(w, group, x, i0, 1, out, ldo, g * SE_GROUP, lanes, h); break;
-                case 2: pass_rows(w, group, x, i0, 2, out, ldo, g * SE_GROUP, lanes, h); break;
-                case 3: pass_rows(w, group, x, i0, 3, out, ldo, g * SE_GROUP, lanes, h); break;
-                default: pass_rows(w, group, x, i0, 4, out, ldo, g * SE_GROUP, lanes, h); break;
-                }
+                if (w->kern == SE_KERN_Q8) PASSES(1, 0, 0)
+                else if (w->kern == SE_KERN_Q5) PASSES(0, 1, 0)
+                else if (w->has_min) PASSES(0, 0, 1)
+                else PASSES(0, 0, 0)
             }
     }
 }

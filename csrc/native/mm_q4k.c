@@ -159,9 +159,8 @@ static inline SE_AVX2 INL __m256i dot4(__m256i w, __m256i x) {
 }
 
 static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, int i0, const int R, float *out,
-                                       int ldo, int lanes, int h) {
+                                       int ldo, int lanes, int h, const int q5) {
     const __m256i nib = _mm256_set1_epi8(0x0f);
-    const int q5 = w->kern == SE_KERN_Q5K;
     __m256 acc[4];
     for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();
     for (int sb = 0; sb < w->nb / SE_SUPER; sb++) {
@@ -213,17 +212,21 @@ static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, 
     }
 }
 
+#define PASSES256(q5)                                                                                            \
+    switch (rows - i0 < 4 ? rows - i0 : 4) {                                                                   \
+    case 1: pass256(w, g, x, i0, 1, out, ldo, lanes, h, q5); break;                                              \
+    case 2: pass256(w, g, x, i0, 2, out, ldo, lanes, h, q5); break;                                              \
+    case 3: pass256(w, g, x, i0, 3, out, ldo, lanes, h, q5); break;                                              \
+    default: pass256(w, g, x, i0, 4, out, ldo, lanes, h, q5); break;                                             \
+    }
+
 SE_AVX2 void se_mm_q4k_avx2(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1) {
     for (int g = g0; g < g1; g++) {
         int lanes = w->n - g * SE_GROUP;
         for (int h = 0; h < 2; h++)
             for (int i0 = 0; i0 < rows; i0 += 4) {
-                switch (rows - i0 < 4 ? rows - i0 : 4) {
-                case 1: pass256(w, g, x, i0, 1, out, ldo, lanes, h); break;
-                case 2: pass256(w, g, x, i0, 2, out, ldo, lanes, h); break;
-                case 3: pass256(w, g, x, i0, 3, out, ldo, lanes, h); break;
-                default: pass256(w, g, x, i0, 4, out, ldo, lanes, h); break;
-                }
+                if (w->kern == SE_KERN_Q5K) PASSES256(1)
+                else PASSES256(0)
             }
     }
 }
