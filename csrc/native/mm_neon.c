@@ -30,9 +30,9 @@ static inline SE_DOTPROD __attribute__((always_inline)) int32x4_t sdot_row(int32
 
 static inline SE_DOTPROD __attribute__((always_inline)) void
 pass_rows(const se_mat *w, const uint8_t *group, const se_act *x, int i0, const int R, float *out, int ldo, int col,
-          int lanes, int h) {
-    const int q8 = w->kern == SE_KERN_Q8, q5 = w->kern == SE_KERN_Q5;
-    const size_t scale_at = se_scale_at(w->kern);
+          int lanes, int h, const int q8, const int q5, const int has_min) {
+    /* R and the format are constants at every call (the switch below): no test inside the loop */
+    const size_t scale_at = se_scale_at(q8 ? SE_KERN_Q8 : q5 ? SE_KERN_Q5 : SE_KERN_Q4);
     const int offset = q8 ? 0 : w->offset; /* u ^ 0x80 already subtracted 128 from each Q8 weight */
     const uint8x16_t nib = vdupq_n_u8(0x0f), flip = vdupq_n_u8(0x80);
     float32x4_t acc[PASS];
@@ -57,7 +57,7 @@ pass_rows(const se_mat *w, const uint8_t *group, const se_act *x, int i0, const 
             }
         }
         float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(blk + scale_at) + 4 * h)));
-        if (w->has_min) {
+        if (has_min) {
             const uint16_t *mins = (const uint16_t *)(blk + scale_at) + 16;
             float32x4_t m = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(mins + 4 * h)));
             for (int i = 0; i < R; i++) {
@@ -89,6 +89,15 @@ pass_rows(const se_mat *w, const uint8_t *group, const se_act *x, int i0, const 
     }
 }
 
+#define ROWS_CASE(n, ...) \
+    case n: pass_rows(w, group, x, i0, n, out, ldo, g * SE_GROUP, lanes, h, __VA_ARGS__); break;
+#define PASSES(...)                                                                                              \
+    switch (r) { /* constant row counts keep the accumulators in registers; q8, q5, has_min */                 \
+        ROWS_CASE(1, __VA_ARGS__) ROWS_CASE(2, __VA_ARGS__) ROWS_CASE(3, __VA_ARGS__) ROWS_CASE(4, __VA_ARGS__)  \
+        ROWS_CASE(5, __VA_ARGS__) ROWS_CASE(6, __VA_ARGS__) ROWS_CASE(7, __VA_ARGS__)                            \
+        default: pass_rows(w, group, x, i0, 8, out, ldo, g * SE_GROUP, lanes, h, __VA_ARGS__); break;            \
+    }
+
 SE_DOTPROD void se_mm_neon(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1) {
     for (int g = g0; g < g1; g++) {
         const uint8_t *group = w->data + (size_t)g * w->group_bytes;
@@ -96,16 +105,10 @@ SE_DOTPROD void se_mm_neon(const se_mat *w, const se_act *x, int rows, float *ou
         for (int h = 0; h < 4 && 4 * h < lanes; h++)
             for (int i0 = 0; i0 < rows; i0 += PASS) {
                 int r = rows - i0 < PASS ? rows - i0 : PASS;
-                switch (r) { /* constant row counts: the compiler keeps every accumulator in a register */
-                case 1: pass_rows(w, group, x, i0, 1, out, ldo, g * SE_GROUP, lanes, h); break;
-                case 2: pass_rows(w, group, x, i0, 2, out, ldo, g * SE_GROUP, lanes, h); break;
-                case 3: pass_rows(w, group, x, i0, 3, out, ldo, g * SE_GROUP, lanes, h); break;
-                case 4: pass_rows(w, group, x, i0, 4, out, ldo, g * SE_GROUP, lanes, h); break;
-                case 5: pass_rows(w, group, x, i0, 5, out, ldo, g * SE_GROUP, lanes, h); break;
-                case 6: pass_rows(w, group, x, i0, 6, out, ldo, g * SE_GROUP, lanes, h); break;
-                case 7: pass_rows(w, group, x, i0, 7, out, ldo, g * SE_GROUP, lanes, h); break;
-                default: pass_rows(w, group, x, i0, 8, out, ldo, g * SE_GROUP, lanes, h); break;
-                }
+                if (w->kern == SE_KERN_Q8) PASSES(1, 0, 0)
+                else if (w->kern == SE_KERN_Q5) PASSES(0, 1, 0)
+                else if (w->has_min) PASSES(0, 0, 1)
+                else PASSES(0, 0, 0)
             }
     }
 }

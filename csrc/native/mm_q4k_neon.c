@@ -47,9 +47,8 @@ static inline SE_DOTPROD INL int32x4_t sdot_row(int32x4_t acc, uint8x16_t w, con
 }
 
 static inline SE_DOTPROD INL void pass_rows(const se_mat *w, int g, const se_act *x, int i0, const int R, float *out,
-                                             int ldo, int lanes, int h) {
-    const uint8x16_t nib = vdupq_n_u8(0x0f);
-    const int q5 = w->kern == SE_KERN_Q5K;
+                                             int ldo, int lanes, int h, const int q5) {
+    const uint8x16_t nib = vdupq_n_u8(0x0f); /* q5 and R are constants at every call: no test inside the loop */
     float32x4_t acc[PASS];
     for (int i = 0; i < R; i++) acc[i] = vdupq_n_f32(0.0f);
     for (int sb = 0; sb < w->nb / SE_SUPER; sb++) {
@@ -97,21 +96,25 @@ static inline SE_DOTPROD INL void pass_rows(const se_mat *w, int g, const se_act
     }
 }
 
+#define PASSES(q5)                                                                                               \
+    switch (rows - i0 < PASS ? rows - i0 : PASS) { /* constant row counts keep accumulators in registers */      \
+    case 1: pass_rows(w, g, x, i0, 1, out, ldo, lanes, h, q5); break;                                            \
+    case 2: pass_rows(w, g, x, i0, 2, out, ldo, lanes, h, q5); break;                                            \
+    case 3: pass_rows(w, g, x, i0, 3, out, ldo, lanes, h, q5); break;                                            \
+    case 4: pass_rows(w, g, x, i0, 4, out, ldo, lanes, h, q5); break;                                            \
+    case 5: pass_rows(w, g, x, i0, 5, out, ldo, lanes, h, q5); break;                                            \
+    case 6: pass_rows(w, g, x, i0, 6, out, ldo, lanes, h, q5); break;                                            \
+    case 7: pass_rows(w, g, x, i0, 7, out, ldo, lanes, h, q5); break;                                            \
+    default: pass_rows(w, g, x, i0, 8, out, ldo, lanes, h, q5); break;                                           \
+    }
+
 SE_DOTPROD void se_mm_q4k_neon(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1) {
     for (int g = g0; g < g1; g++) {
         int lanes = w->n - g * SE_GROUP;
         for (int h = 0; h < 4 && 4 * h < lanes; h++)
             for (int i0 = 0; i0 < rows; i0 += PASS) {
-                switch (rows - i0 < PASS ? rows - i0 : PASS) { /* constant row counts keep accumulators in registers */
-                case 1: pass_rows(w, g, x, i0, 1, out, ldo, lanes, h); break;
-                case 2: pass_rows(w, g, x, i0, 2, out, ldo, lanes, h); break;
-                case 3: pass_rows(w, g, x, i0, 3, out, ldo, lanes, h); break;
-                case 4: pass_rows(w, g, x, i0, 4, out, ldo, lanes, h); break;
-                case 5: pass_rows(w, g, x, i0, 5, out, ldo, lanes, h); break;
-                case 6: pass_rows(w, g, x, i0, 6, out, ldo, lanes, h); break;
-                case 7: pass_rows(w, g, x, i0, 7, out, ldo, lanes, h); break;
-                default: pass_rows(w, g, x, i0, 8, out, ldo, lanes, h); break;
-                }
+                if (w->kern == SE_KERN_Q5K) PASSES(1)
+                else PASSES(0)
             }
     }
 }
