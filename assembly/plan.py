@@ -37,7 +37,6 @@ records that basis (plan_basis), so a run at a thread count nobody planned for c
 """
 from __future__ import annotations
 
-import importlib.metadata
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -56,7 +55,7 @@ PLAN_VERSION = 10  # 2: rows on the measured scale per drafter; 3: llama.cpp spe
 #                   9: prompt processing measured; rows scored end to end over REQUESTS
 #                   10: n-gram and suffix acceptance replayed over plain decoding's answers (profile version 6)
 PLAN_MARGIN = 0.03  # a speculative configuration must be predicted this much faster than the fastest plain engine
-_ENGINES = tuple(e.distribution for e in REGISTRY.values() if e.planned)  # their versions key plans
+_ENGINES = tuple(e for e in REGISTRY.values() if e.planned)  # their versions key plans
 PLANS = Store("plans", "plan", PLAN_VERSION, covers="model, machine, threads and engine versions")
 
 
@@ -292,12 +291,7 @@ def device_fingerprint() -> dict:
     """What the plan depends on besides the model: the CPU, the versions of the engines it plans, and which engines
     offload layers to a GPU by default. Not other packages: they do not change which engine is fastest."""
     model, flags = cpu_info()
-    versions = {}
-    for name in _ENGINES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
+    versions = {e.distribution: e.version() for e in _ENGINES}  # the native engine's with its build's digest
     device = {"cpu_model": model, "simd": sorted(f for f in flags if f in SIMD), "engines": versions}
     offload = [e.value for e in REGISTRY.values() if e.offloads()]
     if offload:  # engines whose build puts layers on a GPU by default (a CPU build's key is unchanged)

@@ -2,6 +2,7 @@
 packed weights equal to the GGUF's dequantized values, whole forwards close to the NumPy reference, and its rows
 bitwise batch-invariant (widths 1..16, 1 and 2 threads, tree masks), so speculation on it equals its plain greedy.
 The real files are in the `real` tier; a sanitizer build runs the kernels and a damaged-file fuzz (`slow`)."""
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -472,3 +473,18 @@ def test_kernels_and_a_forward_under_address_and_undefined_behaviour_sanitizers(
     r = subprocess.run([sys.executable, "-c", SANITIZED, *files], env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "sanitized ok" in r.stdout, r.stderr[-3000:]
+
+
+def test_a_rebuilt_native_library_re_keys_plans_profiles_and_gates(tmp_path, monkeypatch):
+    """The engine's version (the key of cached plans, profiles and gates) is specedge's plus the library's digest:
+    a rebuild within one specedge version re-measures instead of trusting numbers taken with other kernels."""
+    builds = [tmp_path / "a.so", tmp_path / "b.so"]
+    builds[0].write_bytes(b"one build of the kernels")
+    builds[1].write_bytes(b"another build of the kernels")
+    versions = []
+    for lib in (*builds, builds[0]):
+        monkeypatch.setenv("SPECEDGE_NATIVE_LIB", str(lib))
+        versions.append(info(BackendKind.NATIVE).version())
+    base = importlib.metadata.version("specedge")
+    assert versions[0] != versions[1] and versions[0] == versions[2]
+    assert all(v.startswith(base + "+") and len(v) == len(base) + 13 for v in versions)

@@ -8,6 +8,7 @@ that failed, a platform without the extension), which the registry and the plan 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import importlib.util
 import os
 from functools import lru_cache
@@ -97,6 +98,23 @@ def library_path() -> str:
                             "its build failed: pip prints why); install a C compiler (gcc or clang) and reinstall "
                             "specedge, or from a checkout run `python setup.py build_ext --inplace`")
     return spec.origin
+
+
+def build_id() -> str | None:
+    """The first 12 hex digits of the built library's SHA-256 (None when there is none): cached plans and profiles
+    key the native engine by specedge's version and this, so rebuilding it within one version re-measures."""
+    try:
+        path = library_path()
+        st = os.stat(path)
+    except (NativeMissing, OSError):
+        return None
+    return _digest(path, st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=8)
+def _digest(path: str, size: int, mtime_ns: int) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:12]
 
 
 @lru_cache(maxsize=None)

@@ -111,6 +111,8 @@ class BackendInfo:
     #                                           the file (a tensor format it lacks), before any gate or load
     why_missing: Callable[[], str | None] | None = None  # why the engine is not there (None: it is), for an
     #                                                      engine no pip extra installs (the native extension)
+    build_id: Callable[[], str | None] | None = None  # which build of an engine compiled with specedge (its library's
+    #                                                   digest): a rebuild within one version re-keys the profiles
 
     @property
     def value(self) -> str:
@@ -123,9 +125,11 @@ class BackendInfo:
 
     def version(self) -> str | None:
         try:
-            return importlib.metadata.version(self.distribution)
+            version = importlib.metadata.version(self.distribution)
         except importlib.metadata.PackageNotFoundError:
             return None
+        build = self.build_id() if self.build_id is not None else None
+        return f"{version}+{build}" if build else version
 
     def offloads(self) -> bool:
         """Whether the installed build can put layers on a GPU (False where the engine or its library is missing;
@@ -266,6 +270,11 @@ def _native_missing() -> str | None:
     return available()
 
 
+def _native_build() -> str | None:
+    from .native_lib import build_id
+    return build_id()
+
+
 def _probe_native(backend, widths, prefixes) -> bool:
     from .base import probe_batch_invariance
     return probe_batch_invariance(backend, widths, prefixes)
@@ -286,7 +295,7 @@ REGISTRY: dict[BackendKind, BackendInfo] = {i.kind: i for i in (
                 probe=_probe_ik),
     BackendInfo(BackendKind.NATIVE, "native", Opens.GGUF, None, "specedge", None, _open_native,
                 draft_models=True, many_caches=True, planned=True, gated=True, probe=_probe_native,
-                check=_check_native, why_missing=_native_missing),
+                check=_check_native, why_missing=_native_missing, build_id=_native_build),
     BackendInfo(BackendKind.ONNX, "onnx", Opens.ARTIFACT, "onnxruntime", "onnxruntime", "onnx", devices=True,
                 planned=True),
     BackendInfo(BackendKind.NUMPY, "numpy", Opens.GGUF, None, "numpy", None, _open_numpy, many_caches=True),
