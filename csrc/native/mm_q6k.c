@@ -46,6 +46,8 @@ void se_mm_q6k_portable(const se_mat *w, const se_act *x, int rows, float *out, 
 
 #include "dpbusd.h"
 
+#define PASS512 12 /* activation rows per pass (3 accumulators a row: some spill, to L1; the unpack is shared) */
+
 #define SE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
 #define SE_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define PF 2048     /* ahead into L1 */
@@ -67,7 +69,7 @@ static inline INL void prefetch_sub(const uint8_t *s, int j) { /* the superblock
 static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x, int i0, const int R, float *out,
                                           int ldo, int lanes) {
     const __m512i nib = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
-    __m512 acc[8];
+    __m512 acc[PASS512];
     for (int i = 0; i < R; i++) acc[i] = _mm512_setzero_ps();
     for (int sb = 0; sb < w->nb / SE_SUPER; sb++) {
         const uint8_t *s = superblock(w, g, sb);
@@ -78,7 +80,7 @@ static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x
             prefetch_sub(s, j);
             __m512i h0 = _mm512_loadu_si512((const void *)(blk + 256));
             __m512i h1 = _mm512_loadu_si512((const void *)(blk + 320));
-            __m512i dot0[8], dot1[8];
+            __m512i dot0[PASS512], dot1[PASS512];
             for (int i = 0; i < R; i++) dot0[i] = dot1[i] = _mm512_setzero_si512();
             for (int t = 0; t < 4; t++) {
                 __m512i v = _mm512_loadu_si512((const void *)(blk + 64 * t));
@@ -109,8 +111,8 @@ static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x
 SE_AVX512 void se_mm_q6k_avx512(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1) {
     for (int g = g0; g < g1; g++) {
         int lanes = w->n - g * SE_GROUP;
-        for (int i0 = 0; i0 < rows; i0 += 8) {
-            switch (rows - i0 < 8 ? rows - i0 : 8) { /* constant row counts keep the accumulators in registers */
+        for (int i0 = 0; i0 < rows; i0 += PASS512) {
+            switch (rows - i0 < PASS512 ? rows - i0 : PASS512) { /* constant row counts: accumulators in registers */
             case 1: pass512(w, g, x, i0, 1, out, ldo, lanes); break;
             case 2: pass512(w, g, x, i0, 2, out, ldo, lanes); break;
             case 3: pass512(w, g, x, i0, 3, out, ldo, lanes); break;
@@ -118,7 +120,11 @@ SE_AVX512 void se_mm_q6k_avx512(const se_mat *w, const se_act *x, int rows, floa
             case 5: pass512(w, g, x, i0, 5, out, ldo, lanes); break;
             case 6: pass512(w, g, x, i0, 6, out, ldo, lanes); break;
             case 7: pass512(w, g, x, i0, 7, out, ldo, lanes); break;
-            default: pass512(w, g, x, i0, 8, out, ldo, lanes); break;
+            case 8: pass512(w, g, x, i0, 8, out, ldo, lanes); break;
+            case 9: pass512(w, g, x, i0, 9, out, ldo, lanes); break;
+            case 10: pass512(w, g, x, i0, 10, out, ldo, lanes); break;
+            case 11: pass512(w, g, x, i0, 11, out, ldo, lanes); break;
+            default: pass512(w, g, x, i0, PASS512, out, ldo, lanes); break;
             }
         }
     }
