@@ -87,3 +87,24 @@ def test_parity_compare_all_evaluates_the_reference_once_per_prompt_for_every_ba
     agree = sum(int((w.argmax(-1) == o.argmax(-1)).sum()) for w, o in zip(want, other))
     assert got["draft"].positions == 28 and got["draft"].agree == agree < 28
     assert got["draft"].max_abs_diff == max(float(np.abs(w - o).max()) for w, o in zip(want, other))
+
+
+def test_native_ab_times_two_builds_in_one_process(tmp_path, capsys, monkeypatch):
+    """An A/A run of the built library (two copies: two loaded libraries, two pools) through every width."""
+    import shutil
+
+    from specedge.perf import native_ab
+    from specedge.runtime.backends import native_lib as nl
+    lib = nl.library_path()
+    monkeypatch.setenv("SPECEDGE_NATIVE_LIB", lib)  # restored afterwards: native_ab points it at each build
+    old, new = tmp_path / "old.so", tmp_path / "new.so"
+    shutil.copy(lib, old)
+    shutil.copy(lib, new)
+    path = write_tiny_gguf(tmp_path / "m.gguf", dtype="q4_1", seed=1)
+    native_ab.main([str(path), str(old), str(new), "--widths", "1", "3", "--ctx", "16", "--rounds", "2",
+                    "--calls", "2", "--swap"])
+    nl.load.cache_clear()
+    out = capsys.readouterr().out
+    assert "loaded new first" in out and "old: T(3)/T(1)" in out and "new: T(3)/T(1)" in out
+    rows = [line.split("|") for line in out.splitlines() if line.strip()[:1].isdigit()]
+    assert [int(r[0]) for r in rows] == [1, 3] and all(float(r[3]) > 0 for r in rows)
