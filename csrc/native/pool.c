@@ -68,18 +68,25 @@ static int claim(se_pool *p, int t, uint32_t tag, int own) {
 }
 
 /* Run the pieces of phase `phase` this thread can get: its own share front to back (one sequential stream, which
- * the prefetchers follow), then other threads' from their backs. fn, ctx, n and chunk are read after the phase
- * number: if the caller has moved on, they may be the next phase's, but every claim is tagged with `phase` and
- * fails (the caller writes the next phase's shares only after every piece of this one is done). */
+ * the prefetchers follow), then other threads' from their backs. A claim tagged with a finished phase fails (the
+ * caller rewrites the shares only after every piece of a phase is done). fn, ctx, n and chunk are read after the
+ * first claim succeeds: the phase it came from is then the current one, and cannot end before this thread adds
+ * what it did, so they are that phase's even if the 24-bit tag had wrapped around while this thread slept. */
 static void work(se_pool *p, uint32_t phase, int ith) {
     if (atomic_load(&p->phase) != phase) return;
-    int n = atomic_load(&p->n), chunk = atomic_load(&p->chunk);
-    se_items fn = atomic_load(&p->fn);
-    void *ctx = atomic_load(&p->ctx);
+    int n = 0, chunk = 0;
+    se_items fn = 0;
+    void *ctx = 0;
     int did = 0; /* counted once at the end: one write to the shared counter per thread and phase */
     for (int k = 0; k < p->nth; k++) {
         int t = (ith + k) % p->nth;
         for (int piece; (piece = claim(p, t, phase, k == 0)) >= 0;) {
+            if (!fn) {
+                n = atomic_load(&p->n);
+                chunk = atomic_load(&p->chunk);
+                fn = atomic_load(&p->fn);
+                ctx = atomic_load(&p->ctx);
+            }
             int a = piece * chunk, b = a + chunk < n ? a + chunk : n;
             fn(ctx, ith, a, b);
             did += b - a;
