@@ -116,10 +116,7 @@ SE_AVX2 void se_mm_avx2(const se_mat *w, const se_act *x, int rows, float *out, 
         for (int h = 0; h < 2; h++)
             for (int i0 = 0; i0 < rows; i0 += PASS) {
                 int r = rows - i0 < PASS ? rows - i0 : PASS;
-                if (w->kern == SE_KERN_Q8) PASSES(1, 0, 0)
-                else if (w->kern == SE_KERN_Q5) PASSES(0, 1, 0)
-                else if (w->has_min) PASSES(0, 0, 1)
-                else PASSES(0, 0, 0)
+                SE_BY_FORMAT(w, PASSES);
             }
     }
 }

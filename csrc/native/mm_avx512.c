@@ -83,10 +83,6 @@ pass_rows(const se_mat *w, const uint8_t *group, const se_act *x, int i0, const 
         ROWS_CASE(10, __VA_ARGS__) ROWS_CASE(11, __VA_ARGS__)                                                    \
         default: pass_rows(w, group, x, i0, PASS, out, ldo, g * SE_GROUP, lanes, __VA_ARGS__); break;           \
     }
-#define Q8_0 1, 0, 0 /* q8, q5, has_min */
-#define Q5_0 0, 1, 0
-#define Q4_1 0, 0, 1
-#define Q4_0 0, 0, 0
 
 SE_AVX512 void se_mm_avx512(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1) {
     for (int g = g0; g < g1; g++) {
@@ -94,10 +90,7 @@ SE_AVX512 void se_mm_avx512(const se_mat *w, const se_act *x, int rows, float *o
         int lanes = w->n - g * SE_GROUP;
         for (int i0 = 0; i0 < rows; i0 += PASS) {
             int r = rows - i0 < PASS ? rows - i0 : PASS;
-            if (w->kern == SE_KERN_Q8) PASSES(Q8_0)
-            else if (w->kern == SE_KERN_Q5) PASSES(Q5_0)
-            else if (w->has_min) PASSES(Q4_1)
-            else PASSES(Q4_0)
+            SE_BY_FORMAT(w, PASSES);
         }
     }
 }

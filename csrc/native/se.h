@@ -126,6 +126,13 @@ float se_f_weight(const se_mat *w, const uint8_t *blk, int t, int r);  /* elemen
 
 /* Where a 32-wide block's fp16 scales start (after its integers). */
 static inline size_t se_scale_at(int kern) { return kern == SE_KERN_Q8 ? 512 : kern == SE_KERN_Q5 ? 320 : 256; }
+/* A 32-wide kernel's dispatch on w's format: PASSES(q8, q5, has_min), the ISA file's switch over row counts, with
+ * the format as constants so no test of it is left inside the pass's loop. */
+#define SE_BY_FORMAT(w, PASSES)                                                                                  \
+    if ((w)->kern == SE_KERN_Q8) PASSES(1, 0, 0)                                                                 \
+    else if ((w)->kern == SE_KERN_Q5) PASSES(0, 1, 0)                                                            \
+    else if ((w)->has_min) PASSES(0, 0, 1)                                                                       \
+    else PASSES(0, 0, 0)
 /* Weight j (0..31) of lane r in a packed 32-wide block, as the unsigned integer the kernels multiply: a Q4K
  * sub-block's nibble, a Q6K block's 6 bits. */
 static inline int se_unpacked(int kern, const uint8_t *blk, int r, int j) {
