@@ -3,11 +3,12 @@
     python -m specedge.perf.native_ab MODEL OLD.so NEW.so --widths 1 5 9 --rounds 16 [--isa avx2]
 
 Each build (a `_native*.so`: `python setup.py build_ext --inplace` copies one into the checkout; keep the old one)
-loads the model once; every round times a block of forwards of each width on one build, then the other, the order
-switching each round, and reports the median of the per-round ratios new/old with their quartiles. Two processes
-measured one after the other cannot resolve a few percent on a VM whose memory bandwidth drifts by 15-40% within
-minutes. An A/A run (the same file twice) put the second-loaded copy up to 3% ahead: run both load orders
-(`--swap`) before believing a few percent.
+loads the model twice, in the order old, new, new, old (`--swap`: new, old, old, new); every round times a block of
+forwards of each width on each of the four, the order reversing each round, and reports the median over rounds of
+new/old (each the geometric mean of its two copies) with the quartiles. Two processes measured one after the other
+cannot resolve a few percent on a VM whose memory bandwidth drifts by 15-40% within minutes; and within one process
+a later-loaded copy ran up to 3% faster than an earlier one of the same file (A/A, two copies loaded once each), a
+bias the mirrored load order cancels.
 """
 from __future__ import annotations
 
@@ -46,25 +47,28 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=16)
     ap.add_argument("--calls", type=int, default=15, help="timed forwards per block (after 2 untimed)")
     ap.add_argument("--isa", choices=nl.ISA_NAMES, default=None, help="force an instruction set in both builds")
-    ap.add_argument("--swap", action="store_true", help="load the new build first")
+    ap.add_argument("--swap", action="store_true", help="load in the order new, old, old, new")
     a = ap.parse_args(argv)
-    order = ["new", "old"] if a.swap else ["old", "new"]
-    builds = {name: load_build(a.model, getattr(a, name), a.ctx, a.widths, a.isa) for name in order}
-    times = {(name, w): [] for name in builds for w in a.widths}
+    first, second = ("new", "old") if a.swap else ("old", "new")
+    order = [(first, 0), (second, 0), (second, 1), (first, 1)]  # mirrored: each build's mean load position is equal
+    builds = {key: load_build(a.model, getattr(a, key[0]), a.ctx, a.widths, a.isa) for key in order}
+    times = {(name, w): [] for name in ("old", "new") for w in a.widths}
     ratios: dict[int, list[float]] = {w: [] for w in a.widths}
     for r in range(a.rounds):
         for w in a.widths:
             med = {}
-            for name in (order if r % 2 == 0 else order[::-1]):
-                backend, cache, rng = builds[name]
-                time.sleep(0.003)  # the other build's idle worker goes to sleep (pool.c: 0.3 ms of spinning)
+            for key in (order if r % 2 == 0 else order[::-1]):
+                backend, cache, rng = builds[key]
+                time.sleep(0.003)  # the other copies' idle workers go to sleep (pool.c: 0.3 ms of spinning)
                 for _ in range(2):
                     time_forward(backend, cache, w, rng)
-                med[name] = float(np.median([time_forward(backend, cache, w, rng) for _ in range(a.calls)]))
-                times[name, w].append(med[name])
-            ratios[w].append(med["new"] / med["old"])
-    print(f"{a.model}: {a.old} (old) against {a.new} (new), loaded {order[0]} first; {a.rounds} rounds of "
-          f"{a.calls} calls, ctx {a.ctx}, ISA {nl.isa_name(nl.load().se_isa())}")
+                med[key] = float(np.median([time_forward(backend, cache, w, rng) for _ in range(a.calls)]))
+            for name in ("old", "new"):
+                times[name, w].append(float(np.sqrt(med[name, 0] * med[name, 1])))
+            ratios[w].append(times["new", w][-1] / times["old", w][-1])
+    print(f"{a.model}: {a.old} (old) against {a.new} (new), loaded {order[0][0]} first; {a.rounds} rounds of "
+          f"{a.calls} calls, ctx {a.ctx}, ISA {nl.isa_name(nl.load().se_isa())}; each build loaded twice "
+          f"({', '.join(f'{n}' for n, _ in order)})")
     print("width | old ms | new ms | new/old (median of rounds) | q25 | q75")
     for w in a.widths:
         q = np.quantile(ratios[w], [0.25, 0.5, 0.75])
