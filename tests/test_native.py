@@ -136,10 +136,7 @@ def test_activation_blocks_round_half_to_even_with_exact_sums():
 
 def test_float_primitives_agree_across_isas_and_with_numpy():
     rng = np.random.default_rng(3)
-    q = rng.standard_normal(256).astype(np.float32)
     k = rng.standard_normal(256).astype(np.float16)
-    dots = [LIB.se_vec_dot(nl.fptr(q), k.ctypes.data, 256, isa) for isa in ISAS]
-    assert len(set(dots)) == 1 and abs(dots[0] - float(q @ k.astype(np.float32))) < 1e-4
     x = np.concatenate([np.linspace(-100, 5, 203), [-87.5, -86.9, 0.0]]).astype(np.float32)
     outs = []
     for isa in ISAS:
@@ -189,26 +186,48 @@ def test_row_steps_agree_across_isas_bit_for_bit_and_with_numpy(n):
             assert all(np.array_equal(a, b[0]) for a, b in zip((q, d, s, h, m), want)), nl.isa_name(isa)
 
 
+def blocked_keys(K: np.ndarray) -> np.ndarray:
+    """[keys, hd] (keys a multiple of 16) as the K cache stores them: blocks of 16 keys, dims-major."""
+    return np.ascontiguousarray(K.reshape(-1, 16, K.shape[1]).transpose(0, 2, 1))
+
+
+def chained_dot(q: np.ndarray, k: np.ndarray) -> np.float32:
+    """q . k as one fused chain over d from 0 (float64 holds each exact product and sum before the one rounding)."""
+    acc = np.float32(0)
+    for a, b in zip(q.astype(np.float64), k.astype(np.float64)):
+        acc = np.float32(a * b + np.float64(acc))
+    return acc
+
+
 @pytest.mark.parametrize("hd", [64, 80, 256])
 def test_attention_scores_and_weighted_sums_in_batches_equal_key_by_key(hd):
-    """Scores of 16 (AVX-512) or 4 (AVX2) keys at once reduce each key in dot_f16's order; weighted sums of V rows
-    in key order: every ISA equals the portable C, and the scores equal one dot per key."""
+    """Scores of 1-3 queries over blocks of 16 keys (in groups of 4 on AVX-512, 2 on AVX2): every ISA equals the
+    portable C, each score is its key's fused chain over d times the scale whatever the batch, and weighted sums of
+    V rows add in key order."""
     rng = np.random.default_rng(6)
-    q = rng.standard_normal(hd).astype(np.float32)
-    K = rng.standard_normal((50, hd)).astype(np.float16)
+    q = rng.standard_normal((3, hd)).astype(np.float32)
+    K = rng.standard_normal((7 * 16, hd)).astype(np.float16)
+    Kb = blocked_keys(K)
     idx = rng.permutation(50)[:37].astype(np.int32)
     w = rng.random(37).astype(np.float32)
-    scores, sums = [], []
+    for nq in (1, 2, 3):
+        got = []
+        for isa in ISAS:
+            out = np.empty((nq, 6 * 16), np.float32)
+            LIB.se_vec_scores(nl.fptr(q), nq, Kb.ctypes.data, 1, 6, hd, 0.125, nl.fptr(out), isa)
+            got.append(out)
+            one = np.empty((1, 16), np.float32)  # one block, one query: the same bits as in any batch
+            LIB.se_vec_scores(nl.fptr(q[nq - 1:]), 1, Kb.ctypes.data, 5, 1, hd, 0.125, nl.fptr(one), isa)
+            assert np.array_equal(one[0], out[nq - 1, 64:80]), nl.isa_name(isa)
+        assert all(np.array_equal(g, got[0]) for g in got)
+    want = [chained_dot(q[2], K[16 + i]) * np.float32(0.125) for i in (0, 17, 95)]
+    assert [got[0][2, i] for i in (0, 17, 95)] == want
+    sums = []
     for isa in ISAS:
-        out = np.empty(37, np.float32)
-        LIB.se_vec_scores(nl.fptr(q), K.ctypes.data, nl.iptr(idx), 37, hd, 0.125, nl.fptr(out), isa)
-        scores.append(out)
         acc = np.empty(hd, np.float32)
         LIB.se_vec_wsum(nl.fptr(w), K.ctypes.data, nl.iptr(idx), 37, hd, nl.fptr(acc), isa)
         sums.append(acc)
-    assert all(np.array_equal(s, scores[0]) for s in scores) and all(np.array_equal(s, sums[0]) for s in sums)
-    one = [LIB.se_vec_dot(nl.fptr(q), K[i].ctypes.data, hd, 0) * np.float32(0.125) for i in idx]
-    assert np.array_equal(scores[0], np.array(one, np.float32))
+    assert all(np.array_equal(s, sums[0]) for s in sums)
     assert np.allclose(sums[0], w @ K[idx].astype(np.float32), rtol=1e-5, atol=1e-5)
 
 
@@ -324,12 +343,14 @@ def test_a_drafter_s_matrix_on_the_engine_s_pool_equals_one_thread_s(tiny_files,
         b.matmul(m, np.zeros((2, 256), np.float32))
 
 
-def test_a_tree_verifies_each_path_as_its_chain_would(tiny_files):
+@pytest.mark.parametrize("cached", [4, 14])
+def test_a_tree_verifies_each_path_as_its_chain_would(tiny_files, cached):
     """Root, two children, a grandchild under the first child: each node's logits equal the chain's along its path;
-    compacting the accepted path leaves the cache a chain would have built."""
+    compacting the accepted path leaves the cache a chain would have built (within one 16-key block of the K
+    cache, and across two)."""
     gguf = open_gguf(tiny_files["qwen2", "Q8_0"])
     b = NativeBackend(gguf, n_threads=2)
-    prefix, tree = np.array([5, 9, 11, 3], np.int32), np.array([20, 21, 22, 23], np.int32)
+    prefix, tree = np.arange(5, 5 + cached, dtype=np.int32), np.array([20, 21, 22, 23], np.int32)
     mask = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], bool)
     cache = b.new_cache(32)
     b.feed(prefix, cache)
@@ -338,7 +359,7 @@ def test_a_tree_verifies_each_path_as_its_chain_would(tiny_files):
         c = b.new_cache(32)
         b.feed(prefix, c)
         assert np.array_equal(b.forward(tree[path], c), got[path])
-    cache.compact(np.array([4, 5, 7]), 4)
+    cache.compact(np.array([cached, cached + 1, cached + 3]), cached)
     nxt = b.forward(np.array([30], np.int32), cache)
     c = b.new_cache(32)
     b.feed(np.concatenate([prefix, tree[[0, 1, 3]]]), c)

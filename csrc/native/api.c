@@ -67,14 +67,6 @@ void se_quantize(const float *x, int rows, int k, int8_t *q, float *d, int32_t *
 }
 
 /* Float primitives under a chosen ISA (tests). */
-float se_vec_dot(const float *q, const uint16_t *k, int n, int isa) {
-    int before = se_isa();
-    se_set_isa(isa);
-    float r = se_vec()->dot_f16(q, k, n);
-    se_set_isa(before);
-    return r;
-}
-
 void se_vec_exp(float *x, int n, int isa) {
     int before = se_isa();
     se_set_isa(isa);
@@ -89,7 +81,7 @@ void se_vec_axpy(float *y, float a, const uint16_t *x, int n, int isa) {
     se_set_isa(before);
 }
 
-int se_abi_version(void) { return 5; }
+int se_abi_version(void) { return 6; }
 
 typedef struct { const uint8_t *buf; size_t bytes; uint64_t sums[64]; } roof_job;
 
@@ -116,11 +108,15 @@ uint64_t se_read_roof(se_pool *p, const uint8_t *buf, size_t bytes) {
     return x;
 }
 
-void se_vec_scores(const float *q, const uint16_t *K, const int32_t *idx, int cnt, int hd, float scale, float *out,
+/* scores of nq queries (q: [nq, hd]) against K-cache blocks b0 .. b0 + nb - 1 (out: [nq, 16 nb]) */
+void se_vec_scores(const float *q, int nq, const uint16_t *K, int b0, int nb, int hd, float scale, float *out,
                    int isa) {
+    const float *qs[SE_QUERIES];
+    float *os[SE_QUERIES];
+    for (int j = 0; j < nq && j < SE_QUERIES; j++) qs[j] = q + (size_t)j * hd, os[j] = out + (size_t)j * nb * SE_KBLOCK;
     int before = se_isa();
     se_set_isa(isa);
-    se_vec()->scores(q, K, idx, cnt, hd, scale, out);
+    se_vec()->scores(qs, nq < SE_QUERIES ? nq : SE_QUERIES, K, b0, nb, hd, scale, os);
     se_set_isa(before);
 }
 

@@ -20,15 +20,26 @@ static void quantize_span(const float *x, int n, se_act *a, int row, int col) {
                         a->m + at);
 }
 
-static se_act act_view(se_model *m, int k) {
-    se_act a = m->act;
+static se_act view_of(se_model *m, const se_act *buf, int k) {
+    se_act a = *buf;
     a.k = k;
     a.nb = k / SE_BLOCK;
-    a.f = m->float_acts ? m->act.f : NULL;
+    a.f = m->float_acts ? buf->f : NULL;
     return a;
 }
 
-typedef struct { const se_mat *w; float *out; int ldo; } mm_task;
+static se_act act_view(se_model *m, int k) { return view_of(m, &m->act, k); }
+
+/* A matrix of a matmul phase. Fused phases count the groups done per unit (a head's rows, a 32-wide block of d_ff
+ * columns) in done[]: the piece that completes a unit runs the phase's step on it, its outputs still in cache. */
+typedef struct {
+    const se_mat *w;
+    float *out;
+    int ldo;
+    _Atomic int *done;      /* NULL: no step */
+    int per_unit, unit_all; /* this matrix's groups per unit; the unit's groups over every matrix of the phase */
+} mm_task;
+
 
 static void rope(float *x, const float *cos, const float *sin, int half) {
     for (int j = 0; j < half; j++) {
@@ -52,8 +63,8 @@ static void attend(se_model *m, const se_call *c, int l, int r, int h0, int nq, 
     size_t span = (size_t)c->capacity + (size_t)cf->max_rows;
     int32_t *idx = (int32_t *)(scratch + SE_QUERIES * span);
     float scale = (float)(1.0 / sqrt((double)hd));
-    int win = c->window[l], pos = c->positions[r], cnt = 0;
-    for (int s = win && pos - win + 1 > 0 ? pos - win + 1 : 0; s < c->length; s++) idx[cnt++] = s;
+    int win = c->window[l], pos = c->positions[r], cnt = 0, first = win && pos - win + 1 > 0 ? pos - win + 1 : 0;
+    for (int s = first; s < c->length; s++) idx[cnt++] = s;
     for (int j = 0; j < c->n; j++) {
         int seen = c->mask ? c->mask[r * c->n + j] : j <= r;
         if (seen && !(win && pos - c->positions[j] >= win)) idx[cnt++] = c->length + j;
@@ -65,7 +76,15 @@ static void attend(se_model *m, const se_call *c, int l, int r, int h0, int nq, 
         sc[j] = scratch + j * span;
         out[j] = m->att + (size_t)r * QD + (size_t)(h0 + j) * hd;
     }
-    ops->scores_q(q, nq, K, idx, cnt, hd, scale, sc);
+    /* scores of every key in the blocks the row sees, then kept in idx's order (in place: idx[i] - base >= i; a
+     * chain's keys are one run, so only moved down) */
+    int b0 = idx[0] / SE_KBLOCK, base = b0 * SE_KBLOCK, run = idx[cnt - 1] - idx[0] == cnt - 1;
+    ops->scores(q, nq, K, b0, idx[cnt - 1] / SE_KBLOCK - b0 + 1, hd, scale, sc);
+    for (int j = 0; j < nq; j++) {
+        if (run) memmove(sc[j], sc[j] + idx[0] - base, (size_t)cnt * sizeof(float));
+        else
+            for (int i = 0; i < cnt; i++) sc[j][i] = sc[j][idx[i] - base];
+    }
     for (int j = 0; j < nq; j++) {
         float mx = se_rows()->max(sc[j], cnt);
         for (int i = 0; i < cnt; i++) sc[j][i] = sc[j][i] - mx;
@@ -83,25 +102,33 @@ static void attend(se_model *m, const se_call *c, int l, int r, int h0, int nq, 
     }
 }
 
-/* RoPE, norms and biases of one (row, head); K and V heads also go into the cache. */
-static void prepare_head(se_model *m, const se_call *c, int l, int r, int h) {
+enum { HEAD_Q, HEAD_K, HEAD_V };
+
+/* Biases, norms and RoPE of one row's query, key or value head h; keys and values also go into the cache. */
+static void prepare_head(se_model *m, const se_call *c, int l, int r, int part, int h) {
     const se_cfg *cf = &m->cfg;
     const se_layer *L = &m->layers[l];
-    int hd = cf->head_dim, H = cf->n_heads, QD = H * hd, KVD = cf->n_kv_heads * hd, half = c->rope_half[l];
-    int is_q = h < H, kh = is_q ? h : h - H;
-    float *x = is_q ? m->q + (size_t)r * QD + (size_t)h * hd : m->k + (size_t)r * KVD + (size_t)kh * hd;
-    if (cf->qkv_bias) add(x, L->v[is_q ? SE_V_Q_BIAS : SE_V_K_BIAS] + (size_t)kh * hd, hd);
+    int hd = cf->head_dim, QD = cf->n_heads * hd, KVD = cf->n_kv_heads * hd, half = c->rope_half[l];
+    size_t slot = (size_t)(c->length + r), head = ((size_t)l * cf->n_kv_heads + h) * (size_t)c->capacity;
+    if (part == HEAD_V) {
+        float *v = m->v + (size_t)r * KVD + (size_t)h * hd;
+        if (cf->qkv_bias) add(v, L->v[SE_V_V_BIAS] + (size_t)h * hd, hd);
+        se_vec()->to_f16(v, c->v_cache + (head + slot) * hd, hd);
+        return;
+    }
+    int is_q = part == HEAD_Q;
+    float *x = is_q ? m->q + (size_t)r * QD + (size_t)h * hd : m->k + (size_t)r * KVD + (size_t)h * hd;
+    if (cf->qkv_bias) add(x, L->v[is_q ? SE_V_Q_BIAS : SE_V_K_BIAS] + (size_t)h * hd, hd);
     if (cf->qk_norm) rms_norm(x, L->v[is_q ? SE_V_Q_NORM : SE_V_K_NORM], hd, cf->rms_eps, x);
     if (half) {
         size_t at = (size_t)c->positions[r] * half;
         rope(x, c->rope_cos[l] + at, c->rope_sin[l] + at, half);
     }
     if (is_q) return;
-    size_t at = (((size_t)l * cf->n_kv_heads + kh) * (size_t)c->capacity + (size_t)(c->length + r)) * hd;
-    float *v = m->v + (size_t)r * KVD + (size_t)kh * hd;
-    if (cf->qkv_bias) add(v, L->v[SE_V_V_BIAS] + (size_t)kh * hd, hd);
-    se_vec()->to_f16(x, c->k_cache + at, hd);
-    se_vec()->to_f16(v, c->v_cache + at, hd);
+    uint16_t k16[SE_MAX_HD]; /* K's blocks are dims-major: this key is lane slot % SE_KBLOCK of every dim's row */
+    se_vec()->to_f16(x, k16, hd);
+    uint16_t *kb = c->k_cache + (head + slot / SE_KBLOCK * SE_KBLOCK) * hd + slot % SE_KBLOCK;
+    for (int d = 0; d < hd; d++) kb[(size_t)d * SE_KBLOCK] = k16[d];
 }
 
 /* act(g) * u over n values, element by element with the engine's exp (the same in every ISA), so a span's values
@@ -124,41 +151,65 @@ static void gated_span(int kind, const float *g, const float *u, float *y, int n
 
 /* ---- phases: each is a parallel-for over independent items (pool.h) ---- */
 
-typedef struct {
+typedef struct phase phase;
+struct phase {
     se_model *m;
     const se_call *c;
     int l;                       /* the layer */
     const mm_task *tasks;        /* matmul phases */
     int ntasks;
+    int interleave;              /* items: group g of every task in turn (tasks of equal sizes), not task by task */
+    void (*step)(const phase *ph, int thread, int task, int unit); /* a fused phase's step on a completed unit */
     const se_act *x;
     int rows;
     const float *h;              /* head phases: hidden states and which rows */
     const int32_t *hrows;
     int residual, norm_next;     /* row phase: add m->a into x first; then norm + quantize for layer l */
-} phase;
+};
 
 static float *tmp_of(se_model *m, int thread) {
     return m->scratch[thread] + m->scratch_len - (size_t)m->cfg.d_model - 64 - SE_BLOCK;
 }
 
-/* items: output groups, numbered across the tasks' matrices */
-static void mm_items(void *p, int thread, int a, int b) {
-    const phase *ph = p;
-    (void)thread;
-    for (int i = 0, base = 0; i < ph->ntasks; base += ph->tasks[i].w->ngroups, i++) {
-        const mm_task *t = &ph->tasks[i];
-        int g0 = a > base ? a - base : 0, g1 = b - base < t->w->ngroups ? b - base : t->w->ngroups;
-        if (g0 < g1) se_mm_for(t->w)(t->w, ph->x, ph->rows, t->out, t->ldo, g0, g1);
+static void groups(const phase *ph, int thread, int i, int g0, int g1) {
+    const mm_task *t = &ph->tasks[i];
+    se_mm_for(t->w)(t->w, ph->x, ph->rows, t->out, t->ldo, g0, g1);
+    if (!t->done) return;
+    for (int u = g0 / t->per_unit; u * t->per_unit < g1; u++) {
+        int lo = u * t->per_unit > g0 ? u * t->per_unit : g0;
+        int hi = (u + 1) * t->per_unit < g1 ? (u + 1) * t->per_unit : g1;
+        /* acq_rel: the piece that completes the unit sees every other piece's outputs */
+        if (atomic_fetch_add_explicit(&t->done[u], hi - lo, memory_order_acq_rel) + hi - lo == t->unit_all)
+            ph->step(ph, thread, i, u);
     }
 }
 
-static void matmul_phase(se_model *m, const mm_task *t, int count, const se_act *x, int rows) {
+/* items: output groups, numbered across the tasks' matrices (or interleaved: group it / ntasks of task it % ntasks) */
+static void mm_items(void *p, int thread, int a, int b) {
+    const phase *ph = p;
+    if (ph->interleave) {
+        for (int it = a; it < b; it++) groups(ph, thread, it % ph->ntasks, it / ph->ntasks, it / ph->ntasks + 1);
+        return;
+    }
+    for (int i = 0, base = 0; i < ph->ntasks; base += ph->tasks[i].w->ngroups, i++) {
+        int g0 = a > base ? a - base : 0, g1 = b - base < ph->tasks[i].w->ngroups ? b - base : ph->tasks[i].w->ngroups;
+        if (g0 < g1) groups(ph, thread, i, g0, g1);
+    }
+}
+
+/* ph: NULL, or a fused phase (its step, interleave, call and layer); its tasks' done counters are zeroed here */
+static void matmul_phase(se_model *m, const mm_task *t, int count, const se_act *x, int rows, const phase *fused) {
     int total = 0;
-    for (int i = 0; i < count; i++) total += t[i].w->ngroups;
+    for (int i = 0; i < count; i++) {
+        total += t[i].w->ngroups;
+        for (int u = 0; t[i].done && u * t[i].per_unit < t[i].w->ngroups; u++)
+            atomic_store_explicit(&t[i].done[u], 0, memory_order_relaxed); /* published by the pool's phase start */
+    }
     /* each thread streams its contiguous share of the groups (pool.h); small pieces bound what a descheduled
      * worker holds up */
     int chunk = (total + 16 * m->nthreads - 1) / (16 * m->nthreads);
-    phase ph = {.m = m, .tasks = t, .ntasks = count, .x = x, .rows = rows};
+    phase ph = fused ? *fused : (phase){.m = m};
+    ph.tasks = t, ph.ntasks = count, ph.x = x, ph.rows = rows;
     se_pool_for(m->pool, total, chunk, mm_items, &ph);
 }
 
@@ -206,20 +257,20 @@ static void mid_items(void *p, int thread, int a, int b) {
     }
 }
 
-static void head_prep_items(void *p, int thread, int a, int b) {
-    const phase *ph = p;
-    int H = ph->m->cfg.n_heads, KV = ph->m->cfg.n_kv_heads;
+/* the QKV phase's step: a query, key or value head (task 0, 1, 2) is done for every row */
+static void head_step(const phase *ph, int thread, int task, int head) {
     (void)thread;
-    for (int it = a; it < b; it++) prepare_head(ph->m, ph->c, ph->l, it / (H + KV), it % (H + KV));
+    for (int r = 0; r < ph->rows; r++) prepare_head(ph->m, ph->c, ph->l, r, task, head);
 }
 
-/* items: (row, KV head, part of its query heads of up to SE_QUERIES) */
+/* items: (KV head, part of its query heads of up to SE_QUERIES, row), rows innermost: a thread's contiguous share
+ * reads few heads' keys and values, each from memory once and then from its cache */
 static void attend_items(void *p, int thread, int a, int b) {
     const phase *ph = p;
     const se_cfg *cf = &ph->m->cfg;
-    int G = cf->n_heads / cf->n_kv_heads, parts = (G + SE_QUERIES - 1) / SE_QUERIES, per = cf->n_kv_heads * parts;
+    int G = cf->n_heads / cf->n_kv_heads, parts = (G + SE_QUERIES - 1) / SE_QUERIES, n = ph->c->n;
     for (int it = a; it < b; it++) {
-        int r = it / per, g = (it % per) / parts, part = it % parts, h0 = g * G + part * SE_QUERIES;
+        int r = it % n, g = it / n / parts, part = it / n % parts, h0 = g * G + part * SE_QUERIES;
         int nq = G - part * SE_QUERIES < SE_QUERIES ? G - part * SE_QUERIES : SE_QUERIES;
         attend(ph->m, ph->c, ph->l, r, h0, nq, ph->m->scratch[thread]);
     }
@@ -233,19 +284,16 @@ static void att_quant_items(void *p, int thread, int a, int b) {
     for (int r = a; r < b; r++) quantize_span(ph->m->att + (size_t)r * QD, QD, &xQ, r, 0);
 }
 
-/* items: 32-wide blocks of the rows' d_ff values, in runs of one row (at most d_model values: tmp's size) */
-static void gated_items(void *p, int thread, int a, int b) {
-    const phase *ph = p;
+/* the gate/up phase's step: a 32-wide block of d_ff columns is done in both matrices for every row */
+static void gated_step(const phase *ph, int thread, int task, int block) {
     se_model *m = ph->m;
-    int F = m->cfg.d_ff, nbF = F / SE_BLOCK, most = m->cfg.d_model / SE_BLOCK;
+    int F = m->cfg.d_ff, col = block * SE_BLOCK;
     float *tmp = tmp_of(m, thread);
-    se_act xF = act_view(m, F);
-    for (int it = a; it < b;) {
-        int r = it / nbF, first = it % nbF, end = (r + 1) * nbF < b ? (r + 1) * nbF : b;
-        int cnt = end - it < most ? end - it : most, col = first * SE_BLOCK;
-        gated_span(m->cfg.activation, m->g + (size_t)r * F + col, m->u + (size_t)r * F + col, tmp, cnt * SE_BLOCK);
-        quantize_span(tmp, cnt * SE_BLOCK, &xF, r, col);
-        it += cnt;
+    se_act xF = view_of(m, &m->act_ff, F);
+    (void)task;
+    for (int r = 0; r < ph->rows; r++) {
+        gated_span(m->cfg.activation, m->g + (size_t)r * F + col, m->u + (size_t)r * F + col, tmp, SE_BLOCK);
+        quantize_span(tmp, SE_BLOCK, &xF, r, col);
     }
 }
 
@@ -281,23 +329,29 @@ static void layer(se_model *m, const se_call *c, int l, int li) {
     const se_layer *L = &m->layers[l];
     int n = c->n, D = cf->d_model, F = cf->d_ff, H = cf->n_heads, KV = cf->n_kv_heads, hd = cf->head_dim;
     int QD = H * hd, KVD = KV * hd;
-    se_act xD = act_view(m, D), xQ = act_view(m, QD), xF = act_view(m, F);
+    se_act xD = act_view(m, D), xQ = act_view(m, QD), xF = view_of(m, &m->act_ff, F);
     phase ph = {.m = m, .c = c, .l = l, .residual = li ? c->layers[li - 1] + 1 : 0, .norm_next = 1};
     se_pool_for(m->pool, n, 1, row_items, &ph);
-    mm_task qkv[3] = {{&L->w[SE_W_Q], m->q, QD}, {&L->w[SE_W_K], m->k, KVD}, {&L->w[SE_W_V], m->v, KVD}};
-    matmul_phase(m, qkv, 3, &xD, n);
-    se_pool_for(m->pool, n * (H + KV), 1, head_prep_items, &ph);
+    int G = hd / SE_GROUP; /* a head's groups of output rows; each head is prepared once its groups are done */
+    mm_task qkv[3] = {{&L->w[SE_W_Q], m->q, QD, m->units, G, G}, {&L->w[SE_W_K], m->k, KVD, m->units + H, G, G},
+                      {&L->w[SE_W_V], m->v, KVD, m->units + H + KV, G, G}};
+    phase fused = ph;
+    fused.step = head_step;
+    matmul_phase(m, qkv, 3, &xD, n, &fused);
     int parts = (H / KV + SE_QUERIES - 1) / SE_QUERIES;
     se_pool_for(m->pool, n * KV * parts, 1, attend_items, &ph);
     if (hd % SE_BLOCK) se_pool_for(m->pool, n, 1, att_quant_items, &ph);
     mm_task o = {&L->w[SE_W_O], m->a, D};
-    matmul_phase(m, &o, 1, &xQ, n);
+    matmul_phase(m, &o, 1, &xQ, n, NULL);
     se_pool_for(m->pool, n, 1, mid_items, &ph);
-    mm_task gu[2] = {{&L->w[SE_W_GATE], m->g, F}, {&L->w[SE_W_UP], m->u, F}};
-    matmul_phase(m, gu, 2, &xD, n);
-    se_pool_for(m->pool, n * (F / SE_BLOCK), 8, gated_items, &ph);
+    /* gate and up interleaved, so a thread's share holds both halves of its d_ff blocks */
+    int B = SE_BLOCK / SE_GROUP;
+    mm_task gu[2] = {{&L->w[SE_W_GATE], m->g, F, m->units, B, 2 * B}, {&L->w[SE_W_UP], m->u, F, m->units, B, 2 * B}};
+    fused.step = gated_step;
+    fused.interleave = 1;
+    matmul_phase(m, gu, 2, &xD, n, &fused);
     mm_task down = {&L->w[SE_W_DOWN], m->a, D};
-    matmul_phase(m, &down, 1, &xF, n);
+    matmul_phase(m, &down, 1, &xF, n, NULL);
 }
 
 /* Final norm + LM head over rows `rows` (NULL: 0..count-1) of hidden states h. */
@@ -306,7 +360,7 @@ static void head(se_model *m, const float *h, const int32_t *rows, int count, co
     se_pool_for(m->pool, count, 1, head_norm_items, &ph);
     se_act xD = act_view(m, m->cfg.d_model);
     mm_task t = {w, logits, w->n};
-    matmul_phase(m, &t, 1, &xD, count);
+    matmul_phase(m, &t, 1, &xD, count, NULL);
 }
 
 static void run_forward(se_model *m, const se_call *c) {
@@ -344,13 +398,15 @@ int se_model_matmul(se_model *m, const se_mat *w, const float *x, int rows, floa
     if (rows <= 0) return -1;
     if (se_act_quantized(x, rows, w->k, &a)) return -2;
     mm_task t = {w, out, w->n};
-    matmul_phase(m, &t, 1, &a, rows);
+    matmul_phase(m, &t, 1, &a, rows, NULL);
     se_act_free(&a);
     return 0;
 }
 
 int se_forward(se_model *m, const se_call *c) {
-    if (c->n <= 0 || c->n > m->cfg.max_rows || c->length < 0 || c->length + c->n > c->capacity) return -1;
+    if (c->n <= 0 || c->n > m->cfg.max_rows || c->length < 0 || c->length + c->n > c->capacity ||
+        c->capacity % SE_KBLOCK)
+        return -1;
     for (int i = 0; i < c->n; i++)
         if (c->tokens[i] < 0 || c->tokens[i] >= m->cfg.vocab) return -2;
     for (int i = 0; i < c->n_out; i++)

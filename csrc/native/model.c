@@ -6,7 +6,8 @@
 
 se_model *se_model_new(const se_cfg *cfg) {
     if (cfg->n_layers <= 0 || cfg->d_model <= 0 || cfg->d_model % SE_BLOCK || cfg->head_dim % 16 ||
-        cfg->n_heads <= 0 || cfg->n_kv_heads <= 0 || cfg->n_heads % cfg->n_kv_heads || cfg->d_ff % SE_BLOCK ||
+        cfg->head_dim > SE_MAX_HD || cfg->n_heads <= 0 || cfg->n_kv_heads <= 0 || cfg->n_heads % cfg->n_kv_heads ||
+        cfg->d_ff % SE_BLOCK ||
         (cfg->n_heads * cfg->head_dim) % SE_BLOCK || cfg->max_rows <= 0 || cfg->vocab <= 0)
         return NULL;
     se_model *m = calloc(1, sizeof *m);
@@ -31,10 +32,20 @@ se_model *se_model_new(const se_cfg *cfg) {
     m->act.h = malloc((size_t)n * (big / SE_BLOCK) * sizeof(int32_t));
     m->act.f = malloc((size_t)n * big * sizeof(float));
     m->act.m = malloc((size_t)n * (big / SE_BLOCK) * sizeof(float));
+    se_act *ff = &m->act_ff; /* the MLP's gated values: written while the gate/up matmuls still read m->act */
+    ff->q = malloc((size_t)n * F);
+    ff->d = malloc((size_t)n * (F / SE_BLOCK) * sizeof(float));
+    ff->s = malloc((size_t)n * (F / SE_BLOCK) * sizeof(int32_t));
+    ff->h = malloc((size_t)n * (F / SE_BLOCK) * sizeof(int32_t));
+    ff->f = malloc((size_t)n * F * sizeof(float));
+    ff->m = malloc((size_t)n * (F / SE_BLOCK) * sizeof(float));
     m->nthreads = se_pool_threads(m->pool);
     m->scratch = calloc((size_t)m->nthreads, sizeof(float *));
+    int units = cfg->n_heads + 2 * cfg->n_kv_heads > F / SE_BLOCK ? cfg->n_heads + 2 * cfg->n_kv_heads : F / SE_BLOCK;
+    m->units = calloc((size_t)units, sizeof *m->units);
     if (!m->layers || !m->pool || !m->x || !m->a || !m->q || !m->k || !m->v || !m->att || !m->g || !m->u ||
-        !m->act.q || !m->act.d || !m->act.s || !m->act.h || !m->act.f || !m->act.m || !m->scratch) {
+        !m->act.q || !m->act.d || !m->act.s || !m->act.h || !m->act.f || !m->act.m || !m->scratch || !m->units ||
+        !ff->q || !ff->d || !ff->s || !ff->h || !ff->f || !ff->m) {
         se_model_free(m);
         return NULL;
     }
@@ -54,10 +65,12 @@ void se_model_free(se_model *m) {
     if (m->scratch)
         for (int t = 0; t < m->nthreads; t++) free(m->scratch[t]);
     free(m->scratch);
+    free((void *)m->units);
     se_pool_free(m->pool);
     free(m->layers);
     free(m->x); free(m->a); free(m->q); free(m->k); free(m->v); free(m->att); free(m->g); free(m->u);
     free(m->act.q); free(m->act.d); free(m->act.s); free(m->act.h); free(m->act.f); free(m->act.m);
+    free(m->act_ff.q); free(m->act_ff.d); free(m->act_ff.s); free(m->act_ff.h); free(m->act_ff.f); free(m->act_ff.m);
     free(m);
 }
 

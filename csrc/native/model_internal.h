@@ -2,6 +2,8 @@
 #define SE_MODEL_INTERNAL_H
 #include "model.h"
 
+#include <stdatomic.h>
+
 typedef struct {
     se_mat w[SE_W_NMATS];
     float *v[SE_V_NVECS];
@@ -16,9 +18,10 @@ struct se_model {
     int nthreads;
     /* workspace for max_rows rows */
     float *x, *a, *q, *k, *v, *att, *g, *u;
-    se_act act;
+    se_act act, act_ff;  /* quantized activations: the matmuls' inputs; act_ff: the down projection's */
     int float_acts;      /* a float-weight matrix is loaded: the activations keep their float rows too (act.f) */
     float **scratch;     /* per thread: attention scores and a row, grown to the cache's capacity */
+    _Atomic int *units;  /* a fused matmul phase's groups done per unit (n_heads + 2 n_kv_heads, or d_ff / 32) */
     size_t scratch_len;
 };
 

@@ -14,6 +14,8 @@
 #define SE_BLOCK 32     /* weights per quantization block along K */
 #define SE_MAX_ROWS 16  /* activation rows one kernel pass takes at most (callers loop) */
 #define SE_QUERIES 3    /* query heads one attention item takes (a GQA group, in parts of up to 3) */
+#define SE_KBLOCK 16    /* keys per K-cache block: a block is dims-major, key t of dim d at [d * SE_KBLOCK + t] */
+#define SE_MAX_HD 512   /* the widest attention head */
 
 /* GGML type ids of the formats the engine packs (the GGUF's own numbering). */
 enum { SE_F32 = 0, SE_F16 = 1, SE_Q4_0 = 2, SE_Q4_1 = 3, SE_Q5_0 = 6, SE_Q8_0 = 8, SE_Q4_K = 12, SE_Q5_K = 13,
@@ -161,18 +163,19 @@ uint16_t se_f32_to_f16(float f);
 
 /* vec.c: the float primitives attention and norms share, one fixed order, every ISA (NEON's in vec_neon.c) */
 typedef struct {
-    float (*dot_f16)(const float *q, const uint16_t *k, int n);             /* n % 16 == 0 */
     void (*axpy_f16)(float *y, float a, const uint16_t *x, int n);         /* y += a * x, n % 16 == 0 */
     void (*exp_inplace)(float *x, int n);                                    /* x = exp(x) */
     void (*to_f16)(const float *x, uint16_t *y, int n);                      /* round to nearest even */
-    /* out[i] = dot_f16(q, K + idx[i] * hd) * scale, i < cnt: keys in batches, each key's sum in dot_f16's order */
-    void (*scores)(const float *q, const uint16_t *K, const int32_t *idx, int cnt, int hd, float scale, float *out);
+    /* Scores of nq <= SE_QUERIES queries against the keys of K-cache blocks b0 .. b0 + nb - 1 of one head (K: the
+     * head's first block; block b at K + b * hd * SE_KBLOCK): out[j][SE_KBLOCK * (b - b0) + t] = scale * the dot of
+     * q[j] with key t of block b, each dot one fused chain over d from 0 (acc = fma(q[d], k[d], acc)), whatever
+     * else the call batches with it */
+    void (*scores)(const float *const *q, int nq, const uint16_t *K, int b0, int nb, int hd, float scale,
+                   float *const *out);
     /* out[d] = sum over i (in order, fused) of w[i] * V[idx[i] * hd + d], from 0: axpy_f16 key after key */
     void (*wsum)(const float *w, const uint16_t *V, const int32_t *idx, int cnt, int hd, float *out);
-    /* the same for nq <= SE_QUERIES queries of one KV head (a GQA group shares each key's load and conversion):
-     * out[j] = scores(q[j], ...), out[j] = wsum(w[j], ...), bit for bit */
-    void (*scores_q)(const float *const *q, int nq, const uint16_t *K, const int32_t *idx, int cnt, int hd,
-                     float scale, float *const *out);
+    /* the same for nq <= SE_QUERIES queries of one KV head (a GQA group shares each V row's load and conversion):
+     * out[j] = wsum(w[j], ...), bit for bit */
     void (*wsum_q)(const float *const *w, int nq, const uint16_t *V, const int32_t *idx, int cnt, int hd,
                    float *const *out);
 } se_vec_ops;

@@ -1,8 +1,8 @@
 /* NEON float primitives (se_vec_ops, se_row_ops) in the order vec.c and vec_rows.c define: the 16 partial sums of
  * a dot, a sum or a sum of squares sit in 4 registers (lanes 0-3, 4-7, 8-11, 12-15), so the tree's first step
  * (p[l] + p[l+8]) adds registers 0+2 and 1+3, the second adds those two, then lanes (0+2, 1+3), then the pair.
- * exp is se_expf lane by lane; fp16 conversions are the exact IEEE ones (round to nearest even). The attention
- * batches (scores, wsum and their GQA forms) loop over keys with this dot and axpy, which is their definition.
+ * exp is se_expf lane by lane; fp16 conversions are the exact IEEE ones (round to nearest even). Scores keep one
+ * fused chain over d per key (a lane each, vec.c's order); the weighted sums loop over keys with axpy.
  * Quantize stays the portable C (act.c: exact or element-wise steps). Only base AArch64 ASIMD is needed. */
 #include "se.h"
 
@@ -31,13 +31,6 @@ static inline float reduce4x4(float32x4_t p0, float32x4_t p1, float32x4_t p2, fl
     float32x4_t s = vaddq_f32(vaddq_f32(p0, p2), vaddq_f32(p1, p3));
     float32x2_t t = vadd_f32(vget_low_f32(s), vget_high_f32(s));
     return vget_lane_f32(t, 0) + vget_lane_f32(t, 1);
-}
-
-static float dot_f16_neon(const float *q, const uint16_t *k, int n) {
-    float32x4_t p[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
-    for (int c = 0; c < n; c += 16)
-        for (int i = 0; i < 4; i++) p[i] = vfmaq_f32(p[i], vld1q_f32(q + c + 4 * i), f16x4(k + c + 4 * i));
-    return reduce4x4(p[0], p[1], p[2], p[3]);
 }
 
 static void axpy_f16_neon(float *y, float a, const uint16_t *x, int n) {
@@ -74,9 +67,23 @@ static void to_f16_neon(const float *x, uint16_t *y, int n) {
     for (; i < n; i++) y[i] = se_f32_to_f16(x[i]);
 }
 
-static void scores_neon(const float *q, const uint16_t *K, const int32_t *idx, int cnt, int hd, float scale,
-                        float *out) {
-    for (int i = 0; i < cnt; i++) out[i] = dot_f16_neon(q, K + (size_t)idx[i] * hd, hd) * scale;
+/* a block's 16 keys in 4 registers; one block at a time for nq queries, each lane one key's chain over d */
+static void scores_neon(const float *const *q, int nq, const uint16_t *K, int b0, int nb, int hd, float scale,
+                        float *const *out) {
+    for (int b = 0; b < nb; b++) {
+        const uint16_t *blk = K + (size_t)(b0 + b) * hd * SE_KBLOCK;
+        float32x4_t acc[SE_QUERIES][4];
+        for (int j = 0; j < nq; j++)
+            for (int t = 0; t < 4; t++) acc[j][t] = vdupq_n_f32(0.0f);
+        for (int d = 0; d < hd; d++)
+            for (int t = 0; t < 4; t++) {
+                float32x4_t k = f16x4(blk + d * SE_KBLOCK + 4 * t);
+                for (int j = 0; j < nq; j++) acc[j][t] = vfmaq_f32(acc[j][t], vdupq_n_f32(q[j][d]), k);
+            }
+        for (int j = 0; j < nq; j++)
+            for (int t = 0; t < 4; t++)
+                vst1q_f32(out[j] + SE_KBLOCK * b + 4 * t, vmulq_f32(acc[j][t], vdupq_n_f32(scale)));
+    }
 }
 
 static void wsum_neon(const float *w, const uint16_t *V, const int32_t *idx, int cnt, int hd, float *out) {
@@ -84,18 +91,12 @@ static void wsum_neon(const float *w, const uint16_t *V, const int32_t *idx, int
     for (int i = 0; i < cnt; i++) axpy_f16_neon(out, w[i], V + (size_t)idx[i] * hd, hd);
 }
 
-static void scores_q_neon(const float *const *q, int nq, const uint16_t *K, const int32_t *idx, int cnt, int hd,
-                          float scale, float *const *out) {
-    for (int j = 0; j < nq; j++) scores_neon(q[j], K, idx, cnt, hd, scale, out[j]);
-}
-
 static void wsum_q_neon(const float *const *w, int nq, const uint16_t *V, const int32_t *idx, int cnt, int hd,
                         float *const *out) {
     for (int j = 0; j < nq; j++) wsum_neon(w[j], V, idx, cnt, hd, out[j]);
 }
 
-static const se_vec_ops vec_neon = {dot_f16_neon, axpy_f16_neon, exp_neon, to_f16_neon,
-                                    scores_neon, wsum_neon, scores_q_neon, wsum_q_neon};
+static const se_vec_ops vec_neon = {axpy_f16_neon, exp_neon, to_f16_neon, scores_neon, wsum_neon, wsum_q_neon};
 
 const se_vec_ops *se_vec_neon(void) { return &vec_neon; }
 

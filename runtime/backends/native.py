@@ -27,6 +27,7 @@ from . import native_lib as nl
 from .base import BackendCaps, LayerPlan, check_room, gate_variance, tree_depths
 
 MAX_ROWS = 64  # rows one C call takes: chains are split (a row's result does not depend on the split), trees not
+KBLOCK = 16  # keys per K-cache block (SE_KBLOCK in csrc/native/se.h)
 _MATS = {"q": 0, "k": 1, "v": 2, "o": 3, "gate": 4, "up": 5, "down": 6}  # se_model_set_mat's SE_W_*
 _VECS = {"attn_norm": 0, "ffn_norm": 1, "q_bias": 2, "k_bias": 3, "v_bias": 4, "o_bias": 5, "q_norm": 6, "k_norm": 7,
          "post_attn_norm": 8, "post_ffn_norm": 9}  # SE_V_*
@@ -54,8 +55,8 @@ def check_model(config: ModelConfig, types: dict[str, str]) -> None:
     spec, fix = config.block, "use --backend ik or llamacpp for this file"
     if spec.norm not in (Norm.RMS, Norm.RMS_PLUS_ONE):
         raise NativeUnsupported(f"the native engine runs RMSNorm models, not {spec.norm.value} norms; {fix}")
-    if config.head_dim % 16 or config.d_model % 32 or config.d_ff % 32 or (config.n_heads * config.head_dim) % 32:
-        raise NativeUnsupported(f"the native engine needs head_dim % 16 == 0 and d_model, d_ff, heads x head_dim "
+    if config.head_dim % 16 or config.head_dim > 512 or config.d_model % 32 or config.d_ff % 32 or (config.n_heads * config.head_dim) % 32:
+        raise NativeUnsupported(f"the native engine needs head_dim % 16 == 0 (at most 512) and d_model, d_ff, heads x head_dim "
                                 f"multiples of 32 (this {config.arch}: head_dim {config.head_dim}, d_model "
                                 f"{config.d_model}, d_ff {config.d_ff}); {fix}")
     for name, kind in types.items():
@@ -66,25 +67,29 @@ def check_model(config: ModelConfig, types: dict[str, str]) -> None:
 
 
 class NativeCache(LengthCursor):
-    """fp16 K and V for every layer, [layers, kv heads, capacity, head_dim] (one head's keys contiguous)."""
+    """fp16 K and V for every layer. V is [layers, kv heads, slots, head_dim]; K is the same positions in blocks of
+    16 stored dims-major, [layers, kv heads, slots / 16, head_dim, 16], so one 16-key block's scores are 16 lanes
+    of fused chains over head_dim with no reduction across lanes (docs/native.md). slots: capacity rounded up to 16."""
 
     def __init__(self, config: ModelConfig, capacity: int) -> None:
         if capacity <= 0:
             raise ValueError(f"KV cache capacity must be positive, got {capacity}")
-        shape = (config.n_layers, config.n_kv_heads, capacity, config.head_dim)
-        self.k = np.zeros(shape, dtype=np.uint16)  # fp16 bits (C converts)
-        self.v = np.zeros(shape, dtype=np.uint16)
+        self._capacity = capacity
+        self.slots = -(-capacity // KBLOCK) * KBLOCK
+        L, KV, hd = config.n_layers, config.n_kv_heads, config.head_dim
+        self.k = np.zeros((L, KV, self.slots // KBLOCK, hd, KBLOCK), dtype=np.uint16)  # fp16 bits (C converts)
+        self.v = np.zeros((L, KV, self.slots, hd), dtype=np.uint16)
         self._length = 0
 
     @property
     def capacity(self) -> int:
-        return int(self.k.shape[2])
+        return self._capacity
 
     def compact(self, src: np.ndarray, dst_start: int) -> None:
         """Move the rows at slots `src` (ascending) to dst_start, dst_start + 1, ... and set the length after them
         (the accepted path of a tree)."""
         src, dst = compaction_slots(src, dst_start)
-        self.k[:, :, dst] = self.k[:, :, src]
+        self.k[:, :, dst // KBLOCK, :, dst % KBLOCK] = self.k[:, :, src // KBLOCK, :, src % KBLOCK]
         self.v[:, :, dst] = self.v[:, :, src]
         self._length = dst_start + len(src)
 
@@ -299,7 +304,7 @@ class NativeBackend:
         tap_keys = np.array(list(tapped), dtype=np.int32)
         tap_p = (ctypes.c_void_p * max(1, len(tapped)))(*[b.ctypes.data for b in tapped.values()])
         out_buf = None if out is None else (out if out.flags.c_contiguous else np.empty_like(out))
-        call = nl.Call(n, cache.length, cache.capacity, tokens.ctypes.data, positions.ctypes.data,
+        call = nl.Call(n, cache.length, cache.slots, tokens.ctypes.data, positions.ctypes.data,
                        None if mask is None else mask.ctypes.data, ctypes.addressof(self._cos_p),
                        ctypes.addressof(self._sin_p), self._half_p, self._window_p, cache.k.ctypes.data,
                        cache.v.ctypes.data, layers.ctypes.data, len(layers), tap_keys.ctypes.data, len(tap_keys),

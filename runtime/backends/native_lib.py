@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 ISA_NAMES = ("portable", "avx2", "avx512", "neon")  # se.h SE_ISA_*
 GGML_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14,
               "BF16": 30}  # se.h's
@@ -74,10 +74,9 @@ _SIGNATURES = {
     "se_pool_new": (c_void_p, [c_int]),
     "se_pool_free": (None, [c_void_p]),
     "se_quantize": (None, [_P(c_float), c_int, c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p]),
-    "se_vec_dot": (c_float, [_P(c_float), c_void_p, c_int, c_int]),
     "se_vec_exp": (None, [_P(c_float), c_int, c_int]),
     "se_vec_axpy": (None, [_P(c_float), c_float, c_void_p, c_int, c_int]),
-    "se_vec_scores": (None, [_P(c_float), c_void_p, _P(c_int32), c_int, c_int, c_float, _P(c_float), c_int]),
+    "se_vec_scores": (None, [_P(c_float), c_int, c_void_p, c_int, c_int, c_int, c_float, _P(c_float), c_int]),
     "se_vec_wsum": (None, [_P(c_float), c_void_p, _P(c_int32), c_int, c_int, _P(c_float), c_int]),
     "se_vec_reduce": (c_float, [_P(c_float), c_int, c_int, c_int]),
     "se_vec_silu_mul": (None, [_P(c_float), _P(c_float), _P(c_float), c_int, c_int]),

@@ -105,21 +105,20 @@ static void check_matmuls(int isa) {
 
 /* the float primitives of vec.c / vec_rows.c under `isa` into `out` (a flat record), for comparison */
 static size_t run_primitives(int isa, float *out) {
-    enum { HD = 64, KEYS = 37, N = 100 };
+    enum { HD = 64, KEYS = 37, N = 100, NB = 7 };
     uint64_t seed = g_rng;
     size_t o = 0;
     float q[3][HD], x[N], g[N], u[N], y[N], w[3][KEYS];
-    uint16_t K[KEYS * HD], V[KEYS * HD], h16[N];
+    uint16_t K[NB * SE_KBLOCK * HD], V[KEYS * HD], h16[N];
     int32_t idx[KEYS];
     fill(&q[0][0], 3 * HD, -1, 1);
     fill(&w[0][0], 3 * KEYS, 0, 1);
-    fill_f16(K, KEYS * HD);
+    fill_f16(K, NB * SE_KBLOCK * HD);
     fill_f16(V, KEYS * HD);
     for (int i = 0; i < KEYS; i++) idx[i] = (i * 7) % KEYS;
     se_set_isa(isa);
     const se_vec_ops *v = se_vec();
     const se_row_ops *r = se_rows();
-    out[o++] = v->dot_f16(q[0], K, HD);
     fill(x, N, -100, 100);
     v->exp_inplace(x, N);
     memcpy(out + o, x, sizeof x), o += N;
@@ -130,12 +129,12 @@ static size_t run_primitives(int isa, float *out) {
     for (int i = 0; i < 8; i++) x[i] = frand(-1e-6f, 1e-6f); /* fp16 subnormals */
     v->to_f16(x, h16, N);
     for (int i = 0; i < N; i++) out[o++] = (float)h16[i];
-    v->scores(q[0], K, idx, KEYS, HD, 0.125f, out + o), o += KEYS;
     v->wsum(w[0], V, idx, KEYS, HD, out + o), o += HD;
     const float *qs[3] = {q[0], q[1], q[2]}, *ws[3] = {w[0], w[1], w[2]};
     for (int nq = 1; nq <= 3; nq++) {
-        float *so[3] = {out + o, out + o + KEYS, out + o + 2 * KEYS};
-        v->scores_q(qs, nq, K, idx, KEYS, HD, 0.125f, so), o += 3 * KEYS;
+        enum { S = (NB - 1) * SE_KBLOCK }; /* blocks 1 .. 6: a group of 4 and two single blocks on AVX-512 */
+        float *so[3] = {out + o, out + o + S, out + o + 2 * S};
+        v->scores(qs, nq, K, 1, NB - 1, HD, 0.125f, so), o += 3 * S;
         float *wo[3] = {out + o, out + o + HD, out + o + 2 * HD};
         v->wsum_q(ws, nq, V, idx, KEYS, HD, wo), o += 3 * HD;
     }
