@@ -241,6 +241,28 @@ def tiny_files(tmp_path_factory):
             for arch in TINY_ARCHS for fmt in FORMATS}
 
 
+def test_attention_over_hundreds_of_keys_and_a_sliding_window_computes_what_numpy_computes(tmp_path):
+    """300 tokens, and a 200-token sliding window that starts inside a K-cache block, F32 weights so attention is what
+    differs: the logits of every position are the NumPy reference's up to the fp16 KV cache's rounding (measured
+    5e-4 and 2.5e-3 of the largest logit)."""
+    from dataclasses import replace
+
+    from specedge.models.block import LayerSpec
+    from specedge.models.tiny import tiny_config
+    cfg = tiny_config(arch="gemma3", n_layers=6, context=512)  # gemma3's pattern: five sliding layers, one global
+    layers = tuple(LayerSpec(window=200, rope_theta=10000.0) if i < 5 else LayerSpec() for i in range(6))
+    windowed = replace(cfg, block=replace(cfg.block, layers=layers))
+    for path in (write_tiny_gguf(tmp_path / "long.gguf", arch="qwen2", dtype="f32", seed=3, context=512),
+                 write_tiny_gguf(tmp_path / "win.gguf", arch="gemma3", config=windowed, dtype="f32", seed=3)):
+        gguf = open_gguf(path)
+        native, ref = NativeBackend(gguf, n_threads=2), NumpyBackend(gguf.load_weights())
+        toks = np.random.default_rng(5).integers(0, gguf.config.vocab_size, 300)
+        got = native.forward(toks, native.new_cache(300))
+        want = ref.forward(toks, ref.new_cache(300))
+        assert np.abs(got - want).max() <= 0.005 * np.abs(want).max()
+        assert np.array_equal(got.argmax(1), want.argmax(1))
+
+
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_tiny_model_computes_what_the_numpy_reference_computes(tiny_files, arch, fmt):
@@ -285,21 +307,22 @@ def test_rows_are_bitwise_invariant_across_widths_threads_and_chunks(tiny_files,
     assert np.array_equal(all_at_once, by_one)
 
 
-@pytest.mark.parametrize("heads", [None, (6, 2, 96), (6, 1, 96), (8, 2, 128), (7, 1, 224), (4, 1, 192), (3, 1, 96)])
+@pytest.mark.parametrize("heads", [None, "long", (6, 2, 96), (6, 1, 96), (8, 2, 128), (7, 1, 224), (4, 1, 192),
+                                   (3, 1, 96)])
 def test_a_whole_forward_is_bitwise_the_same_under_every_isa(tiny_files, tmp_path, heads):
     """Matmuls, attention (GQA groups of 2, 3, 4, 6 and 7 query heads, taken 3 at a time with a shorter rest;
-    head_dim 16, 32 and 48: every width of the weighted sums' last chunk), exp, the fp16 KV writes: the portable C and
-    each SIMD path give identical logits."""
-    path = tiny_files["qwen2", "Q4_0"] if heads is None else write_tiny_gguf(
+    head_dim 16, 32 and 48: every width of the weighted sums' last chunk; 250 tokens: 16 K-cache blocks), exp,
+    the fp16 KV writes: the portable C and each SIMD path give identical logits."""
+    path = tiny_files["qwen2", "Q4_0"] if heads in (None, "long") else write_tiny_gguf(
         tmp_path / "gqa.gguf", arch="qwen2", dtype="q4_0", d_model=heads[2], n_heads=heads[0], n_kv_heads=heads[1])
     gguf = open_gguf(path)
-    toks = np.random.default_rng(4).integers(0, gguf.config.vocab_size, 30)
+    toks = np.random.default_rng(4).integers(0, gguf.config.vocab_size, 250 if heads == "long" else 30)
     best, outs = LIB.se_isa(), []
     try:
         for isa in ISAS:
             LIB.se_set_isa(isa)
             b = NativeBackend(gguf, n_threads=2)
-            outs.append(b.forward(toks, b.new_cache(32)))
+            outs.append(b.forward(toks, b.new_cache(len(toks))))
     finally:
         LIB.se_set_isa(best)
     assert all(np.array_equal(o, outs[0]) for o in outs)
@@ -343,25 +366,25 @@ def test_a_drafter_s_matrix_on_the_engine_s_pool_equals_one_thread_s(tiny_files,
         b.matmul(m, np.zeros((2, 256), np.float32))
 
 
-@pytest.mark.parametrize("cached", [4, 14])
+@pytest.mark.parametrize("cached", [4, 14, 126])
 def test_a_tree_verifies_each_path_as_its_chain_would(tiny_files, cached):
     """Root, two children, a grandchild under the first child: each node's logits equal the chain's along its path;
     compacting the accepted path leaves the cache a chain would have built (within one 16-key block of the K
-    cache, and across two)."""
+    cache, and across two, after 4, 14 and 126 cached positions)."""
     gguf = open_gguf(tiny_files["qwen2", "Q8_0"])
     b = NativeBackend(gguf, n_threads=2)
-    prefix, tree = np.arange(5, 5 + cached, dtype=np.int32), np.array([20, 21, 22, 23], np.int32)
+    prefix, tree = np.arange(5, 5 + cached, dtype=np.int32) % 60, np.array([20, 21, 22, 23], np.int32)
     mask = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], bool)
-    cache = b.new_cache(32)
+    cache = b.new_cache(cached + 8)
     b.feed(prefix, cache)
     got = b.forward(tree, cache, tree_mask=mask)
     for path in ([0, 1, 3], [0, 2]):
-        c = b.new_cache(32)
+        c = b.new_cache(cached + 8)
         b.feed(prefix, c)
         assert np.array_equal(b.forward(tree[path], c), got[path])
     cache.compact(np.array([cached, cached + 1, cached + 3]), cached)
     nxt = b.forward(np.array([30], np.int32), cache)
-    c = b.new_cache(32)
+    c = b.new_cache(cached + 8)
     b.feed(np.concatenate([prefix, tree[[0, 1, 3]]]), c)
     assert np.array_equal(b.forward(np.array([30], np.int32), c), nxt)
 

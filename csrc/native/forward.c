@@ -12,7 +12,7 @@ static void rms_norm(const float *x, const float *w, int n, float eps, float *y)
     for (int d = 0; d < n; d++) y[d] = x[d] / s * w[d];
 }
 
-static void quantize_span(const float *x, int n, se_act *a, int row, int col) {
+void se_quantize_span(const float *x, int n, se_act *a, int row, int col) {
     int blk = col / SE_BLOCK;
     if (a->f) memcpy(a->f + (size_t)row * a->k + col, x, (size_t)n * sizeof(float));
     size_t at = (size_t)row * a->nb + blk;
@@ -28,7 +28,7 @@ static se_act view_of(se_model *m, const se_act *buf, int k) {
     return a;
 }
 
-static se_act act_view(se_model *m, int k) { return view_of(m, &m->act, k); }
+se_act se_act_view(se_model *m, int k) { return view_of(m, &m->act, k); }
 
 /* A matrix of a matmul phase. Fused phases count the groups done per unit (a head's rows, a 32-wide block of d_ff
  * columns) in done[]: the piece that completes a unit runs the phase's step on it, its outputs still in cache. */
@@ -51,55 +51,6 @@ static void rope(float *x, const float *cos, const float *sin, int half) {
 
 static void add(float *y, const float *x, int n) {
     for (int d = 0; d < n; d++) y[d] = y[d] + x[d];
-}
-
-/* Attention of row r for query heads h0 .. h0 + nq - 1, all of one KV head (they share its keys' loads). */
-static void attend(se_model *m, const se_call *c, int l, int r, int h0, int nq, float *scratch) {
-    const se_cfg *cf = &m->cfg;
-    const se_vec_ops *ops = se_vec();
-    int hd = cf->head_dim, QD = cf->n_heads * hd, kvh = h0 / (cf->n_heads / cf->n_kv_heads);
-    size_t head_base = ((size_t)l * cf->n_kv_heads + kvh) * (size_t)c->capacity * hd;
-    const uint16_t *K = c->k_cache + head_base, *V = c->v_cache + head_base;
-    size_t span = (size_t)c->capacity + (size_t)cf->max_rows;
-    int32_t *idx = (int32_t *)(scratch + SE_QUERIES * span);
-    float scale = (float)(1.0 / sqrt((double)hd));
-    int win = c->window[l], pos = c->positions[r], cnt = 0, first = win && pos - win + 1 > 0 ? pos - win + 1 : 0;
-    for (int s = first; s < c->length; s++) idx[cnt++] = s;
-    for (int j = 0; j < c->n; j++) {
-        int seen = c->mask ? c->mask[r * c->n + j] : j <= r;
-        if (seen && !(win && pos - c->positions[j] >= win)) idx[cnt++] = c->length + j;
-    }
-    const float *q[SE_QUERIES];
-    float *sc[SE_QUERIES], *out[SE_QUERIES], sum[SE_QUERIES];
-    for (int j = 0; j < nq; j++) {
-        q[j] = m->q + (size_t)r * QD + (size_t)(h0 + j) * hd;
-        sc[j] = scratch + j * span;
-        out[j] = m->att + (size_t)r * QD + (size_t)(h0 + j) * hd;
-    }
-    /* scores of every key in the blocks the row sees, then kept in idx's order (in place: idx[i] - base >= i; a
-     * chain's keys are one run, so only moved down) */
-    int b0 = idx[0] / SE_KBLOCK, base = b0 * SE_KBLOCK, run = idx[cnt - 1] - idx[0] == cnt - 1;
-    ops->scores(q, nq, K, b0, idx[cnt - 1] / SE_KBLOCK - b0 + 1, hd, scale, sc);
-    for (int j = 0; j < nq; j++) {
-        if (run) memmove(sc[j], sc[j] + idx[0] - base, (size_t)cnt * sizeof(float));
-        else
-            for (int i = 0; i < cnt; i++) sc[j][i] = sc[j][idx[i] - base];
-    }
-    for (int j = 0; j < nq; j++) {
-        float mx = se_rows()->max(sc[j], cnt);
-        for (int i = 0; i < cnt; i++) sc[j][i] = sc[j][i] - mx;
-        ops->exp_inplace(sc[j], cnt);
-        sum[j] = se_rows()->sum(sc[j], cnt);
-    }
-    ops->wsum_q((const float *const *)sc, nq, V, idx, cnt, hd, out);
-    for (int j = 0; j < nq; j++) {
-        float inv = 1.0f / sum[j];
-        for (int d = 0; d < hd; d++) out[j][d] = out[j][d] * inv;
-        if (hd % SE_BLOCK == 0) { /* whole blocks: quantized here; else by rows once every head is done */
-            se_act a = act_view(m, QD);
-            quantize_span(out[j], hd, &a, r, (h0 + j) * hd);
-        }
-    }
 }
 
 enum { HEAD_Q, HEAD_K, HEAD_V };
@@ -223,7 +174,7 @@ static void row_items(void *p, int thread, int a, int b) {
     const se_cfg *cf = &m->cfg;
     int D = cf->d_model;
     float *tmp = tmp_of(m, thread);
-    se_act xD = act_view(m, D);
+    se_act xD = se_act_view(m, D);
     for (int r = a; r < b; r++) {
         float *xr = m->x + (size_t)r * D, *ar = m->a + (size_t)r * D;
         if (ph->residual) { /* the MLP's output of the layer before l */
@@ -235,7 +186,7 @@ static void row_items(void *p, int thread, int a, int b) {
         }
         if (ph->norm_next) {
             rms_norm(xr, m->layers[ph->l].v[SE_V_ATTN_NORM], D, cf->rms_eps, tmp);
-            quantize_span(tmp, D, &xD, r, 0);
+            se_quantize_span(tmp, D, &xD, r, 0);
         }
     }
 }
@@ -248,14 +199,14 @@ static void mid_items(void *p, int thread, int a, int b) {
     const se_layer *L = &m->layers[ph->l];
     int D = cf->d_model;
     float *tmp = tmp_of(m, thread);
-    se_act xD = act_view(m, D);
+    se_act xD = se_act_view(m, D);
     for (int r = a; r < b; r++) {
         float *ar = m->a + (size_t)r * D, *xr = m->x + (size_t)r * D;
         if (cf->o_bias) add(ar, L->v[SE_V_O_BIAS], D);
         if (cf->post_norms) rms_norm(ar, L->v[SE_V_POST_ATTN_NORM], D, cf->rms_eps, ar);
         add(xr, ar, D);
         rms_norm(xr, L->v[SE_V_FFN_NORM], D, cf->rms_eps, tmp);
-        quantize_span(tmp, D, &xD, r, 0);
+        se_quantize_span(tmp, D, &xD, r, 0);
     }
 }
 
@@ -265,25 +216,12 @@ static void head_step(const phase *ph, int thread, int task, int head) {
     for (int r = 0; r < ph->rows; r++) prepare_head(ph->m, ph->c, ph->l, r, task, head);
 }
 
-/* items: (KV head, part of its query heads of up to SE_QUERIES, row), rows innermost: a thread's contiguous share
- * reads few heads' keys and values, each from memory once and then from its cache */
-static void attend_items(void *p, int thread, int a, int b) {
-    const phase *ph = p;
-    const se_cfg *cf = &ph->m->cfg;
-    int G = cf->n_heads / cf->n_kv_heads, parts = (G + SE_QUERIES - 1) / SE_QUERIES, n = ph->c->n;
-    for (int it = a; it < b; it++) {
-        int r = it % n, g = it / n / parts, part = it / n % parts, h0 = g * G + part * SE_QUERIES;
-        int nq = G - part * SE_QUERIES < SE_QUERIES ? G - part * SE_QUERIES : SE_QUERIES;
-        attend(ph->m, ph->c, ph->l, r, h0, nq, ph->m->scratch[thread]);
-    }
-}
-
 static void att_quant_items(void *p, int thread, int a, int b) {
     const phase *ph = p;
     int QD = ph->m->cfg.n_heads * ph->m->cfg.head_dim;
-    se_act xQ = act_view(ph->m, QD);
+    se_act xQ = se_act_view(ph->m, QD);
     (void)thread;
-    for (int r = a; r < b; r++) quantize_span(ph->m->att + (size_t)r * QD, QD, &xQ, r, 0);
+    for (int r = a; r < b; r++) se_quantize_span(ph->m->att + (size_t)r * QD, QD, &xQ, r, 0);
 }
 
 /* the gate/up phase's step: a 32-wide block of d_ff columns is done in both matrices for every row */
@@ -295,7 +233,7 @@ static void gated_step(const phase *ph, int thread, int task, int block) {
     (void)task;
     for (int r = 0; r < ph->rows; r++) {
         gated_span(m->cfg.activation, m->g + (size_t)r * F + col, m->u + (size_t)r * F + col, tmp, SE_BLOCK);
-        quantize_span(tmp, SE_BLOCK, &xF, r, col);
+        se_quantize_span(tmp, SE_BLOCK, &xF, r, col);
     }
 }
 
@@ -304,10 +242,10 @@ static void head_norm_items(void *p, int thread, int a, int b) {
     se_model *m = ph->m;
     int D = m->cfg.d_model;
     float *tmp = tmp_of(m, thread);
-    se_act xD = act_view(m, D);
+    se_act xD = se_act_view(m, D);
     for (int i = a; i < b; i++) {
         rms_norm(ph->h + (size_t)(ph->hrows ? ph->hrows[i] : i) * D, m->norm, D, m->cfg.rms_eps, tmp);
-        quantize_span(tmp, D, &xD, i, 0);
+        se_quantize_span(tmp, D, &xD, i, 0);
     }
 }
 
@@ -331,7 +269,7 @@ static void layer(se_model *m, const se_call *c, int l, int li) {
     const se_layer *L = &m->layers[l];
     int n = c->n, D = cf->d_model, F = cf->d_ff, H = cf->n_heads, KV = cf->n_kv_heads, hd = cf->head_dim;
     int QD = H * hd, KVD = KV * hd;
-    se_act xD = act_view(m, D), xQ = act_view(m, QD), xF = view_of(m, &m->act_ff, F);
+    se_act xD = se_act_view(m, D), xQ = se_act_view(m, QD), xF = view_of(m, &m->act_ff, F);
     phase ph = {.m = m, .c = c, .l = l, .residual = li ? c->layers[li - 1] + 1 : 0, .norm_next = 1};
     se_pool_for(m->pool, n, 1, row_items, &ph);
     int G = hd / SE_GROUP; /* a head's groups of output rows; each head is prepared once its groups are done */
@@ -340,8 +278,7 @@ static void layer(se_model *m, const se_call *c, int l, int li) {
     phase fused = ph;
     fused.step = head_step;
     matmul_phase(m, qkv, 3, &xD, n, &fused);
-    int parts = (H / KV + SE_QUERIES - 1) / SE_QUERIES;
-    se_pool_for(m->pool, n * KV * parts, 1, attend_items, &ph);
+    se_attention(m, c, l);
     if (hd % SE_BLOCK) se_pool_for(m->pool, n, 1, att_quant_items, &ph);
     mm_task o = {&L->w[SE_W_O], m->a, D};
     matmul_phase(m, &o, 1, &xQ, n, NULL);
@@ -360,7 +297,7 @@ static void layer(se_model *m, const se_call *c, int l, int li) {
 static void head(se_model *m, const float *h, const int32_t *rows, int count, const se_mat *w, float *logits) {
     phase ph = {.m = m, .h = h, .hrows = rows};
     se_pool_for(m->pool, count, 1, head_norm_items, &ph);
-    se_act xD = act_view(m, m->cfg.d_model);
+    se_act xD = se_act_view(m, m->cfg.d_model);
     mm_task t = {w, logits, w->n};
     matmul_phase(m, &t, 1, &xD, count, NULL);
 }

@@ -25,6 +25,13 @@ struct se_model {
     size_t scratch_len;
 };
 
+/* forward.c: the activations' view for a k-wide input; a span of a row quantized into it */
+se_act se_act_view(se_model *m, int k);
+void se_quantize_span(const float *x, int n, se_act *a, int row, int col);
+
+/* attention.c: one layer's attention for the call's rows (after the QKV phase has filled q and the cache) */
+void se_attention(se_model *m, const se_call *c, int l);
+
 static inline void se_split(int total, int ith, int nth, int *a, int *b) {
     *a = (int)((long long)total * ith / nth);
     *b = (int)((long long)total * (ith + 1) / nth);
