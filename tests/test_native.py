@@ -366,6 +366,17 @@ def test_a_drafter_s_matrix_on_the_engine_s_pool_equals_one_thread_s(tiny_files,
         b.matmul(m, np.zeros((2, 256), np.float32))
 
 
+def test_a_large_kv_cache_sits_on_one_2mb_aligned_buffer_and_a_small_one_does_not():
+    from specedge.runtime.backends.native import _huge_pair
+    k, v = _huge_pair((30, 3, 17, 64, 16), (30, 3, 272, 64))  # SmolLM2's at 272 slots: 6.3 MB
+    assert k.ctypes.data % (1 << 21) == 0 and v.ctypes.data == k.ctypes.data + k.nbytes
+    assert not k.any() and not v.any()
+    k[...] = 1
+    assert not v.any() and k.flags.writeable and v.flags.c_contiguous
+    small_k, small_v = _huge_pair((2, 2, 1, 16, 16), (2, 2, 16, 16))
+    assert small_k.nbytes + small_v.nbytes < 1 << 21 and not small_k.any() and small_k.base is None is small_v.base
+
+
 @pytest.mark.parametrize("cached", [4, 14, 126])
 def test_a_tree_verifies_each_path_as_its_chain_would(tiny_files, cached):
     """Root, two children, a grandchild under the first child: each node's logits equal the chain's along its path;

@@ -13,6 +13,7 @@ RoPE tables (models/rope.py, as the NumPy reference builds them); C packs the we
 from __future__ import annotations
 
 import ctypes
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -66,6 +67,26 @@ def check_model(config: ModelConfig, types: dict[str, str]) -> None:
                                     f"weights so far (docs/native.md); {fix}")
 
 
+_HUGE = 1 << 21
+
+
+def _huge_pair(k_shape, v_shape):
+    """Two zeroed fp16-bit arrays; from 2 MB up, in one 2 MB-aligned buffer the kernel may back with huge pages
+    (Linux): attention then streams them without a TLB miss a 4 KB page (SmolLM2-135M at 1024 cached tokens: T(1)
+    -7%, T(5) -3%; at 256 within noise)."""
+    nk, nv = int(np.prod(k_shape)) * 2, int(np.prod(v_shape)) * 2
+    if nk + nv < _HUGE:
+        return np.zeros(k_shape, np.uint16), np.zeros(v_shape, np.uint16)
+    total = -(-(nk + nv) // _HUGE) * _HUGE
+    buf = np.zeros(total + _HUGE, np.uint8)  # untouched pages: the advice applies when they are first written
+    off = (-buf.ctypes.data) % _HUGE
+    if sys.platform == "linux":
+        ctypes.CDLL(None).madvise(ctypes.c_void_p(buf.ctypes.data + off), ctypes.c_size_t(total), 14)  # MADV_HUGEPAGE
+    k = buf[off:off + nk].view(np.uint16).reshape(k_shape)
+    v = buf[off + nk:off + nk + nv].view(np.uint16).reshape(v_shape)
+    return k, v
+
+
 class NativeCache(LengthCursor):
     """fp16 K and V for every layer. V is [layers, kv heads, slots, head_dim]; K is the same positions in blocks of
     16 stored dims-major, [layers, kv heads, slots / 16, head_dim, 16], so one 16-key block's scores are 16 lanes
@@ -77,8 +98,7 @@ class NativeCache(LengthCursor):
         self._capacity = capacity
         self.slots = -(-capacity // KBLOCK) * KBLOCK
         L, KV, hd = config.n_layers, config.n_kv_heads, config.head_dim
-        self.k = np.zeros((L, KV, self.slots // KBLOCK, hd, KBLOCK), dtype=np.uint16)  # fp16 bits (C converts)
-        self.v = np.zeros((L, KV, self.slots, hd), dtype=np.uint16)
+        self.k, self.v = _huge_pair((L, KV, self.slots // KBLOCK, hd, KBLOCK), (L, KV, self.slots, hd))
         self._length = 0
 
     @property
