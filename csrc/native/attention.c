@@ -70,8 +70,10 @@ static void attend_items(void *p, int thread, int a, int b) {
     const se_cfg *cf = &ph->m->cfg;
     int G = cf->n_heads / cf->n_kv_heads, parts = (G + SE_QUERIES - 1) / SE_QUERIES, n = ph->c->n;
     for (int it = a; it < b; it++) {
-        int r = it % n, g = it / n / parts, part = it / n % parts, h0 = g * G + part * SE_QUERIES;
-        int nq = G - part * SE_QUERIES < SE_QUERIES ? G - part * SE_QUERIES : SE_QUERIES;
+        /* the group's G query heads in parts as even as SE_QUERIES allows (gemma3's 4: 2 + 2, not 3 + 1, so one
+         * row's two items take equal time); a query's arithmetic does not depend on its part */
+        int r = it % n, g = it / n / parts, part = it / n % parts, base = G / parts, extra = G % parts;
+        int h0 = g * G + part * base + (part < extra ? part : extra), nq = base + (part < extra);
         attend(ph->m, ph->c, ph->l, r, h0, nq, ph->m->scratch[thread]);
     }
 }
