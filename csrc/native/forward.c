@@ -148,7 +148,8 @@ static void mm_items(void *p, int thread, int a, int b) {
     }
 }
 
-/* ph: NULL, or a fused phase (its step, interleave, call and layer); its tasks' done counters are zeroed here */
+/* fused: NULL, or the phase whose step, interleave, call and layer the matmul carries; the tasks' done counters are
+ * zeroed here */
 static void matmul_phase(se_model *m, const mm_task *t, int count, const se_act *x, int rows, const phase *fused) {
     int total = 0;
     for (int i = 0; i < count; i++) {
