@@ -188,6 +188,21 @@ static T256 void wsum_avx2(const float *w, const uint16_t *V, const int32_t *idx
     }
 }
 
+/* A scores call: groups of G blocks, then single ones, through the `group` kernel (always_inline), with nq a constant
+ * at each instance so its accumulators stay in registers. Expects q, nq, K (moved to block b0), nb, hd, scale, out. */
+#define SCORES_RUN(group, G, NQ)                                                                                    \
+    do {                                                                                                            \
+        int b = 0;                                                                                                  \
+        for (; b + (G) <= nb; b += (G)) group(q, NQ, G, K, b, hd, scale, out);                                      \
+        for (; b < nb; b++) group(q, NQ, 1, K, b, hd, scale, out);                                                  \
+    } while (0)
+#define SCORES_BY_NQ(group, G)                                                                                      \
+    do {                                                                                                            \
+        if (nq == 1) SCORES_RUN(group, G, 1);                                                                       \
+        else if (nq == 2) SCORES_RUN(group, G, 2);                                                                  \
+        else SCORES_RUN(group, G, 3);                                                                               \
+    } while (0)
+
 /* g <= 4 blocks for nq queries: one register per (query, block) holds its 16 keys' chains; each block's dim d is
  * converted once for every query (the broadcast q[j][d] folds into the fma). */
 static inline T512 __attribute__((always_inline)) void
@@ -215,16 +230,7 @@ scores_group_avx512(const float *const *q, const int nq, const int g, const uint
 static T512 void scores_avx512(const float *const *q, int nq, const uint16_t *K, int b0, int nb, int hd,
                                float scale, float *const *out) {
     K += (size_t)b0 * hd * SE_KBLOCK;
-#define GROUPS(NQ)                                                                                                  \
-    do {                                                                                                            \
-        int b = 0;                                                                                                  \
-        for (; b + 4 <= nb; b += 4) scores_group_avx512(q, NQ, 4, K, b, hd, scale, out);                            \
-        for (; b < nb; b++) scores_group_avx512(q, NQ, 1, K, b, hd, scale, out);                                    \
-    } while (0)
-    if (nq == 1) GROUPS(1);
-    else if (nq == 2) GROUPS(2);
-    else GROUPS(3);
-#undef GROUPS
+    SCORES_BY_NQ(scores_group_avx512, 4);
 }
 
 static T512 void wsum_q_avx512(const float *const *w, int nq, const uint16_t *V, const int32_t *idx, int cnt, int hd,
@@ -275,16 +281,7 @@ scores_group_avx2(const float *const *q, const int nq, const int g, const uint16
 static T256 void scores_avx2(const float *const *q, int nq, const uint16_t *K, int b0, int nb, int hd, float scale,
                              float *const *out) {
     K += (size_t)b0 * hd * SE_KBLOCK;
-#define GROUPS(NQ)                                                                                                  \
-    do {                                                                                                            \
-        int b = 0;                                                                                                  \
-        for (; b + 2 <= nb; b += 2) scores_group_avx2(q, NQ, 2, K, b, hd, scale, out);                              \
-        for (; b < nb; b++) scores_group_avx2(q, NQ, 1, K, b, hd, scale, out);                                      \
-    } while (0)
-    if (nq == 1) GROUPS(1);
-    else if (nq == 2) GROUPS(2);
-    else GROUPS(3);
-#undef GROUPS
+    SCORES_BY_NQ(scores_group_avx2, 2);
 }
 
 static void wsum_q_avx2(const float *const *w, int nq, const uint16_t *V, const int32_t *idx, int cnt, int hd,
