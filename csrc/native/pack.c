@@ -17,17 +17,37 @@
 #define OWN_RUN (8u << 20)
 #define SLAB (32u << 20)
 typedef struct slab { uint8_t *base; size_t used; int live; } slab;
-typedef struct { slab *from; } weight_head;
+typedef struct { slab *from; size_t run; } weight_head; /* run: an own run's bytes (from NULL) */
 static pthread_mutex_t slab_mu = PTHREAD_MUTEX_INITIALIZER;
 static slab *slab_now; /* the slab small matrices are cut from */
 
+/* 2 MB-aligned, advised before any page is touched. On Linux a fresh mapping: posix_memalign may hand back heap
+ * memory already faulted in on 4 KB pages (glibc's mmap threshold grows to 32 MB once large blocks are freed, as
+ * loading a file does), and the advice does not change pages that exist: gemma3-270m's slabs had stayed on 4 KB
+ * pages, only its 178 MB LM head on huge ones. */
 static void *huge_run(size_t bytes) {
-    void *p = NULL;
-    if (posix_memalign(&p, HUGE, (bytes + HUGE - 1) / HUGE * HUGE)) return NULL;
+    size_t len = (bytes + HUGE - 1) / HUGE * HUGE;
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-    madvise(p, (bytes + HUGE - 1) / HUGE * HUGE, MADV_HUGEPAGE);
+    uint8_t *m = mmap(NULL, len + HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return NULL;
+    size_t lead = (HUGE - (uintptr_t)m % HUGE) % HUGE;
+    if (lead) munmap(m, lead);
+    if (HUGE - lead) munmap(m + lead + len, HUGE - lead);
+    madvise(m + lead, len, MADV_HUGEPAGE);
+    return m + lead;
+#else
+    void *p = NULL;
+    return posix_memalign(&p, HUGE, len) ? NULL : p;
 #endif
-    return p;
+}
+
+static void huge_free(void *p, size_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    munmap(p, (bytes + HUGE - 1) / HUGE * HUGE);
+#else
+    (void)bytes;
+    free(p);
+#endif
 }
 
 static uint8_t *alloc_weights(size_t bytes) {
@@ -35,7 +55,7 @@ static uint8_t *alloc_weights(size_t bytes) {
     if (need >= OWN_RUN) {
         uint8_t *p = huge_run(need);
         if (!p) return NULL;
-        ((weight_head *)p)->from = NULL;
+        *(weight_head *)p = (weight_head){NULL, need};
         return p + 64;
     }
     pthread_mutex_lock(&slab_mu);
@@ -49,7 +69,7 @@ static uint8_t *alloc_weights(size_t bytes) {
         }
         *s = (slab){base, 0, 0};
         if (slab_now && slab_now->live == 0) { /* every matrix of the old one is gone already */
-            free(slab_now->base);
+            huge_free(slab_now->base, SLAB);
             free(slab_now);
         }
         slab_now = s;
@@ -57,7 +77,7 @@ static uint8_t *alloc_weights(size_t bytes) {
     uint8_t *p = slab_now->base + slab_now->used;
     slab_now->used += need;
     slab_now->live++;
-    ((weight_head *)p)->from = slab_now;
+    *(weight_head *)p = (weight_head){slab_now, 0};
     pthread_mutex_unlock(&slab_mu);
     return p + 64;
 }
@@ -67,12 +87,12 @@ static void free_weights(uint8_t *data) {
     uint8_t *p = data - 64;
     slab *s = ((weight_head *)p)->from;
     if (!s) {
-        free(p);
+        huge_free(p, ((weight_head *)p)->run);
         return;
     }
     pthread_mutex_lock(&slab_mu);
     if (--s->live == 0 && s != slab_now) {
-        free(s->base);
+        huge_free(s->base, SLAB);
         free(s);
     }
     pthread_mutex_unlock(&slab_mu);
