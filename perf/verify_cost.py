@@ -12,6 +12,9 @@ runs of --decode tokens), the weight bytes one token reads, and the bandwidth th
 order) passed as tree_mask (backends with caps.tree_mask only).
 `--clock thread` times T(n) as the calling thread's CPU time instead of wall time: with --threads 1 the backends
 compute on that thread, so the numbers do not grow when other processes load the machine (tok/s stays wall time).
+`--roof` also measures the memory roof in every round, just before the targets' turns (perf/native_kernels.py's
+Roof: the best of 3 reads of a buffer on huge pages as large as the largest target's weights), and prints each target's T(1) bandwidth as a percentage of the median roof (issue 41's "at >= 80% of the roof
+measured in the same run").
 """
 from __future__ import annotations
 
@@ -55,6 +58,7 @@ def main(argv=None) -> None:
                     help="T(n) as wall time, or as this thread's CPU time (meaningful with --threads 1)")
     ap.add_argument("--tree", type=int, default=None, metavar="F",
                     help="time tree verification: n nodes in a heap-shaped tree of fan-out F (default: chains)")
+    ap.add_argument("--roof", action="store_true", help="measure the memory roof in the same rounds (native engine)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     stat = min if a.stat == "min" else statistics.median
@@ -65,9 +69,15 @@ def main(argv=None) -> None:
         kind, model = parse_target(t, a.model)
         m = load_model(model, kind, ctx=a.ctx + max(a.widths) + 64, threads=a.threads, device="cpu")
         runs.append((t, m.backend, {n: [] for n in a.widths}, []))
+    roof = None
+    if a.roof:
+        from .native_kernels import Roof
+        roof = Roof(max(r[1].weight_bytes() for r in runs), a.threads)
     # Rounds interleave the targets; within a round one target runs alone (after a warm-up), because engines'
     # thread pools spin after work and would steal the 2 cores from each other call by call.
     for _ in range(a.rounds):
+        if roof is not None:
+            roof.measure()
         for _, backend, times, speeds in runs:
             cache = backend.new_cache(a.ctx + max(a.widths) + 1)  # llama.cpp holds one live sequence: a new one
             feed(backend, rng.integers(0, backend.config.vocab_size, a.ctx).astype(np.int32), cache)
@@ -83,17 +93,26 @@ def main(argv=None) -> None:
         wb = backend.weight_bytes()
         rows.append(dict(target=t, weight_mb=wb / 1e6, tok_s=max(speeds), ms=ms,
                          ratio={n: ms[n] / ms[1] for n in a.widths}, gb_s_at_t1=wb / (ms[1] * 1e-3) / 1e9))
+    roof_gb_s = roof.median() if roof is not None else None
     print(f"threads={a.threads} ctx={a.ctx} reps={a.reps} stat={a.stat} clock={a.clock}"
-          + ("" if a.tree is None else f" tree fan-out={a.tree}"))
+          + ("" if a.tree is None else f" tree fan-out={a.tree}")
+          + ("" if roof is None else f" roof {roof_gb_s:.1f} GB/s (median of {a.rounds}: "
+             + ", ".join(f"{g:.1f}" for g in roof.gb_s) + f"; reading {roof.nbytes / 1e6:.0f} MB)"))
     print("| target | weight MB read/token | plain tok/s | T(1) ms | implied GB/s | "
+          + ("% of roof | " if roof is not None else "")
           + " | ".join(f"T({n})/T(1)" for n in a.widths[1:]) + " |")
-    print("|---|---|---|---|---|" + "---|" * (len(a.widths) - 1))
+    print("|---|---|---|---|---|" + ("---|" if roof is not None else "") + "---|" * (len(a.widths) - 1))
     for r in rows:
+        if roof is not None:
+            r["roof_pct_at_t1"] = 100 * r["gb_s_at_t1"] / roof_gb_s
         print(f"| {r['target']} | {r['weight_mb']:.0f} | {r['tok_s']:.1f} | {r['ms'][a.widths[0]]:.2f} | "
-              f"{r['gb_s_at_t1']:.1f} | " + " | ".join(f"{r['ratio'][n]:.2f}" for n in a.widths[1:]) + " |")
+              f"{r['gb_s_at_t1']:.1f} | " + (f"{r['roof_pct_at_t1']:.0f}% | " if roof is not None else "")
+              + " | ".join(f"{r['ratio'][n]:.2f}" for n in a.widths[1:]) + " |")
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"args": vars(a), "time": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows}, f, indent=2)
+            json.dump({"args": vars(a), "time": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows,
+                       "roof_gb_s": None if roof is None else roof.gb_s}, f, indent=2)
+
 
 
 if __name__ == "__main__":

@@ -30,6 +30,24 @@ def test_verify_cost_measures_every_target_and_width(tmp_path, capsys, clock, tr
     assert "| onnx:" in capsys.readouterr().out
 
 
+def test_verify_cost_roof_is_measured_each_round_and_reported_per_target(tmp_path, capsys):
+    """--roof: one roof reading a round (the best of its reads), and each target's T(1) bandwidth as a share of
+    their median, in the table and the json."""
+    from specedge.runtime.backends import native_lib
+    if native_lib.available() is not None:
+        pytest.skip(f"the native engine is not built: {native_lib.available()}")
+    path = write_tiny_gguf(tmp_path / "m.gguf", dtype="q8_0", seed=1)
+    out = tmp_path / "cost.json"
+    verify_cost.main(["--targets", f"native:{path}", "--ctx", "16", "--reps", "2", "--widths", "1", "2",
+                      "--decode", "4", "--rounds", "3", "--threads", "1", "--roof", "--out", str(out)])
+    got = json.loads(out.read_text())
+    roofs, (row,) = got["roof_gb_s"], got["rows"]
+    assert len(roofs) == 3 and all(g > 0 for g in roofs)
+    assert row["roof_pct_at_t1"] == pytest.approx(100 * row["gb_s_at_t1"] / float(np.median(roofs)))
+    text = capsys.readouterr().out
+    assert "roof" in text and "% of roof |" in text and f"{row['roof_pct_at_t1']:.0f}% |" in text
+
+
 def test_prompt_rate_prefills_every_target(tmp_path, capsys):
     from specedge.perf import prompt_rate
     path = write_tiny_gguf(tmp_path / "m.gguf", dtype="q8_0", seed=1)
