@@ -75,10 +75,11 @@ def main(argv=None) -> None:
         roof = Roof(max(r[1].weight_bytes() for r in runs), a.threads)
     # Rounds interleave the targets; within a round one target runs alone (after a warm-up), because engines'
     # thread pools spin after work and would steal the 2 cores from each other call by call.
+    by_round = []  # the json's per-round record: this VM's bandwidth moved between about 35 and 60 GB/s
     for _ in range(a.rounds):
-        if roof is not None:
-            roof.measure()
-        for _, backend, times, speeds in runs:
+        this = {"roof_gb_s": roof.measure() if roof is not None else None}
+        by_round.append(this)
+        for t, backend, times, speeds in runs:
             cache = backend.new_cache(a.ctx + max(a.widths) + 1)  # llama.cpp holds one live sequence: a new one
             feed(backend, rng.integers(0, backend.config.vocab_size, a.ctx).astype(np.int32), cache)
             for _ in range(3):
@@ -87,6 +88,7 @@ def main(argv=None) -> None:
                 for n in a.widths:
                     times[n].append(time_forward(backend, cache, n, rng, clock, a.tree))
             speeds.append(plain_tok_s(backend, a.decode, rng))
+            this[t] = dict(tok_s=speeds[-1], ms={n: 1e3 * stat(v[-a.reps:]) for n, v in times.items()})
     rows = []
     for t, backend, times, speeds in runs:
         ms = {n: 1e3 * stat(v) for n, v in times.items()}
@@ -111,7 +113,7 @@ def main(argv=None) -> None:
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"args": vars(a), "time": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows,
-                       "roof_gb_s": None if roof is None else roof.gb_s}, f, indent=2)
+                       "roof_gb_s": None if roof is None else roof.gb_s, "by_round": by_round}, f, indent=2)
 
 
 

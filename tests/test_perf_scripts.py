@@ -43,6 +43,9 @@ def test_verify_cost_roof_is_measured_each_round_and_reported_per_target(tmp_pat
     got = json.loads(out.read_text())
     roofs, (row,) = got["roof_gb_s"], got["rows"]
     assert len(roofs) == 3 and all(g > 0 for g in roofs)
+    assert [r["roof_gb_s"] for r in got["by_round"]] == roofs  # each round: its roof and the target's own times
+    assert all(set(r[f"native:{path}"]["ms"]) == {"1", "2"} and r[f"native:{path}"]["tok_s"] > 0
+               for r in got["by_round"])
     assert row["roof_pct_at_t1"] == pytest.approx(100 * row["gb_s_at_t1"] / float(np.median(roofs)))
     text = capsys.readouterr().out
     assert "roof" in text and "% of roof |" in text and f"{row['roof_pct_at_t1']:.0f}% |" in text
