@@ -62,8 +62,6 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     stat = min if a.stat == "min" else statistics.median
-    clock = time.perf_counter if a.clock == "wall" else time.thread_time
-    rng = np.random.default_rng(0)
     runs = []
     for t in a.targets:
         kind, model = parse_target(t, a.model)
@@ -73,9 +71,27 @@ def main(argv=None) -> None:
     if a.roof:
         from .native_kernels import Roof
         roof = Roof(max(r[1].weight_bytes() for r in runs), a.threads)
-    # Rounds interleave the targets; within a round one target runs alone (after a warm-up), because engines'
-    # thread pools spin after work and would steal the 2 cores from each other call by call.
-    by_round = []  # the json's per-round record: this VM's bandwidth moved between about 35 and 60 GB/s
+    by_round = measure(runs, a, stat, roof)
+    rows = []
+    for t, backend, times, speeds in runs:
+        ms = {n: 1e3 * stat(v) for n, v in times.items()}
+        wb = backend.weight_bytes()
+        rows.append(dict(target=t, weight_mb=wb / 1e6, tok_s=max(speeds), ms=ms,
+                         ratio={n: ms[n] / ms[1] for n in a.widths}, gb_s_at_t1=wb / (ms[1] * 1e-3) / 1e9))
+    report(rows, a, roof)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"args": vars(a), "time": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows,
+                       "roof_gb_s": None if roof is None else roof.gb_s, "by_round": by_round}, f, indent=2)
+
+
+def measure(runs, a, stat, roof) -> list[dict]:
+    """Every round: the roof (when asked), then each target alone (after a warm-up), because engines' thread pools
+    spin after work and would steal the 2 cores from each other call by call. Fills each run's times and speeds;
+    returns the per-round record the json keeps (this VM's bandwidth moved between about 35 and 60 GB/s)."""
+    clock = time.perf_counter if a.clock == "wall" else time.thread_time
+    rng = np.random.default_rng(0)
+    by_round = []
     for _ in range(a.rounds):
         this = {"roof_gb_s": roof.measure() if roof is not None else None}
         by_round.append(this)
@@ -89,12 +105,11 @@ def main(argv=None) -> None:
                     times[n].append(time_forward(backend, cache, n, rng, clock, a.tree))
             speeds.append(plain_tok_s(backend, a.decode, rng))
             this[t] = dict(tok_s=speeds[-1], ms={n: 1e3 * stat(v[-a.reps:]) for n, v in times.items()})
-    rows = []
-    for t, backend, times, speeds in runs:
-        ms = {n: 1e3 * stat(v) for n, v in times.items()}
-        wb = backend.weight_bytes()
-        rows.append(dict(target=t, weight_mb=wb / 1e6, tok_s=max(speeds), ms=ms,
-                         ratio={n: ms[n] / ms[1] for n in a.widths}, gb_s_at_t1=wb / (ms[1] * 1e-3) / 1e9))
+    return by_round
+
+
+def report(rows: list[dict], a, roof) -> None:
+    """The table (and, with a roof, each row's roof_pct_at_t1: its T(1) bandwidth over the median roof)."""
     roof_gb_s = roof.median() if roof is not None else None
     print(f"threads={a.threads} ctx={a.ctx} reps={a.reps} stat={a.stat} clock={a.clock}"
           + ("" if a.tree is None else f" tree fan-out={a.tree}")
@@ -110,11 +125,6 @@ def main(argv=None) -> None:
         print(f"| {r['target']} | {r['weight_mb']:.0f} | {r['tok_s']:.1f} | {r['ms'][a.widths[0]]:.2f} | "
               f"{r['gb_s_at_t1']:.1f} | " + (f"{r['roof_pct_at_t1']:.0f}% | " if roof is not None else "")
               + " | ".join(f"{r['ratio'][n]:.2f}" for n in a.widths[1:]) + " |")
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump({"args": vars(a), "time": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows,
-                       "roof_gb_s": None if roof is None else roof.gb_s, "by_round": by_round}, f, indent=2)
-
 
 
 if __name__ == "__main__":
