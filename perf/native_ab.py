@@ -8,7 +8,9 @@ forwards of each width on each of the four, the order reversing each round, and 
 new/old (each the geometric mean of its two copies) with the quartiles. Two processes measured one after the other
 cannot resolve a few percent on a VM whose memory bandwidth drifts by 15-40% within minutes; and within one process
 a later-loaded copy ran up to 3% faster than an earlier one of the same file (A/A, two copies loaded once each), a
-bias the mirrored load order cancels.
+bias the mirrored load order cancels. `--roof` reads the memory roof at the start of every round
+(perf/native_kernels.py's Roof) and also reports the ratios of the rounds below and above `--split` GB/s: these VMs
+switch between a roof of about 35 and one of about 60 GB/s, and a change can help in one and not the other.
 """
 from __future__ import annotations
 
@@ -48,13 +50,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--calls", type=int, default=15, help="timed forwards per block (after 2 untimed)")
     ap.add_argument("--isa", choices=nl.ISA_NAMES, default=None, help="force an instruction set in both builds")
     ap.add_argument("--swap", action="store_true", help="load in the order new, old, old, new")
+    ap.add_argument("--roof", action="store_true", help="read the memory roof every round; split the ratios by it")
+    ap.add_argument("--split", type=float, default=45.0, help="GB/s: --roof's low and high rounds (default 45)")
     a = ap.parse_args(argv)
     first, second = ("new", "old") if a.swap else ("old", "new")
     order = [(first, 0), (second, 0), (second, 1), (first, 1)]  # mirrored: each build's mean load position is equal
     builds = {key: load_build(a.model, getattr(a, key[0]), a.ctx, a.widths, a.isa) for key in order}
     times = {(name, w): [] for name in ("old", "new") for w in a.widths}
     ratios: dict[int, list[float]] = {w: [] for w in a.widths}
+    roof, roofs = None, []
+    if a.roof:
+        from .native_kernels import Roof
+        roof = Roof(builds[order[0]][0].weight_bytes(), 2)
     for r in range(a.rounds):
+        if roof is not None:
+            roofs.append(roof.measure())
         for w in a.widths:
             med = {}
             for key in (order if r % 2 == 0 else order[::-1]):
@@ -74,11 +84,25 @@ def main(argv: list[str] | None = None) -> None:
         q = np.quantile(ratios[w], [0.25, 0.5, 0.75])
         print(f"{w:5d} | {1e3 * np.median(times['old', w]):6.3f} | {1e3 * np.median(times['new', w]):6.3f} | "
               f"{q[1]:.3f} | {q[0]:.3f} | {q[2]:.3f}")
+    if roof is not None:
+        split_by_roof(ratios, roofs, a.split)
     w0 = a.widths[0]
     for name in ("old", "new"):
         curve = " ".join(f"T({w})/T({w0}) {np.median(times[name, w]) / np.median(times[name, w0]):.2f}"
                          for w in a.widths[1:])
         print(f"{name}: {curve}")
+
+
+def split_by_roof(ratios: dict[int, list[float]], roofs: list[float], split: float) -> None:
+    for label, keep in ((f"below {split:g} GB/s", [g < split for g in roofs]),
+                        (f"at or above {split:g} GB/s", [g >= split for g in roofs])):
+        n = sum(keep)
+        if not n:
+            print(f"roof {label}: no rounds")
+            continue
+        roof = float(np.median([g for g, k in zip(roofs, keep) if k]))
+        meds = ", ".join(f"{w}: {np.median([x for x, k in zip(v, keep) if k]):.3f}" for w, v in ratios.items())
+        print(f"roof {label}: {n} rounds (median roof {roof:.1f} GB/s), new/old by width {meds}")
 
 
 if __name__ == "__main__":

@@ -123,9 +123,11 @@ def test_native_ab_times_two_builds_in_one_process(tmp_path, capsys, monkeypatch
     shutil.copy(lib, new)
     path = write_tiny_gguf(tmp_path / "m.gguf", dtype="q4_1", seed=1)
     native_ab.main([str(path), str(old), str(new), "--widths", "1", "3", "--ctx", "16", "--rounds", "2",
-                    "--calls", "2", "--swap"])
+                    "--calls", "2", "--swap", "--roof", "--split", "1e9"])
     nl.load.cache_clear()
     out = capsys.readouterr().out
     assert "loaded new first" in out and "old: T(3)/T(1)" in out and "new: T(3)/T(1)" in out
+    # --roof: both rounds read below a split no roof reaches, none above
+    assert "roof below 1e+09 GB/s: 2 rounds" in out and "roof at or above 1e+09 GB/s: no rounds" in out
     rows = [line.split("|") for line in out.splitlines() if line.strip()[:1].isdigit()]
     assert [int(r[0]) for r in rows] == [1, 3] and all(float(r[3]) > 0 for r in rows)
