@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{w:5d} | {1e3 * np.median(times['old', w]):6.3f} | {1e3 * np.median(times['new', w]):6.3f} | "
               f"{q[1]:.3f} | {q[0]:.3f} | {q[2]:.3f}")
     if roof is not None:
+        roof.close()
         split_by_roof(ratios, roofs, a.split)
     w0 = a.widths[0]
     for name in ("old", "new"):
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def split_by_roof(ratios: dict[int, list[float]], roofs: list[float], split: float) -> None:
+    """The median new/old per width over the rounds whose roof read below `split`, then over those at or above."""
     for label, keep in ((f"below {split:g} GB/s", [g < split for g in roofs]),
                         (f"at or above {split:g} GB/s", [g >= split for g in roofs])):
         n = sum(keep)

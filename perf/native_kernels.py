@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> None:
                                m.ctypes.data, nl.fptr(x), n, nl.fptr(out), 1)
             times[n].append(time.perf_counter() - t0)
     gbs = roof.median()
+    roof.close()
     t1 = float(np.median(times[a.rows[0]]))
     print(f"{name}: {len(mats)} matrices, {total / 1e6:.1f} MB packed; {a.threads} threads, ISA "
           f"{nl.isa_name(lib.se_isa())}; roof (reading {total / 1e6:.0f} MB) {gbs:.1f} GB/s, median of {a.rounds}")
@@ -83,9 +84,9 @@ def main(argv: list[str] | None = None) -> None:
 
 class Roof:
     """The memory roof: `threads` threads of the native engine's pool reading `nbytes` of a buffer on huge pages
-    (as the packed weights are: on 4 KB pages the read was slower than the engine's own weight stream, 80% of it on
-    gemma3-270m), the best of `reads` reads per measurement (one read alone swung 7-36 GB/s on these VMs). The
-    first read, untimed, faults the pages in."""
+    (as the packed weights are: on 4 KB pages the read ran slower than the engine's own weight stream, gemma3-270m
+    at "122% of the roof"), the best of `reads` reads per measurement (one read alone swung 7-36 GB/s on these VMs).
+    The first read, untimed, faults the pages in. `close` stops the pool's threads."""
 
     def __init__(self, nbytes: int, threads: int, reads: int = 3) -> None:
         why = nl.available()
@@ -110,6 +111,11 @@ class Roof:
 
     def median(self) -> float:
         return float(statistics.median(self.gb_s))
+
+    def close(self) -> None:
+        if self.pool:
+            self.lib.se_pool_free(self.pool)
+            self.pool = None
 
 
 if __name__ == "__main__":

@@ -13,8 +13,9 @@ order) passed as tree_mask (backends with caps.tree_mask only).
 `--clock thread` times T(n) as the calling thread's CPU time instead of wall time: with --threads 1 the backends
 compute on that thread, so the numbers do not grow when other processes load the machine (tok/s stays wall time).
 `--roof` also measures the memory roof in every round, just before the targets' turns (perf/native_kernels.py's
-Roof: the best of 3 reads of a buffer on huge pages as large as the largest target's weights), and prints each target's T(1) bandwidth as a percentage of the median roof (issue 41's "at >= 80% of the roof
-measured in the same run").
+Roof: the best of 3 reads of a buffer on huge pages as large as the largest target's weights), and prints each
+target's T(1) bandwidth as a percentage of the median roof (issue 41's "at >= 80% of the roof measured in the same
+run").
 """
 from __future__ import annotations
 
@@ -78,6 +79,10 @@ def main(argv=None) -> None:
         wb = backend.weight_bytes()
         rows.append(dict(target=t, weight_mb=wb / 1e6, tok_s=max(speeds), ms=ms,
                          ratio={n: ms[n] / ms[1] for n in a.widths}, gb_s_at_t1=wb / (ms[1] * 1e-3) / 1e9))
+        if roof is not None:
+            rows[-1]["roof_pct_at_t1"] = 100 * rows[-1]["gb_s_at_t1"] / roof.median()
+    if roof is not None:
+        roof.close()
     report(rows, a, roof)
     if a.out:
         with open(a.out, "w") as f:
@@ -109,7 +114,7 @@ def measure(runs, a, stat, roof) -> list[dict]:
 
 
 def report(rows: list[dict], a, roof) -> None:
-    """The table (and, with a roof, each row's roof_pct_at_t1: its T(1) bandwidth over the median roof)."""
+    """The table; with a roof, its median and each row's roof_pct_at_t1 (T(1) bandwidth over that median)."""
     roof_gb_s = roof.median() if roof is not None else None
     print(f"threads={a.threads} ctx={a.ctx} reps={a.reps} stat={a.stat} clock={a.clock}"
           + ("" if a.tree is None else f" tree fan-out={a.tree}")
@@ -120,8 +125,6 @@ def report(rows: list[dict], a, roof) -> None:
           + " | ".join(f"T({n})/T(1)" for n in a.widths[1:]) + " |")
     print("|---|---|---|---|---|" + ("---|" if roof is not None else "") + "---|" * (len(a.widths) - 1))
     for r in rows:
-        if roof is not None:
-            r["roof_pct_at_t1"] = 100 * r["gb_s_at_t1"] / roof_gb_s
         print(f"| {r['target']} | {r['weight_mb']:.0f} | {r['tok_s']:.1f} | {r['ms'][a.widths[0]]:.2f} | "
               f"{r['gb_s_at_t1']:.1f} | " + (f"{r['roof_pct_at_t1']:.0f}% | " if roof is not None else "")
               + " | ".join(f"{r['ratio'][n]:.2f}" for n in a.widths[1:]) + " |")

@@ -30,9 +30,9 @@ static void *huge_run(size_t bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
     uint8_t *m = mmap(NULL, len + HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) return NULL;
-    size_t lead = (HUGE - (uintptr_t)m % HUGE) % HUGE;
+    size_t lead = (HUGE - (uintptr_t)m % HUGE) % HUGE; /* below HUGE, so the tail always has HUGE - lead bytes */
     if (lead) munmap(m, lead);
-    if (HUGE - lead) munmap(m + lead + len, HUGE - lead);
+    munmap(m + lead + len, HUGE - lead);
     madvise(m + lead, len, MADV_HUGEPAGE);
     return m + lead;
 #else
