@@ -253,6 +253,20 @@ static void check_model(int isa) {
     }
 }
 
+uint64_t se_dot_roof(se_pool *p, int items, uint64_t *check); /* dot_roof.c (a perf tool's) */
+
+/* The compute roof's chains do the multiply-adds they count under this ISA (its dot instruction's width). */
+static void check_dot_roof(int isa) {
+    static const uint64_t width[] = {1, 32, 64, 16};
+    se_pool *p = se_pool_new(2);
+    uint64_t check = 0, want = 3ull * 8 * 4096 * (isa == SE_ISA_NEON && !se_cpu_dotprod() ? 1 : width[isa]);
+    se_set_isa(isa);
+    uint64_t got = se_dot_roof(p, 3, &check);
+    se_set_isa(SE_ISA_PORTABLE);
+    se_pool_free(p);
+    same(&got, &want, sizeof got, "the dot roof's multiply-add count", isa);
+}
+
 int main(void) {
     static const char *names[] = {"portable", "avx2", "avx512", "neon"};
     int best = se_cpu_isa(), checked = 0;
@@ -265,6 +279,7 @@ int main(void) {
         check_matmuls(isa);
         check_primitives(isa);
         check_model(isa);
+        check_dot_roof(isa);
         printf("%s: %s\n", names[isa], g_failures == before ? "bitwise equal to portable" : "MISMATCH");
         checked++;
     }
