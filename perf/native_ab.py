@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{q[1]:.3f} | {q[0]:.3f} | {q[2]:.3f}")
     if roof is not None:
         roof.close()
-        split_by_roof(ratios, roofs, a.split)
+        split_by_roof(ratios, roofs, a.split, roof.round_trip_ns)
     w0 = a.widths[0]
     for name in ("old", "new"):
         curve = " ".join(f"T({w})/T({w0}) {np.median(times[name, w]) / np.median(times[name, w0]):.2f}"
@@ -94,8 +94,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name}: {curve}")
 
 
-def split_by_roof(ratios: dict[int, list[float]], roofs: list[float], split: float) -> None:
-    """The median new/old per width over the rounds whose roof read below `split`, then over those at or above."""
+def split_by_roof(ratios: dict[int, list[float]], roofs: list[float], split: float,
+                  trips: list[float] | None = None) -> None:
+    """The median new/old per width over the rounds whose roof read below `split`, then over those at or above;
+    with `trips` (each round's core-to-core round trip, ns), their median per group too."""
     for label, keep in ((f"below {split:g} GB/s", [g < split for g in roofs]),
                         (f"at or above {split:g} GB/s", [g >= split for g in roofs])):
         n = sum(keep)
@@ -104,7 +106,9 @@ def split_by_roof(ratios: dict[int, list[float]], roofs: list[float], split: flo
             continue
         roof = float(np.median([g for g, k in zip(roofs, keep) if k]))
         meds = ", ".join(f"{w}: {np.median([x for x, k in zip(v, keep) if k]):.3f}" for w, v in ratios.items())
-        print(f"roof {label}: {n} rounds (median roof {roof:.1f} GB/s), new/old by width {meds}")
+        trip = (f", round trip {np.median([t for t, k in zip(trips, keep) if k]):.0f} ns"
+                if trips and len(trips) == len(roofs) else "")
+        print(f"roof {label}: {n} rounds (median roof {roof:.1f} GB/s{trip}), new/old by width {meds}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@
 
 Packs every layer matrix of the file (and the LM head), then times one pass of all of them (a forward's weight
 stream without attention or norms) for each row count, interleaved with reading a buffer of the same size with the
-same threads (the roof). Prints ms, effective GB/s, % of the roof and T(n)/T(1), medians over rounds.
+same threads (the memory roof, with the core-to-core round trip) and with the threads issuing the kernels' integer
+dot instruction alone (the compute roof). Prints ms, effective GB/s, % of the memory roof, T(n)/T(1) and % of the
+compute roof, medians over rounds.
 """
 from __future__ import annotations
 
@@ -63,30 +65,51 @@ def main(argv: list[str] | None = None) -> None:
     handles = (ctypes.c_void_p * len(mats))(*[m.handle for m in mats])
     roof = Roof(total, a.threads)
     pool = roof.pool
+    dots = DotRoof(pool, lib)
+    dot_rates: list[float] = []
     times: dict[int, list[float]] = {n: [] for n in a.rows}
     for _ in range(a.rounds):
         roof.measure()
+        rate = dots.measure()
+        if rate is not None:
+            dot_rates.append(rate)
         for n in a.rows:
             t0 = time.perf_counter()
             lib.se_matmul_pool(pool, handles, len(mats), q.ctypes.data, d.ctypes.data, s.ctypes.data, h.ctypes.data,
                                m.ctypes.data, nl.fptr(x), n, nl.fptr(out), 1)
             times[n].append(time.perf_counter() - t0)
-    gbs = roof.median()
+    gbs, placement = roof.median(), roof.placement()
     roof.close()
+    report(name, mats, a, times, gbs, placement, float(np.median(dot_rates)) if dot_rates else None)
+
+
+def report(name, mats, a, times, gbs, placement, dot) -> None:
+    """The table: each row count's ms, GB/s, share of the memory roof, T(n)/T(rows[0]) and share of the compute
+    roof (dot: G multiply-adds/s, None where the build has no dot roof)."""
+    total = sum(m.nbytes for m in mats)
     t1 = float(np.median(times[a.rows[0]]))
     print(f"{name}: {len(mats)} matrices, {total / 1e6:.1f} MB packed; {a.threads} threads, ISA "
-          f"{nl.isa_name(lib.se_isa())}; roof (reading {total / 1e6:.0f} MB) {gbs:.1f} GB/s, median of {a.rounds}")
-    print("rows | ms | GB/s | % of roof | T(n)/T(rows[0])")
+          f"{nl.isa_name(nl.load().se_isa())}; roof (reading {total / 1e6:.0f} MB) {gbs:.1f} GB/s, median of "
+          f"{a.rounds}" + (f"; {placement}" if placement else ""))
+    macs = sum(m.k * m.n for m in mats)  # multiply-adds a row
+    if dot:
+        print(f"compute roof (the kernels' integer dot instruction, {a.threads} threads) {dot:.0f} G multiply-adds/s, "
+              f"median of {a.rounds}; a pass of n rows does n x {macs / 1e6:.0f} M")
+    print("rows | ms | GB/s | % of roof | T(n)/T(rows[0]) | % of compute roof")
     for n in a.rows:
         t = float(np.median(times[n]))
-        print(f"{n:4d} | {t * 1e3:6.2f} | {total / t / 1e9:5.1f} | {100 * total / t / 1e9 / gbs:5.1f}% | {t / t1:.2f}")
+        share = f"{100 * n * macs / t / 1e9 / dot:5.1f}%" if dot else "-"
+        print(f"{n:4d} | {t * 1e3:6.2f} | {total / t / 1e9:5.1f} | {100 * total / t / 1e9 / gbs:5.1f}% | {t / t1:.2f} "
+              f"| {share}")
 
 
 class Roof:
     """The memory roof: `threads` threads of the native engine's pool reading `nbytes` of a buffer on huge pages
     (as the packed weights are: on 4 KB pages the read ran slower than the engine's own weight stream, gemma3-270m
     at "122% of the roof"), the best of `reads` reads per measurement (one read alone swung 7-36 GB/s on these VMs).
-    The first read, untimed, faults the pages in. `close` stops the pool's threads."""
+    The first read, untimed, faults the pages in. Each measurement also reads the core-to-core round trip
+    (round_trip_ns): on these VMs the high roof comes with cores 5x farther apart (docs/native.md). `close` stops the
+    pool's threads."""
 
     def __init__(self, nbytes: int, threads: int, reads: int = 3) -> None:
         why = nl.available()
@@ -99,6 +122,10 @@ class Roof:
         self.buf[:] = 1
         self.lib.se_read_roof(self.pool, self.buf.ctypes.data, self.nbytes)
         self.gb_s: list[float] = []
+        self.round_trip_ns: list[float] = []  # with each roof: how far apart the cores are (round_trip.c)
+        self._trip = getattr(self.lib, "se_round_trip_ns", None)  # an older build (native_ab's OLD.so) lacks it
+        if self._trip is not None:
+            self._trip.restype, self._trip.argtypes = ctypes.c_double, [ctypes.c_long]
 
     def measure(self) -> float:
         best = float("inf")
@@ -107,7 +134,15 @@ class Roof:
             self.lib.se_read_roof(self.pool, self.buf.ctypes.data, self.nbytes)
             best = min(best, time.perf_counter() - t0)
         self.gb_s.append(self.nbytes / best / 1e9)
+        if self._trip is not None:
+            self.round_trip_ns.append(self._trip(20000))
         return self.gb_s[-1]
+
+    def placement(self) -> str:
+        """The median core-to-core round trip read with the roofs, for a report line ('' without one)."""
+        if not self.round_trip_ns:
+            return ""
+        return f"core-to-core round trip {statistics.median(self.round_trip_ns):.0f} ns"
 
     def median(self) -> float:
         return float(statistics.median(self.gb_s))
@@ -116,6 +151,31 @@ class Roof:
         if self.pool:
             self.lib.se_pool_free(self.pool)
             self.pool = None
+
+
+class DotRoof:
+    """The compute roof: the 8-bit multiply-adds a second that the pool's threads issue with the kernels' integer dot
+    instruction, 8 independent chains and nothing else (csrc/native/dot_roof.c), the best of `reads`. A pass of many
+    rows is bound by these vector pipes, which each block's float steps share; the memory roof bounds one row."""
+
+    def __init__(self, pool, lib, items: int = 64, reads: int = 3) -> None:
+        self.fn = getattr(lib, "se_dot_roof", None)  # optional: an older build (perf.native_ab's OLD.so) lacks it
+        if self.fn is not None:
+            self.fn.restype, self.fn.argtypes = ctypes.c_uint64, [ctypes.c_void_p, ctypes.c_int,
+                                                                  ctypes.POINTER(ctypes.c_uint64)]
+        self.pool, self.items, self.reads = pool, items, reads
+        self.check = ctypes.c_uint64(0)
+
+    def measure(self) -> float | None:
+        """G multiply-adds a second, or None where the library has no dot roof."""
+        if self.fn is None:
+            return None
+        best = 0.0
+        for _ in range(self.reads):
+            t0 = time.perf_counter()
+            macs = self.fn(self.pool, self.items, ctypes.byref(self.check))
+            best = max(best, macs / (time.perf_counter() - t0) / 1e9)
+        return best
 
 
 if __name__ == "__main__":

@@ -98,7 +98,8 @@ def measure(runs, a, stat, roof) -> list[dict]:
     rng = np.random.default_rng(0)
     by_round = []
     for _ in range(a.rounds):
-        this = {"roof_gb_s": roof.measure() if roof is not None else None}
+        this = {"roof_gb_s": roof.measure() if roof is not None else None,
+                "round_trip_ns": roof.round_trip_ns[-1] if roof is not None and roof.round_trip_ns else None}
         by_round.append(this)
         for t, backend, times, speeds in runs:
             cache = backend.new_cache(a.ctx + max(a.widths) + 1)  # llama.cpp holds one live sequence: a new one
@@ -119,7 +120,8 @@ def report(rows: list[dict], a, roof) -> None:
     print(f"threads={a.threads} ctx={a.ctx} reps={a.reps} stat={a.stat} clock={a.clock}"
           + ("" if a.tree is None else f" tree fan-out={a.tree}")
           + ("" if roof is None else f" roof {roof_gb_s:.1f} GB/s (median of {a.rounds}: "
-             + ", ".join(f"{g:.1f}" for g in roof.gb_s) + f"; reading {roof.nbytes / 1e6:.0f} MB)"))
+             + ", ".join(f"{g:.1f}" for g in roof.gb_s) + f"; reading {roof.nbytes / 1e6:.0f} MB)"
+             + (f"; {roof.placement()}" if roof.placement() else "")))
     print("| target | weight MB read/token | plain tok/s | T(1) ms | implied GB/s | "
           + ("% of roof | " if roof is not None else "")
           + " | ".join(f"T({n})/T(1)" for n in a.widths[1:]) + " |")

@@ -1,5 +1,6 @@
 """The benchmark scripts run end to end on tiny models (their numbers are meaningless here; the real runs are in the
 README and docs/onnx.md)."""
+import ctypes
 import json
 
 import numpy as np
@@ -44,6 +45,7 @@ def test_verify_cost_roof_is_measured_each_round_and_reported_per_target(tmp_pat
     roofs, (row,) = got["roof_gb_s"], got["rows"]
     assert len(roofs) == 3 and all(g > 0 for g in roofs)
     assert [r["roof_gb_s"] for r in got["by_round"]] == roofs  # each round: its roof and the target's own times
+    assert all(r["round_trip_ns"] > 0 for r in got["by_round"])  # and how far apart the cores were
     assert all(set(r[f"native:{path}"]["ms"]) == {"1", "2"} and r[f"native:{path}"]["tok_s"] > 0
                for r in got["by_round"])
     assert row["roof_pct_at_t1"] == pytest.approx(100 * row["gb_s_at_t1"] / float(np.median(roofs)))
@@ -129,5 +131,39 @@ def test_native_ab_times_two_builds_in_one_process(tmp_path, capsys, monkeypatch
     assert "loaded new first" in out and "old: T(3)/T(1)" in out and "new: T(3)/T(1)" in out
     # --roof: both rounds read below a split no roof reaches, none above
     assert "roof below 1e+09 GB/s: 2 rounds" in out and "roof at or above 1e+09 GB/s: no rounds" in out
+    assert "GB/s, round trip " in out  # each round's core-to-core round trip, read with its roof
     rows = [line.split("|") for line in out.splitlines() if line.strip()[:1].isdigit()]
     assert [int(r[0]) for r in rows] == [1, 3] and all(float(r[3]) > 0 for r in rows)
+
+
+def test_native_kernels_reports_both_roofs_and_the_dot_roof_counts_its_instructions(tmp_path, capsys):
+    """perf.native_kernels: the memory roof and the compute roof in the same run, each row count's share of both;
+    se_dot_roof returns exactly the multiply-adds its ISA's chains do (8 chains x 4096 a item: 64 a vpdpbusd, 32 an
+    AVX2 maddubs/madd step, 1 in portable C), whichever the machine runs."""
+    from specedge.perf import native_kernels
+    from specedge.runtime.backends import native_lib
+    if native_lib.available() is not None:
+        pytest.skip(f"the native engine is not built: {native_lib.available()}")
+    lib = native_lib.load()
+    pool = lib.se_pool_new(2)
+    try:
+        dots, before = native_kernels.DotRoof(pool, lib, items=3, reads=1), lib.se_isa()
+        width = {"portable": 1, "avx2": 32, "avx512": 64}
+        for isa in width:
+            if lib.se_set_isa(native_lib.ISA_NAMES.index(isa)) != native_lib.ISA_NAMES.index(isa):
+                continue  # not this CPU's
+            assert dots.fn(pool, 3, ctypes.byref(dots.check)) == 3 * 8 * 4096 * width[isa], isa
+            assert dots.measure() > 0
+        lib.se_set_isa(before)
+    finally:
+        lib.se_pool_free(pool)
+    path = write_tiny_gguf(tmp_path / "m.gguf", dtype="q8_0", seed=1)
+    native_kernels.main([str(path), "--rows", "1", "3", "--rounds", "2", "--threads", "2"])
+    text = capsys.readouterr().out
+    assert "compute roof" in text and "G multiply-adds/s" in text and "% of compute roof" in text
+    assert "core-to-core round trip" in text
+    trip = lib.se_round_trip_ns
+    trip.restype, trip.argtypes = ctypes.c_double, [ctypes.c_long]
+    assert trip(200) > 0 and trip(0) == -1.0
+    lines = [ln for ln in text.splitlines() if ln.strip().startswith(("1 |", "3 |"))]
+    assert len(lines) == 2 and all(ln.rstrip().endswith("%") for ln in lines)
