@@ -134,8 +134,8 @@ class Roof:
             self.lib.se_read_roof(self.pool, self.buf.ctypes.data, self.nbytes)
             best = min(best, time.perf_counter() - t0)
         self.gb_s.append(self.nbytes / best / 1e9)
-        if self._trip is not None:
-            self.round_trip_ns.append(self._trip(20000))
+        if self._trip is not None:  # the least of 5 short reads: a thread spinning elsewhere inflates some
+            self.round_trip_ns.append(min(self._trip(4000) for _ in range(5)))
         return self.gb_s[-1]
 
     def placement(self) -> str:
