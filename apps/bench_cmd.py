@@ -18,6 +18,7 @@ from ..perf.bench_llama import llama_available, llama_configs
 from ..perf.bench_server import ServerError, server_configs
 from ..perf import llama_server_build
 from ..perf.bench_report import SCHEMA_VERSION, environment, verify_cost_plot, write_reports
+from ..runtime.backends.native_lib import core_round_trip_ns
 from ..assembly.auto import choice_table, profile_rows, tune_targets
 from ..assembly.profile import PLAIN
 from .options import CACHE_DIR, CTX, MAX_TOKENS, THREADS
@@ -314,6 +315,7 @@ def _results(measured: list, prompts: list, settings: dict, plan, server_run: tu
     llama-server baseline (server_run: the server and its commands) and --auto's predictions where they ran."""
     env = environment(settings["threads"])
     env["peak_rss_mb"] = bench.peak_rss_mb()
+    env["core_round_trip_ns"] = core_round_trip_ns()  # which of a VM's placements the run had (None: no engine)
     group = settings["group"]
     results = {
         "schema_version": SCHEMA_VERSION, "command": _command_line(), "environment": env, "settings": settings,

@@ -103,7 +103,8 @@ RESULTS_SCHEMA = {
                                        "cpu_model": {"type": "string"},
                                        "cpu_flags": {"type": "array", "items": {"type": "string"}},
                                        "git_commit": {"type": ["string", "null"]},
-                                       "peak_rss_mb": _NUM}},
+                                       "peak_rss_mb": _NUM,
+                                       "core_round_trip_ns": {"type": ["number", "null"]}}},
         "settings": {"type": "object"},
         "categories": {"type": "array", "items": {"type": "string"}},
         "prompts": {"type": "array", "items": {"type": "object", "required": ["qid", "category"]}},
@@ -123,6 +124,13 @@ def check_schema(obj, schema: dict = RESULTS_SCHEMA, where: str = "$") -> list[s
     return _check_schema(obj, schema, where)
 
 
+def _placement(env: dict) -> str:
+    """'cores N ns apart; ' from the environment's core round trip (VMs move their vCPUs between dies: docs/native.md
+    "What the two roofs are"), '' where the run did not read one."""
+    trip = env.get("core_round_trip_ns")
+    return "" if trip is None else f"cores {trip:.0f} ns apart (a cache line's round trip); "
+
+
 def markdown(results: dict) -> str:
     """Summary tables: every configuration overall, speedup (tau) by category, time split and bytes."""
     env, rows, cats = results["environment"], results["configs"], results["categories"]
@@ -130,8 +138,9 @@ def markdown(results: dict) -> str:
     simd = [f for f in env["cpu_flags"] if f in SIMD]
     lines = ["# specedge bench", "", f"`{results['command']}`", "",
              f"{results.get('time', '')}; CPU {env['cpu_model']} (SIMD: {' '.join(simd) or 'n/a'}); threads "
-             f"{env['threads']}; commit {env['git_commit'] or 'unknown'}; peak RSS {env.get('peak_rss_mb', 0):.0f} "
-             "MB; packages " + ", ".join(f"{k} {v}" for k, v in env["packages"].items() if v), "",
+             f"{env['threads']}; " + _placement(env) + f"commit {env['git_commit'] or 'unknown'}; peak RSS "
+             f"{env.get('peak_rss_mb', 0):.0f} MB; packages "
+             + ", ".join(f"{k} {v}" for k, v in env["packages"].items() if v), "",
              f"{len(results['prompts'])} prompts, settings: " + ", ".join(f"{k}={v}" for k, v in
                                                                          results["settings"].items()), "",
              "| configuration | end-to-end tok/s | " + ("vs llama-server best | " if server else "")

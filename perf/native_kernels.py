@@ -123,9 +123,6 @@ class Roof:
         self.lib.se_read_roof(self.pool, self.buf.ctypes.data, self.nbytes)
         self.gb_s: list[float] = []
         self.round_trip_ns: list[float] = []  # with each roof: how far apart the cores are (round_trip.c)
-        self._trip = getattr(self.lib, "se_round_trip_ns", None)  # an older build (native_ab's OLD.so) lacks it
-        if self._trip is not None:
-            self._trip.restype, self._trip.argtypes = ctypes.c_double, [ctypes.c_long]
 
     def measure(self) -> float:
         best = float("inf")
@@ -134,8 +131,9 @@ class Roof:
             self.lib.se_read_roof(self.pool, self.buf.ctypes.data, self.nbytes)
             best = min(best, time.perf_counter() - t0)
         self.gb_s.append(self.nbytes / best / 1e9)
-        if self._trip is not None:  # the least of 5 short reads: a thread spinning elsewhere inflates some
-            self.round_trip_ns.append(min(self._trip(4000) for _ in range(5)))
+        trip = nl.core_round_trip_ns()  # None in a build that predates it (native_ab's OLD.so)
+        if trip is not None:
+            self.round_trip_ns.append(trip)
         return self.gb_s[-1]
 
     def placement(self) -> str:

@@ -168,6 +168,10 @@ def test_bench_end_to_end_writes_the_reports(tmp_path):
     assert results["environment"]["threads"] == 1 and results["command"].startswith("specedge bench")
     report = (out / "report.md").read_text()
     assert "numpy ngram k=2" in report and "by category" in report
+    from specedge.runtime.backends import native_lib
+    trip = results["environment"]["core_round_trip_ns"]  # the run's placement, read where the native engine is built
+    assert (trip is None) == (native_lib.available() is not None)
+    assert trip is None or (trip > 0 and f"cores {trip:.0f} ns apart" in report)
     try:
         import matplotlib  # noqa: F401
         assert sorted(p.name for p in out.glob("*.png")) == ["acceptance_by_position.png", "mbsu_vs_speedup.png",
