@@ -10,7 +10,9 @@ cannot resolve a few percent on a VM whose memory bandwidth drifts by 15-40% wit
 a later-loaded copy ran up to 3% faster than an earlier one of the same file (A/A, two copies loaded once each), a
 bias the mirrored load order cancels. `--roof` reads the memory roof at the start of every round
 (perf/native_kernels.py's Roof) and also reports the ratios of the rounds below and above `--split` GB/s: these VMs
-switch between a roof of about 35 and one of about 60 GB/s, and a change can help in one and not the other.
+switch between a roof of about 35 and one of about 60 GB/s, and a change can help in one and not the other. The two
+roofs are two placements of the vCPUs (one die or two), and the core-to-core round trip read with each roof is the
+surer sign of which (docs/native.md): the ratios are also split at `--split-ns` (near below, far at or above).
 """
 from __future__ import annotations
 
@@ -52,6 +54,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--swap", action="store_true", help="load in the order new, old, old, new")
     ap.add_argument("--roof", action="store_true", help="read the memory roof every round; split the ratios by it")
     ap.add_argument("--split", type=float, default=45.0, help="GB/s: --roof's low and high rounds (default 45)")
+    ap.add_argument("--split-ns", type=float, default=200.0,
+                    help="ns of core-to-core round trip: --roof's near and far rounds (default 200)")
     a = ap.parse_args(argv)
     first, second = ("new", "old") if a.swap else ("old", "new")
     order = [(first, 0), (second, 0), (second, 1), (first, 1)]  # mirrored: each build's mean load position is equal
@@ -87,6 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     if roof is not None:
         roof.close()
         split_by_roof(ratios, roofs, a.split, roof.round_trip_ns)
+        split_by_placement(ratios, roof.round_trip_ns, a.split_ns)
     w0 = a.widths[0]
     for name in ("old", "new"):
         curve = " ".join(f"T({w})/T({w0}) {np.median(times[name, w]) / np.median(times[name, w0]):.2f}"
@@ -109,6 +114,20 @@ def split_by_roof(ratios: dict[int, list[float]], roofs: list[float], split: flo
         trip = (f", round trip {np.median([t for t, k in zip(trips, keep) if k]):.0f} ns"
                 if trips and len(trips) == len(roofs) else "")
         print(f"roof {label}: {n} rounds (median roof {roof:.1f} GB/s{trip}), new/old by width {meds}")
+
+
+def split_by_placement(ratios: dict[int, list[float]], trips: list[float], split_ns: float) -> None:
+    """The median new/old per width over the rounds whose cores were near (round trip below `split_ns`), then far;
+    nothing where the build read no round trips."""
+    if not trips or len(trips) != len(next(iter(ratios.values()))):
+        return
+    for label, keep in ((f"near (round trip < {split_ns:g} ns)", [t < split_ns for t in trips]),
+                        (f"far (round trip >= {split_ns:g} ns)", [t >= split_ns for t in trips])):
+        if not any(keep):
+            print(f"cores {label}: no rounds")
+            continue
+        meds = ", ".join(f"{w}: {np.median([x for x, k in zip(v, keep) if k]):.3f}" for w, v in ratios.items())
+        print(f"cores {label}: {sum(keep)} rounds, new/old by width {meds}")
 
 
 if __name__ == "__main__":

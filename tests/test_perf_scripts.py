@@ -132,6 +132,7 @@ def test_native_ab_times_two_builds_in_one_process(tmp_path, capsys, monkeypatch
     # --roof: both rounds read below a split no roof reaches, none above
     assert "roof below 1e+09 GB/s: 2 rounds" in out and "roof at or above 1e+09 GB/s: no rounds" in out
     assert "GB/s, round trip " in out  # each round's core-to-core round trip, read with its roof
+    assert "cores near (round trip < 200 ns)" in out and "cores far (round trip >= 200 ns)" in out  # and split by it
     rows = [line.split("|") for line in out.splitlines() if line.strip()[:1].isdigit()]
     assert [int(r[0]) for r in rows] == [1, 3] and all(float(r[3]) > 0 for r in rows)
 
