@@ -90,8 +90,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{q[1]:.3f} | {q[0]:.3f} | {q[2]:.3f}")
     if roof is not None:
         roof.close()
-        split_by_roof(ratios, roofs, a.split, roof.round_trip_ns)
-        split_by_placement(ratios, roof.round_trip_ns, a.split_ns)
+        split_by_roof(ratios, roofs, a.split, a.split_ns, roof.round_trip_ns)
     w0 = a.widths[0]
     for name in ("old", "new"):
         curve = " ".join(f"T({w})/T({w0}) {np.median(times[name, w]) / np.median(times[name, w0]):.2f}"
@@ -99,35 +98,31 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name}: {curve}")
 
 
-def split_by_roof(ratios: dict[int, list[float]], roofs: list[float], split: float,
-                  trips: list[float] | None = None) -> None:
-    """The median new/old per width over the rounds whose roof read below `split`, then over those at or above;
-    with `trips` (each round's core-to-core round trip, ns), their median per group too."""
-    for label, keep in ((f"below {split:g} GB/s", [g < split for g in roofs]),
-                        (f"at or above {split:g} GB/s", [g >= split for g in roofs])):
-        n = sum(keep)
-        if not n:
-            print(f"roof {label}: no rounds")
-            continue
-        roof = float(np.median([g for g, k in zip(roofs, keep) if k]))
-        meds = ", ".join(f"{w}: {np.median([x for x, k in zip(v, keep) if k]):.3f}" for w, v in ratios.items())
-        trip = (f", round trip {np.median([t for t, k in zip(trips, keep) if k]):.0f} ns"
-                if trips and len(trips) == len(roofs) else "")
-        print(f"roof {label}: {n} rounds (median roof {roof:.1f} GB/s{trip}), new/old by width {meds}")
+def split_by_roof(ratios: dict[int, list[float]], roofs: list[float], split: float, split_ns: float,
+                  trips: list[float]) -> None:
+    """The median new/old per width over the rounds whose roof read below `split`, then at or above (with their
+    median round trip); then, where the build read round trips, over the rounds whose cores were near (round trip
+    below `split_ns`), then far."""
+    with_trips = len(trips) == len(roofs)
+    for label, keep in ((f"roof below {split:g} GB/s", [g < split for g in roofs]),
+                        (f"roof at or above {split:g} GB/s", [g >= split for g in roofs])):
+        about = f"median roof {np.median([g for g, k in zip(roofs, keep) if k]):.1f} GB/s" if any(keep) else ""
+        if about and with_trips:
+            about += f", round trip {np.median([t for t, k in zip(trips, keep) if k]):.0f} ns"
+        print_split(ratios, label, keep, about)
+    if with_trips:
+        for label, keep in ((f"cores near (round trip < {split_ns:g} ns)", [t < split_ns for t in trips]),
+                            (f"cores far (round trip >= {split_ns:g} ns)", [t >= split_ns for t in trips])):
+            print_split(ratios, label, keep, "")
 
 
-def split_by_placement(ratios: dict[int, list[float]], trips: list[float], split_ns: float) -> None:
-    """The median new/old per width over the rounds whose cores were near (round trip below `split_ns`), then far;
-    nothing where the build read no round trips."""
-    if not trips or len(trips) != len(next(iter(ratios.values()))):
+def print_split(ratios: dict[int, list[float]], label: str, keep: list[bool], about: str) -> None:
+    """One group of rounds: how many, `about` them, and the median new/old per width over them."""
+    if not any(keep):
+        print(f"{label}: no rounds")
         return
-    for label, keep in ((f"near (round trip < {split_ns:g} ns)", [t < split_ns for t in trips]),
-                        (f"far (round trip >= {split_ns:g} ns)", [t >= split_ns for t in trips])):
-        if not any(keep):
-            print(f"cores {label}: no rounds")
-            continue
-        meds = ", ".join(f"{w}: {np.median([x for x, k in zip(v, keep) if k]):.3f}" for w, v in ratios.items())
-        print(f"cores {label}: {sum(keep)} rounds, new/old by width {meds}")
+    meds = ", ".join(f"{w}: {np.median([x for x, k in zip(v, keep) if k]):.3f}" for w, v in ratios.items())
+    print(f"{label}: {sum(keep)} rounds" + (f" ({about})" if about else "") + f", new/old by width {meds}")
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     handles = (ctypes.c_void_p * len(mats))(*[m.handle for m in mats])
     roof = Roof(total, a.threads)
     pool = roof.pool
-    dots = DotRoof(pool, lib)
+    dots = DotRoof(pool)
     dot_rates: list[float] = []
     times: dict[int, list[float]] = {n: [] for n in a.rows}
     for _ in range(a.rounds):
@@ -156,11 +156,9 @@ class DotRoof:
     instruction, 8 independent chains and nothing else (csrc/native/dot_roof.c), the best of `reads`. A pass of many
     rows is bound by these vector pipes, which each block's float steps share; the memory roof bounds one row."""
 
-    def __init__(self, pool, lib, items: int = 64, reads: int = 3) -> None:
-        self.fn = getattr(lib, "se_dot_roof", None)  # optional: an older build (perf.native_ab's OLD.so) lacks it
-        if self.fn is not None:
-            self.fn.restype, self.fn.argtypes = ctypes.c_uint64, [ctypes.c_void_p, ctypes.c_int,
-                                                                  ctypes.POINTER(ctypes.c_uint64)]
+    def __init__(self, pool, items: int = 64, reads: int = 3) -> None:
+        self.fn = nl.optional_fn("se_dot_roof", ctypes.c_uint64,
+                                 [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_uint64)])
         self.pool, self.items, self.reads = pool, items, reads
         self.check = ctypes.c_uint64(0)
 

@@ -7,14 +7,6 @@
 #include <stdlib.h>
 #include <time.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define CPU_RELAX() _mm_pause()
-#elif defined(__aarch64__)
-#define CPU_RELAX() __asm__ __volatile__("yield")
-#else
-#define CPU_RELAX() ((void)0)
-#endif
 
 #define SPIN_BEFORE_YIELD 2048   /* waiting for a phase's last items: pause-spins before giving the core away */
 #define IDLE_SPIN_NS 300000      /* a worker spins this long for the next phase before sleeping */
@@ -103,7 +95,7 @@ static void *worker(void *arg) {
     for (;;) {
         long long start = now_ns();
         for (int spins = 0; atomic_load(&p->phase) == seen && !atomic_load(&p->stop); spins++) {
-            CPU_RELAX();
+            SE_RELAX();
             if ((spins & 255) == 255 && now_ns() - start > IDLE_SPIN_NS) {
                 pthread_mutex_lock(&p->mu);
                 atomic_fetch_add(&p->sleepers, 1);
@@ -194,7 +186,7 @@ void se_pool_for(se_pool *p, int n, int chunk, se_items fn, void *ctx) {
     }
     work(p, phase, 0);
     for (int spins = 0; atomic_load(&p->done) < n; spins++) {
-        if (spins < SPIN_BEFORE_YIELD) CPU_RELAX();
+        if (spins < SPIN_BEFORE_YIELD) SE_RELAX();
         else sched_yield();
     }
 }

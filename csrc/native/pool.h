@@ -8,6 +8,15 @@
  * sleep. */
 #ifndef SE_POOL_H
 #define SE_POOL_H
+/* one pause in a spin on a flag another thread writes (pool.c's waits, round_trip.c) */
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define SE_RELAX() _mm_pause()
+#elif defined(__aarch64__)
+#define SE_RELAX() __asm__ __volatile__("yield")
+#else
+#define SE_RELAX() ((void)0)
+#endif
 typedef struct se_pool se_pool;
 typedef void (*se_items)(void *ctx, int thread, int begin, int end);  /* process items [begin, end) */
 

@@ -7,14 +7,7 @@
 #include <stdatomic.h>
 #include <time.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define RELAX() _mm_pause()
-#elif defined(__aarch64__)
-#define RELAX() __asm__ __volatile__("yield")
-#else
-#define RELAX() ((void)0)
-#endif
+#include "pool.h"
 
 typedef struct {
     _Alignas(64) _Atomic long flag;
@@ -24,7 +17,7 @@ typedef struct {
 static void *answer(void *arg) {
     pingpong *pp = arg;
     for (long i = 0; i < pp->rounds; i++) {
-        while (atomic_load_explicit(&pp->flag, memory_order_acquire) != 2 * i + 1) RELAX();
+        while (atomic_load_explicit(&pp->flag, memory_order_acquire) != 2 * i + 1) SE_RELAX();
         atomic_store_explicit(&pp->flag, 2 * i + 2, memory_order_release);
     }
     return NULL;
@@ -42,7 +35,7 @@ double se_round_trip_ns(long rounds) {
     for (long i = 0; i <= rounds; i++) {
         if (i == 1) clock_gettime(CLOCK_MONOTONIC, &a);
         atomic_store_explicit(&pp.flag, 2 * i + 1, memory_order_release);
-        while (atomic_load_explicit(&pp.flag, memory_order_acquire) != 2 * i + 2) RELAX();
+        while (atomic_load_explicit(&pp.flag, memory_order_acquire) != 2 * i + 2) SE_RELAX();
     }
     clock_gettime(CLOCK_MONOTONIC, &b);
     pthread_join(t, NULL);

@@ -145,18 +145,26 @@ def available() -> str | None:
     return None
 
 
+def optional_fn(name: str, restype, argtypes: list):
+    """A perf tool's function of the library, bound, or None without the engine or in a build that predates it (an
+    A/B's OLD.so): unlike the engine's own, these are not required to load."""
+    try:
+        fn = getattr(load(), name, None)
+    except NativeMissing:
+        return None
+    if fn is not None:
+        fn.restype, fn.argtypes = restype, argtypes
+    return fn
+
+
 def core_round_trip_ns(reads: int = 5, rounds: int = 4000) -> float | None:
     """How far apart two cores are: the least of `reads` means of one cache line's round trip between two spinning
     threads (csrc/native/round_trip.c; a thread spinning elsewhere inflates some reads). On the 2-vCPU VMs here it
     reads 50-80 ns at a memory roof of about 35 GB/s and 310-520 ns at about 60 (the vCPUs on different dies: more
     bandwidth, dearer hand-offs; docs/native.md). None without the engine or in a build that predates it."""
-    try:
-        fn = getattr(load(), "se_round_trip_ns", None)
-    except NativeMissing:
-        return None
+    fn = optional_fn("se_round_trip_ns", ctypes.c_double, [ctypes.c_long])
     if fn is None:
         return None
-    fn.restype, fn.argtypes = ctypes.c_double, [ctypes.c_long]
     best = min(fn(rounds) for _ in range(reads))
     return best if best > 0 else None
 
