@@ -201,16 +201,16 @@ def chained_dot(q: np.ndarray, k: np.ndarray) -> np.float32:
 
 @pytest.mark.parametrize("hd", [64, 80, 256])
 def test_attention_scores_and_weighted_sums_in_batches_equal_key_by_key(hd):
-    """Scores of 1-3 queries over blocks of 16 keys (in groups of 4 on AVX-512, 2 on AVX2): every ISA equals the
-    portable C, each score is its key's fused chain over d times the scale whatever the batch, and weighted sums of
-    V rows add in key order."""
+    """Scores of 1-16 queries over blocks of 16 keys (1-3 in groups of 4 blocks on AVX-512, 2 on AVX2; more in
+    chunks of queries): every ISA equals the portable C, each score is its key's fused chain over d times the scale
+    whatever the batch, and weighted sums of V rows add in key order."""
     rng = np.random.default_rng(6)
-    q = rng.standard_normal((3, hd)).astype(np.float32)
+    q = rng.standard_normal((16, hd)).astype(np.float32)
     K = rng.standard_normal((7 * 16, hd)).astype(np.float16)
     Kb = blocked_keys(K)
     idx = rng.permutation(50)[:37].astype(np.int32)
     w = rng.random(37).astype(np.float32)
-    for nq in (1, 2, 3):
+    for nq in (1, 2, 3, 5, 8, 11, 16):
         got = []
         for isa in ISAS:
             out = np.empty((nq, 6 * 16), np.float32)
@@ -305,6 +305,23 @@ def test_rows_are_bitwise_invariant_across_widths_threads_and_chunks(tiny_files,
     cache = one.new_cache(160)
     by_one = np.concatenate([one.forward(toks[i:i + 1], cache) for i in range(150)])
     assert np.array_equal(all_at_once, by_one)
+
+
+def test_rows_sharing_an_attention_item_keep_their_own_window_bit_for_bit(tmp_path):
+    """A sliding window of 24 keys over 70 cached: one call's rows start their windows at different keys, and an
+    attention item of several rows runs over the union of their keys, one outside a row's window weighing +0. Each
+    row's logits are still bitwise the row's alone, at widths 1..16 and 1 and 2 threads."""
+    from dataclasses import replace
+
+    from specedge.models.block import LayerSpec
+    from specedge.models.tiny import tiny_config
+    cfg = tiny_config(arch="gemma3", n_layers=6, context=256)  # gemma3's pattern: five sliding layers, one global
+    layers = tuple(LayerSpec(window=24, rope_theta=10000.0) if i < 5 else LayerSpec() for i in range(6))
+    path = write_tiny_gguf(tmp_path / "win.gguf", arch="gemma3", dtype="q8_0", seed=4,
+                           config=replace(cfg, block=replace(cfg.block, layers=layers)))
+    gguf = open_gguf(path)
+    for threads in (1, 2):
+        assert batch_invariant(NativeBackend(gguf, n_threads=threads), range(1, 17), (0, 5, 70))
 
 
 @pytest.mark.parametrize("heads", [None, "long", (6, 2, 96), (6, 1, 96), (8, 2, 128), (7, 1, 224), (4, 1, 192),

@@ -318,7 +318,7 @@ static void run_forward(se_model *m, const se_call *c) {
 }
 
 static int ensure_scratch(se_model *m, int capacity) {
-    size_t want = (SE_QUERIES + 1) * ((size_t)capacity + (size_t)m->cfg.max_rows) + (size_t)m->cfg.d_model + 64 +
+    size_t want = (SE_QUERIES + 3) * ((size_t)capacity + (size_t)m->cfg.max_rows) + (size_t)m->cfg.d_model + 64 +
                   SE_BLOCK;
     if (want <= m->scratch_len) return 0;
     for (int t = 0; t < m->nthreads; t++) {

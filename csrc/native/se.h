@@ -13,7 +13,7 @@
 #define SE_GROUP 16     /* output rows interleaved per group: one 32-bit lane each in a zmm */
 #define SE_BLOCK 32     /* weights per quantization block along K */
 #define SE_MAX_ROWS 16  /* activation rows one kernel pass takes at most (callers loop) */
-#define SE_QUERIES 3    /* query heads one attention item takes (a GQA group, in parts of up to 3) */
+#define SE_QUERIES 16   /* queries one attention call takes: (row, head) pairs of one KV head, sharing its keys */
 #define SE_KBLOCK 16    /* keys per K-cache block: a block is dims-major, key t of dim d at [d * SE_KBLOCK + t] */
 #define SE_MAX_HD 512   /* the widest attention head */
 
@@ -174,7 +174,7 @@ typedef struct {
                    float *const *out);
     /* out[d] = sum over i (in order, fused) of w[i] * V[idx[i] * hd + d], from 0: axpy_f16 key after key */
     void (*wsum)(const float *w, const uint16_t *V, const int32_t *idx, int cnt, int hd, float *out);
-    /* the same for nq <= SE_QUERIES queries of one KV head (a GQA group shares each V row's load and conversion):
+    /* the same for nq <= SE_QUERIES queries of one KV head (they share each V row's load and conversion):
      * out[j] = wsum(w[j], ...), bit for bit */
     void (*wsum_q)(const float *const *w, int nq, const uint16_t *V, const int32_t *idx, int cnt, int hd,
                    float *const *out);

@@ -188,29 +188,49 @@ static T256 void wsum_avx2(const float *w, const uint16_t *V, const int32_t *idx
     }
 }
 
-/* A scores call: groups of G blocks, then single ones, through the `group` kernel (always_inline), with nq a constant
- * at each instance so its accumulators stay in registers. Expects q, nq, K (moved to block b0), nb, hd, scale, out. */
-#define SCORES_RUN(group, G, NQ)                                                                                    \
+/* A scores call: groups of G blocks, then single ones, through the `group` kernel (always_inline), with NQ a constant
+ * at each instance so its accumulators stay in registers. Expects K (moved to block b0), nb, hd, scale. */
+#define SCORES_RUN(group, G, NQ, qs, os)                                                                            \
     do {                                                                                                            \
         int b = 0;                                                                                                  \
-        for (; b + (G) <= nb; b += (G)) group(q, NQ, G, K, b, hd, scale, out);                                      \
-        for (; b < nb; b++) group(q, NQ, 1, K, b, hd, scale, out);                                                  \
+        for (; b + (G) <= nb; b += (G)) group(qs, NQ, G, K, b, hd, scale, os);                                      \
+        for (; b < nb; b++) group(qs, NQ, 1, K, b, hd, scale, os);                                                  \
     } while (0)
-#define SCORES_BY_NQ(group, G)                                                                                      \
+/* up to 3 queries: groups of G blocks; more: even chunks of up to W queries (so a chunk's conversion of a key's
+ * dims serves up to W fma), groups of G2 blocks. A query's chains are the same in every chunk and group. */
+#define SCORES_BY_NQ(group, G, W, G2)                                                                               \
     do {                                                                                                            \
-        if (nq == 1) SCORES_RUN(group, G, 1);                                                                       \
-        else if (nq == 2) SCORES_RUN(group, G, 2);                                                                  \
-        else SCORES_RUN(group, G, 3);                                                                               \
+        if (nq <= 3) {                                                                                              \
+            if (nq == 1) SCORES_RUN(group, G, 1, q, out);                                                           \
+            else if (nq == 2) SCORES_RUN(group, G, 2, q, out);                                                      \
+            else SCORES_RUN(group, G, 3, q, out);                                                                   \
+            return;                                                                                                 \
+        }                                                                                                           \
+        int chunks = (nq + (W) - 1) / (W), size = (nq + chunks - 1) / chunks;                                       \
+        for (int j0 = 0; j0 < nq; j0 += size) {                                                                     \
+            const float *const *qc = q + j0;                                                                        \
+            float *const *oc = out + j0;                                                                            \
+            switch (nq - j0 < size ? nq - j0 : size) {                                                              \
+            case 1: SCORES_RUN(group, G2, 1, qc, oc); break;                                                        \
+            case 2: SCORES_RUN(group, G2, 2, qc, oc); break;                                                        \
+            case 3: SCORES_RUN(group, G2, 3, qc, oc); break;                                                        \
+            case 4: SCORES_RUN(group, G2, 4, qc, oc); break;                                                        \
+            case 5: SCORES_RUN(group, G2, 5, qc, oc); break;                                                        \
+            case 6: SCORES_RUN(group, G2, 6, qc, oc); break;                                                        \
+            case 7: SCORES_RUN(group, G2, 7, qc, oc); break;                                                        \
+            default: SCORES_RUN(group, G2, 8, qc, oc); break;                                                       \
+            }                                                                                                       \
+        }                                                                                                           \
     } while (0)
 
-/* g <= 4 blocks for nq queries: one register per (query, block) holds its 16 keys' chains; each block's dim d is
- * converted once for every query (the broadcast q[j][d] folds into the fma). */
+/* g <= 4 blocks for nq queries (nq * g <= 16): one register per (query, block) holds its 16 keys' chains; each
+ * block's dim d is converted once for every query (the broadcast q[j][d] folds into the fma). */
 static inline T512 __attribute__((always_inline)) void
 scores_group_avx512(const float *const *q, const int nq, const int g, const uint16_t *K, int b0, int hd,
                     float scale, float *const *out) {
     int at = SE_KBLOCK * b0;
     K += (size_t)b0 * hd * SE_KBLOCK;
-    __m512 acc[SE_QUERIES][4];
+    __m512 acc[8][4];
     for (int j = 0; j < nq; j++)
         for (int b = 0; b < g; b++) acc[j][b] = _mm512_setzero_ps();
     /* the group after next, a slice per dim: keys stream from memory at one thread's pace otherwise */
@@ -230,38 +250,71 @@ scores_group_avx512(const float *const *q, const int nq, const int g, const uint
 static T512 void scores_avx512(const float *const *q, int nq, const uint16_t *K, int b0, int nb, int hd,
                                float scale, float *const *out) {
     K += (size_t)b0 * hd * SE_KBLOCK;
-    SCORES_BY_NQ(scores_group_avx512, 4);
+    SCORES_BY_NQ(scores_group_avx512, 4, 8, 2);
 }
 
+/* dims c0 .. c0 + 16 P of nq queries' weighted sums, each (query, 16 dims) one register's chains over the keys in
+ * order: a V row's slice is converted once for every query */
+static inline T512 __attribute__((always_inline)) void
+wsum_slice_avx512(const float *const *w, const int nq, const int P, const uint16_t *V, const int32_t *idx, int cnt,
+                  int hd, int c0, float *const *out) {
+    __m512 acc[12][4];
+    for (int j = 0; j < nq; j++)
+        for (int t = 0; t < P; t++) acc[j][t] = _mm512_setzero_ps();
+    for (int i = 0; i < cnt; i++) {
+        const uint16_t *row = V + (size_t)idx[i] * hd + c0;
+        if (i + 32 < cnt) /* 32 rows ahead, as the keys */
+            for (int t = 0; t < P; t += 2)
+                _mm_prefetch((const char *)(V + (size_t)idx[i + 32] * hd + c0 + 16 * t), _MM_HINT_T0);
+        for (int t = 0; t < P; t++) {
+            __m512 vt = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 16 * t)));
+            for (int j = 0; j < nq; j++) acc[j][t] = _mm512_fmadd_ps(_mm512_set1_ps(w[j][i]), vt, acc[j][t]);
+        }
+    }
+    for (int j = 0; j < nq; j++)
+        for (int t = 0; t < P; t++) _mm512_storeu_ps(out[j] + c0 + 16 * t, acc[j][t]);
+}
+
+/* slices of 16 P dims, then of 16 */
+#define WSUM_RUN(NQ, P, ws, os)                                                                                     \
+    do {                                                                                                            \
+        int c0 = 0;                                                                                                 \
+        for (; c0 + 16 * (P) <= hd; c0 += 16 * (P)) wsum_slice_avx512(ws, NQ, P, V, idx, cnt, hd, c0, os);         \
+        for (; c0 < hd; c0 += 16) wsum_slice_avx512(ws, NQ, 1, V, idx, cnt, hd, c0, os);                            \
+    } while (0)
+
+/* up to 6 queries: slices of 64 dims; more: even chunks of up to 12 queries, slices of 32 */
 static T512 void wsum_q_avx512(const float *const *w, int nq, const uint16_t *V, const int32_t *idx, int cnt, int hd,
                                float *const *out) {
-    for (int c0 = 0; c0 < hd; c0 += 64) {
-        int parts = hd - c0 >= 64 ? 4 : (hd - c0) / 16;
-        __m512 acc[SE_QUERIES][4];
-        for (int j = 0; j < nq; j++)
-            for (int t = 0; t < 4; t++) acc[j][t] = _mm512_setzero_ps();
-        for (int i = 0; i < cnt; i++) {
-            const uint16_t *row = V + (size_t)idx[i] * hd + c0;
-            if (i + 32 < cnt) /* 32 rows ahead, as the keys */
-                for (int t = 0; t < parts; t += 2)
-                    _mm_prefetch((const char *)(V + (size_t)idx[i + 32] * hd + c0 + 16 * t), _MM_HINT_T0);
-            for (int t = 0; t < parts; t++) {
-                __m512 vt = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 16 * t)));
-                for (int j = 0; j < nq; j++) acc[j][t] = _mm512_fmadd_ps(_mm512_set1_ps(w[j][i]), vt, acc[j][t]);
-            }
+    int chunks = (nq + 11) / 12, size = nq <= 6 ? nq : (nq + chunks - 1) / chunks;
+    for (int j0 = 0; j0 < nq; j0 += size) {
+        const float *const *wc = w + j0;
+        float *const *oc = out + j0;
+        switch (nq - j0 < size ? nq - j0 : size) {
+        case 1: WSUM_RUN(1, 4, wc, oc); break;
+        case 2: WSUM_RUN(2, 4, wc, oc); break;
+        case 3: WSUM_RUN(3, 4, wc, oc); break;
+        case 4: WSUM_RUN(4, 4, wc, oc); break;
+        case 5: WSUM_RUN(5, 4, wc, oc); break;
+        case 6: WSUM_RUN(6, 4, wc, oc); break;
+        case 7: WSUM_RUN(7, 2, wc, oc); break;
+        case 8: WSUM_RUN(8, 2, wc, oc); break;
+        case 9: WSUM_RUN(9, 2, wc, oc); break;
+        case 10: WSUM_RUN(10, 2, wc, oc); break;
+        case 11: WSUM_RUN(11, 2, wc, oc); break;
+        default: WSUM_RUN(12, 2, wc, oc); break;
         }
-        for (int j = 0; j < nq; j++)
-            for (int t = 0; t < parts; t++) _mm512_storeu_ps(out[j] + c0 + 16 * t, acc[j][t]);
     }
 }
 
-/* AVX2: a block's 16 keys in two registers (keys 0-7, 8-15), groups of g <= 2 blocks, as scores_group_avx512 */
+/* AVX2: a block's 16 keys in two registers (keys 0-7, 8-15), groups of g <= 2 blocks (nq * g <= 6), as
+ * scores_group_avx512 */
 static inline T256 __attribute__((always_inline)) void
 scores_group_avx2(const float *const *q, const int nq, const int g, const uint16_t *K, int b0, int hd,
                   float scale, float *const *out) {
     int at = SE_KBLOCK * b0;
     K += (size_t)b0 * hd * SE_KBLOCK;
-    __m256 acc[SE_QUERIES][4];
+    __m256 acc[8][4];
     for (int j = 0; j < nq; j++)
         for (int h = 0; h < 2 * g; h++) acc[j][h] = _mm256_setzero_ps();
     const char *ahead = (const char *)(K + (size_t)2 * g * hd * SE_KBLOCK); /* as scores_group_avx512 */
@@ -281,7 +334,7 @@ scores_group_avx2(const float *const *q, const int nq, const int g, const uint16
 static T256 void scores_avx2(const float *const *q, int nq, const uint16_t *K, int b0, int nb, int hd, float scale,
                              float *const *out) {
     K += (size_t)b0 * hd * SE_KBLOCK;
-    SCORES_BY_NQ(scores_group_avx2, 2);
+    SCORES_BY_NQ(scores_group_avx2, 2, 6, 1);
 }
 
 static void wsum_q_avx2(const float *const *w, int nq, const uint16_t *V, const int32_t *idx, int cnt, int hd,

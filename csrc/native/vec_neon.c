@@ -67,23 +67,25 @@ static void to_f16_neon(const float *x, uint16_t *y, int n) {
     for (; i < n; i++) y[i] = se_f32_to_f16(x[i]);
 }
 
-/* a block's 16 keys in 4 registers; one block at a time for nq queries, each lane one key's chain over d */
+/* a block's 16 keys in 4 registers; one block at a time for up to 4 queries, each lane one key's chain over d */
 static void scores_neon(const float *const *q, int nq, const uint16_t *K, int b0, int nb, int hd, float scale,
                         float *const *out) {
-    for (int b = 0; b < nb; b++) {
-        const uint16_t *blk = K + (size_t)(b0 + b) * hd * SE_KBLOCK;
-        float32x4_t acc[SE_QUERIES][4];
-        for (int j = 0; j < nq; j++)
-            for (int t = 0; t < 4; t++) acc[j][t] = vdupq_n_f32(0.0f);
-        for (int d = 0; d < hd; d++)
-            for (int t = 0; t < 4; t++) {
-                float32x4_t k = f16x4(blk + d * SE_KBLOCK + 4 * t);
-                for (int j = 0; j < nq; j++) acc[j][t] = vfmaq_f32(acc[j][t], vdupq_n_f32(q[j][d]), k);
-            }
-        for (int j = 0; j < nq; j++)
-            for (int t = 0; t < 4; t++)
-                vst1q_f32(out[j] + SE_KBLOCK * b + 4 * t, vmulq_f32(acc[j][t], vdupq_n_f32(scale)));
-    }
+    for (int j0 = 0; j0 < nq; j0 += 4)
+        for (int b = 0; b < nb; b++) {
+            const uint16_t *blk = K + (size_t)(b0 + b) * hd * SE_KBLOCK;
+            int m = nq - j0 < 4 ? nq - j0 : 4;
+            float32x4_t acc[4][4];
+            for (int j = 0; j < m; j++)
+                for (int t = 0; t < 4; t++) acc[j][t] = vdupq_n_f32(0.0f);
+            for (int d = 0; d < hd; d++)
+                for (int t = 0; t < 4; t++) {
+                    float32x4_t k = f16x4(blk + d * SE_KBLOCK + 4 * t);
+                    for (int j = 0; j < m; j++) acc[j][t] = vfmaq_f32(acc[j][t], vdupq_n_f32(q[j0 + j][d]), k);
+                }
+            for (int j = 0; j < m; j++)
+                for (int t = 0; t < 4; t++)
+                    vst1q_f32(out[j0 + j] + SE_KBLOCK * b + 4 * t, vmulq_f32(acc[j][t], vdupq_n_f32(scale)));
+        }
 }
 
 static void wsum_neon(const float *w, const uint16_t *V, const int32_t *idx, int cnt, int hd, float *out) {

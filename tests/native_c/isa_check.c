@@ -108,11 +108,12 @@ static size_t run_primitives(int isa, float *out) {
     enum { HD = 64, KEYS = 37, N = 100, NB = 7 };
     uint64_t seed = g_rng;
     size_t o = 0;
-    float q[3][HD], x[N], g[N], u[N], y[N], w[3][KEYS];
+    enum { Q = SE_QUERIES };
+    float q[Q][HD], x[N], g[N], u[N], y[N], w[Q][KEYS];
     uint16_t K[NB * SE_KBLOCK * HD], V[KEYS * HD], h16[N];
     int32_t idx[KEYS];
-    fill(&q[0][0], 3 * HD, -1, 1);
-    fill(&w[0][0], 3 * KEYS, 0, 1);
+    fill(&q[0][0], Q * HD, -1, 1);
+    fill(&w[0][0], Q * KEYS, 0, 1);
     fill_f16(K, NB * SE_KBLOCK * HD);
     fill_f16(V, KEYS * HD);
     for (int i = 0; i < KEYS; i++) idx[i] = (i * 7) % KEYS;
@@ -130,13 +131,18 @@ static size_t run_primitives(int isa, float *out) {
     v->to_f16(x, h16, N);
     for (int i = 0; i < N; i++) out[o++] = (float)h16[i];
     v->wsum(w[0], V, idx, KEYS, HD, out + o), o += HD;
-    const float *qs[3] = {q[0], q[1], q[2]}, *ws[3] = {w[0], w[1], w[2]};
-    for (int nq = 1; nq <= 3; nq++) {
+    const float *qs[Q], *ws[Q];
+    float *so[Q], *wo[Q];
+    for (int j = 0; j < Q; j++) qs[j] = q[j], ws[j] = w[j];
+    /* 1-3 queries take the kernels' narrow path, more their chunks (AVX-512: of up to 8 and 12, AVX2: 6) */
+    static const int widths[] = {1, 2, 3, 4, 7, 8, 13, Q};
+    for (size_t k = 0; k < sizeof widths / sizeof *widths; k++) {
+        int nq = widths[k];
         enum { S = (NB - 1) * SE_KBLOCK }; /* blocks 1 .. 6: a group of 4 and two single blocks on AVX-512 */
-        float *so[3] = {out + o, out + o + S, out + o + 2 * S};
-        v->scores(qs, nq, K, 1, NB - 1, HD, 0.125f, so), o += 3 * S;
-        float *wo[3] = {out + o, out + o + HD, out + o + 2 * HD};
-        v->wsum_q(ws, nq, V, idx, KEYS, HD, wo), o += 3 * HD;
+        for (int j = 0; j < nq; j++) so[j] = out + o + (size_t)j * S;
+        v->scores(qs, nq, K, 1, NB - 1, HD, 0.125f, so), o += (size_t)nq * S;
+        for (int j = 0; j < nq; j++) wo[j] = out + o + (size_t)j * HD;
+        v->wsum_q(ws, nq, V, idx, KEYS, HD, wo), o += (size_t)nq * HD;
     }
     static const int lens[] = {1, 15, 16, 17, 64, 100};
     for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {
@@ -162,7 +168,7 @@ static size_t run_primitives(int isa, float *out) {
 }
 
 static void check_primitives(int isa) {
-    static float want[4096], got[4096];
+    static float want[16384], got[16384];
     size_t n = run_primitives(SE_ISA_PORTABLE, want);
     run_primitives(isa, got);
     same(got, want, n * sizeof(float), "float primitives", isa);
