@@ -118,9 +118,13 @@ struct phase {
     int residual, norm_next;     /* row phase: add m->a into x first; then norm + quantize for layer l */
 };
 
-static float *tmp_of(se_model *m, int thread) {
-    return m->scratch[thread] + m->scratch_len - (size_t)m->cfg.d_model - 64 - SE_BLOCK;
+/* the per-thread row buffer at the end of the scratch: a d_model row, or the gate/up step's 3 x SE_MAX_ROWS blocks */
+static size_t tmp_len(const se_model *m) {
+    size_t blocks = (size_t)3 * SE_MAX_ROWS * SE_BLOCK;
+    return ((size_t)m->cfg.d_model > blocks ? (size_t)m->cfg.d_model : blocks) + 64 + SE_BLOCK;
 }
+
+static float *tmp_of(se_model *m, int thread) { return m->scratch[thread] + m->scratch_len - tmp_len(m); }
 
 static void groups(const phase *ph, int thread, int i, int g0, int g1) {
     const mm_task *t = &ph->tasks[i];
@@ -225,16 +229,37 @@ static void att_quant_items(void *p, int thread, int a, int b) {
     for (int r = a; r < b; r++) se_quantize_span(ph->m->att + (size_t)r * QD, QD, &xQ, r, 0);
 }
 
-/* the gate/up phase's step: a 32-wide block of d_ff columns is done in both matrices for every row */
+/* the gate/up phase's step: a 32-wide block of d_ff columns is done in both matrices for every row. Up to
+ * SE_MAX_ROWS rows' blocks are gathered so that one call computes their activations and one quantizes them: their
+ * exps and reductions overlap instead of waiting on one another (element-wise and per block: the same bits). */
 static void gated_step(const phase *ph, int thread, int task, int block) {
     se_model *m = ph->m;
     int F = m->cfg.d_ff, col = block * SE_BLOCK;
-    float *tmp = tmp_of(m, thread);
+    float *g = tmp_of(m, thread), *u = g + SE_MAX_ROWS * SE_BLOCK, *y = u + SE_MAX_ROWS * SE_BLOCK;
     se_act xF = view_of(m, &m->act_ff, F);
+    int8_t q[SE_MAX_ROWS * SE_BLOCK];
+    float d[SE_MAX_ROWS], mm[SE_MAX_ROWS];
+    int32_t sums[SE_MAX_ROWS], half[SE_MAX_ROWS];
     (void)task;
-    for (int r = 0; r < ph->rows; r++) {
-        gated_span(m->cfg.activation, m->g + (size_t)r * F + col, m->u + (size_t)r * F + col, tmp, SE_BLOCK);
-        se_quantize_span(tmp, SE_BLOCK, &xF, r, col);
+    if (ph->rows == 1) { /* nothing to overlap: straight from the row into the activations */
+        gated_span(m->cfg.activation, m->g + col, m->u + col, y, SE_BLOCK);
+        se_quantize_span(y, SE_BLOCK, &xF, 0, col);
+        return;
+    }
+    for (int r0 = 0; r0 < ph->rows; r0 += SE_MAX_ROWS) {
+        int n = ph->rows - r0 < SE_MAX_ROWS ? ph->rows - r0 : SE_MAX_ROWS;
+        for (int r = 0; r < n; r++) {
+            memcpy(g + r * SE_BLOCK, m->g + (size_t)(r0 + r) * F + col, SE_BLOCK * sizeof(float));
+            memcpy(u + r * SE_BLOCK, m->u + (size_t)(r0 + r) * F + col, SE_BLOCK * sizeof(float));
+        }
+        gated_span(m->cfg.activation, g, u, y, n * SE_BLOCK);
+        se_rows()->quantize(y, n, q, d, sums, half, mm);
+        for (int r = 0; r < n; r++) {
+            size_t row = (size_t)(r0 + r), at = row * xF.nb + block;
+            if (xF.f) memcpy(xF.f + row * F + col, y + r * SE_BLOCK, SE_BLOCK * sizeof(float));
+            memcpy(xF.q + row * F + col, q + r * SE_BLOCK, SE_BLOCK);
+            xF.d[at] = d[r], xF.s[at] = sums[r], xF.h[at] = half[r], xF.m[at] = mm[r];
+        }
     }
 }
 
@@ -318,8 +343,7 @@ static void run_forward(se_model *m, const se_call *c) {
 }
 
 static int ensure_scratch(se_model *m, int capacity) {
-    size_t want = (SE_QUERIES + 3) * ((size_t)capacity + (size_t)m->cfg.max_rows) + (size_t)m->cfg.d_model + 64 +
-                  SE_BLOCK;
+    size_t want = (SE_QUERIES + 3) * ((size_t)capacity + (size_t)m->cfg.max_rows) + tmp_len(m);
     if (want <= m->scratch_len) return 0;
     for (int t = 0; t < m->nthreads; t++) {
         float *s = realloc(m->scratch[t], want * sizeof(float));
