@@ -90,27 +90,34 @@ static T512 void axpy_f16_avx512(float *y, float a, const uint16_t *x, int n) {
                                                  _mm512_loadu_ps(y + d)));
 }
 
+/* exp of 16 lanes, the polynomial of se_expf step for step (so a lane's bits are se_expf's) */
+static inline T512 __attribute__((always_inline)) __m512 exp16(__m512 v) {
+    __m512 c = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
+    __m512 m = _mm512_set1_ps(MAGIC);
+    __m512 nn = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(c, _mm512_set1_ps(LOG2E)), m), m);
+    __m512 r = _mm512_fmadd_ps(nn, _mm512_set1_ps(-LN2_HI), c);
+    r = _mm512_fmadd_ps(nn, _mm512_set1_ps(-LN2_LO), r);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(P0), r, _mm512_set1_ps(P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P5));
+    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(nn), _mm512_set1_epi32(127)), 23);
+    __m512 out = _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
+    __mmask16 under = _mm512_cmp_ps_mask(v, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ);
+    return _mm512_mask_mov_ps(out, under, _mm512_setzero_ps());
+}
+
+/* the tail (n % 16) in one masked vector too: se_expf one by one there had cost a softmax more than its bulk (its
+ * fmaf is a library call in the baseline x86-64 build) */
 static T512 void exp_avx512(float *x, int n) {
     int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512 v = _mm512_loadu_ps(x + i);
-        __m512 c = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
-        __m512 m = _mm512_set1_ps(MAGIC);
-        __m512 nn = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(c, _mm512_set1_ps(LOG2E)), m), m);
-        __m512 r = _mm512_fmadd_ps(nn, _mm512_set1_ps(-LN2_HI), c);
-        r = _mm512_fmadd_ps(nn, _mm512_set1_ps(-LN2_LO), r);
-        __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(P0), r, _mm512_set1_ps(P1));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P2));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P3));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P4));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P5));
-        __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-        __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(nn), _mm512_set1_epi32(127)), 23);
-        __m512 out = _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
-        __mmask16 under = _mm512_cmp_ps_mask(v, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ);
-        _mm512_storeu_ps(x + i, _mm512_mask_mov_ps(out, under, _mm512_setzero_ps()));
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, exp16(_mm512_loadu_ps(x + i)));
+    if (i < n) {
+        __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(x + i, k, exp16(_mm512_maskz_loadu_ps(k, x + i)));
     }
-    for (; i < n; i++) x[i] = se_expf(x[i]);
 }
 
 static T256 void axpy_f16_avx2(float *y, float a, const uint16_t *x, int n) {
@@ -120,27 +127,33 @@ static T256 void axpy_f16_avx2(float *y, float a, const uint16_t *x, int n) {
                                                  _mm256_loadu_ps(y + d)));
 }
 
+static inline T256 __attribute__((always_inline)) __m256 exp8(__m256 v) { /* as exp16 */
+    __m256 c = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(EXP_LO)), _mm256_set1_ps(EXP_HI));
+    __m256 m = _mm256_set1_ps(MAGIC);
+    __m256 nn = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(c, _mm256_set1_ps(LOG2E)), m), m);
+    __m256 r = _mm256_fmadd_ps(nn, _mm256_set1_ps(-LN2_HI), c);
+    r = _mm256_fmadd_ps(nn, _mm256_set1_ps(-LN2_LO), r);
+    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(P0), r, _mm256_set1_ps(P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P5));
+    __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(nn), _mm256_set1_epi32(127)), 23);
+    __m256 out = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+    __m256 under = _mm256_cmp_ps(v, _mm256_set1_ps(EXP_LO), _CMP_LT_OQ);
+    return _mm256_blendv_ps(out, _mm256_setzero_ps(), under);
+}
+
 static T256 void exp_avx2(float *x, int n) {
     int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 v = _mm256_loadu_ps(x + i);
-        __m256 c = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(EXP_LO)), _mm256_set1_ps(EXP_HI));
-        __m256 m = _mm256_set1_ps(MAGIC);
-        __m256 nn = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(c, _mm256_set1_ps(LOG2E)), m), m);
-        __m256 r = _mm256_fmadd_ps(nn, _mm256_set1_ps(-LN2_HI), c);
-        r = _mm256_fmadd_ps(nn, _mm256_set1_ps(-LN2_LO), r);
-        __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(P0), r, _mm256_set1_ps(P1));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P2));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P3));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P4));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P5));
-        __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-        __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(nn), _mm256_set1_epi32(127)), 23);
-        __m256 out = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
-        __m256 under = _mm256_cmp_ps(v, _mm256_set1_ps(EXP_LO), _CMP_LT_OQ);
-        _mm256_storeu_ps(x + i, _mm256_blendv_ps(out, _mm256_setzero_ps(), under));
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, exp8(_mm256_loadu_ps(x + i)));
+    if (i < n) { /* the tail as exp_avx512's */
+        float t[8] = {0};
+        for (int j = 0; j < n - i; j++) t[j] = x[i + j];
+        _mm256_storeu_ps(t, exp8(_mm256_loadu_ps(t)));
+        for (int j = 0; j < n - i; j++) x[i + j] = t[j];
     }
-    for (; i < n; i++) x[i] = se_expf(x[i]);
 }
 
 static T512 void to_f16_avx512(const float *x, uint16_t *y, int n) {
