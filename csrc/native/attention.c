@@ -103,16 +103,17 @@ static void attend(se_model *m, const se_call *c, int l, int g, int q0, int nq, 
     item_keys(c, l, q0 / G, (q0 + nq - 1) / G, &u);
     const float *q[SE_QUERIES];
     float *sc[SE_QUERIES], *out[SE_QUERIES], sum[SE_QUERIES];
+    int row[SE_QUERIES], col[SE_QUERIES]; /* query j's row, and its head's first column in the row */
     for (int j = 0; j < nq; j++) {
-        int r = (q0 + j) / G, h = g * G + (q0 + j) % G;
-        q[j] = m->q + (size_t)r * QD + (size_t)h * hd;
+        row[j] = (q0 + j) / G, col[j] = (g * G + (q0 + j) % G) * hd;
+        q[j] = m->q + (size_t)row[j] * QD + col[j];
         sc[j] = scratch + j * span;
-        out[j] = m->att + (size_t)r * QD + (size_t)h * hd;
+        out[j] = m->att + (size_t)row[j] * QD + col[j];
     }
     int b0 = u.keys[0] / SE_KBLOCK, base = b0 * SE_KBLOCK;
     se_vec()->scores(q, nq, K, b0, u.keys[u.cnt - 1] / SE_KBLOCK - b0 + 1, hd, (float)(1.0 / sqrt((double)hd)), sc);
-    for (int j = 0, row = -1, cnt = 0; j < nq; j++) {
-        if ((q0 + j) / G != row) row = (q0 + j) / G, cnt = row_keys(c, l, row, idx);
+    for (int j = 0, cnt = 0; j < nq; j++) {
+        if (j == 0 || row[j] != row[j - 1]) cnt = row_keys(c, l, row[j], idx);
         sum[j] = softmax_spread(c, &u, idx, cnt, base, sc[j]);
     }
     se_vec()->wsum_q((const float *const *)sc, nq, V, u.keys, u.cnt, hd, out);
@@ -121,8 +122,7 @@ static void attend(se_model *m, const se_call *c, int l, int g, int q0, int nq, 
         for (int d = 0; d < hd; d++) out[j][d] = out[j][d] * inv;
         if (hd % SE_BLOCK == 0) { /* whole blocks: quantized here; else by rows once every head is done */
             se_act a = se_act_view(m, QD);
-            int r = (q0 + j) / G, h = g * G + (q0 + j) % G;
-            se_quantize_span(out[j], hd, &a, r, h * hd);
+            se_quantize_span(out[j], hd, &a, row[j], col[j]);
         }
     }
 }

@@ -343,6 +343,8 @@ static void run_forward(se_model *m, const se_call *c) {
 }
 
 static int ensure_scratch(se_model *m, int capacity) {
+    /* attention's scores of SE_QUERIES queries, the item's keys, a row's keys, the rows' places (attention.c),
+     * then the row buffer */
     size_t want = (SE_QUERIES + 3) * ((size_t)capacity + (size_t)m->cfg.max_rows) + tmp_len(m);
     if (want <= m->scratch_len) return 0;
     for (int t = 0; t < m->nthreads; t++) {

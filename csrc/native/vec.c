@@ -220,6 +220,7 @@ static T256 void wsum_avx2(const float *w, const uint16_t *V, const int32_t *idx
             return;                                                                                                 \
         }                                                                                                           \
         int chunks = (nq + (W) - 1) / (W), size = (nq + chunks - 1) / chunks;                                       \
+        size = size < (W) ? size : (W); /* already so; said so the compiler drops the cases above W */             \
         for (int j0 = 0; j0 < nq; j0 += size) {                                                                     \
             const float *const *qc = q + j0;                                                                        \
             float *const *oc = out + j0;                                                                            \
