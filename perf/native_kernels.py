@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> None:
     s = np.empty((rmax, kmax // 32), np.int32)
     h = np.empty((rmax, kmax // 32), np.int32)
     m = np.empty((rmax, kmax // 32), np.float32)
-    lib.se_quantize(nl.fptr(x), rmax, kmax, q.ctypes.data, d.ctypes.data, s.ctypes.data, h.ctypes.data,
+    span = 8 if kmax % 256 == 0 and any(m.kquant for m in mats) else 1  # as the engine's
+    lib.se_quantize(nl.fptr(x), rmax, kmax, span, q.ctypes.data, d.ctypes.data, s.ctypes.data, h.ctypes.data,
                     m.ctypes.data)
     out = np.empty(rmax * max(m.n for m in mats), np.float32)
     handles = (ctypes.c_void_p * len(mats))(*[m.handle for m in mats])

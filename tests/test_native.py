@@ -97,7 +97,7 @@ def test_every_isa_computes_the_portable_c_bit_for_bit_at_every_width(fmt):
         assert np.array_equal(m.matmul(x[9:10], isa=isa)[0], want[9])
     # and it is the product of the exact weights with int8-per-32 activations (llama.cpp's q8 scheme), or with the
     # float activations for float weights
-    q, d, s, h, _ = quantized(x)
+    q, d, s, h, _ = quantized(x, 8 if nl.BLOCKS[fmt][1] == 256 else 1)
     xq = (q.reshape(16, k // 32, 32).astype(np.float64) * d[:, :, None]).reshape(16, k)
     if fmt in FLOATS:
         xq = x.astype(np.float64)
@@ -114,13 +114,14 @@ def test_the_test_models_k_quant_encoders_round_trip_through_gguf_py(fmt, rms):
     assert np.sqrt(np.mean((back - w) ** 2)) < rms  # 4- and 6-bit rounding of N(0, 1), nothing worse
 
 
-def quantized(x: np.ndarray):
-    """The engine's int8-per-32 activations of x: (q, d, s, h, m)."""
+def quantized(x: np.ndarray, span: int = 1):
+    """The engine's int8-per-32 activations of x: (q, d, s, h, m), one scale per `span` blocks (8: what K-quant
+    matrices read)."""
     rows, k = x.shape
     q, d = np.empty((rows, k), np.int8), np.empty((rows, k // 32), np.float32)
     s, h = np.empty((rows, k // 32), np.int32), np.empty((rows, k // 32), np.int32)
     m = np.empty((rows, k // 32), np.float32)
-    LIB.se_quantize(nl.fptr(np.ascontiguousarray(x)), rows, k, q.ctypes.data, d.ctypes.data, s.ctypes.data,
+    LIB.se_quantize(nl.fptr(np.ascontiguousarray(x)), rows, k, span, q.ctypes.data, d.ctypes.data, s.ctypes.data,
                     h.ctypes.data, m.ctypes.data)
     return q, d, s, h, m
 
@@ -175,15 +176,17 @@ def test_row_steps_agree_across_isas_bit_for_bit_and_with_numpy(n):
     g64 = g.astype(np.float64)
     assert np.allclose(ys[0], g64 / (1 + np.exp(-g64)) * u, rtol=1e-5, atol=1e-6)
     k = n // 32 * 32
-    if k:
-        want = quantized(x[None, :k])
+    for span in sorted({1, k // 32} | ({8} if k // 32 % 8 == 0 else set())) if k else ():
+        want = quantized(x[None, :k], span)
+        runs = np.abs(x[:k]).reshape(-1, span * 32).max(axis=1) / np.float32(127)  # one scale a run of span blocks
+        assert np.array_equal(want[1][0], np.repeat(runs, span).astype(np.float32))
         for isa in ISAS:
             q, d = np.empty(k, np.int8), np.empty(k // 32, np.float32)
             s, h = np.empty(k // 32, np.int32), np.empty(k // 32, np.int32)
             m = np.empty(k // 32, np.float32)
-            LIB.se_vec_quantize(nl.fptr(x), k // 32, q.ctypes.data, d.ctypes.data, s.ctypes.data, h.ctypes.data,
-                                m.ctypes.data, isa)
-            assert all(np.array_equal(a, b[0]) for a, b in zip((q, d, s, h, m), want)), nl.isa_name(isa)
+            LIB.se_vec_quantize(nl.fptr(x), k // 32, span, q.ctypes.data, d.ctypes.data, s.ctypes.data,
+                                h.ctypes.data, m.ctypes.data, isa)
+            assert all(np.array_equal(a, b[0]) for a, b in zip((q, d, s, h, m), want)), (nl.isa_name(isa), span)
 
 
 def blocked_keys(K: np.ndarray) -> np.ndarray:
@@ -487,7 +490,9 @@ def test_gemma3_270m_s_q5_0_q4_k_q6_k_file_predicts_what_the_numpy_reference_pre
     want = ref.forward(ids, ref.new_cache(64))
     top = np.sort(want, axis=1)
     differ = got.argmax(1) != want.argmax(1)
-    assert differ.mean() <= 0.05 and np.all(top[differ, -1] - top[differ, -2] < 0.5)  # only near ties differ
+    # only near ties differ: 4 of these 64 since the K-quants' activations share a scale per 256 (mainline's q8_K),
+    # where mainline differs at 3; over 637 positions of the dev prompts native differed at 40, llama.cpp at 51
+    assert differ.sum() <= 4 and np.all(top[differ, -1] - top[differ, -2] < 0.5)
     assert batch_invariant(native, (1, 3), (0, 17))
 
 

@@ -30,7 +30,7 @@ size_t se_mat_bytes(const se_mat *m) { return m->group_bytes * (size_t)m->ngroup
 int se_matmul(const se_mat *w, const float *x, int rows, float *out, int isa) {
     se_act a;
     if (rows <= 0) return -1;
-    if (se_act_quantized(x, rows, w->k, &a)) return -2;
+    if (se_act_quantized(x, rows, w->k, se_span_for(w), &a)) return -2;
     int before = se_isa();
     se_set_isa(isa);
     se_mm_for(w)(w, &a, rows, out, w->n, 0, w->ngroups);
@@ -50,19 +50,25 @@ static void mm_job_run(void *p, int thread, int g0, int g1) {
 /* The kernel benchmark's call: pre-quantized activations, the pool's threads, reps repetitions. */
 int se_matmul_pool(se_pool *p, const se_mat *const *ws, int count, const int8_t *q, const float *d, const int32_t *s,
                    const int32_t *h, const float *m, const float *f, int rows, float *out, int reps) {
+    int kmax = 0;
+    for (int i = 0; i < count; i++) kmax = ws[i]->k > kmax ? ws[i]->k : kmax;
+    int32_t *pairs = malloc((size_t)rows * (kmax / 64) * sizeof(int32_t) + 4);
+    if (!pairs) return -2;
     for (int r = 0; r < reps; r++)
         for (int i = 0; i < count; i++) {
             se_act a = {.q = (int8_t *)q, .d = (float *)d, .s = (int32_t *)s, .h = (int32_t *)h, .k = ws[i]->k,
-                        .nb = ws[i]->nb, .f = (float *)f, .m = (float *)m};
+                        .nb = ws[i]->nb, .f = (float *)f, .m = (float *)m, .span = 8, .p = pairs};
+            for (int row = 0; ws[i]->nb % 2 == 0 && row < rows; row++) se_act_pairs(&a, row, 0, a.nb);
             mm_job j = {ws[i], &a, rows, out};
             int chunk = ws[i]->ngroups / (8 * se_pool_threads(p));
             se_pool_for(p, ws[i]->ngroups, chunk < 1 ? 1 : chunk > 16 ? 16 : chunk, mm_job_run, &j);
         }
+    free(pairs);
     return 0;
 }
 
-void se_quantize(const float *x, int rows, int k, int8_t *q, float *d, int32_t *s, int32_t *h, float *m) {
-    se_act a = {.q = q, .d = d, .s = s, .h = h, .k = k, .nb = k / 32, .f = NULL, .m = m};
+void se_quantize(const float *x, int rows, int k, int span, int8_t *q, float *d, int32_t *s, int32_t *h, float *m) {
+    se_act a = {.q = q, .d = d, .s = s, .h = h, .k = k, .nb = k / 32, .f = NULL, .m = m, .span = span};
     se_quantize_rows(x, rows, k, &a);
 }
 
@@ -81,7 +87,7 @@ void se_vec_axpy(float *y, float a, const uint16_t *x, int n, int isa) {
     se_set_isa(before);
 }
 
-int se_abi_version(void) { return 6; }
+int se_abi_version(void) { return 7; }
 
 typedef struct { const uint8_t *buf; size_t bytes; uint64_t sums[64]; } roof_job;
 
@@ -144,9 +150,10 @@ void se_vec_silu_mul(const float *g, const float *u, float *y, int n, int isa) {
     se_set_isa(before);
 }
 
-void se_vec_quantize(const float *x, int nblocks, int8_t *q, float *d, int32_t *s, int32_t *h, float *m, int isa) {
+void se_vec_quantize(const float *x, int nblocks, int span, int8_t *q, float *d, int32_t *s, int32_t *h, float *m,
+                     int isa) {
     int before = se_isa();
     se_set_isa(isa);
-    se_rows()->quantize(x, nblocks, q, d, s, h, m);
+    se_rows()->quantize(x, nblocks, span, q, d, s, h, m);
     se_set_isa(before);
 }

@@ -117,13 +117,13 @@ static void attend(se_model *m, const se_call *c, int l, int g, int q0, int nq, 
         sum[j] = softmax_spread(c, &u, idx, cnt, base, sc[j]);
     }
     se_vec()->wsum_q((const float *const *)sc, nq, V, u.keys, u.cnt, hd, out);
+    se_act xO = se_act_of(m, l, SE_IN_O);
     for (int j = 0; j < nq; j++) {
         float inv = 1.0f / sum[j];
         for (int d = 0; d < hd; d++) out[j][d] = out[j][d] * inv;
-        if (hd % SE_BLOCK == 0) { /* whole blocks: quantized here; else by rows once every head is done */
-            se_act a = se_act_view(m, QD);
-            se_quantize_span(out[j], hd, &a, row[j], col[j]);
-        }
+        if (hd % SE_BLOCK == 0 && xO.span == 1) /* whole blocks: quantized here; else by rows once every head is
+                                                  done (forward.c) */
+            se_quantize_span(out[j], hd, &xO, row[j], col[j]);
     }
 }
 

@@ -12,4 +12,11 @@ se_dpbusd_bcast(__m512i acc, __m512i w, const int8_t *p) {
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)(const void *)p));
     return acc;
 }
+
+/* acc += w (16 lanes of 2 int16) . the int16 pair at p, broadcast: one vpdpwssd with an embedded broadcast */
+static inline __attribute__((target("avx512f,avx512vnni"), always_inline)) __m512i
+se_dpwssd_bcast(__m512i acc, __m512i w, const int32_t *p) {
+    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*p));
+    return acc;
+}
 #endif

@@ -16,19 +16,37 @@ void se_quantize_span(const float *x, int n, se_act *a, int row, int col) {
     int blk = col / SE_BLOCK;
     if (a->f) memcpy(a->f + (size_t)row * a->k + col, x, (size_t)n * sizeof(float));
     size_t at = (size_t)row * a->nb + blk;
-    se_rows()->quantize(x, n / SE_BLOCK, a->q + (size_t)row * a->k + blk * SE_BLOCK, a->d + at, a->s + at, a->h + at,
-                        a->m + at);
+    se_rows()->quantize(x, n / SE_BLOCK, a->span, a->q + (size_t)row * a->k + blk * SE_BLOCK, a->d + at, a->s + at,
+                        a->h + at, a->m + at);
+    if (a->span > 1) se_act_pairs(a, row, blk, n / SE_BLOCK);
 }
 
-static se_act view_of(se_model *m, const se_act *buf, int k) {
+/* the activations' view for a k-wide input that matrices w[0..n-1] read: one scale per superblock if a K-quant does */
+static se_act view_of(se_model *m, const se_act *buf, int k, const se_mat *const *w, int n) {
     se_act a = *buf;
     a.k = k;
     a.nb = k / SE_BLOCK;
     a.f = m->float_acts ? buf->f : NULL;
+    a.span = 1;
+    for (int i = 0; i < n; i++)
+        if (se_span_for(w[i]) > a.span) a.span = se_span_for(w[i]);
     return a;
 }
 
-se_act se_act_view(se_model *m, int k) { return view_of(m, &m->act, k); }
+/* the views of layer l's four inputs: attention's (Q, K, V read it), its output (O), the MLP's (gate, up) and the
+ * gated values (down) */
+se_act se_act_of(se_model *m, int l, int which) {
+    const se_mat *w = m->layers[l].w;
+    const se_mat *const qkv[3] = {&w[SE_W_Q], &w[SE_W_K], &w[SE_W_V]}, *const gu[2] = {&w[SE_W_GATE], &w[SE_W_UP]};
+    const se_mat *const o = &w[SE_W_O], *const down = &w[SE_W_DOWN];
+    int D = m->cfg.d_model;
+    switch (which) {
+    case SE_IN_ATT: return view_of(m, &m->act, D, qkv, 3);
+    case SE_IN_O: return view_of(m, &m->act, m->cfg.n_heads * m->cfg.head_dim, &o, 1);
+    case SE_IN_MLP: return view_of(m, &m->act, D, gu, 2);
+    default: return view_of(m, &m->act_ff, m->cfg.d_ff, &down, 1);
+    }
+}
 
 /* A matrix of a matmul phase. Fused phases count the groups done per unit (a head's rows, a 32-wide block of d_ff
  * columns) in done[]: the piece that completes a unit runs the phase's step on it, its outputs still in cache. */
@@ -179,7 +197,7 @@ static void row_items(void *p, int thread, int a, int b) {
     const se_cfg *cf = &m->cfg;
     int D = cf->d_model;
     float *tmp = tmp_of(m, thread);
-    se_act xD = se_act_view(m, D);
+    se_act xD = se_act_of(m, ph->l, SE_IN_ATT);
     for (int r = a; r < b; r++) {
         float *xr = m->x + (size_t)r * D, *ar = m->a + (size_t)r * D;
         if (ph->residual) { /* the MLP's output of the layer before l */
@@ -204,7 +222,7 @@ static void mid_items(void *p, int thread, int a, int b) {
     const se_layer *L = &m->layers[ph->l];
     int D = cf->d_model;
     float *tmp = tmp_of(m, thread);
-    se_act xD = se_act_view(m, D);
+    se_act xD = se_act_of(m, ph->l, SE_IN_MLP);
     for (int r = a; r < b; r++) {
         float *ar = m->a + (size_t)r * D, *xr = m->x + (size_t)r * D;
         if (cf->o_bias) add(ar, L->v[SE_V_O_BIAS], D);
@@ -224,23 +242,32 @@ static void head_step(const phase *ph, int thread, int task, int head) {
 static void att_quant_items(void *p, int thread, int a, int b) {
     const phase *ph = p;
     int QD = ph->m->cfg.n_heads * ph->m->cfg.head_dim;
-    se_act xQ = se_act_view(ph->m, QD);
+    se_act xQ = se_act_of(ph->m, ph->l, SE_IN_O);
     (void)thread;
     for (int r = a; r < b; r++) se_quantize_span(ph->m->att + (size_t)r * QD, QD, &xQ, r, 0);
 }
 
-/* the gate/up phase's step: a 32-wide block of d_ff columns is done in both matrices for every row. Up to
- * SE_MAX_ROWS rows' blocks are gathered so that one call computes their activations and one quantizes them: their
- * exps and reductions overlap instead of waiting on one another (element-wise and per block: the same bits). */
+/* the gate/up phase's step: a unit of d_ff columns (a 32-wide block, or the 256 of a superblock when the down
+ * projection is a K-quant) is done in both matrices for every row. Up to SE_MAX_ROWS rows' blocks are gathered so
+ * that one call computes their activations and one quantizes them: their exps and reductions overlap instead of
+ * waiting on one another (element-wise and per block: the same bits). A superblock's row is long enough alone. */
 static void gated_step(const phase *ph, int thread, int task, int block) {
     se_model *m = ph->m;
-    int F = m->cfg.d_ff, col = block * SE_BLOCK;
+    se_act xF = se_act_of(m, ph->l, SE_IN_DOWN);
+    int F = m->cfg.d_ff, col = block * SE_BLOCK * xF.span;
     float *g = tmp_of(m, thread), *u = g + SE_MAX_ROWS * SE_BLOCK, *y = u + SE_MAX_ROWS * SE_BLOCK;
-    se_act xF = view_of(m, &m->act_ff, F);
     int8_t q[SE_MAX_ROWS * SE_BLOCK];
     float d[SE_MAX_ROWS], mm[SE_MAX_ROWS];
     int32_t sums[SE_MAX_ROWS], half[SE_MAX_ROWS];
     (void)task;
+    if (xF.span > 1) {
+        for (int r = 0; r < ph->rows; r++) {
+            gated_span(m->cfg.activation, m->g + (size_t)r * F + col, m->u + (size_t)r * F + col, y,
+                       xF.span * SE_BLOCK);
+            se_quantize_span(y, xF.span * SE_BLOCK, &xF, r, col);
+        }
+        return;
+    }
     if (ph->rows == 1) { /* nothing to overlap: straight from the row into the activations */
         gated_span(m->cfg.activation, m->g + col, m->u + col, y, SE_BLOCK);
         se_quantize_span(y, SE_BLOCK, &xF, 0, col);
@@ -253,7 +280,7 @@ static void gated_step(const phase *ph, int thread, int task, int block) {
             memcpy(u + r * SE_BLOCK, m->u + (size_t)(r0 + r) * F + col, SE_BLOCK * sizeof(float));
         }
         gated_span(m->cfg.activation, g, u, y, n * SE_BLOCK);
-        se_rows()->quantize(y, n, q, d, sums, half, mm);
+        se_rows()->quantize(y, n, 1, q, d, sums, half, mm);
         for (int r = 0; r < n; r++) {
             size_t row = (size_t)(r0 + r), at = row * xF.nb + block;
             if (xF.f) memcpy(xF.f + row * F + col, y + r * SE_BLOCK, SE_BLOCK * sizeof(float));
@@ -268,7 +295,7 @@ static void head_norm_items(void *p, int thread, int a, int b) {
     se_model *m = ph->m;
     int D = m->cfg.d_model;
     float *tmp = tmp_of(m, thread);
-    se_act xD = se_act_view(m, D);
+    se_act xD = view_of(m, &m->act, D, &ph->tasks->w, 1); /* the head's matrix */
     for (int i = a; i < b; i++) {
         rms_norm(ph->h + (size_t)(ph->hrows ? ph->hrows[i] : i) * D, m->norm, D, m->cfg.rms_eps, tmp);
         se_quantize_span(tmp, D, &xD, i, 0);
@@ -295,7 +322,8 @@ static void layer(se_model *m, const se_call *c, int l, int li) {
     const se_layer *L = &m->layers[l];
     int n = c->n, D = cf->d_model, F = cf->d_ff, H = cf->n_heads, KV = cf->n_kv_heads, hd = cf->head_dim;
     int QD = H * hd, KVD = KV * hd;
-    se_act xD = se_act_view(m, D), xQ = se_act_view(m, QD), xF = view_of(m, &m->act_ff, F);
+    se_act xD = se_act_of(m, l, SE_IN_ATT), xQ = se_act_of(m, l, SE_IN_O), xM = se_act_of(m, l, SE_IN_MLP);
+    se_act xF = se_act_of(m, l, SE_IN_DOWN);
     phase ph = {.m = m, .c = c, .l = l, .residual = li ? c->layers[li - 1] + 1 : 0, .norm_next = 1};
     se_pool_for(m->pool, n, 1, row_items, &ph);
     int G = hd / SE_GROUP; /* a head's groups of output rows; each head is prepared once its groups are done */
@@ -305,26 +333,27 @@ static void layer(se_model *m, const se_call *c, int l, int li) {
     fused.step = head_step;
     matmul_phase(m, qkv, 3, &xD, n, &fused);
     se_attention(m, c, l);
-    if (hd % SE_BLOCK) se_pool_for(m->pool, n, 1, att_quant_items, &ph);
+    if (hd % SE_BLOCK || xQ.span > 1) se_pool_for(m->pool, n, 1, att_quant_items, &ph); /* else done by attention */
     mm_task o = {&L->w[SE_W_O], m->a, D};
     matmul_phase(m, &o, 1, &xQ, n, NULL);
     se_pool_for(m->pool, n, 1, mid_items, &ph);
-    /* gate and up interleaved, so a thread's share holds both halves of its d_ff blocks */
-    int B = SE_BLOCK / SE_GROUP;
+    /* gate and up interleaved, so a thread's share holds both halves of its d_ff blocks (a unit: a run of blocks
+     * sharing the down projection's activation scale) */
+    int B = xF.span * SE_BLOCK / SE_GROUP;
     mm_task gu[2] = {{&L->w[SE_W_GATE], m->g, F, m->units, B, 2 * B}, {&L->w[SE_W_UP], m->u, F, m->units, B, 2 * B}};
     fused.step = gated_step;
     fused.interleave = 1;
-    matmul_phase(m, gu, 2, &xD, n, &fused);
+    matmul_phase(m, gu, 2, &xM, n, &fused);
     mm_task down = {&L->w[SE_W_DOWN], m->a, D};
     matmul_phase(m, &down, 1, &xF, n, NULL);
 }
 
 /* Final norm + LM head over rows `rows` (NULL: 0..count-1) of hidden states h. */
 static void head(se_model *m, const float *h, const int32_t *rows, int count, const se_mat *w, float *logits) {
-    phase ph = {.m = m, .h = h, .hrows = rows};
-    se_pool_for(m->pool, count, 1, head_norm_items, &ph);
-    se_act xD = se_act_view(m, m->cfg.d_model);
     mm_task t = {w, logits, w->n};
+    phase ph = {.m = m, .h = h, .hrows = rows, .tasks = &t};
+    se_pool_for(m->pool, count, 1, head_norm_items, &ph);
+    se_act xD = view_of(m, &m->act, m->cfg.d_model, &t.w, 1);
     matmul_phase(m, &t, 1, &xD, count, NULL);
 }
 
@@ -362,7 +391,7 @@ static int ensure_scratch(se_model *m, int capacity) {
 int se_model_matmul(se_model *m, const se_mat *w, const float *x, int rows, float *out) {
     se_act a;
     if (rows <= 0) return -1;
-    if (se_act_quantized(x, rows, w->k, &a)) return -2;
+    if (se_act_quantized(x, rows, w->k, se_span_for(w), &a)) return -2;
     mm_task t = {w, out, w->n};
     matmul_phase(m, &t, 1, &a, rows, NULL);
     se_act_free(&a);

@@ -1,10 +1,15 @@
 /* Q4_K and Q5_K matmul, the x86 ISAs in one file so the mirrored operation order is read side by side (NEON's is
  * mm_q4k_neon.c). Q5_K is Q4_K with a fifth bit ORed into each weight from its sub-block's masks (u 0..31: no dot
- * overflows). A superblock holds 8 Q4-layout sub-blocks of 32 (se.h); sub-block j's scale d * sc_j and min
- * dmin * m_j are exact fp32 products, so it is Q4_1's shape with the scale and min formed in the kernel:
- *     acc = fma(scale_j * xd, (float)dot, acc);  acc = fma(-min_j, xm, acc)   (xm = xd * (float)xs, se_act)
- * for every 32-block in order, dot the exact integer sum of q * x (q 0..15). The SIMD paths compute the scale and
- * min once per sub-block for all 16 lanes and reuse them for every activation row. */
+ * overflows). A superblock holds 8 Q4-layout sub-blocks of 32 (se.h); sub-block j's scale d * sc_j is an exact fp32
+ * product. The activations share one scale xd per superblock (se_act.span 8, act.c: llama.cpp's q8_K), so it is
+ * folded in once per superblock, as is the min term, an exact integer sum over the sub-blocks:
+ *     a = 0;  a = fma(d * sc_j, (float)dot_j, a)  for j = 0..7;      mi = sum_j m_j * xs_j   (int32, < 2^21)
+ *     a = fma(-dmin, (float)mi, a);  acc = fma(xd, a, acc)
+ * superblock after superblock, dot_j the exact integer sum of q * x over sub-block j (q 0..15), xs_j the sum of its
+ * activations. Per sub-block and row that leaves a conversion and an FMA beside the integer dots (the scale's product
+ * with a per-32 activation scale and the min's FMA had been two more: 21% of a 9-row Qwen2.5-Coder forward). The
+ * SIMD paths compute the scales and the mins' int16 pairs once per superblock for all 16 lanes and reuse them for
+ * every activation row. */
 #include <math.h>
 
 #include "se.h"
@@ -23,22 +28,25 @@ void se_mm_q4k_portable(const se_mat *w, const se_act *x, int rows, float *out, 
         for (int i = 0; i < rows; i++) {
             const int8_t *xq = x->q + (size_t)i * x->k;
             const float *xd = x->d + (size_t)i * x->nb;
-            const float *xm = x->m + (size_t)i * x->nb;
+            const int32_t *xs = x->s + (size_t)i * x->nb;
             for (int r = 0; r < lanes; r++) {
                 float acc = 0.0f;
                 for (int sb = 0; sb < w->nb / SE_SUPER; sb++) {
                     const uint8_t *s = superblock(w, g, sb);
                     float d = se_f16_to_f32(((const uint16_t *)s)[r]);
                     float dmin = se_f16_to_f32(((const uint16_t *)(s + 32))[r]);
+                    float a = 0.0f;
+                    int32_t mi = 0;
                     for (int j = 0; j < SE_SUPER; j++) {
                         int b = sb * SE_SUPER + j;
                         int32_t dot = 0;
                         for (int e = 0; e < SE_BLOCK; e++)
                             dot += se_unpacked(w->kern, sub_block(w, s, j), r, e) * xq[b * SE_BLOCK + e];
-                        float scale = d * (float)s[64 + 16 * j + r], min = dmin * (float)s[192 + 16 * j + r];
-                        acc = fmaf(scale * xd[b], (float)dot, acc);
-                        acc = fmaf(-min, xm[b], acc);
+                        a = fmaf(d * (float)s[64 + 16 * j + r], (float)dot, a);
+                        mi += (int32_t)s[192 + 16 * j + r] * xs[b];
                     }
+                    a = fmaf(-dmin, (float)mi, a);
+                    acc = fmaf(xd[sb * SE_SUPER], a, acc);
                 }
                 out[(size_t)i * ldo + g * SE_GROUP + r] = acc;
             }
@@ -52,7 +60,8 @@ void se_mm_q4k_portable(const se_mat *w, const se_act *x, int rows, float *out, 
 #include "dpbusd.h"
 
 #define SE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
-#define PASS512 12 /* activation rows per pass: 2 * 12 accumulators + the weights' registers fit the 32 zmm */
+#define PASS512 9 /* activation rows per pass: 2 * 9 accumulators (a, dot) + the weights' registers fit the 32 zmm
+                     * (10 spilled to the stack, and 12 ran a 9-row Qwen forward 27% slower) */
 #define SE_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define PF 2048     /* ahead into L1 */
 #define PF_L2 12288 /* ahead into L2 (the prototype's second level: PERF_FACTS.md) */
@@ -83,29 +92,43 @@ static inline SE_AVX2 INL __m256i high_bytes(const uint8_t *blk, int t, int h) {
     return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), _mm256_set1_epi8(0x10));
 }
 
+/* Lanes' min pairs (m_2p, m_2p+1) of a superblock as int16 pairs (the 32-bit lane r: lane r's two); a row's
+ * activation sums (xs_2p, xs_2p+1) are one int16 pair (|xs| <= 32 * 127, se_act.p): one vpdpwssd adds both. */
+static inline SE_AVX512 INL __m512i min_pairs512(const uint8_t *s, int p) {
+    __m128i a = _mm_loadu_si128((const __m128i *)(s + 192 + 32 * p));
+    __m128i b = _mm_loadu_si128((const __m128i *)(s + 192 + 32 * p + 16));
+    return _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b)));
+}
+
 /* q5 and R are constants at every call (the switch below): no test of the format inside the loop. */
 static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x, int i0, const int R, float *out,
                                           int ldo, int lanes, const int q5) {
     const __m512i nib = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
-    __m512 acc[PASS512];
+    /* the rows' sums in L1, touched once per superblock: the registers hold each row's a and dot */
+    float acc[PASS512][SE_GROUP] __attribute__((aligned(64)));
     const int8_t *xq[PASS512]; /* each row's activations, found once per pass (not per block: fewer integer steps) */
-    const float *xd[PASS512], *xm[PASS512];
+    const float *xd[PASS512];
+    const int32_t *xp[PASS512];
+    _Pragma("GCC unroll 16")
     for (int i = 0; i < R; i++) {
-        acc[i] = _mm512_setzero_ps();
+        _mm512_store_ps(acc[i], _mm512_setzero_ps());
         xq[i] = x->q + (size_t)(i0 + i) * x->k;
         xd[i] = x->d + (size_t)(i0 + i) * x->nb;
-        xm[i] = x->m + (size_t)(i0 + i) * x->nb;
+        xp[i] = x->p + (size_t)(i0 + i) * (x->nb / 2);
     }
     for (int sb = 0; sb < w->nb / SE_SUPER; sb++) {
         const uint8_t *s = superblock(w, g, sb);
-        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s));
-        __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + 32)));
+        __m512 a[PASS512]; /* with dot[], 2 R registers: d and dmin are loaded where they are used, not held */
+        _Pragma("GCC unroll 16")
+        for (int i = 0; i < R; i++) a[i] = _mm512_setzero_ps();
         for (int j = 0; j < SE_SUPER; j++) {
             int b = sb * SE_SUPER + j;
             const uint8_t *blk = sub_block(w, s, j);
             prefetch_sub(w, s, j);
             __m512i dot[PASS512];
+            _Pragma("GCC unroll 16")
             for (int i = 0; i < R; i++) dot[i] = _mm512_setzero_si512();
+            _Pragma("GCC unroll 16")
             for (int t = 0; t < 4; t++) {
                 __m512i v = _mm512_loadu_si512((const void *)(blk + 64 * t));
                 __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
@@ -113,39 +136,53 @@ static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x
                     lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(high_mask(blk, t), bit4));
                     hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(high_mask(blk, 4 + t), bit4));
                 }
+                _Pragma("GCC unroll 16")
                 for (int i = 0; i < R; i++) {
                     dot[i] = se_dpbusd_bcast(dot[i], lo, xq[i] + b * SE_BLOCK + 4 * t);
                     dot[i] = se_dpbusd_bcast(dot[i], hi, xq[i] + b * SE_BLOCK + 16 + 4 * t);
                 }
             }
-            __m512 scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-                                                _mm_loadu_si128((const __m128i *)(s + 64 + 16 * j)))));
-            __m512 min = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-                                                 _mm_loadu_si128((const __m128i *)(s + 192 + 16 * j)))));
-            for (int i = 0; i < R; i++) {
-                acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(scale, _mm512_set1_ps(xd[i][b])), _mm512_cvtepi32_ps(dot[i]),
-                                         acc[i]);
-                acc[i] = _mm512_fnmadd_ps(min, _mm512_set1_ps(xm[i][b]), acc[i]);
-            }
+            __m512 scale = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s)),
+                                         _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                             _mm_loadu_si128((const __m128i *)(s + 64 + 16 * j)))));
+            _Pragma("GCC unroll 16")
+            for (int i = 0; i < R; i++) a[i] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dot[i]), a[i]);
+        }
+        __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + 32)));
+        __m512i mp[4];
+        _Pragma("GCC unroll 16")
+        for (int p = 0; p < 4; p++) mp[p] = min_pairs512(s, p);
+        _Pragma("GCC unroll 16")
+        for (int i = 0; i < R; i++) {
+            __m512i mi = _mm512_setzero_si512();
+            _Pragma("GCC unroll 16")
+            for (int p = 0; p < 4; p++)
+                mi = se_dpwssd_bcast(mi, mp[p], xp[i] + sb * SE_SUPER / 2 + p);
+            __m512 v = _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(mi), a[i]);
+            _mm512_store_ps(acc[i], _mm512_fmadd_ps(_mm512_set1_ps(xd[i][sb * SE_SUPER]), v, _mm512_load_ps(acc[i])));
         }
     }
     __mmask16 mask = lanes >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << lanes) - 1);
-    for (int i = 0; i < R; i++) _mm512_mask_storeu_ps(out + (size_t)(i0 + i) * ldo + g * SE_GROUP, mask, acc[i]);
+    _Pragma("GCC unroll 16")
+    for (int i = 0; i < R; i++)
+        _mm512_mask_storeu_ps(out + (size_t)(i0 + i) * ldo + g * SE_GROUP, mask, _mm512_load_ps(acc[i]));
 }
 
 #define PASS_CASE(n, q5) \
     case n: pass512(w, g, x, i0, n, out, ldo, lanes, q5); break;
 #define PASSES(q5)                                                                                               \
-    switch (rows - i0 < PASS512 ? rows - i0 : PASS512) { /* constant row counts: accumulators in registers */    \
+    switch (rows - i0 < per ? rows - i0 : per) { /* constant row counts: accumulators in registers */            \
         PASS_CASE(1, q5) PASS_CASE(2, q5) PASS_CASE(3, q5) PASS_CASE(4, q5) PASS_CASE(5, q5) PASS_CASE(6, q5)     \
-        PASS_CASE(7, q5) PASS_CASE(8, q5) PASS_CASE(9, q5) PASS_CASE(10, q5) PASS_CASE(11, q5)                   \
+        PASS_CASE(7, q5) PASS_CASE(8, q5)                                                                        \
         default: pass512(w, g, x, i0, PASS512, out, ldo, lanes, q5); break;                                      \
     }
 
+/* the rows in even passes (64: 8 of 8, not 7 of 9 and a row alone, whose pass unpacks the weights for one row) */
 SE_AVX512 void se_mm_q4k_avx512(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1) {
+    int passes = (rows + PASS512 - 1) / PASS512, per = (rows + passes - 1) / passes;
     for (int g = g0; g < g1; g++) {
         int lanes = w->n - g * SE_GROUP;
-        for (int i0 = 0; i0 < rows; i0 += PASS512) {
+        for (int i0 = 0; i0 < rows; i0 += per) {
             if (w->kern == SE_KERN_Q5K) PASSES(1)
             else PASSES(0)
         }
@@ -166,7 +203,8 @@ static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, 
     for (int sb = 0; sb < w->nb / SE_SUPER; sb++) {
         const uint8_t *s = superblock(w, g, sb);
         __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 16 * h)));
-        __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 32 + 16 * h)));
+        __m256 a[4];
+        for (int i = 0; i < R; i++) a[i] = _mm256_setzero_ps();
         for (int j = 0; j < SE_SUPER; j++) {
             int b = sb * SE_SUPER + j;
             const uint8_t *blk = sub_block(w, s, j);
@@ -191,13 +229,21 @@ static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, 
             }
             __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
                                                 _mm_loadl_epi64((const __m128i *)(s + 64 + 16 * j + 8 * h)))));
-            __m256 min = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                                 _mm_loadl_epi64((const __m128i *)(s + 192 + 16 * j + 8 * h)))));
-            for (int i = 0; i < R; i++) {
-                float xd = x->d[(size_t)(i0 + i) * x->nb + b];
-                acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(scale, _mm256_set1_ps(xd)), _mm256_cvtepi32_ps(dot[i]), acc[i]);
-                acc[i] = _mm256_fnmadd_ps(min, _mm256_set1_ps(x->m[(size_t)(i0 + i) * x->nb + b]), acc[i]);
-            }
+            for (int i = 0; i < R; i++) a[i] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot[i]), a[i]);
+        }
+        __m256i mp[4]; /* min_pairs512's pairs for lanes 8h .. 8h+7 */
+        for (int p = 0; p < 4; p++) {
+            const uint8_t *at = s + 192 + 32 * p + 8 * h;
+            mp[p] = _mm256_cvtepu8_epi16(
+                _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)at), _mm_loadl_epi64((const __m128i *)(at + 16))));
+        }
+        __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 32 + 16 * h)));
+        for (int i = 0; i < R; i++) {
+            const int32_t *xp = x->p + (size_t)(i0 + i) * (x->nb / 2) + sb * SE_SUPER / 2;
+            __m256i mi = _mm256_setzero_si256();
+            for (int p = 0; p < 4; p++) mi = _mm256_add_epi32(mi, _mm256_madd_epi16(mp[p], _mm256_set1_epi32(xp[p])));
+            __m256 v = _mm256_fnmadd_ps(dmin, _mm256_cvtepi32_ps(mi), a[i]);
+            acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(x->d[(size_t)(i0 + i) * x->nb + sb * SE_SUPER]), v, acc[i]);
         }
     }
     int valid = lanes - 8 * h;

@@ -1,9 +1,10 @@
 /* NEON matmul of Q4_K and Q5_K (mm_q4k.c's portable C, mirrored): quarter h of a 16-row group is one q-register of
  * 4 rows, sdot adds 4 weights (nibbles, Q5_K's fifth bit ORed in: u <= 31, signed-safe) x 4 activations into each
- * row's lane, and per sub-block j, in the portable order:
- *     acc = fma(scale_j * xd, (float)dot, acc);  acc = fma(-min_j, xm, acc)   (xm = xd * (float)xs, se_act)
- * with scale_j = d * sc_j and min_j = dmin * m_j formed once per sub-block for the quarter's 4 rows (exact products).
- * Each sub-block quarter is unpacked once per pass of up to PASS activation rows. */
+ * row's lane, and in the portable order (the superblock's activation scale xd folded in once):
+ *     a = fma(d * sc_j, (float)dot_j, a) for each sub-block j;  mi = sum_j m_j * xs_j (int32)
+ *     a = fma(-dmin, (float)mi, a);  acc = fma(xd, a, acc)
+ * with the scales and the mins' integers formed once per sub-block for the quarter's 4 rows. Each sub-block quarter
+ * is unpacked once per pass of up to PASS activation rows. */
 #include "se.h"
 
 #if defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
@@ -29,12 +30,14 @@ static inline INL uint8x16_t high_bits(const uint8_t *blk, int t, int h) {
     return vandq_u8(vtstq_u8(v, vld1q_u8(bit)), vdupq_n_u8(0x10));
 }
 
-/* the 4 lanes' 6-bit integers (u8 at p .. p+3) as floats */
-static inline INL float32x4_t u8x4(const uint8_t *p) {
+/* the 4 lanes' 6-bit integers (u8 at p .. p+3) */
+static inline INL uint32x4_t u8x4i(const uint8_t *p) {
     uint32_t v;
     __builtin_memcpy(&v, p, 4);
-    return vcvtq_f32_u32(vmovl_u16(vget_low_u16(vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(v))))));
+    return vmovl_u16(vget_low_u16(vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(v)))));
 }
+
+static inline INL float32x4_t u8x4(const uint8_t *p) { return vcvtq_f32_u32(u8x4i(p)); }
 
 static inline INL float32x4_t f16x4(const uint8_t *p) {
     return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)p)));
@@ -55,7 +58,8 @@ static inline SE_DOTPROD INL void pass_rows(const se_mat *w, int g, const se_act
         const uint8_t *s = superblock(w, g, sb);
         if (h == 0)
             for (size_t off = 0; off < w->block_bytes; off += 64) __builtin_prefetch(s + PF_AHEAD + off, 0, 3);
-        float32x4_t d = f16x4(s + 8 * h), dmin = f16x4(s + 32 + 8 * h);
+        float32x4_t d = f16x4(s + 8 * h), dmin = f16x4(s + 32 + 8 * h), a[PASS];
+        for (int i = 0; i < R; i++) a[i] = vdupq_n_f32(0.0f);
         for (int j = 0; j < SE_SUPER; j++) {
             int b = sb * SE_SUPER + j;
             const uint8_t *blk = sub_block(w, s, j);
@@ -75,13 +79,16 @@ static inline SE_DOTPROD INL void pass_rows(const se_mat *w, int g, const se_act
                 }
             }
             float32x4_t scale = vmulq_f32(d, u8x4(s + 64 + 16 * j + 4 * h));
-            float32x4_t min = vmulq_f32(dmin, u8x4(s + 192 + 16 * j + 4 * h));
-            for (int i = 0; i < R; i++) {
-                float xd = x->d[(size_t)(i0 + i) * x->nb + b];
-                acc[i] = vfmaq_f32(acc[i], vmulq_f32(scale, vdupq_n_f32(xd)), vcvtq_f32_s32(dot[i]));
-                float xm = x->m[(size_t)(i0 + i) * x->nb + b];
-                acc[i] = vfmsq_f32(acc[i], min, vdupq_n_f32(xm)); /* fma(-min, xm, acc) */
-            }
+            for (int i = 0; i < R; i++) a[i] = vfmaq_f32(a[i], scale, vcvtq_f32_s32(dot[i]));
+        }
+        int32x4_t mins[SE_SUPER];
+        for (int j = 0; j < SE_SUPER; j++) mins[j] = vreinterpretq_s32_u32(u8x4i(s + 192 + 16 * j + 4 * h));
+        for (int i = 0; i < R; i++) {
+            const int32_t *xs = x->s + (size_t)(i0 + i) * x->nb + sb * SE_SUPER;
+            int32x4_t mi = vdupq_n_s32(0);
+            for (int j = 0; j < SE_SUPER; j++) mi = vmlaq_n_s32(mi, mins[j], xs[j]);
+            float xd = x->d[(size_t)(i0 + i) * x->nb + sb * SE_SUPER];
+            acc[i] = vfmaq_f32(acc[i], vdupq_n_f32(xd), vfmsq_f32(a[i], dmin, vcvtq_f32_s32(mi)));
         }
     }
     int valid = lanes - 4 * h;

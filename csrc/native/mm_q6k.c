@@ -3,8 +3,10 @@
  * its two int8 scales cover 16 weights each, so the kernel forms two integer dots (q 0..63) and folds the offset
  * and both scales in exactly, in int32:
  *     isum = sc_0 * (dot_0 - 32 * h) + sc_1 * (dot_1 - 32 * (s - h))   (h: the activations' first-16 sum)
- *     acc = fma(d * xd, (float)isum, acc)
- * |isum| <= 2 * 128 * 16 * 32 * 127 < 2^24, so the conversion to float is exact too. */
+ * and, the activations sharing one scale xd per superblock (se_act.span 8, act.c), sums them over the superblock's
+ * 8 blocks in int32 (each |isum| <= 2 * 128 * 16 * 32 * 127 < 2^24: the total < 2^27) before one float step:
+ *     acc = fma(d * xd, (float)isb, acc)
+ * (the conversion rounds above 2^24, the same in every ISA). Per block and row that leaves integer steps only. */
 #include <math.h>
 
 #include "se.h"
@@ -25,15 +27,16 @@ void se_mm_q6k_portable(const se_mat *w, const se_act *x, int rows, float *out, 
                 for (int sb = 0; sb < w->nb / SE_SUPER; sb++) {
                     const uint8_t *s = superblock(w, g, sb);
                     float d = se_f16_to_f32(((const uint16_t *)(s + SE_Q6K_D))[r]);
+                    int32_t isb = 0;
                     for (int j = 0; j < SE_SUPER; j++) {
                         int b = sb * SE_SUPER + j;
                         int32_t dot[2] = {0, 0};
                         for (int e = 0; e < SE_BLOCK; e++)
                             dot[e / 16] += se_unpacked(SE_KERN_Q6K, s + SE_Q6K_BLOCK * j, r, e) * xq[b * SE_BLOCK + e];
                         int32_t sc0 = (int8_t)s[SE_Q6K_SC + 32 * j + r], sc1 = (int8_t)s[SE_Q6K_SC + 32 * j + 16 + r];
-                        int32_t isum = sc0 * (dot[0] - 32 * xh[b]) + sc1 * (dot[1] - 32 * (xs[b] - xh[b]));
-                        acc = fmaf(d * xd[b], (float)isum, acc);
+                        isb += sc0 * (dot[0] - 32 * xh[b]) + sc1 * (dot[1] - 32 * (xs[b] - xh[b]));
                     }
+                    acc = fmaf(d * xd[sb * SE_SUPER], (float)isb, acc);
                 }
                 out[(size_t)i * ldo + g * SE_GROUP + r] = acc;
             }
@@ -69,11 +72,13 @@ static inline INL void prefetch_sub(const uint8_t *s, int j) { /* the superblock
 static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x, int i0, const int R, float *out,
                                           int ldo, int lanes) {
     const __m512i nib = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
-    __m512 acc[PASS512];
-    for (int i = 0; i < R; i++) acc[i] = _mm512_setzero_ps();
+    float acc[PASS512][SE_GROUP] __attribute__((aligned(64))); /* in L1, touched once per superblock */
+    for (int i = 0; i < R; i++) _mm512_store_ps(acc[i], _mm512_setzero_ps());
     for (int sb = 0; sb < w->nb / SE_SUPER; sb++) {
         const uint8_t *s = superblock(w, g, sb);
         __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + SE_Q6K_D)));
+        __m512i isb[PASS512];
+        for (int i = 0; i < R; i++) isb[i] = _mm512_setzero_si512();
         for (int j = 0; j < SE_SUPER; j++) {
             int b = sb * SE_SUPER + j;
             const uint8_t *blk = s + SE_Q6K_BLOCK * j;
@@ -95,17 +100,22 @@ static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x
             __m512i sc0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(s + SE_Q6K_SC + 32 * j)));
             __m512i sc1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(s + SE_Q6K_SC + 32 * j + 16)));
             for (int i = 0; i < R; i++) {
-                float xd = x->d[(size_t)(i0 + i) * x->nb + b];
                 int32_t xs = x->s[(size_t)(i0 + i) * x->nb + b], xh = x->h[(size_t)(i0 + i) * x->nb + b];
                 __m512i isum = _mm512_add_epi32(
                     _mm512_mullo_epi32(sc0, _mm512_sub_epi32(dot0[i], _mm512_set1_epi32(32 * xh))),
                     _mm512_mullo_epi32(sc1, _mm512_sub_epi32(dot1[i], _mm512_set1_epi32(32 * (xs - xh)))));
-                acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xd)), _mm512_cvtepi32_ps(isum), acc[i]);
+                isb[i] = _mm512_add_epi32(isb[i], isum);
             }
+        }
+        for (int i = 0; i < R; i++) {
+            float xd = x->d[(size_t)(i0 + i) * x->nb + sb * SE_SUPER];
+            _mm512_store_ps(acc[i], _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xd)), _mm512_cvtepi32_ps(isb[i]),
+                                                    _mm512_load_ps(acc[i])));
         }
     }
     __mmask16 mask = lanes >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << lanes) - 1);
-    for (int i = 0; i < R; i++) _mm512_mask_storeu_ps(out + (size_t)(i0 + i) * ldo + g * SE_GROUP, mask, acc[i]);
+    for (int i = 0; i < R; i++)
+        _mm512_mask_storeu_ps(out + (size_t)(i0 + i) * ldo + g * SE_GROUP, mask, _mm512_load_ps(acc[i]));
 }
 
 SE_AVX512 void se_mm_q6k_avx512(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1) {
@@ -144,6 +154,8 @@ static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, 
     for (int sb = 0; sb < w->nb / SE_SUPER; sb++) {
         const uint8_t *s = superblock(w, g, sb);
         __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + SE_Q6K_D + 16 * h)));
+        __m256i isb[4];
+        for (int i = 0; i < R; i++) isb[i] = _mm256_setzero_si256();
         for (int j = 0; j < SE_SUPER; j++) {
             int b = sb * SE_SUPER + j;
             const uint8_t *blk = s + SE_Q6K_BLOCK * j;
@@ -168,13 +180,16 @@ static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, 
             __m256i sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(s + SE_Q6K_SC + 32 * j + 8 * h)));
             __m256i sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(s + SE_Q6K_SC + 32 * j + 16 + 8 * h)));
             for (int i = 0; i < R; i++) {
-                float xd = x->d[(size_t)(i0 + i) * x->nb + b];
                 int32_t xs = x->s[(size_t)(i0 + i) * x->nb + b], xh = x->h[(size_t)(i0 + i) * x->nb + b];
                 __m256i isum = _mm256_add_epi32(
                     _mm256_mullo_epi32(sc0, _mm256_sub_epi32(dot0[i], _mm256_set1_epi32(32 * xh))),
                     _mm256_mullo_epi32(sc1, _mm256_sub_epi32(dot1[i], _mm256_set1_epi32(32 * (xs - xh)))));
-                acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(xd)), _mm256_cvtepi32_ps(isum), acc[i]);
+                isb[i] = _mm256_add_epi32(isb[i], isum);
             }
+        }
+        for (int i = 0; i < R; i++) {
+            float xd = x->d[(size_t)(i0 + i) * x->nb + sb * SE_SUPER];
+            acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(xd)), _mm256_cvtepi32_ps(isb[i]), acc[i]);
         }
     }
     int valid = lanes - 8 * h;

@@ -1,7 +1,8 @@
 /* NEON matmul of Q6_K (mm_q6k.c's portable C, mirrored): quarter h of a 16-row group is one q-register of 4 rows;
  * each weight u = nibble | 2 high bits << 4 (0..63, signed-safe for sdot); per 32-block two exact integer dots (the
  * 16 weights of each int8 scale) folded in int32 as the portable C folds them,
- *     isum = sc_0 * (dot_0 - 32 * h) + sc_1 * (dot_1 - 32 * (s - h)),   acc = fma(d * xd, (float)isum, acc).
+ *     isum = sc_0 * (dot_0 - 32 * h) + sc_1 * (dot_1 - 32 * (s - h)),   isb += isum over the superblock's 8 blocks,
+ *     acc = fma(d * xd, (float)isb, acc)   (xd: the superblock's one activation scale).
  * Each block quarter is unpacked once per pass of up to PASS activation rows. */
 #include "se.h"
 
@@ -40,6 +41,8 @@ static inline SE_DOTPROD INL void pass_rows(const se_mat *w, int g, const se_act
         if (h == 0)
             for (size_t off = 0; off < w->block_bytes; off += 64) __builtin_prefetch(s + PF_AHEAD + off, 0, 3);
         float32x4_t d = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(s + SE_Q6K_D) + 4 * h)));
+        int32x4_t isb[PASS];
+        for (int i = 0; i < R; i++) isb[i] = vdupq_n_s32(0);
         for (int j = 0; j < SE_SUPER; j++) {
             int b = sb * SE_SUPER + j;
             const uint8_t *blk = s + SE_Q6K_BLOCK * j;
@@ -57,12 +60,15 @@ static inline SE_DOTPROD INL void pass_rows(const se_mat *w, int g, const se_act
             }
             int32x4_t sc0 = s8x4(s + SE_Q6K_SC + 32 * j + 4 * h), sc1 = s8x4(s + SE_Q6K_SC + 32 * j + 16 + 4 * h);
             for (int i = 0; i < R; i++) {
-                float xd = x->d[(size_t)(i0 + i) * x->nb + b];
                 int32_t xs = x->s[(size_t)(i0 + i) * x->nb + b], xh = x->h[(size_t)(i0 + i) * x->nb + b];
                 int32x4_t isum = vaddq_s32(vmulq_s32(sc0, vsubq_s32(dot0[i], vdupq_n_s32(32 * xh))),
                                            vmulq_s32(sc1, vsubq_s32(dot1[i], vdupq_n_s32(32 * (xs - xh)))));
-                acc[i] = vfmaq_f32(acc[i], vmulq_f32(d, vdupq_n_f32(xd)), vcvtq_f32_s32(isum));
+                isb[i] = vaddq_s32(isb[i], isum);
             }
+        }
+        for (int i = 0; i < R; i++) {
+            float xd = x->d[(size_t)(i0 + i) * x->nb + sb * SE_SUPER];
+            acc[i] = vfmaq_f32(acc[i], vmulq_f32(d, vdupq_n_f32(xd)), vcvtq_f32_s32(isb[i]));
         }
     }
     int valid = lanes - 4 * h;

@@ -32,6 +32,7 @@ se_model *se_model_new(const se_cfg *cfg) {
     m->act.h = malloc((size_t)n * (big / SE_BLOCK) * sizeof(int32_t));
     m->act.f = malloc((size_t)n * big * sizeof(float));
     m->act.m = malloc((size_t)n * (big / SE_BLOCK) * sizeof(float));
+    m->act.p = malloc((size_t)n * (big / SE_BLOCK / 2) * sizeof(int32_t) + 4);
     se_act *ff = &m->act_ff; /* the MLP's gated values: written while the gate/up matmuls still read m->act */
     ff->q = malloc((size_t)n * F);
     ff->d = malloc((size_t)n * (F / SE_BLOCK) * sizeof(float));
@@ -39,13 +40,15 @@ se_model *se_model_new(const se_cfg *cfg) {
     ff->h = malloc((size_t)n * (F / SE_BLOCK) * sizeof(int32_t));
     ff->f = malloc((size_t)n * F * sizeof(float));
     ff->m = malloc((size_t)n * (F / SE_BLOCK) * sizeof(float));
+    ff->p = malloc((size_t)n * (F / SE_BLOCK / 2) * sizeof(int32_t) + 4);
     m->nthreads = se_pool_threads(m->pool);
     m->scratch = calloc((size_t)m->nthreads, sizeof(float *));
     int units = cfg->n_heads + 2 * cfg->n_kv_heads > F / SE_BLOCK ? cfg->n_heads + 2 * cfg->n_kv_heads : F / SE_BLOCK;
     m->units = calloc((size_t)units, sizeof *m->units);
     if (!m->layers || !m->pool || !m->x || !m->a || !m->q || !m->k || !m->v || !m->att || !m->g || !m->u ||
-        !m->act.q || !m->act.d || !m->act.s || !m->act.h || !m->act.f || !m->act.m || !m->scratch || !m->units ||
-        !ff->q || !ff->d || !ff->s || !ff->h || !ff->f || !ff->m) {
+        !m->act.q || !m->act.d || !m->act.s || !m->act.h || !m->act.f || !m->act.m || !m->act.p || !m->scratch ||
+        !m->units ||
+        !ff->q || !ff->d || !ff->s || !ff->h || !ff->f || !ff->m || !ff->p) {
         se_model_free(m);
         return NULL;
     }
@@ -69,8 +72,9 @@ void se_model_free(se_model *m) {
     se_pool_free(m->pool);
     free(m->layers);
     free(m->x); free(m->a); free(m->q); free(m->k); free(m->v); free(m->att); free(m->g); free(m->u);
-    free(m->act.q); free(m->act.d); free(m->act.s); free(m->act.h); free(m->act.f); free(m->act.m);
+    free(m->act.q); free(m->act.d); free(m->act.s); free(m->act.h); free(m->act.f); free(m->act.m); free(m->act.p);
     free(m->act_ff.q); free(m->act_ff.d); free(m->act_ff.s); free(m->act_ff.h); free(m->act_ff.f); free(m->act_ff.m);
+    free(m->act_ff.p);
     free(m);
 }
 

@@ -26,7 +26,8 @@ struct se_model {
 };
 
 /* forward.c: the activations' view for a k-wide input; a span of a row quantized into it */
-se_act se_act_view(se_model *m, int k);
+enum { SE_IN_ATT, SE_IN_O, SE_IN_MLP, SE_IN_DOWN };
+se_act se_act_of(se_model *m, int l, int which);
 void se_quantize_span(const float *x, int n, se_act *a, int row, int col);
 
 /* attention.c: one layer's attention for the call's rows (after the QKV phase has filled q and the cache) */

@@ -26,6 +26,7 @@ enum { SE_F32 = 0, SE_F16 = 1, SE_Q4_0 = 2, SE_Q4_1 = 3, SE_Q5_0 = 6, SE_Q8_0 = 
 enum { SE_KERN_Q4 = 0, SE_KERN_Q8 = 1, SE_KERN_Q5 = 2, SE_KERN_Q4K = 3, SE_KERN_Q6K = 4, SE_KERN_Q5K = 5,
        SE_KERN_F32 = 6, SE_KERN_F16 = 7, SE_KERN_BF16 = 8 };
 static inline int se_is_float(int kern) { return kern >= SE_KERN_F32; }
+static inline int se_is_kquant(int kern) { return kern == SE_KERN_Q4K || kern == SE_KERN_Q5K || kern == SE_KERN_Q6K; }
 #define SE_SUPER 8      /* 32-blocks per K-quant superblock */
 
 /* Instruction sets. On x86 the choices are portable < AVX2 < AVX-512 (best last); on AArch64 portable and NEON. */
@@ -69,7 +70,8 @@ typedef struct {
     uint8_t *data;   /* 64-byte aligned, ngroups * group_bytes */
 } se_mat;
 
-/* Activations quantized per 32: q int8 [rows, k], d float [rows, k/32], s int32 [rows, k/32] (sum of each block's q),
+/* Activations quantized per 32: q int8 [rows, k], d float [rows, k/32] (the same for each run of `span` blocks: 8 where
+ * a K-quant matrix reads them, act.c), s int32 [rows, k/32] (sum of each block's q),
  * h int32 [rows, k/32] (sum of its first 16 q: Q6_K's scale changes every 16 weights; the second half's is s - h),
  * m float [rows, k/32] = d * (float)s, the min term's factor (Q4_1, Q4_K, Q5_K): formed once per block here, not
  * once per block in every output group of every matrix that reads it. */
@@ -80,6 +82,9 @@ typedef struct {
     int k, nb;
     float *f;        /* the float rows the quantization started from (float-weight matrices read these), or NULL */
     float *m;
+    int span;        /* blocks per scale: 1, or 8 (K-quant kernels need it: they read d once per superblock) */
+    int32_t *p;      /* span 8: each two blocks' sums as one int16 pair, s[2i] | s[2i+1] << 16 [rows, k/64], the
+                        Q4_K kernels' min term (one vpdpwssd); NULL elsewhere */
 } se_act;
 
 typedef void (*se_mm_fn)(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
@@ -103,9 +108,15 @@ void se_dequant_superblock(const se_mat *m, const uint8_t *sb, int r, float *out
 
 /* act.c */
 void se_quantize_rows(const float *x, int rows, int ldx, se_act *a);
-int se_act_quantized(const float *x, int rows, int k, se_act *a);
+int se_act_quantized(const float *x, int rows, int k, int span, se_act *a);
 void se_act_free(se_act *a);
-void se_quantize_block(const float *x, int8_t *q, float *d, int32_t *s, int32_t *h, float *m);
+float se_amax(const float *x, int n);  /* max |x| */
+void se_act_pairs(se_act *a, int row, int b0, int nblocks); /* a->p of blocks b0 .. (even b0, nblocks) */
+/* one block at the scale amax / 127 (amax: its run's se_amax); nblocks in runs of span sharing one scale */
+void se_quantize_scaled(const float *x, float amax, int8_t *q, float *d, int32_t *s, int32_t *h, float *m);
+void se_quantize_blocks(const float *x, int nblocks, int span, int8_t *q, float *d, int32_t *s, int32_t *h, float *m);
+/* the span a matrix's activations need: 8 for the K-quant kernels, else 1 */
+static inline int se_span_for(const se_mat *w) { return se_is_kquant(w->kern) ? 8 : 1; }
 
 /* mm_*.c */
 void se_mm_portable(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
@@ -190,7 +201,7 @@ typedef struct {
     float (*sumsq)(const float *x, int n);
     float (*max)(const float *x, int n);
     void (*silu_mul)(const float *g, const float *u, float *y, int n);
-    void (*quantize)(const float *x, int nblocks, int8_t *q, float *d, int32_t *s, int32_t *h, float *m);
+    void (*quantize)(const float *x, int nblocks, int span, int8_t *q, float *d, int32_t *s, int32_t *h, float *m);
 } se_row_ops;
 const se_row_ops *se_rows(void);
 const se_row_ops *se_rows_neon(void);  /* vec_neon.c (AArch64 builds only) */

@@ -152,9 +152,9 @@ static void silu_mul_neon(const float *g, const float *u, float *y, int n) {
     for (; j < n; j++) y[j] = g[j] / (1.0f + y[j]) * u[j];
 }
 
-static void quantize_rows_c(const float *x, int nblocks, int8_t *q, float *d, int32_t *s, int32_t *h, float *m) {
-    for (int b = 0; b < nblocks; b++)
-        se_quantize_block(x + b * SE_BLOCK, q + b * SE_BLOCK, d + b, s + b, h + b, m + b);
+static void quantize_rows_c(const float *x, int nblocks, int span, int8_t *q, float *d, int32_t *s, int32_t *h,
+                            float *m) {
+    se_quantize_blocks(x, nblocks, span, q, d, s, h, m);
 }
 
 static const se_row_ops rows_neon = {sum_neon, sumsq_neon, max_neon, silu_mul_neon, quantize_rows_c};

@@ -4,7 +4,8 @@
  *               order, then (p[l] + p[l+8]) -> (+4) -> (+2) -> (+1), as dot_f16 reduces;
  *   max:        exact in any order;
  *   silu_mul:   y = g / (1 + exp(-g)) * u, element by element (each a correctly rounded IEEE step);
- *   quantize:   se_quantize_block's arithmetic (act.c), block by block: its steps are exact or element-wise.
+ *   quantize:   se_quantize_blocks' arithmetic (act.c): a run's max |x| (exact in any order), then block by block
+ *               steps that are exact or element-wise.
  * AVX2 keeps the 16 partial sums in two registers; its max, silu_mul and quantize are the portable C.
  * So every ISA gives the portable C's bits, and a row's result never depends on the rows beside it. */
 #include "se.h"
@@ -49,9 +50,9 @@ static void silu_mul_portable(const float *g, const float *u, float *y, int n) {
     for (int j = 0; j < n; j++) y[j] = g[j] / (1.0f + y[j]) * u[j];
 }
 
-static void quantize_portable(const float *x, int nblocks, int8_t *q, float *d, int32_t *s, int32_t *h, float *m) {
-    for (int b = 0; b < nblocks; b++)
-        se_quantize_block(x + b * SE_BLOCK, q + b * SE_BLOCK, d + b, s + b, h + b, m + b);
+static void quantize_portable(const float *x, int nblocks, int span, int8_t *q, float *d, int32_t *s, int32_t *h,
+                              float *m) {
+    se_quantize_blocks(x, nblocks, span, q, d, s, h, m);
 }
 
 static const se_row_ops portable = {sum_portable, sumsq_portable, max_portable, silu_mul_portable, quantize_portable};
@@ -107,27 +108,31 @@ static T512 void silu_mul_avx512(const float *g, const float *u, float *y, int n
     for (; j < n; j++) y[j] = g[j] / (1.0f + y[j]) * u[j];
 }
 
-static T512 void quantize_avx512(const float *x, int nblocks, int8_t *q, float *d, int32_t *s, int32_t *h,
+static T512 void quantize_avx512(const float *x, int nblocks, int span, int8_t *q, float *d, int32_t *s, int32_t *h,
                                   float *m) {
     const __m512 magic = _mm512_set1_ps(12582912.0f);
-    for (int b = 0; b < nblocks; b++) {
-        const float *xb = x + b * SE_BLOCK;
-        __m512 lo = _mm512_loadu_ps(xb), hi = _mm512_loadu_ps(xb + 16);
-        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+    const __m512i top = _mm512_set1_epi32(127), bottom = _mm512_set1_epi32(-127);
+    for (int b0 = 0; b0 < nblocks; b0 += span) {
+        __m512 mx = _mm512_setzero_ps();
+        for (int v = 0; v < 2 * span; v++)
+            mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(x + b0 * SE_BLOCK + 16 * v)));
+        float amax = _mm512_reduce_max_ps(mx);
         float scale = amax / 127.0f, inv = scale != 0.0f ? 1.0f / scale : 0.0f;
         __m512 vi = _mm512_set1_ps(inv);
-        __m512 rl = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(lo, vi), magic), magic);
-        __m512 rh = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(hi, vi), magic), magic);
-        const __m512i top = _mm512_set1_epi32(127), bottom = _mm512_set1_epi32(-127);
-        __m512i il = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvttps_epi32(rl), bottom), top);
-        __m512i ih = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvttps_epi32(rh), bottom), top);
-        _mm_storeu_si128((__m128i *)(q + b * SE_BLOCK), _mm512_cvtepi32_epi8(il));
-        _mm_storeu_si128((__m128i *)(q + b * SE_BLOCK + 16), _mm512_cvtepi32_epi8(ih));
-        int32_t half = _mm512_reduce_add_epi32(il), rest = _mm512_reduce_add_epi32(ih);
-        d[b] = scale;
-        s[b] = half + rest;
-        h[b] = half;
-        m[b] = scale * (float)(half + rest);
+        for (int b = b0; b < b0 + span; b++) {
+            const float *xb = x + b * SE_BLOCK;
+            __m512 rl = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(xb), vi), magic), magic);
+            __m512 rh = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(xb + 16), vi), magic), magic);
+            __m512i il = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvttps_epi32(rl), bottom), top);
+            __m512i ih = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvttps_epi32(rh), bottom), top);
+            _mm_storeu_si128((__m128i *)(q + b * SE_BLOCK), _mm512_cvtepi32_epi8(il));
+            _mm_storeu_si128((__m128i *)(q + b * SE_BLOCK + 16), _mm512_cvtepi32_epi8(ih));
+            int32_t half = _mm512_reduce_add_epi32(il), rest = _mm512_reduce_add_epi32(ih);
+            d[b] = scale;
+            s[b] = half + rest;
+            h[b] = half;
+            m[b] = scale * (float)(half + rest);
+        }
     }
 }
 

@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 ISA_NAMES = ("portable", "avx2", "avx512", "neon")  # se.h SE_ISA_*
 GGML_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14,
               "BF16": 30}  # se.h's
@@ -73,14 +73,14 @@ _SIGNATURES = {
                                _P(c_float), c_int, _P(c_float), c_int]),
     "se_pool_new": (c_void_p, [c_int]),
     "se_pool_free": (None, [c_void_p]),
-    "se_quantize": (None, [_P(c_float), c_int, c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p]),
+    "se_quantize": (None, [_P(c_float), c_int, c_int, c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p]),
     "se_vec_exp": (None, [_P(c_float), c_int, c_int]),
     "se_vec_axpy": (None, [_P(c_float), c_float, c_void_p, c_int, c_int]),
     "se_vec_scores": (None, [_P(c_float), c_int, c_void_p, c_int, c_int, c_int, c_float, _P(c_float), c_int]),
     "se_vec_wsum": (None, [_P(c_float), c_void_p, _P(c_int32), c_int, c_int, _P(c_float), c_int]),
     "se_vec_reduce": (c_float, [_P(c_float), c_int, c_int, c_int]),
     "se_vec_silu_mul": (None, [_P(c_float), _P(c_float), _P(c_float), c_int, c_int]),
-    "se_vec_quantize": (None, [_P(c_float), c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_int]),
+    "se_vec_quantize": (None, [_P(c_float), c_int, c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_int]),
     "se_dequant_row": (None, [c_void_p, c_int, _P(c_float)]),
     "se_read_roof": (ctypes.c_uint64, [c_void_p, c_void_p, c_size_t]),
 }
@@ -201,6 +201,7 @@ class PackedMatrix:
         if raw.ndim != 2 or raw.shape[1] % blocks:
             raise ValueError(f"{gguf_type} rows must be whole {blocks}-byte blocks, got shape {raw.shape}")
         self.k = raw.shape[1] // blocks * width
+        self.kquant = width == 256  # its activations share a scale per superblock (the C library's span 8)
         self.handle = self._lib.se_mat_new(GGML_TYPES[gguf_type], raw.ctypes.data, raw.shape[1], self.n, self.k)
         if not self.handle:
             raise MemoryError(f"cannot pack a {self.n} x {self.k} {gguf_type} matrix")
@@ -210,7 +211,8 @@ class PackedMatrix:
         return int(self._lib.se_mat_bytes(self.handle))
 
     def matmul(self, x: np.ndarray, isa: int | None = None) -> np.ndarray:
-        """[rows, k] float32 -> [rows, n]: activations quantized per 32, one thread, the given ISA (None: best)."""
+        """[rows, k] float32 -> [rows, n]: activations quantized per 32 (one scale per 256 for a K-quant), one thread,
+        the given ISA (None: best)."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         out = np.empty((x.shape[0], self.n), dtype=np.float32)
         isa = self._lib.se_cpu_isa() if isa is None else isa

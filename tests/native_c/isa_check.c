@@ -164,7 +164,7 @@ static size_t run_primitives(int isa, float *out) {
     float d[3], mm[3];
     int32_t s[3], hh[3];
     fill(x, 96, -5, 5);
-    r->quantize(x, 3, qq, d, s, hh, mm);
+    r->quantize(x, 3, 3, qq, d, s, hh, mm); /* one run of 3 blocks sharing a scale */
     for (int i = 0; i < 96; i++) out[o++] = qq[i];
     for (int i = 0; i < 3; i++) out[o++] = d[i], out[o++] = (float)s[i], out[o++] = (float)hh[i], out[o++] = mm[i];
     se_set_isa(SE_ISA_PORTABLE);
