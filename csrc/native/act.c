@@ -50,10 +50,11 @@ void se_quantize_blocks(const float *x, int nblocks, int span, int8_t *q, float 
 /* x [rows, k] quantized into freshly allocated blocks (a->f = x, for float-weight matrices); se_act_free releases
  * them. Returns 0, or -2 when memory runs out (nothing left allocated). */
 void se_act_pairs(se_act *a, int row, int b0, int nblocks) {
-    const int32_t *s = a->s + (size_t)row * a->nb;
-    int32_t *p = a->p + (size_t)row * (a->nb / 2);
+    const int32_t *s = a->s + (size_t)row * a->nb, *h = a->h + (size_t)row * a->nb;
+    int32_t *p = (int32_t *)se_sum_pairs(a, row), *hp = (int32_t *)se_half_pairs(a, row);
     for (int b = b0; b < b0 + nblocks; b += 2)
         p[b / 2] = (int32_t)((uint32_t)(uint16_t)s[b] | (uint32_t)s[b + 1] << 16);
+    for (int b = b0; b < b0 + nblocks; b++) hp[b] = (int32_t)((uint32_t)(uint16_t)h[b] | (uint32_t)(s[b] - h[b]) << 16);
 }
 
 int se_act_quantized(const float *x, int rows, int k, int span, se_act *a) {
@@ -61,7 +62,7 @@ int se_act_quantized(const float *x, int rows, int k, int span, se_act *a) {
     se_act n = {.q = malloc((size_t)rows * k), .d = malloc(blocks * sizeof(float)),
                 .s = malloc(blocks * sizeof(int32_t)), .h = malloc(blocks * sizeof(int32_t)), .k = k,
                 .nb = k / SE_BLOCK, .f = (float *)x, .m = malloc(blocks * sizeof(float)), .span = span,
-                .p = malloc(blocks / 2 * sizeof(int32_t) + 4)};
+                .p = malloc(blocks / 2 * 3 * sizeof(int32_t) + 4)};
     *a = n;
     if (!a->q || !a->d || !a->s || !a->h || !a->m || !a->p) {
         se_act_free(a);

@@ -52,7 +52,7 @@ int se_matmul_pool(se_pool *p, const se_mat *const *ws, int count, const int8_t 
                    const int32_t *h, const float *m, const float *f, int rows, float *out, int reps) {
     int kmax = 0;
     for (int i = 0; i < count; i++) kmax = ws[i]->k > kmax ? ws[i]->k : kmax;
-    int32_t *pairs = malloc((size_t)rows * (kmax / 64) * sizeof(int32_t) + 4);
+    int32_t *pairs = malloc((size_t)rows * (kmax / 64) * 3 * sizeof(int32_t) + 4);
     if (!pairs) return -2;
     for (int r = 0; r < reps; r++)
         for (int i = 0; i < count; i++) {

@@ -114,7 +114,7 @@ static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x
         _mm512_store_ps(acc[i], _mm512_setzero_ps());
         xq[i] = x->q + (size_t)(i0 + i) * x->k;
         xd[i] = x->d + (size_t)(i0 + i) * x->nb;
-        xp[i] = x->p + (size_t)(i0 + i) * (x->nb / 2);
+        xp[i] = se_sum_pairs(x, i0 + i);
     }
     for (int sb = 0; sb < w->nb / SE_SUPER; sb++) {
         const uint8_t *s = superblock(w, g, sb);
@@ -171,18 +171,16 @@ static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x
 #define PASS_CASE(n, q5) \
     case n: pass512(w, g, x, i0, n, out, ldo, lanes, q5); break;
 #define PASSES(q5)                                                                                               \
-    switch (rows - i0 < per ? rows - i0 : per) { /* constant row counts: accumulators in registers */            \
+    switch (n = se_pass_rows(rows, PASS512, i0)) { /* constant row counts: accumulators in registers */        \
         PASS_CASE(1, q5) PASS_CASE(2, q5) PASS_CASE(3, q5) PASS_CASE(4, q5) PASS_CASE(5, q5) PASS_CASE(6, q5)     \
         PASS_CASE(7, q5) PASS_CASE(8, q5)                                                                        \
         default: pass512(w, g, x, i0, PASS512, out, ldo, lanes, q5); break;                                      \
     }
 
-/* the rows in even passes (64: 8 of 8, not 7 of 9 and a row alone, whose pass unpacks the weights for one row) */
 SE_AVX512 void se_mm_q4k_avx512(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1) {
-    int passes = (rows + PASS512 - 1) / PASS512, per = (rows + passes - 1) / passes;
     for (int g = g0; g < g1; g++) {
         int lanes = w->n - g * SE_GROUP;
-        for (int i0 = 0; i0 < rows; i0 += per) {
+        for (int i0 = 0, n; i0 < rows; i0 += n) {
             if (w->kern == SE_KERN_Q5K) PASSES(1)
             else PASSES(0)
         }
@@ -239,7 +237,7 @@ static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, 
         }
         __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 32 + 16 * h)));
         for (int i = 0; i < R; i++) {
-            const int32_t *xp = x->p + (size_t)(i0 + i) * (x->nb / 2) + sb * SE_SUPER / 2;
+            const int32_t *xp = se_sum_pairs(x, i0 + i) + sb * SE_SUPER / 2;
             __m256i mi = _mm256_setzero_si256();
             for (int p = 0; p < 4; p++) mi = _mm256_add_epi32(mi, _mm256_madd_epi16(mp[p], _mm256_set1_epi32(xp[p])));
             __m256 v = _mm256_fnmadd_ps(dmin, _mm256_cvtepi32_ps(mi), a[i]);

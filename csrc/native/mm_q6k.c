@@ -49,7 +49,7 @@ void se_mm_q6k_portable(const se_mat *w, const se_act *x, int rows, float *out, 
 
 #include "dpbusd.h"
 
-#define PASS512 12 /* activation rows per pass (3 accumulators a row: some spill, to L1; the unpack is shared) */
+#define PASS512 8 /* activation rows per pass (3 accumulators a row; the unpack is shared): 8 spill little, 12 had */
 
 #define SE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
 #define SE_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -72,12 +72,12 @@ static inline INL void prefetch_sub(const uint8_t *s, int j) { /* the superblock
 static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x, int i0, const int R, float *out,
                                           int ldo, int lanes) {
     const __m512i nib = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
-    float acc[PASS512][SE_GROUP] __attribute__((aligned(64))); /* in L1, touched once per superblock */
+    float acc[PASS512 + 1][SE_GROUP] __attribute__((aligned(64))); /* in L1, touched once per superblock */
     for (int i = 0; i < R; i++) _mm512_store_ps(acc[i], _mm512_setzero_ps());
     for (int sb = 0; sb < w->nb / SE_SUPER; sb++) {
         const uint8_t *s = superblock(w, g, sb);
         __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + SE_Q6K_D)));
-        __m512i isb[PASS512];
+        __m512i isb[PASS512 + 1];
         for (int i = 0; i < R; i++) isb[i] = _mm512_setzero_si512();
         for (int j = 0; j < SE_SUPER; j++) {
             int b = sb * SE_SUPER + j;
@@ -85,7 +85,7 @@ static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x
             prefetch_sub(s, j);
             __m512i h0 = _mm512_loadu_si512((const void *)(blk + 256));
             __m512i h1 = _mm512_loadu_si512((const void *)(blk + 320));
-            __m512i dot0[PASS512], dot1[PASS512];
+            __m512i dot0[PASS512 + 1], dot1[PASS512 + 1];
             for (int i = 0; i < R; i++) dot0[i] = dot1[i] = _mm512_setzero_si512();
             for (int t = 0; t < 4; t++) {
                 __m512i v = _mm512_loadu_si512((const void *)(blk + 64 * t));
@@ -99,14 +99,22 @@ static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x
             }
             __m512i sc0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(s + SE_Q6K_SC + 32 * j)));
             __m512i sc1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(s + SE_Q6K_SC + 32 * j + 16)));
-            for (int i = 0; i < R; i++) {
-                int32_t xs = x->s[(size_t)(i0 + i) * x->nb + b], xh = x->h[(size_t)(i0 + i) * x->nb + b];
-                __m512i isum = _mm512_add_epi32(
-                    _mm512_mullo_epi32(sc0, _mm512_sub_epi32(dot0[i], _mm512_set1_epi32(32 * xh))),
-                    _mm512_mullo_epi32(sc1, _mm512_sub_epi32(dot1[i], _mm512_set1_epi32(32 * (xs - xh)))));
-                isb[i] = _mm512_add_epi32(isb[i], isum);
-            }
+            for (int i = 0; i < R; i++)
+                isb[i] = _mm512_add_epi32(isb[i], _mm512_add_epi32(_mm512_mullo_epi32(sc0, dot0[i]),
+                                                                   _mm512_mullo_epi32(sc1, dot1[i])));
         }
+        /* the offset terms, 32 * (sc_0 h + sc_1 (s - h)) a block: one vpdpwssd a block and row over the int16 pairs
+         * (sc_0, sc_1) and (h, s - h) (se_half_pairs); the same integer as subtracting them block by block */
+        __m512i off[PASS512 + 1];
+        for (int i = 0; i < R; i++) off[i] = _mm512_setzero_si512();
+        for (int j = 0; j < SE_SUPER; j++) {
+            __m128i a = _mm_loadu_si128((const __m128i *)(s + SE_Q6K_SC + 32 * j));
+            __m128i c = _mm_loadu_si128((const __m128i *)(s + SE_Q6K_SC + 32 * j + 16));
+            __m512i pairs = _mm512_cvtepi8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(a, c), _mm_unpacklo_epi8(a, c)));
+            for (int i = 0; i < R; i++)
+                off[i] = se_dpwssd_bcast(off[i], pairs, se_half_pairs(x, i0 + i) + sb * SE_SUPER + j);
+        }
+        for (int i = 0; i < R; i++) isb[i] = _mm512_sub_epi32(isb[i], _mm512_slli_epi32(off[i], 5));
         for (int i = 0; i < R; i++) {
             float xd = x->d[(size_t)(i0 + i) * x->nb + sb * SE_SUPER];
             _mm512_store_ps(acc[i], _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xd)), _mm512_cvtepi32_ps(isb[i]),
@@ -121,8 +129,9 @@ static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x
 SE_AVX512 void se_mm_q6k_avx512(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1) {
     for (int g = g0; g < g1; g++) {
         int lanes = w->n - g * SE_GROUP;
-        for (int i0 = 0; i0 < rows; i0 += PASS512) {
-            switch (rows - i0 < PASS512 ? rows - i0 : PASS512) { /* constant row counts: accumulators in registers */
+        for (int i0 = 0, n; i0 < rows; i0 += n) {
+            /* a verify of 9 rows in one pass (some spill), a prompt in passes of at most 8 */
+            switch (n = se_pass_rows(rows, rows == PASS512 + 1 ? rows : PASS512, i0)) {
             case 1: pass512(w, g, x, i0, 1, out, ldo, lanes); break;
             case 2: pass512(w, g, x, i0, 2, out, ldo, lanes); break;
             case 3: pass512(w, g, x, i0, 3, out, ldo, lanes); break;
@@ -130,10 +139,7 @@ SE_AVX512 void se_mm_q6k_avx512(const se_mat *w, const se_act *x, int rows, floa
             case 5: pass512(w, g, x, i0, 5, out, ldo, lanes); break;
             case 6: pass512(w, g, x, i0, 6, out, ldo, lanes); break;
             case 7: pass512(w, g, x, i0, 7, out, ldo, lanes); break;
-            case 8: pass512(w, g, x, i0, 8, out, ldo, lanes); break;
             case 9: pass512(w, g, x, i0, 9, out, ldo, lanes); break;
-            case 10: pass512(w, g, x, i0, 10, out, ldo, lanes); break;
-            case 11: pass512(w, g, x, i0, 11, out, ldo, lanes); break;
             default: pass512(w, g, x, i0, PASS512, out, ldo, lanes); break;
             }
         }

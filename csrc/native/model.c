@@ -32,7 +32,7 @@ se_model *se_model_new(const se_cfg *cfg) {
     m->act.h = malloc((size_t)n * (big / SE_BLOCK) * sizeof(int32_t));
     m->act.f = malloc((size_t)n * big * sizeof(float));
     m->act.m = malloc((size_t)n * (big / SE_BLOCK) * sizeof(float));
-    m->act.p = malloc((size_t)n * (big / SE_BLOCK / 2) * sizeof(int32_t) + 4);
+    m->act.p = malloc((size_t)n * (big / SE_BLOCK / 2) * 3 * sizeof(int32_t) + 4);
     se_act *ff = &m->act_ff; /* the MLP's gated values: written while the gate/up matmuls still read m->act */
     ff->q = malloc((size_t)n * F);
     ff->d = malloc((size_t)n * (F / SE_BLOCK) * sizeof(float));
@@ -40,7 +40,7 @@ se_model *se_model_new(const se_cfg *cfg) {
     ff->h = malloc((size_t)n * (F / SE_BLOCK) * sizeof(int32_t));
     ff->f = malloc((size_t)n * F * sizeof(float));
     ff->m = malloc((size_t)n * (F / SE_BLOCK) * sizeof(float));
-    ff->p = malloc((size_t)n * (F / SE_BLOCK / 2) * sizeof(int32_t) + 4);
+    ff->p = malloc((size_t)n * (F / SE_BLOCK / 2) * 3 * sizeof(int32_t) + 4);
     m->nthreads = se_pool_threads(m->pool);
     m->scratch = calloc((size_t)m->nthreads, sizeof(float *));
     int units = cfg->n_heads + 2 * cfg->n_kv_heads > F / SE_BLOCK ? cfg->n_heads + 2 * cfg->n_kv_heads : F / SE_BLOCK;

@@ -83,8 +83,7 @@ typedef struct {
     float *f;        /* the float rows the quantization started from (float-weight matrices read these), or NULL */
     float *m;
     int span;        /* blocks per scale: 1, or 8 (K-quant kernels need it: they read d once per superblock) */
-    int32_t *p;      /* span 8: each two blocks' sums as one int16 pair, s[2i] | s[2i+1] << 16 [rows, k/64], the
-                        Q4_K kernels' min term (one vpdpwssd); NULL elsewhere */
+    int32_t *p;      /* span 8: int16 pairs of the sums, [rows, 3 k/64] (se_sum_pairs, se_half_pairs) */
 } se_act;
 
 typedef void (*se_mm_fn)(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
@@ -112,6 +111,10 @@ int se_act_quantized(const float *x, int rows, int k, int span, se_act *a);
 void se_act_free(se_act *a);
 float se_amax(const float *x, int n);  /* max |x| */
 void se_act_pairs(se_act *a, int row, int b0, int nblocks); /* a->p of blocks b0 .. (even b0, nblocks) */
+/* A row's int16 pairs (|s| <= 32 * 127): s[2i] | s[2i+1] << 16 for the Q4_K kernels' min term, then h[b] | (s[b] -
+ * h[b]) << 16 for Q6_K's offset term; one vpdpwssd adds both products of a pair */
+static inline const int32_t *se_sum_pairs(const se_act *x, int row) { return x->p + (size_t)row * (3 * x->nb / 2); }
+static inline const int32_t *se_half_pairs(const se_act *x, int row) { return se_sum_pairs(x, row) + x->nb / 2; }
 /* one block at the scale amax / 127 (amax: its run's se_amax); nblocks in runs of span sharing one scale */
 void se_quantize_scaled(const float *x, float amax, int8_t *q, float *d, int32_t *s, int32_t *h, float *m);
 void se_quantize_blocks(const float *x, int nblocks, int span, int8_t *q, float *d, int32_t *s, int32_t *h, float *m);
@@ -136,6 +139,14 @@ void se_mm_f_avx2(const se_mat *w, const se_act *x, int rows, float *out, int ld
 void se_mm_f_avx512(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
 void se_mm_f_neon(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1);
 float se_f_weight(const se_mat *w, const uint8_t *blk, int t, int r);  /* element t of lane r, exactly */
+
+/* The size of the pass of at most `most` rows that starts at row i0, a call's rows split into the fewest passes of
+ * sizes differing by at most one (64 rows at most 9: 8 of 8, not 7 of 9 and a row alone, whose pass unpacks the
+ * weights for one row). A row's arithmetic never depends on its pass. */
+static inline int se_pass_rows(int rows, int most, int i0) {
+    int passes = (rows + most - 1) / most, base = rows / passes, extra = rows % passes;
+    return i0 < extra * (base + 1) ? base + 1 : base;
+}
 
 /* Where a 32-wide block's fp16 scales start (after its integers). */
 static inline size_t se_scale_at(int kern) { return kern == SE_KERN_Q8 ? 512 : kern == SE_KERN_Q5 ? 320 : 256; }
