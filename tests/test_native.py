@@ -89,12 +89,19 @@ def test_every_isa_computes_the_portable_c_bit_for_bit_at_every_width(fmt):
     raw, deq = random_matrix(fmt, 40, k, seed=1)
     m = nl.PackedMatrix(fmt, raw)
     x = np.random.default_rng(2).standard_normal((16, k)).astype(np.float32) * 3
+    for span in (0, 1) if m.kquant else (0,):  # K-quants: activations per 256 (the default), and per 32 (gemma3's)
+        want = m.matmul(x, isa=0, span=span)
+        for isa in ISAS:
+            assert np.array_equal(m.matmul(x, isa=isa, span=span), want), (nl.isa_name(isa), span)
+            for n in range(1, 17):  # a row's result never depends on how many rows share the call
+                assert np.array_equal(m.matmul(x[:n], isa=isa, span=span), want[:n]), (nl.isa_name(isa), n, span)
+            assert np.array_equal(m.matmul(x[9:10], isa=isa, span=span)[0], want[9])
+        if m.kquant:  # the per-32 activations' product, checked below as the default's
+            q, d, *_ = quantized(x, 1)
+            xq = (q.reshape(16, k // 32, 32).astype(np.float64) * d[:, :, None]).reshape(16, k)
+            exact = xq @ deq.T.astype(np.float64)
+            assert np.abs(m.matmul(x, span=1) - exact).max() <= 1e-5 * np.abs(exact).max()
     want = m.matmul(x, isa=0)
-    for isa in ISAS:
-        assert np.array_equal(m.matmul(x, isa=isa), want), nl.isa_name(isa)
-        for n in range(1, 17):  # a row's result never depends on how many rows share the call
-            assert np.array_equal(m.matmul(x[:n], isa=isa), want[:n]), (nl.isa_name(isa), n)
-        assert np.array_equal(m.matmul(x[9:10], isa=isa)[0], want[9])
     # and it is the product of the exact weights with int8-per-32 activations (llama.cpp's q8 scheme), or with the
     # float activations for float weights
     q, d, s, h, _ = quantized(x, 8 if nl.BLOCKS[fmt][1] == 256 else 1)
@@ -490,9 +497,7 @@ def test_gemma3_270m_s_q5_0_q4_k_q6_k_file_predicts_what_the_numpy_reference_pre
     want = ref.forward(ids, ref.new_cache(64))
     top = np.sort(want, axis=1)
     differ = got.argmax(1) != want.argmax(1)
-    # only near ties differ: 4 of these 64 since the K-quants' activations share a scale per 256 (mainline's q8_K),
-    # where mainline differs at 3; over 637 positions of the dev prompts native differed at 40, llama.cpp at 51
-    assert differ.sum() <= 4 and np.all(top[differ, -1] - top[differ, -2] < 0.5)
+    assert differ.mean() <= 0.05 and np.all(top[differ, -1] - top[differ, -2] < 0.5)  # only near ties differ
     assert batch_invariant(native, (1, 3), (0, 17))
 
 

@@ -26,11 +26,12 @@ void se_mat_delete(se_mat *m) {
 
 size_t se_mat_bytes(const se_mat *m) { return m->group_bytes * (size_t)m->ngroups; }
 
-/* out [rows, n] = x [rows, k] times the matrix, activations quantized first; one thread, the given ISA's kernel. */
-int se_matmul(const se_mat *w, const float *x, int rows, float *out, int isa) {
+/* out [rows, n] = x [rows, k] times the matrix, activations quantized first (span: blocks per scale, 1 or 8 for a
+ * K-quant, 0 its default 8); one thread, the given ISA's kernel. */
+int se_matmul(const se_mat *w, const float *x, int rows, float *out, int isa, int span) {
     se_act a;
-    if (rows <= 0) return -1;
-    if (se_act_quantized(x, rows, w->k, se_span_for(w), &a)) return -2;
+    if (rows <= 0 || span < 0 || span > 8 || (span > 1 && (span != 8 || !se_is_kquant(w->kern)))) return -1;
+    if (se_act_quantized(x, rows, w->k, span ? span : se_span_for(w), &a)) return -2;
     int before = se_isa();
     se_set_isa(isa);
     se_mm_for(w)(w, &a, rows, out, w->n, 0, w->ngroups);

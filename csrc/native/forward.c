@@ -29,7 +29,7 @@ static se_act view_of(se_model *m, const se_act *buf, int k, const se_mat *const
     a.f = m->float_acts ? buf->f : NULL;
     a.span = 1;
     for (int i = 0; i < n; i++)
-        if (se_span_for(w[i]) > a.span) a.span = se_span_for(w[i]);
+        if (se_is_kquant(w[i]->kern)) a.span = m->kspan;
     return a;
 }
 
@@ -391,7 +391,7 @@ static int ensure_scratch(se_model *m, int capacity) {
 int se_model_matmul(se_model *m, const se_mat *w, const float *x, int rows, float *out) {
     se_act a;
     if (rows <= 0) return -1;
-    if (se_act_quantized(x, rows, w->k, se_span_for(w), &a)) return -2;
+    if (se_act_quantized(x, rows, w->k, se_is_kquant(w->kern) ? m->kspan : 1, &a)) return -2;
     mm_task t = {w, out, w->n};
     matmul_phase(m, &t, 1, &a, rows, NULL);
     se_act_free(&a);

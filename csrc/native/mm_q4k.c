@@ -29,6 +29,7 @@ void se_mm_q4k_portable(const se_mat *w, const se_act *x, int rows, float *out, 
             const int8_t *xq = x->q + (size_t)i * x->k;
             const float *xd = x->d + (size_t)i * x->nb;
             const int32_t *xs = x->s + (size_t)i * x->nb;
+            const float *xm = x->m + (size_t)i * x->nb;
             for (int r = 0; r < lanes; r++) {
                 float acc = 0.0f;
                 for (int sb = 0; sb < w->nb / SE_SUPER; sb++) {
@@ -42,9 +43,16 @@ void se_mm_q4k_portable(const se_mat *w, const se_act *x, int rows, float *out, 
                         int32_t dot = 0;
                         for (int e = 0; e < SE_BLOCK; e++)
                             dot += se_unpacked(w->kern, sub_block(w, s, j), r, e) * xq[b * SE_BLOCK + e];
-                        a = fmaf(d * (float)s[64 + 16 * j + r], (float)dot, a);
+                        float scale = d * (float)s[64 + 16 * j + r];
+                        if (x->span == 1) { /* a scale per block: both terms every block, in order */
+                            acc = fmaf(scale * xd[b], (float)dot, acc);
+                            acc = fmaf(-(dmin * (float)s[192 + 16 * j + r]), xm[b], acc);
+                            continue;
+                        }
+                        a = fmaf(scale, (float)dot, a);
                         mi += (int32_t)s[192 + 16 * j + r] * xs[b];
                     }
+                    if (x->span == 1) continue;
                     a = fmaf(-dmin, (float)mi, a);
                     acc = fmaf(xd[sb * SE_SUPER], a, acc);
                 }
@@ -100,9 +108,10 @@ static inline SE_AVX512 INL __m512i min_pairs512(const uint8_t *s, int p) {
     return _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b)));
 }
 
-/* q5 and R are constants at every call (the switch below): no test of the format inside the loop. */
+/* q5, sb8 (the activations' span is 8) and R are constants at every call (the switch below): no test of the format
+ * inside the loop. With a scale per block (sb8 0) a holds the row's whole sum, both terms added every block. */
 static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x, int i0, const int R, float *out,
-                                          int ldo, int lanes, const int q5) {
+                                          int ldo, int lanes, const int q5, const int sb8) {
     const __m512i nib = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
     /* the rows' sums in L1, touched once per superblock: the registers hold each row's a and dot */
     float acc[PASS512][SE_GROUP] __attribute__((aligned(64)));
@@ -116,11 +125,15 @@ static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x
         xd[i] = x->d + (size_t)(i0 + i) * x->nb;
         xp[i] = se_sum_pairs(x, i0 + i);
     }
+    __m512 a[PASS512]; /* with dot[], 2 R registers: d and dmin are loaded where they are used, not held */
+    _Pragma("GCC unroll 16")
+    for (int i = 0; i < R; i++) a[i] = _mm512_setzero_ps();
     for (int sb = 0; sb < w->nb / SE_SUPER; sb++) {
         const uint8_t *s = superblock(w, g, sb);
-        __m512 a[PASS512]; /* with dot[], 2 R registers: d and dmin are loaded where they are used, not held */
-        _Pragma("GCC unroll 16")
-        for (int i = 0; i < R; i++) a[i] = _mm512_setzero_ps();
+        if (sb8 && sb > 0) {
+            _Pragma("GCC unroll 16")
+            for (int i = 0; i < R; i++) a[i] = _mm512_setzero_ps();
+        }
         for (int j = 0; j < SE_SUPER; j++) {
             int b = sb * SE_SUPER + j;
             const uint8_t *blk = sub_block(w, s, j);
@@ -145,9 +158,23 @@ static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x
             __m512 scale = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s)),
                                          _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
                                              _mm_loadu_si128((const __m128i *)(s + 64 + 16 * j)))));
+            if (!sb8) {
+                __m512 min = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + 32))),
+                                           _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                               _mm_loadu_si128((const __m128i *)(s + 192 + 16 * j)))));
+                _Pragma("GCC unroll 16")
+                for (int i = 0; i < R; i++) {
+                    const float *xm = x->m + (size_t)(i0 + i) * x->nb;
+                    a[i] = _mm512_fmadd_ps(_mm512_mul_ps(scale, _mm512_set1_ps(xd[i][b])), _mm512_cvtepi32_ps(dot[i]),
+                                           a[i]);
+                    a[i] = _mm512_fnmadd_ps(min, _mm512_set1_ps(xm[b]), a[i]);
+                }
+                continue;
+            }
             _Pragma("GCC unroll 16")
             for (int i = 0; i < R; i++) a[i] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dot[i]), a[i]);
         }
+        if (!sb8) continue;
         __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + 32)));
         __m512i mp[4];
         _Pragma("GCC unroll 16")
@@ -165,24 +192,26 @@ static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x
     __mmask16 mask = lanes >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << lanes) - 1);
     _Pragma("GCC unroll 16")
     for (int i = 0; i < R; i++)
-        _mm512_mask_storeu_ps(out + (size_t)(i0 + i) * ldo + g * SE_GROUP, mask, _mm512_load_ps(acc[i]));
+        _mm512_mask_storeu_ps(out + (size_t)(i0 + i) * ldo + g * SE_GROUP, mask, sb8 ? _mm512_load_ps(acc[i]) : a[i]);
 }
 
-#define PASS_CASE(n, q5) \
-    case n: pass512(w, g, x, i0, n, out, ldo, lanes, q5); break;
-#define PASSES(q5)                                                                                               \
+#define PASS_CASE(n, q5, sb8) \
+    case n: pass512(w, g, x, i0, n, out, ldo, lanes, q5, sb8); break;
+#define PASSES(q5, sb8)                                                                                          \
     switch (n = se_pass_rows(rows, PASS512, i0)) { /* constant row counts: accumulators in registers */        \
-        PASS_CASE(1, q5) PASS_CASE(2, q5) PASS_CASE(3, q5) PASS_CASE(4, q5) PASS_CASE(5, q5) PASS_CASE(6, q5)     \
-        PASS_CASE(7, q5) PASS_CASE(8, q5)                                                                        \
-        default: pass512(w, g, x, i0, PASS512, out, ldo, lanes, q5); break;                                      \
+        PASS_CASE(1, q5, sb8) PASS_CASE(2, q5, sb8) PASS_CASE(3, q5, sb8) PASS_CASE(4, q5, sb8)                 \
+        PASS_CASE(5, q5, sb8) PASS_CASE(6, q5, sb8) PASS_CASE(7, q5, sb8) PASS_CASE(8, q5, sb8)                 \
+        default: pass512(w, g, x, i0, PASS512, out, ldo, lanes, q5, sb8); break;                                 \
     }
 
 SE_AVX512 void se_mm_q4k_avx512(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1) {
     for (int g = g0; g < g1; g++) {
         int lanes = w->n - g * SE_GROUP;
         for (int i0 = 0, n; i0 < rows; i0 += n) {
-            if (w->kern == SE_KERN_Q5K) PASSES(1)
-            else PASSES(0)
+            if (w->kern == SE_KERN_Q5K && x->span > 1) PASSES(1, 1)
+            else if (w->kern == SE_KERN_Q5K) PASSES(1, 0)
+            else if (x->span > 1) PASSES(0, 1)
+            else PASSES(0, 0)
         }
     }
 }
@@ -227,8 +256,21 @@ static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, 
             }
             __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
                                                 _mm_loadl_epi64((const __m128i *)(s + 64 + 16 * j + 8 * h)))));
+            if (x->span == 1) { /* a scale per block: pass512's sb8 0 */
+                __m256 min = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 32 + 16 * h))),
+                                           _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                               _mm_loadl_epi64((const __m128i *)(s + 192 + 16 * j + 8 * h)))));
+                for (int i = 0; i < R; i++) {
+                    size_t at = (size_t)(i0 + i) * x->nb + b;
+                    acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(scale, _mm256_set1_ps(x->d[at])), _mm256_cvtepi32_ps(dot[i]),
+                                             acc[i]);
+                    acc[i] = _mm256_fnmadd_ps(min, _mm256_set1_ps(x->m[at]), acc[i]);
+                }
+                continue;
+            }
             for (int i = 0; i < R; i++) a[i] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot[i]), a[i]);
         }
+        if (x->span == 1) continue;
         __m256i mp[4]; /* min_pairs512's pairs for lanes 8h .. 8h+7 */
         for (int p = 0; p < 4; p++) {
             const uint8_t *at = s + 192 + 32 * p + 8 * h;

@@ -79,8 +79,18 @@ static inline SE_DOTPROD INL void pass_rows(const se_mat *w, int g, const se_act
                 }
             }
             float32x4_t scale = vmulq_f32(d, u8x4(s + 64 + 16 * j + 4 * h));
+            if (x->span == 1) { /* a scale per block: both terms every block (mm_q4k.c) */
+                float32x4_t min = vmulq_f32(dmin, u8x4(s + 192 + 16 * j + 4 * h));
+                for (int i = 0; i < R; i++) {
+                    size_t at = (size_t)(i0 + i) * x->nb + b;
+                    acc[i] = vfmaq_f32(acc[i], vmulq_f32(scale, vdupq_n_f32(x->d[at])), vcvtq_f32_s32(dot[i]));
+                    acc[i] = vfmsq_f32(acc[i], min, vdupq_n_f32(x->m[at])); /* fma(-min, xm, acc) */
+                }
+                continue;
+            }
             for (int i = 0; i < R; i++) a[i] = vfmaq_f32(a[i], scale, vcvtq_f32_s32(dot[i]));
         }
+        if (x->span == 1) continue;
         int32x4_t mins[SE_SUPER];
         for (int j = 0; j < SE_SUPER; j++) mins[j] = vreinterpretq_s32_u32(u8x4i(s + 192 + 16 * j + 4 * h));
         for (int i = 0; i < R; i++) {

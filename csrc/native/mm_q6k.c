@@ -34,9 +34,12 @@ void se_mm_q6k_portable(const se_mat *w, const se_act *x, int rows, float *out, 
                         for (int e = 0; e < SE_BLOCK; e++)
                             dot[e / 16] += se_unpacked(SE_KERN_Q6K, s + SE_Q6K_BLOCK * j, r, e) * xq[b * SE_BLOCK + e];
                         int32_t sc0 = (int8_t)s[SE_Q6K_SC + 32 * j + r], sc1 = (int8_t)s[SE_Q6K_SC + 32 * j + 16 + r];
-                        isb += sc0 * (dot[0] - 32 * xh[b]) + sc1 * (dot[1] - 32 * (xs[b] - xh[b]));
+                        int32_t isum = sc0 * (dot[0] - 32 * xh[b]) + sc1 * (dot[1] - 32 * (xs[b] - xh[b]));
+                        if (x->span == 1) /* a scale per block: folded in block by block */
+                            acc = fmaf(d * xd[b], (float)isum, acc);
+                        isb += isum;
                     }
-                    acc = fmaf(d * xd[sb * SE_SUPER], (float)isb, acc);
+                    if (x->span > 1) acc = fmaf(d * xd[sb * SE_SUPER], (float)isb, acc);
                 }
                 out[(size_t)i * ldo + g * SE_GROUP + r] = acc;
             }
@@ -69,8 +72,9 @@ static inline INL void prefetch_sub(const uint8_t *s, int j) { /* the superblock
 #define HI2_512(H, c) _mm512_and_si512((c) == 3 ? _mm512_srli_epi16(H, 2) : _mm512_slli_epi16(H, 4 - 2 * (c)), m30)
 #define HI2_256(H, c) _mm256_and_si256((c) == 3 ? _mm256_srli_epi16(H, 2) : _mm256_slli_epi16(H, 4 - 2 * (c)), m30)
 
+/* sb8: the activations' span is 8 (a constant at every call); else each block's isum is folded in as it is done */
 static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x, int i0, const int R, float *out,
-                                          int ldo, int lanes) {
+                                          int ldo, int lanes, const int sb8) {
     const __m512i nib = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     float acc[PASS512 + 1][SE_GROUP] __attribute__((aligned(64))); /* in L1, touched once per superblock */
     for (int i = 0; i < R; i++) _mm512_store_ps(acc[i], _mm512_setzero_ps());
@@ -99,10 +103,20 @@ static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x
             }
             __m512i sc0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(s + SE_Q6K_SC + 32 * j)));
             __m512i sc1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(s + SE_Q6K_SC + 32 * j + 16)));
-            for (int i = 0; i < R; i++)
+            for (int i = 0; sb8 && i < R; i++)
                 isb[i] = _mm512_add_epi32(isb[i], _mm512_add_epi32(_mm512_mullo_epi32(sc0, dot0[i]),
                                                                    _mm512_mullo_epi32(sc1, dot1[i])));
+            for (int i = 0; !sb8 && i < R; i++) {
+                size_t at = (size_t)(i0 + i) * x->nb + b;
+                int32_t xs = x->s[at], xh = x->h[at];
+                __m512i isum = _mm512_add_epi32(
+                    _mm512_mullo_epi32(sc0, _mm512_sub_epi32(dot0[i], _mm512_set1_epi32(32 * xh))),
+                    _mm512_mullo_epi32(sc1, _mm512_sub_epi32(dot1[i], _mm512_set1_epi32(32 * (xs - xh)))));
+                _mm512_store_ps(acc[i], _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x->d[at])),
+                                                        _mm512_cvtepi32_ps(isum), _mm512_load_ps(acc[i])));
+            }
         }
+        if (!sb8) continue;
         /* the offset terms, 32 * (sc_0 h + sc_1 (s - h)) a block: one vpdpwssd a block and row over the int16 pairs
          * (sc_0, sc_1) and (h, s - h) (se_half_pairs); the same integer as subtracting them block by block */
         __m512i off[PASS512 + 1];
@@ -126,24 +140,30 @@ static inline SE_AVX512 INL void pass512(const se_mat *w, int g, const se_act *x
         _mm512_mask_storeu_ps(out + (size_t)(i0 + i) * ldo + g * SE_GROUP, mask, _mm512_load_ps(acc[i]));
 }
 
-SE_AVX512 void se_mm_q6k_avx512(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1) {
+static inline SE_AVX512 INL void groups512(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0,
+                                            int g1, const int sb8) {
     for (int g = g0; g < g1; g++) {
         int lanes = w->n - g * SE_GROUP;
         for (int i0 = 0, n; i0 < rows; i0 += n) {
             /* a verify of 9 rows in one pass (some spill), a prompt in passes of at most 8 */
             switch (n = se_pass_rows(rows, rows == PASS512 + 1 ? rows : PASS512, i0)) {
-            case 1: pass512(w, g, x, i0, 1, out, ldo, lanes); break;
-            case 2: pass512(w, g, x, i0, 2, out, ldo, lanes); break;
-            case 3: pass512(w, g, x, i0, 3, out, ldo, lanes); break;
-            case 4: pass512(w, g, x, i0, 4, out, ldo, lanes); break;
-            case 5: pass512(w, g, x, i0, 5, out, ldo, lanes); break;
-            case 6: pass512(w, g, x, i0, 6, out, ldo, lanes); break;
-            case 7: pass512(w, g, x, i0, 7, out, ldo, lanes); break;
-            case 9: pass512(w, g, x, i0, 9, out, ldo, lanes); break;
-            default: pass512(w, g, x, i0, PASS512, out, ldo, lanes); break;
+            case 1: pass512(w, g, x, i0, 1, out, ldo, lanes, sb8); break;
+            case 2: pass512(w, g, x, i0, 2, out, ldo, lanes, sb8); break;
+            case 3: pass512(w, g, x, i0, 3, out, ldo, lanes, sb8); break;
+            case 4: pass512(w, g, x, i0, 4, out, ldo, lanes, sb8); break;
+            case 5: pass512(w, g, x, i0, 5, out, ldo, lanes, sb8); break;
+            case 6: pass512(w, g, x, i0, 6, out, ldo, lanes, sb8); break;
+            case 7: pass512(w, g, x, i0, 7, out, ldo, lanes, sb8); break;
+            case 9: pass512(w, g, x, i0, 9, out, ldo, lanes, sb8); break;
+            default: pass512(w, g, x, i0, PASS512, out, ldo, lanes, sb8); break;
             }
         }
     }
+}
+
+SE_AVX512 void se_mm_q6k_avx512(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1) {
+    if (x->span > 1) groups512(w, x, rows, out, ldo, g0, g1, 1);
+    else groups512(w, x, rows, out, ldo, g0, g1, 0);
 }
 
 /* AVX2: lanes 8h .. 8h+7 of the group (h = 0, 1); u8 x s8 dots as vpmaddubsw + vpmaddwd (q <= 63: a pair sum is at
@@ -191,9 +211,12 @@ static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, 
                     _mm256_mullo_epi32(sc0, _mm256_sub_epi32(dot0[i], _mm256_set1_epi32(32 * xh))),
                     _mm256_mullo_epi32(sc1, _mm256_sub_epi32(dot1[i], _mm256_set1_epi32(32 * (xs - xh)))));
                 isb[i] = _mm256_add_epi32(isb[i], isum);
+                if (x->span == 1) /* a scale per block: folded in block by block */
+                    acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x->d[(size_t)(i0 + i) * x->nb + b])),
+                                             _mm256_cvtepi32_ps(isum), acc[i]);
             }
         }
-        for (int i = 0; i < R; i++) {
+        for (int i = 0; x->span > 1 && i < R; i++) {
             float xd = x->d[(size_t)(i0 + i) * x->nb + sb * SE_SUPER];
             acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(xd)), _mm256_cvtepi32_ps(isb[i]), acc[i]);
         }

@@ -64,9 +64,12 @@ static inline SE_DOTPROD INL void pass_rows(const se_mat *w, int g, const se_act
                 int32x4_t isum = vaddq_s32(vmulq_s32(sc0, vsubq_s32(dot0[i], vdupq_n_s32(32 * xh))),
                                            vmulq_s32(sc1, vsubq_s32(dot1[i], vdupq_n_s32(32 * (xs - xh)))));
                 isb[i] = vaddq_s32(isb[i], isum);
+                if (x->span == 1) /* a scale per block: folded in block by block */
+                    acc[i] = vfmaq_f32(acc[i], vmulq_f32(d, vdupq_n_f32(x->d[(size_t)(i0 + i) * x->nb + b])),
+                                       vcvtq_f32_s32(isum));
             }
         }
-        for (int i = 0; i < R; i++) {
+        for (int i = 0; x->span > 1 && i < R; i++) {
             float xd = x->d[(size_t)(i0 + i) * x->nb + sb * SE_SUPER];
             acc[i] = vfmaq_f32(acc[i], vmulq_f32(d, vdupq_n_f32(xd)), vcvtq_f32_s32(isb[i]));
         }

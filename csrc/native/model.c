@@ -13,6 +13,7 @@ se_model *se_model_new(const se_cfg *cfg) {
     se_model *m = calloc(1, sizeof *m);
     if (!m) return NULL;
     m->cfg = *cfg;
+    m->kspan = cfg->post_norms ? 1 : 8;
     m->layers = calloc((size_t)cfg->n_layers, sizeof(se_layer));
     m->pool = se_pool_new(cfg->threads);
     int n = cfg->max_rows, D = cfg->d_model, F = cfg->d_ff, QD = cfg->n_heads * cfg->head_dim;

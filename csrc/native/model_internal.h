@@ -20,6 +20,8 @@ struct se_model {
     float *x, *a, *q, *k, *v, *att, *g, *u;
     se_act act, act_ff;  /* quantized activations: the matmuls' inputs; act_ff: the down projection's */
     int float_acts;      /* a float-weight matrix is loaded: the activations keep their float rows too (act.f) */
+    int kspan;           /* the span of the activations a K-quant matrix reads: 8, or 1 where a family's activations
+                            lose too much at one scale per 256 (gemma3's post-norm stream: docs/native.md) */
     float **scratch;     /* per thread: attention scores and a row, grown to the cache's capacity */
     _Atomic int *units;  /* a fused matmul phase's groups done per unit (n_heads + 2 n_kv_heads, or d_ff / 32) */
     size_t scratch_len;

@@ -118,7 +118,7 @@ static inline const int32_t *se_half_pairs(const se_act *x, int row) { return se
 /* one block at the scale amax / 127 (amax: its run's se_amax); nblocks in runs of span sharing one scale */
 void se_quantize_scaled(const float *x, float amax, int8_t *q, float *d, int32_t *s, int32_t *h, float *m);
 void se_quantize_blocks(const float *x, int nblocks, int span, int8_t *q, float *d, int32_t *s, int32_t *h, float *m);
-/* the span a matrix's activations need: 8 for the K-quant kernels, else 1 */
+/* the default span of a matrix's activations: 8 for the K-quant kernels (which also take 1), else 1 */
 static inline int se_span_for(const se_mat *w) { return se_is_kquant(w->kern) ? 8 : 1; }
 
 /* mm_*.c */

@@ -67,7 +67,7 @@ _SIGNATURES = {
     "se_mat_new": (c_void_p, [c_int, c_void_p, c_size_t, c_int, c_int]),
     "se_mat_delete": (None, [c_void_p]),
     "se_mat_bytes": (c_size_t, [c_void_p]),
-    "se_matmul": (c_int, [c_void_p, c_void_p, c_int, c_void_p, c_int]),  # x, out: ndarray.ctypes.data (cheap)
+    "se_matmul": (c_int, [c_void_p, c_void_p, c_int, c_void_p, c_int, c_int]),  # x, out: ndarray.ctypes.data (cheap)
     "se_model_matmul": (c_int, [c_void_p, c_void_p, c_void_p, c_int, c_void_p]),
     "se_matmul_pool": (c_int, [c_void_p, _P(c_void_p), c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,
                                _P(c_float), c_int, _P(c_float), c_int]),
@@ -210,13 +210,13 @@ class PackedMatrix:
     def nbytes(self) -> int:
         return int(self._lib.se_mat_bytes(self.handle))
 
-    def matmul(self, x: np.ndarray, isa: int | None = None) -> np.ndarray:
-        """[rows, k] float32 -> [rows, n]: activations quantized per 32 (one scale per 256 for a K-quant), one thread,
-        the given ISA (None: best)."""
+    def matmul(self, x: np.ndarray, isa: int | None = None, span: int = 0) -> np.ndarray:
+        """[rows, k] float32 -> [rows, n]: activations quantized per 32 (one scale per 256 for a K-quant, or per 32
+        with span 1), one thread, the given ISA (None: best)."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         out = np.empty((x.shape[0], self.n), dtype=np.float32)
         isa = self._lib.se_cpu_isa() if isa is None else isa
-        if self._lib.se_matmul(self.handle, x.ctypes.data, x.shape[0], out.ctypes.data, isa) != 0:
+        if self._lib.se_matmul(self.handle, x.ctypes.data, x.shape[0], out.ctypes.data, isa, span) != 0:
             raise ValueError(f"matmul of {x.shape} failed")
         return out
 

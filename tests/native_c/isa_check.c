@@ -17,7 +17,7 @@
 /* api.c */
 se_mat *se_mat_new(int type, const uint8_t *raw, size_t row_bytes, int n, int k);
 void se_mat_delete(se_mat *m);
-int se_matmul(const se_mat *w, const float *x, int rows, float *out, int isa);
+int se_matmul(const se_mat *w, const float *x, int rows, float *out, int isa, int span);
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
 static uint32_t next_u32(void) {
@@ -85,17 +85,20 @@ static void check_matmuls(int isa) {
         float *got = malloc(sizeof(float) * rows * n);
         fill(x, (size_t)rows * k, -3, 3);
         char what[64];
-        snprintf(what, sizeof what, "matmul of type %d (not packed)", types[t]);
-        if (!w || se_matmul(w, x, rows, want, SE_ISA_PORTABLE) != 0) {
-            same("a", "b", 1, what, isa);
-        } else {
+        int kquant = types[t] == SE_Q4_K || types[t] == SE_Q5_K || types[t] == SE_Q6_K;
+        for (int span = 0; span <= kquant; span++) { /* K-quants: activations per 256 (the default), then per 32 */
+            snprintf(what, sizeof what, "matmul of type %d (not packed)", types[t]);
+            if (!w || se_matmul(w, x, rows, want, SE_ISA_PORTABLE, span) != 0) {
+                same("a", "b", 1, what, isa);
+                break;
+            }
             for (int width = 1; width <= rows; width++) {
-                se_matmul(w, x, width, got, isa);
-                snprintf(what, sizeof what, "matmul type %d width %d", types[t], width);
+                se_matmul(w, x, width, got, isa, span);
+                snprintf(what, sizeof what, "matmul type %d span %d width %d", types[t], span, width);
                 same(got, want, sizeof(float) * width * n, what, isa);
             }
-            se_matmul(w, x + 9 * k, 1, got, isa);
-            snprintf(what, sizeof what, "matmul type %d row 9 alone", types[t]);
+            se_matmul(w, x + 9 * k, 1, got, isa, span);
+            snprintf(what, sizeof what, "matmul type %d span %d row 9 alone", types[t], span);
             same(got, want + 9 * n, sizeof(float) * n, what, isa);
         }
         se_mat_delete(w);
