@@ -47,8 +47,7 @@ void se_quantize_blocks(const float *x, int nblocks, int span, int8_t *q, float 
     }
 }
 
-/* x [rows, k] quantized into freshly allocated blocks (a->f = x, for float-weight matrices); se_act_free releases
- * them. Returns 0, or -2 when memory runs out (nothing left allocated). */
+/* the int16 pairs of a row's blocks b0 .. b0 + nblocks - 1 (se.h: se_sum_pairs, se_half_pairs) */
 void se_act_pairs(se_act *a, int row, int b0, int nblocks) {
     const int32_t *s = a->s + (size_t)row * a->nb, *h = a->h + (size_t)row * a->nb;
     int32_t *p = (int32_t *)se_sum_pairs(a, row), *hp = (int32_t *)se_half_pairs(a, row);
@@ -57,6 +56,8 @@ void se_act_pairs(se_act *a, int row, int b0, int nblocks) {
     for (int b = b0; b < b0 + nblocks; b++) hp[b] = (int32_t)((uint32_t)(uint16_t)h[b] | (uint32_t)(s[b] - h[b]) << 16);
 }
 
+/* x [rows, k] quantized (span blocks a scale) into freshly allocated blocks (a->f = x, for float-weight matrices);
+ * se_act_free releases them. Returns 0, or -2 when memory runs out (nothing left allocated). */
 int se_act_quantized(const float *x, int rows, int k, int span, se_act *a) {
     size_t blocks = (size_t)rows * (k / SE_BLOCK);
     se_act n = {.q = malloc((size_t)rows * k), .d = malloc(blocks * sizeof(float)),
