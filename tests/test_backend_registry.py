@@ -138,3 +138,31 @@ def test_the_serve_thread_probe_is_keyed_by_the_kernels(tiny, tmp_path):
     fast = Decoder(loaded, ModelSettings(str(path), BackendKind.NUMPY, kernels=Kernels.FAST_PLAIN_ONLY),
                    DecodeSettings(drafter=drafterless.drafter))
     assert probe_key(exact) != probe_key(fast)
+
+
+def test_an_engine_on_its_own_threads_sets_numpy_s_blas_to_one_thread(tiny):
+    """OpenBLAS's workers spin after each call on the cores an engine's threads need (runtime/backends/blas.py):
+    opening the native engine, or any but the NumPy reference, sets BLAS to one thread for the process; the
+    reference alone keeps BLAS's threads. In a fresh process (the limit is process-wide)."""
+    import subprocess
+    import sys
+    from specedge.runtime.backends import native_lib
+    if native_lib.available() is not None:
+        pytest.skip(f"native engine not built: {native_lib.available()}")
+    script = f"""
+import os
+from threadpoolctl import threadpool_info, threadpool_limits
+threadpool_limits(2, user_api="blas")  # as OpenBLAS starts on 2 cores, whatever this machine has
+from specedge.models.gguf_in import open_gguf
+from specedge.runtime.backends import BackendKind, OpenSettings, info
+blas = lambda: sorted({{p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"}})
+g = open_gguf({str(tiny[0])!r})
+info(BackendKind.NUMPY).open_gguf(g, OpenSettings(n_threads=2))
+print(blas())
+info(BackendKind.NATIVE).open_gguf(g, OpenSettings(n_threads=2))
+print(blas())
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["[2]", "[1]"]

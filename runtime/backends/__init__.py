@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ...models.manifest import FORMAT, OPTIMUM_FORMAT, Manifest, Profile, read_manifest
 from .base import Backend, BackendCaps, Cache, LayerPlan, TokenizingBackend, Variance
+from .blas import quiet_blas
 from .registry import (ALL_LAYERS, REGISTRY, BackendInfo, BackendKind, GateTuning, Kernels,  # noqa: F401
                        OpenSettings, Opens, artifact_engine, backend_names, default_gguf_engine, describe_gpu_layers,
                        gguf_engines, info, parse_gpu_layers, reference_engine)
@@ -34,6 +35,7 @@ def open_onnx(manifest: Manifest | str | Path, *, device: str = "cpu", threads: 
     """The ONNX Runtime backend for an exported artifact, chosen by its manifest's `format` and `profile`."""
     if not isinstance(manifest, Manifest):
         manifest = read_manifest(manifest, verify=verify)
+    quiet_blas()  # ONNX Runtime computes on its own threads (runtime/backends/blas.py)
     module, cls = ONNX_BACKENDS[manifest.format]  # read_manifest accepts only formats listed there
     if manifest.profile is Profile.STATIC:  # our builder's static-shape profile (NPU providers)
         module, cls = ".onnx_static", "StaticOnnxBackend"

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .base import Backend
+from .blas import quiet_blas
 
 
 class BackendKind(enum.Enum):
@@ -180,6 +181,8 @@ class BackendInfo:
         if settings.tuning != GateTuning() and not self.gated:
             raise ValueError(f"the {self.name} backend has no per-file gate, so no gate tuning "
                              f"({settings.tuning}); leave it out")
+        if self.kind is not BackendKind.NUMPY:  # an engine on its own threads: NumPy's BLAS must not spin beside it
+            quiet_blas()
         return self.open(gguf, settings)
 
     def missing(self) -> str:
