@@ -54,6 +54,14 @@ def head_name(model: str) -> str:
 @click.option("--prompts", type=click.IntRange(2, None), default=512, show_default=True,
               help="Prompts of the recipe the target answers (export/train_head/prompts.py; one in 20 is held "
                    "out for tau).")
+@click.option("--extra-prompts", default=None, metavar="FILE|dev",
+              help="Your own prompts too, answered before the recipe's: a .jsonl in the dev-set format (the first "
+                   "user turn of each line) or a text file of one prompt per line; `dev` for the shipped Spec-Bench "
+                   "dev set. Recorded in head.json with its hash.")
+@click.option("--extra-skip", type=click.IntRange(0, None), default=0, show_default=True,
+              help="Leave out the file's first N prompts in the benchmarks' order (round-robin over tasks): "
+                   "`--extra-prompts dev --extra-skip 30` never trains on the prompts `specedge bench --skip 12 "
+                   "--limit 18` and the plan measure on.")
 @click.option("--max-tokens", type=click.IntRange(1, None), default=128, show_default=True,
               help="Longest answer per prompt.")
 @click.option("--steps", type=click.IntRange(1, None), default=None, help="Most optimizer steps in all.")
@@ -72,7 +80,8 @@ def head_name(model: str) -> str:
               help="Engine that answers the prompts and gives the taps.")
 @click.option("--resume", is_flag=True, help="Continue the training checkpoint in --out (same data).")
 @CACHE_DIR()
-def train_cmd(model: str, out: Path | None, prompts: int, max_tokens: int, steps: int | None,
+def train_cmd(model: str, out: Path | None, prompts: int, extra_prompts: str | None, extra_skip: int,
+              max_tokens: int, steps: int | None,
               minutes: float | None, threads: int, vocab_draft: int, batch: int, lr: float, ttt_steps: int,
               backend: str, resume: bool, cache_dir: Path | None) -> None:
     """Train an EAGLE-3-style draft head for MODEL: the target answers a built-in prompt recipe greedily, its
@@ -90,6 +99,8 @@ def train_cmd(model: str, out: Path | None, prompts: int, max_tokens: int, steps
     try:
         job = _job(model, out, cache_dir, prompts, max_tokens, steps, minutes, threads, vocab_draft, batch, lr,
                    ttt_steps, resume)
+        job = replace(job, data=replace(job.data, extra=_extra(extra_prompts, extra_skip)),
+                      extra_source=extra_prompts or "")
         check_resume(job)  # before the model loads
         loaded = _load(model, backend, threads, cache_dir)
         job = replace(job, gguf_sha256=file_sha256(loaded.path),
@@ -103,6 +114,27 @@ def train_cmd(model: str, out: Path | None, prompts: int, max_tokens: int, steps
     click.echo(f"{path}: head of {meta['vocab_draft']} draft tokens, {size:.1f} MB; {t['steps']} steps in "
                f"{t['seconds'] / 60:.1f} min on {t['prompts']} prompts ({t['tokens']} tokens); tau_eval "
                f"{t['tau_eval']} (chains of up to 4 drafts, held-out answers)")
+
+
+def _extra(source: str | None, skip: int) -> tuple[str, ...]:
+    """--extra-prompts' texts after --extra-skip, in the benchmarks' order."""
+    if source is None:
+        if skip:
+            raise ValueError("--extra-skip leaves out prompts of --extra-prompts: give the file too")
+        return ()
+    from ..perf.bench import read_prompts
+    path = None if source == "dev" else Path(source)
+    if path is not None and not path.is_file():
+        raise ValueError(f"--extra-prompts {source}: no such file (a .jsonl in the dev-set format, a text file of "
+                         "one prompt per line, or `dev`)")
+    try:
+        texts = tuple(p.text for p in read_prompts(path)[skip:])
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise ValueError(f"--extra-prompts {source}: not a dev-set .jsonl ({type(e).__name__}: {e}); each line "
+                         "needs question_id, category and turns (a list of user turns)") from None
+    if not texts:
+        raise ValueError(f"--extra-skip {skip} leaves no prompt of {source}")
+    return texts
 
 
 def _job(model, out, cache_dir, prompts, max_tokens, steps, minutes, threads, vocab_draft, batch, lr, ttt_steps,

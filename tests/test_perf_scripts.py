@@ -167,3 +167,12 @@ def test_native_kernels_reports_both_roofs_and_the_dot_roof_counts_its_instructi
     assert trip(200) > 0 and trip(0) == -1.0
     lines = [ln for ln in text.splitlines() if ln.strip().startswith(("1 |", "3 |"))]
     assert len(lines) == 2 and all(ln.rstrip().endswith("%") for ln in lines)
+
+
+def test_head_replay_visits_the_roots_a_decode_starts_its_chains_at():
+    """A decode drafts from a root, verifies, and starts the next chain after the accepted drafts and the verify's
+    own token: root r, then r + run[r] + 1."""
+    from specedge.perf.head_replay import decode_roots
+    run = np.array([2, 0, 4, 1, 0, 0, 3, 1, 2])  # accepted drafts from each root
+    np.testing.assert_array_equal(decode_roots(run), [2, 1, 0, 3])  # roots 0, 3, 5, 6 (then 10: past the end)
+    assert len(decode_roots(np.zeros(5, np.int64))) == 5 and len(decode_roots(np.array([], np.int64))) == 0

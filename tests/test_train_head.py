@@ -138,6 +138,65 @@ def test_data_resumes_without_running_the_target_again(tiny, tiny_data, monkeypa
                   target_sha256="t")
 
 
+def test_the_user_s_prompts_are_answered_first_and_change_the_data_s_settings(tiny, tiny_data, tmp_path):
+    """--extra-prompts: the user's prompts come before the recipe's (each passage prompt then reads its own source's
+    answer, moved past them), the index records their count and hash, and other prompts are refused in the folder."""
+    g, backend, tok = tiny
+    _, plain = tiny_data
+    own = ("Say hello.", "Name a colour.")
+    settings = DataSettings(prompts=10, max_tokens=12, taps=TAPS, shard_size=8, extra=own)
+    seqs = make_data(backend, tok, tmp_path, settings, target_sha256="t")
+    assert len(seqs) == 12
+    for i, text in enumerate(own):
+        prompt = tok.chat_ids(text)
+        seq = seqs.tokens[seqs.offsets[i]:seqs.offsets[i + 1]]
+        assert np.array_equal(seq, np.concatenate([prompt, plain_greedy(backend, prompt, 12, g.config.eos_ids)]))
+    for i in range(10):  # the recipe's sequences, passages included, are those made without the user's prompts
+        j = i + len(own)
+        np.testing.assert_array_equal(seqs.tokens[seqs.offsets[j]:seqs.offsets[j + 1]],
+                                      plain.tokens[plain.offsets[i]:plain.offsets[i + 1]])
+    index = json.loads((tmp_path / data_mod.INDEX).read_text())
+    assert index["extra"] == data_mod.extra_digest(own) and index["extra"]["count"] == 2
+    with pytest.raises(ValueError, match="other settings .*extra"):
+        make_data(backend, tok, tmp_path, replace(settings, extra=own[:1]), target_sha256="t")
+
+
+def test_extra_prompts_from_the_command_line_are_read_skipped_and_checked(tmp_path):
+    from specedge.apps.train_cmd import _extra
+    from specedge.perf.bench import read_prompts
+    dev = _extra("dev", 30)
+    assert dev == tuple(p.text for p in read_prompts(None)[30:])
+    assert not set(dev) & {p.text for p in read_prompts(None, limit=30)}  # what bench --skip 12 --limit 18 reads
+    lines = tmp_path / "mine.txt"
+    lines.write_text("first prompt\n\nsecond prompt\n")
+    assert _extra(str(lines), 0) == ("first prompt", "second prompt") and _extra(None, 0) == ()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "no turns"}\n')
+    for args, words in (((str(bad), 0), "needs question_id, category and turns"),
+                        ((str(tmp_path / "nope.txt"), 0), "no such file"), ((str(lines), 2), "leaves no prompt"),
+                        ((None, 3), "give the file too")):
+        with pytest.raises(ValueError, match=words):
+            _extra(*args)
+
+
+def test_an_epoch_s_batches_take_every_sequence_once_with_like_lengths_together():
+    from specedge.export.train_head.train import epoch_batches
+    rng = np.random.default_rng(0)
+    lengths = np.where(rng.random(203) < 0.15, rng.integers(800, 2000, 203), rng.integers(60, 200, 203))
+    ids = np.arange(200)  # 3 held out
+    batches = epoch_batches(ids, lengths, 8, seed=5)
+    assert len(batches) == 200 // 8 and all(len(b) == 8 for b in batches)
+    flat = np.concatenate(batches)
+    assert len(set(flat.tolist())) == len(flat) and set(flat.tolist()) <= set(ids.tolist())
+    assert all(np.array_equal(a, b) for a, b in zip(batches, epoch_batches(ids, lengths, 8, seed=5)))
+    assert not all(np.array_equal(a, b) for a, b in zip(batches, epoch_batches(ids, lengths, 8, seed=6)))
+    # padding: each batch is padded to its longest sequence; sorted runs pad far less than a plain shuffle
+    padded = sum(len(b) * lengths[b].max() for b in batches)
+    shuffled = rng.permutation(ids)[:len(flat)].reshape(-1, 8)
+    assert padded < 0.6 * sum(len(b) * lengths[b].max() for b in shuffled)
+    assert [len(b) for b in epoch_batches(np.arange(3), lengths, 8, seed=0)] == [3]  # fewer than a batch
+
+
 def test_draft_vocabulary_is_the_most_frequent_answer_tokens():
     answers = np.array([7] * 5 + [3] * 4 + [9] * 3 + [1] * 2 + [4], np.int64)
     d2t = draft_vocab(answers, 20, 3)

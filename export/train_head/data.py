@@ -1,7 +1,8 @@
 """Self-distillation data for a draft head: the target's own greedy answers and its taps at every position.
 
-For each recipe prompt (prompts.py; a passage prompt gets the target's own answer to its source prompt, decoded, in
-place of its PASSAGE): the chat template applied, the target answers greedily (up to max_tokens, or
+For each prompt, the user's own first (`DataSettings.extra`, e.g. a file of their chats), then the recipe's (prompts.py;
+a passage prompt gets the target's own answer to its source prompt, decoded, in place of its PASSAGE): the chat
+template applied, the target answers greedily (up to max_tokens, or
 its end of turn), and its own forwards, `hidden(..., taps=taps)` over the prompt and then over each answer token (its
 end-of-turn token included), give the three tapped hidden states at every position of prompt + answer: the taps the
 head reads when it drafts (from the verify forwards), with no second pass over the sequence. On the native engine,
@@ -10,7 +11,8 @@ reference within float16 rounding.
 Shards of `shard_size` prompts are written one by one:
 
     <dir>/index.json         {"format": "specedge-head-data", "taps", "max_tokens", "d_model", "target_sha256",
-                              "recipe_version", "shard_size", "shards": [{"file", "first", "count", "tokens",
+                              "recipe_version", "shard_size", "extra": null or {"count", "sha256"},
+                              "shards": [{"file", "first", "count", "tokens",
                               "seconds", "sha256"}]}
     <dir>/shard-00000.npz    tokens int32 [N] (every sequence's prompt + answer, concatenated), taps float16
                              [N, 3, D] (taps[i, j] = h after the first taps[j] layers at that position), lengths
@@ -25,7 +27,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -53,6 +55,8 @@ class DataSettings:
     max_tokens: int = 128  # the longest answer
     taps: tuple[int, int, int] = (2, 15, 27)
     shard_size: int = 32
+    extra: tuple[str, ...] = ()  # the user's own prompts, answered before the recipe's (the held-out tail for
+    #                              tau_eval stays the recipe's)
 
     def __post_init__(self) -> None:
         if self.prompts < 1 or self.max_tokens < 1 or self.shard_size < 1:
@@ -116,10 +120,25 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def extra_digest(extra: Sequence[str]) -> dict | None:
+    """The user's prompts as the data index records them: their count and the sha256 over their texts."""
+    if not extra:
+        return None
+    return {"count": len(extra), "sha256": hashlib.sha256(json.dumps(list(extra)).encode()).hexdigest()}
+
+
 def _header(settings: DataSettings, d_model: int, target_sha256: str) -> dict:
     return {"format": FORMAT, "version": 1, "recipe_version": RECIPE_VERSION, "taps": list(settings.taps),
             "max_tokens": settings.max_tokens, "shard_size": settings.shard_size, "d_model": d_model,
-            "target_sha256": target_sha256}
+            "target_sha256": target_sha256, "extra": extra_digest(settings.extra)}
+
+
+def all_prompts(settings: DataSettings) -> list[RecipePrompt]:
+    """The user's prompts (kind "own"), then the recipe's first `settings.prompts`, each passage prompt's source
+    moved past the user's."""
+    shift = len(settings.extra)
+    own = [RecipePrompt("own", text) for text in settings.extra]
+    return own + [p if p.source is None else replace(p, source=p.source + shift) for p in recipe(settings.prompts)]
 
 
 def _read_index(out: Path, header: dict) -> list[dict]:
@@ -149,7 +168,7 @@ def make_data(backend: LayeredBackend, tokenizer, out: Path, settings: DataSetti
     did, then after each prompt (the command moves a tqdm bar with it)."""
     out.mkdir(parents=True, exist_ok=True)
     header = _header(settings, backend.config.d_model, target_sha256)
-    prompts = recipe(settings.prompts)
+    prompts = all_prompts(settings)
     n, size = len(prompts), settings.shard_size
     kept = {s["first"]: s for s in _read_index(out, header)}
     shards = []
@@ -176,7 +195,7 @@ def make_data(backend: LayeredBackend, tokenizer, out: Path, settings: DataSetti
 
 
 class _Passages:
-    """The target's answers as text, by recipe index: those of this run kept as made, a shard a previous run
+    """The target's answers as text, by prompt index: those of this run kept as made, a shard a previous run
     wrote read back when a passage prompt needs one of its answers."""
 
     def __init__(self, out: Path, shard_size: int, tokenizer) -> None:

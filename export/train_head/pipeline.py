@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 
 from .artifact import head_arrays, manifest, output_rows, target_embedding, write_head
-from .data import DataSettings, make_data
+from .data import DataSettings, extra_digest, make_data
 from .model import HeadConfig, require_torch
 from .prompts import RECIPE_LICENCE, RECIPE_VERSION
 from .train import CHECKPOINT, Progress, Target, TrainSettings, Trained, checkpoint_d2t, train_head
@@ -30,6 +30,7 @@ class Job:
     vocab_draft: int = DEFAULT_VD
     resume: bool = False
     command: str = ""  # the command line, recorded in head.json
+    extra_source: str = ""  # where data.extra came from (the file as given), recorded in head.json
 
 
 @dataclass(frozen=True)
@@ -78,4 +79,6 @@ def _training(job: Job, trained: Trained, seqs) -> dict:
             "steps": trained.steps, "seconds": round(trained.seconds, 1), "tau_eval": tau,
             "licence": RECIPE_LICENCE, "recipe_version": RECIPE_VERSION, "data_seconds": data_s,
             "max_tokens": job.data.max_tokens, "ttt_steps": job.train.ttt_steps,
+            "extra_prompts": None if not job.data.extra else {"source": job.extra_source,
+                                                              **extra_digest(job.data.extra)},
             "settings": {k: v for k, v in asdict(job.train).items() if k not in ("eval_max", "checkpoint_s")}}
