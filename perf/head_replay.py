@@ -25,21 +25,6 @@ def decode_roots(run: np.ndarray) -> np.ndarray:
     return np.array(out, dtype=np.int64)
 
 
-def accepted_runs(head, seqs, i: int, t2d: np.ndarray, drafts: int) -> np.ndarray:
-    """Drafts accepted from each answer root of sequence i (as train.expected_tau counts them)."""
-    import torch
-    from ..export.train_head.train import batch_arrays
-    taps, tokens, target = batch_arrays(seqs, np.array([i]), t2d)
-    with torch.no_grad():
-        outs = head(torch.as_tensor(taps), torch.as_tensor(tokens), drafts)
-        roots = np.arange(max(0, int(seqs.prompt_lens[i]) - 1), tokens.shape[1] - 1 - drafts)
-        ok, run = np.ones(len(roots), bool), np.zeros(len(roots), np.int64)
-        for j, o in enumerate(outs):
-            ok &= head.logits(o[0, roots + j]).argmax(-1).numpy() == target[0, roots + j]
-            run += ok
-    return run
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("head", type=Path, help="a train-drafter output folder (head.json, train/checkpoint.pt)")
@@ -55,6 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     from ..export.train_head.artifact import target_embedding
     from ..export.train_head.data import Sequences, answer_with_taps
     from ..export.train_head.model import HeadConfig, build_head
+    from ..export.train_head.train import accepted_runs
     from ..runtime.backends import BackendKind
     from .bench import read_prompts
     torch.set_num_threads(a.threads)
@@ -80,7 +66,8 @@ def main(argv: list[str] | None = None) -> None:
     t2d[d2t] = np.arange(len(d2t))
     rows: dict[str, list] = {}
     for i, p in enumerate(prompts):
-        run = accepted_runs(head, seqs, i, t2d, a.drafts)
+        with torch.no_grad():
+            run = accepted_runs(head, seqs, i, t2d, a.drafts)
         answer = seqs.tokens[seqs.offsets[i] + plens[i]:seqs.offsets[i + 1]]
         rows.setdefault(p.task, []).append((run, decode_roots(run), (t2d[answer] >= 0).mean()))
     print(f"{a.head}: {len(prompts)} prompts, chains of up to {a.drafts} drafts")

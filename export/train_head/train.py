@@ -85,7 +85,8 @@ def epoch_batches(ids: np.ndarray, lengths: np.ndarray, batch: int, seed: int, p
     """One epoch's batches: the ids shuffled, each run of `pool` batches' worth sorted by length and cut into
     batches, the batches shuffled. A batch is padded to its longest sequence, so a long prompt (an article to
     summarise) no longer pads seven short ones: on SmolLM2's recipe plus the dev set's 210 prompts a step of 8 took
-    6.4 s in a plain shuffle and 3.6 s so. Every id once an epoch (the last partial batch left out), the same for the same seed."""
+    6.4 s in a plain shuffle and 3.6 s so. Every id once an epoch (the last partial batch left out), the same for
+    the same seed."""
     rng = np.random.default_rng(seed)
     order = rng.permutation(ids)
     n = len(order) // batch * batch
@@ -134,26 +135,25 @@ def _loss(torch, head, taps, tokens, target, steps: int):
     return sum(losses) / max(len(losses), 1)
 
 
-def expected_tau(head, seqs: Sequences, ids: np.ndarray, t2d: np.ndarray, drafts: int = EVAL_DRAFTS) -> float:
-    """1 + the mean number of drafts accepted (greedy, chains of up to `drafts`) from every answer root r (r + 1
-    the first answer token or later, x[r + 1 + drafts] inside the sequence)."""
+def accepted_runs(head, seqs: Sequences, i: int, t2d: np.ndarray, drafts: int) -> np.ndarray:
+    """Drafts accepted (greedy, chains of up to `drafts`) from each answer root r of sequence i (r + 1 the first
+    answer token or later, x[r + 1 + drafts] inside the sequence); the caller holds torch.no_grad()."""
     torch = require_torch()
-    accepted = []
+    taps, tokens, target = batch_arrays(seqs, np.array([i]), t2d)
+    outs = head(torch.as_tensor(taps), torch.as_tensor(tokens), drafts)
+    roots = np.arange(max(0, int(seqs.prompt_lens[i]) - 1), tokens.shape[1] - 1 - drafts)
+    ok, run = np.ones(len(roots), bool), np.zeros(len(roots), np.int64)
+    for j, o in enumerate(outs):  # step j of root r is row r + j, drafting x[r + j + 2]
+        ok &= head.logits(o[0, roots + j]).argmax(-1).numpy() == target[0, roots + j]
+        run += ok
+    return run
+
+
+def expected_tau(head, seqs: Sequences, ids: np.ndarray, t2d: np.ndarray, drafts: int = EVAL_DRAFTS) -> float:
+    """1 + the mean number of drafts accepted from every answer root of the sequences `ids` (accepted_runs)."""
+    torch = require_torch()
     with torch.no_grad():
-        for i in ids:
-            taps, tokens, target = batch_arrays(seqs, np.array([i]), t2d)
-            outs = head(torch.as_tensor(taps), torch.as_tensor(tokens), drafts)
-            n, first = tokens.shape[1], max(0, int(seqs.prompt_lens[i]) - 1)
-            roots = np.arange(first, n - 1 - drafts)
-            if not len(roots):
-                continue
-            ok = np.ones(len(roots), bool)
-            run = np.zeros(len(roots), np.int64)
-            for j, o in enumerate(outs):  # step j of root r is row r + j, drafting x[r + j + 2]
-                guess = head.logits(o[0, roots + j]).argmax(-1).numpy()
-                ok &= guess == target[0, roots + j]
-                run += ok
-            accepted.append(run)
+        accepted = [run for i in ids if len(run := accepted_runs(head, seqs, i, t2d, drafts))]
     return 1.0 + float(np.concatenate(accepted).mean()) if accepted else float("nan")
 
 
@@ -243,10 +243,13 @@ def train_head(seqs: Sequences, target: Target, d2t: np.ndarray, out: Path, sett
     per_epoch = max(1, len(train_ids) // settings.batch)
     lengths = np.diff(seqs.offsets)
     first = last = None
+    epoch, batches = -1, []
     saved = time.perf_counter()
     while _done(settings, step, seconds) < 1.0:
         t0 = time.perf_counter()
-        batches = epoch_batches(train_ids, lengths, settings.batch, settings.seed + step // per_epoch)
+        if step // per_epoch != epoch:
+            epoch = step // per_epoch
+            batches = epoch_batches(train_ids, lengths, settings.batch, settings.seed + epoch)
         taps, tokens, tgt = batch_arrays(seqs, batches[step % per_epoch], t2d)
         for group in opt.param_groups:
             group["lr"] = _lr(settings, step, seconds)
