@@ -83,6 +83,34 @@ def test_packing_keeps_every_weight_s_value(fmt):
     assert m.nbytes <= raw.nbytes * 1.03 * 48 / 37  # 48: the rows of 3 whole groups; K-quants' 6-bit ints as bytes
 
 
+# where each format's integer quants sit in its GGUF block, and the byte that makes every one the largest the
+# kernels multiply (Q8_0: -128, stored + 128 as 0; the 4-, 5- and 6-bit ones all bits set)
+QUANT_BYTES = {"Q4_0": (2, 18, 0xFF), "Q4_1": (4, 20, 0xFF), "Q5_0": (2, 22, 0xFF), "Q8_0": (2, 34, 0x80),
+               "Q4_K": (16, 144, 0xFF), "Q5_K": (16, 176, 0xFF), "Q6_K": (0, 192, 0xFF)}
+
+
+@pytest.mark.parametrize("fmt", list(QUANT_BYTES))
+def test_every_isa_agrees_where_the_integer_sums_are_largest(fmt):
+    """Every quant at its extreme against activations of +-127 of one sign a row: the largest pair and block sums
+    the kernels form (AVX2 keeps a block's 4-bit products in int16 before widening: 8 x 2 x 15 x 127 must fit)."""
+    k = width(fmt, 128)
+    raw, _ = random_matrix(fmt, 40, k, seed=3)
+    nbytes, per = nl.BLOCKS[fmt][0], raw.shape[1] // nl.BLOCKS[fmt][0]
+    blocks = raw.reshape(40, per, nbytes)
+    lo, hi, byte = QUANT_BYTES[fmt]
+    blocks[:, :, lo:hi] = byte
+    m = nl.PackedMatrix(fmt, blocks.reshape(40, -1))
+    x = np.where(np.arange(16)[:, None] % 2 == 0, 3.0, -3.0) * np.ones((16, k))
+    x[5, ::7] = 0.0  # a row whose blocks are not all alike
+    x = x.astype(np.float32)
+    for span in (0, 1) if m.kquant else (0,):
+        want = m.matmul(x, isa=0, span=span)
+        assert np.isfinite(want).all() and np.abs(want).max() > 0
+        for isa in ISAS:
+            for n in (1, 2, 3, 4, 5, 9, 16):
+                assert np.array_equal(m.matmul(x[:n], isa=isa, span=span), want[:n]), (nl.isa_name(isa), n, span)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_isa_computes_the_portable_c_bit_for_bit_at_every_width(fmt):
     k = width(fmt, 128)

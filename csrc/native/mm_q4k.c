@@ -216,11 +216,11 @@ SE_AVX512 void se_mm_q4k_avx512(const se_mat *w, const se_act *x, int rows, floa
     }
 }
 
-/* AVX2: lanes 8h .. 8h+7 of the group (h = 0, 1); u8 x s8 dots as vpmaddubsw + vpmaddwd (q <= 15: no pair sum
- * saturates). */
-static inline SE_AVX2 INL __m256i dot4(__m256i w, __m256i x) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
-}
+/* AVX2: lanes 8h .. 8h+7 of the group (h = 0, 1); u8 x s8 dots as vpmaddubsw, whose int16 pair sums a block keeps
+ * and widens once with vpmaddwd (Q4_K: 8 of at most 2 * 15 * 127, 30480 < 2^15; Q5_K: twice, 4 of at most 2 * 31 *
+ * 127), the same exact integer as widening each. PIN keeps a row's running sum in its register and in program
+ * order (mm_avx2.c). */
+#define PIN(v) __asm__("" : "+x"(v))
 
 static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, int i0, const int R, float *out,
                                        int ldo, int lanes, int h, const int q5) {
@@ -236,8 +236,8 @@ static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, 
             int b = sb * SE_SUPER + j;
             const uint8_t *blk = sub_block(w, s, j);
             if (h == 0) prefetch_sub(w, s, j);
-            __m256i dot[4];
-            for (int i = 0; i < R; i++) dot[i] = _mm256_setzero_si256();
+            __m256i dot[4], sum16[4];
+            for (int i = 0; i < R; i++) dot[i] = sum16[i] = _mm256_setzero_si256();
             for (int t = 0; t < 4; t++) {
                 __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 * t + 32 * h));
                 __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
@@ -250,9 +250,16 @@ static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, 
                     int32_t a0, a1;
                     __builtin_memcpy(&a0, xq + 4 * t, 4);
                     __builtin_memcpy(&a1, xq + 16 + 4 * t, 4);
-                    dot[i] = _mm256_add_epi32(dot[i], dot4(lo, _mm256_set1_epi32(a0)));
-                    dot[i] = _mm256_add_epi32(dot[i], dot4(hi, _mm256_set1_epi32(a1)));
+                    sum16[i] = _mm256_add_epi16(sum16[i], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a0)));
+                    PIN(sum16[i]);
+                    sum16[i] = _mm256_add_epi16(sum16[i], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(a1)));
+                    PIN(sum16[i]);
                 }
+                if (t == 3 || (q5 && t == 1))
+                    for (int i = 0; i < R; i++) {
+                        dot[i] = _mm256_add_epi32(dot[i], _mm256_madd_epi16(sum16[i], _mm256_set1_epi16(1)));
+                        sum16[i] = _mm256_setzero_si256();
+                    }
             }
             __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
                                                 _mm_loadl_epi64((const __m128i *)(s + 64 + 16 * j + 8 * h)))));
@@ -299,7 +306,7 @@ static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, 
 }
 
 #define PASSES256(q5)                                                                                            \
-    switch (rows - i0 < 4 ? rows - i0 : 4) {                                                                   \
+    switch (n = se_pass_rows(rows, 4, i0)) {                                                                   \
     case 1: pass256(w, g, x, i0, 1, out, ldo, lanes, h, q5); break;                                              \
     case 2: pass256(w, g, x, i0, 2, out, ldo, lanes, h, q5); break;                                              \
     case 3: pass256(w, g, x, i0, 3, out, ldo, lanes, h, q5); break;                                              \
@@ -310,7 +317,7 @@ SE_AVX2 void se_mm_q4k_avx2(const se_mat *w, const se_act *x, int rows, float *o
     for (int g = g0; g < g1; g++) {
         int lanes = w->n - g * SE_GROUP;
         for (int h = 0; h < 2; h++)
-            for (int i0 = 0; i0 < rows; i0 += 4) {
+            for (int i0 = 0, n; i0 < rows; i0 += n) {
                 if (w->kern == SE_KERN_Q5K) PASSES256(1)
                 else PASSES256(0)
             }

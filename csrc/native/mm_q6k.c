@@ -166,11 +166,10 @@ SE_AVX512 void se_mm_q6k_avx512(const se_mat *w, const se_act *x, int rows, floa
     else groups512(w, x, rows, out, ldo, g0, g1, 0);
 }
 
-/* AVX2: lanes 8h .. 8h+7 of the group (h = 0, 1); u8 x s8 dots as vpmaddubsw + vpmaddwd (q <= 63: a pair sum is at
- * most 2 * 63 * 127, no saturation). */
-static inline SE_AVX2 INL __m256i dot4(__m256i w, __m256i x) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
-}
+/* AVX2: lanes 8h .. 8h+7 of the group (h = 0, 1); u8 x s8 dots as vpmaddubsw, two of whose int16 pair sums (each
+ * at most 2 * 63 * 127 = 16002) are added before vpmaddwd widens them: the same exact integer as widening each. PIN
+ * keeps a row's running sum in its register and in program order (mm_avx2.c). */
+#define PIN(v) __asm__("" : "+x"(v))
 
 static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, int i0, const int R, float *out,
                                        int ldo, int lanes, int h) {
@@ -188,8 +187,8 @@ static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, 
             if (h == 0) prefetch_sub(s, j);
             __m256i h0 = _mm256_loadu_si256((const __m256i *)(blk + 256 + 32 * h));
             __m256i h1 = _mm256_loadu_si256((const __m256i *)(blk + 320 + 32 * h));
-            __m256i dot0[4], dot1[4];
-            for (int i = 0; i < R; i++) dot0[i] = dot1[i] = _mm256_setzero_si256();
+            __m256i dot0[4], dot1[4], s0[4], s1[4]; /* s0, s1: int16 sums of two t's products */
+            for (int i = 0; i < R; i++) dot0[i] = dot1[i] = s0[i] = s1[i] = _mm256_setzero_si256();
             for (int t = 0; t < 4; t++) {
                 __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 * t + 32 * h));
                 __m256i lo = _mm256_or_si256(_mm256_and_si256(v, nib), HI2_256(h0, t));
@@ -199,9 +198,17 @@ static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, 
                     int32_t a0, a1;
                     __builtin_memcpy(&a0, xq + 4 * t, 4);
                     __builtin_memcpy(&a1, xq + 16 + 4 * t, 4);
-                    dot0[i] = _mm256_add_epi32(dot0[i], dot4(lo, _mm256_set1_epi32(a0)));
-                    dot1[i] = _mm256_add_epi32(dot1[i], dot4(hi, _mm256_set1_epi32(a1)));
+                    s0[i] = _mm256_add_epi16(s0[i], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a0)));
+                    PIN(s0[i]);
+                    s1[i] = _mm256_add_epi16(s1[i], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(a1)));
+                    PIN(s1[i]);
                 }
+                if (t % 2)
+                    for (int i = 0; i < R; i++) {
+                        dot0[i] = _mm256_add_epi32(dot0[i], _mm256_madd_epi16(s0[i], _mm256_set1_epi16(1)));
+                        dot1[i] = _mm256_add_epi32(dot1[i], _mm256_madd_epi16(s1[i], _mm256_set1_epi16(1)));
+                        s0[i] = s1[i] = _mm256_setzero_si256();
+                    }
             }
             __m256i sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(s + SE_Q6K_SC + 32 * j + 8 * h)));
             __m256i sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(s + SE_Q6K_SC + 32 * j + 16 + 8 * h)));
