@@ -6,7 +6,7 @@
  *   silu_mul:   y = g / (1 + exp(-g)) * u, element by element (each a correctly rounded IEEE step);
  *   quantize:   se_quantize_blocks' arithmetic (act.c): a run's max |x| (exact in any order), then block by block
  *               steps that are exact or element-wise.
- * AVX2 keeps the 16 partial sums in two registers; its max, silu_mul and quantize are the portable C.
+ * AVX2 keeps the 16 partial sums in two registers and runs max, silu_mul and quantize as AVX-512 does, on 8 lanes.
  * So every ISA gives the portable C's bits, and a row's result never depends on the rows beside it. */
 #include "se.h"
 
@@ -170,7 +170,70 @@ static T256 float sumsq_avx2(const float *x, int n) {
     return finish8x2(lo, hi, x + c, n - c, 1);
 }
 
-static const se_row_ops avx2 = {sum_avx2, sumsq_avx2, max_portable, silu_mul_portable, quantize_portable};
+static T256 float max_avx2(const float *x, int n) {
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + i));
+    float p[8], r = -INFINITY;
+    _mm256_storeu_ps(p, m);
+    for (int l = 0; l < 8; l++) r = p[l] > r ? p[l] : r;
+    for (; i < n; i++) r = x[i] > r ? x[i] : r;
+    return r;
+}
+
+static T256 void silu_mul_avx2(const float *g, const float *u, float *y, int n) {
+    int j = 0;
+    for (; j + 8 <= n; j += 8) _mm256_storeu_ps(y + j, _mm256_sub_ps(_mm256_setzero_ps(), _mm256_loadu_ps(g + j)));
+    for (; j < n; j++) y[j] = -g[j];
+    se_vec()->exp_inplace(y, n);
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (j = 0; j + 8 <= n; j += 8) {
+        __m256 t = _mm256_div_ps(_mm256_loadu_ps(g + j), _mm256_add_ps(one, _mm256_loadu_ps(y + j)));
+        _mm256_storeu_ps(y + j, _mm256_mul_ps(t, _mm256_loadu_ps(u + j)));
+    }
+    for (; j < n; j++) y[j] = g[j] / (1.0f + y[j]) * u[j];
+}
+
+static T256 int32_t hsum8(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1)));
+}
+
+/* quantize_avx512's steps on 8 lanes; the 32 int32 packed to int8 in order (both packs keep |q| <= 127 as is) */
+static T256 void quantize_avx2(const float *x, int nblocks, int span, int8_t *q, float *d, int32_t *s, int32_t *h,
+                               float *m) {
+    const __m256 magic = _mm256_set1_ps(12582912.0f), sign = _mm256_set1_ps(-0.0f);
+    const __m256i top = _mm256_set1_epi32(127), bottom = _mm256_set1_epi32(-127);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int b0 = 0; b0 < nblocks; b0 += span) {
+        __m256 mx = _mm256_setzero_ps();
+        for (int v = 0; v < 4 * span; v++)
+            mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + b0 * SE_BLOCK + 8 * v)));
+        float p[8], amax = 0.0f;
+        _mm256_storeu_ps(p, mx);
+        for (int l = 0; l < 8; l++) amax = p[l] > amax ? p[l] : amax;
+        float scale = amax / 127.0f, inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+        __m256 vi = _mm256_set1_ps(inv);
+        for (int b = b0; b < b0 + span; b++) {
+            __m256i iv[4];
+            for (int v = 0; v < 4; v++) {
+                __m256 r = _mm256_mul_ps(_mm256_loadu_ps(x + b * SE_BLOCK + 8 * v), vi);
+                r = _mm256_sub_ps(_mm256_add_ps(r, magic), magic);
+                iv[v] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvttps_epi32(r), bottom), top);
+            }
+            __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]), _mm256_packs_epi32(iv[2], iv[3]));
+            _mm256_storeu_si256((__m256i *)(q + b * SE_BLOCK), _mm256_permutevar8x32_epi32(w, order));
+            int32_t half = hsum8(_mm256_add_epi32(iv[0], iv[1])), rest = hsum8(_mm256_add_epi32(iv[2], iv[3]));
+            d[b] = scale;
+            s[b] = half + rest;
+            h[b] = half;
+            m[b] = scale * (float)(half + rest);
+        }
+    }
+}
+
+static const se_row_ops avx2 = {sum_avx2, sumsq_avx2, max_avx2, silu_mul_avx2, quantize_avx2};
 #endif
 
 const se_row_ops *se_rows(void) {
