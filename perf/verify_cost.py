@@ -16,6 +16,8 @@ compute on that thread, so the numbers do not grow when other processes load the
 Roof: the best of 3 reads of a buffer on huge pages as large as the largest target's weights), and prints each
 target's T(1) bandwidth as a percentage of the median roof (issue 41's "at >= 80% of the roof measured in the same
 run").
+`--isa avx2` runs the native engine's kernels as on a CPU without AVX-512 (any ISA this CPU has; the engine's
+default is its best), so the AVX2 path can be compared with ik_llama.cpp's AVX2 wheel on one machine.
 """
 from __future__ import annotations
 
@@ -44,6 +46,15 @@ def plain_tok_s(backend, n_decode: int, rng: np.random.Generator) -> float:
     return stats.tokens_per_s
 
 
+def force_isa(name: str) -> None:
+    """The native engine's kernels on ISA `name` for this process; one this CPU does not run is refused."""
+    from ..runtime.backends import native_lib as nl
+    lib = nl.load()
+    if lib.se_set_isa(nl.ISA_NAMES.index(name)) != nl.ISA_NAMES.index(name):
+        runs = ", ".join(nl.isa_name(i) for i in nl.cpu_isas(lib))
+        raise SystemExit(f"--isa {name}: this CPU does not run it; it runs {runs}")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--targets", nargs="+", default=["llamacpp", "numpy"], help="backend[:model] each")
@@ -60,8 +71,12 @@ def main(argv=None) -> None:
     ap.add_argument("--tree", type=int, default=None, metavar="F",
                     help="time tree verification: n nodes in a heap-shaped tree of fan-out F (default: chains)")
     ap.add_argument("--roof", action="store_true", help="measure the memory roof in the same rounds (native engine)")
+    ap.add_argument("--isa", choices=("portable", "avx2", "avx512", "neon"), default=None,
+                    help="the native engine's instruction set (default: the best this CPU runs)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
+    if a.isa:
+        force_isa(a.isa)
     stat = min if a.stat == "min" else statistics.median
     runs = []
     for t in a.targets:
@@ -118,7 +133,7 @@ def report(rows: list[dict], a, roof) -> None:
     """The table; with a roof, its median and each row's roof_pct_at_t1 (T(1) bandwidth over that median)."""
     roof_gb_s = roof.median() if roof is not None else None
     print(f"threads={a.threads} ctx={a.ctx} reps={a.reps} stat={a.stat} clock={a.clock}"
-          + ("" if a.tree is None else f" tree fan-out={a.tree}")
+          + ("" if a.tree is None else f" tree fan-out={a.tree}") + ("" if a.isa is None else f" native isa={a.isa}")
           + ("" if roof is None else f" roof {roof_gb_s:.1f} GB/s (median of {a.rounds}: "
              + ", ".join(f"{g:.1f}" for g in roof.gb_s) + f"; reading {roof.nbytes / 1e6:.0f} MB)"
              + (f"; {roof.placement()}" if roof.placement() else "")))

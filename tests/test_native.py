@@ -267,6 +267,16 @@ def test_attention_scores_and_weighted_sums_in_batches_equal_key_by_key(hd):
         sums.append(acc)
     assert all(np.array_equal(s, sums[0]) for s in sums)
     assert np.allclose(sums[0], w @ K[idx].astype(np.float32), rtol=1e-5, atol=1e-5)
+    ws = rng.random((16, 37)).astype(np.float32)  # many queries in one call (a V row converted once for all):
+    for nq in (1, 2, 3, 4, 5, 7, 8, 13, 16):  # each query's sums are its own call's, bit for bit, on every ISA
+        for isa in ISAS:
+            outs = np.empty((nq, hd), np.float32)
+            LIB.se_vec_wsum_q(nl.fptr(ws), nq, K.ctypes.data, nl.iptr(idx), 37, hd, nl.fptr(outs), isa)
+            for j in range(nq):
+                one = np.empty(hd, np.float32)
+                LIB.se_vec_wsum(nl.fptr(np.ascontiguousarray(ws[j])), K.ctypes.data, nl.iptr(idx), 37, hd,
+                                nl.fptr(one), 0)
+                assert np.array_equal(outs[j], one), (nl.isa_name(isa), nq, j)
 
 
 @pytest.fixture(scope="module")

@@ -53,6 +53,25 @@ def test_verify_cost_roof_is_measured_each_round_and_reported_per_target(tmp_pat
     assert "roof" in text and "% of roof |" in text and f"{row['roof_pct_at_t1']:.0f}% |" in text
 
 
+def test_verify_cost_isa_runs_the_native_engine_on_a_lesser_instruction_set(tmp_path, capsys):
+    """--isa portable: the native engine's kernels switch for the run (and the run says so); an ISA this CPU does not
+    run is refused with the ones it does."""
+    from specedge.runtime.backends import native_lib
+    if native_lib.available() is not None:
+        pytest.skip(f"the native engine is not built: {native_lib.available()}")
+    lib = native_lib.load()
+    path = write_tiny_gguf(tmp_path / "m.gguf", dtype="q8_0", seed=1)
+    try:
+        verify_cost.main(["--targets", f"native:{path}", "--ctx", "16", "--reps", "1", "--widths", "1", "2",
+                          "--decode", "2", "--rounds", "1", "--threads", "1", "--isa", "portable"])
+        assert lib.se_isa() == 0 and "native isa=portable" in capsys.readouterr().out
+        other = "avx2" if native_lib.isa_name(lib.se_cpu_isa()) == "neon" else "neon"
+        with pytest.raises(SystemExit, match=f"--isa {other}: this CPU does not run it; it runs portable"):
+            verify_cost.main(["--targets", f"native:{path}", "--isa", other])
+    finally:
+        lib.se_set_isa(lib.se_cpu_isa())
+
+
 def test_prompt_rate_prefills_every_target(tmp_path, capsys):
     from specedge.perf import prompt_rate
     path = write_tiny_gguf(tmp_path / "m.gguf", dtype="q8_0", seed=1)

@@ -134,6 +134,19 @@ void se_vec_wsum(const float *w, const uint16_t *V, const int32_t *idx, int cnt,
     se_set_isa(before);
 }
 
+/* nq queries' weighted sums (w: [nq, cnt], out: [nq, hd]) in one call, as attention makes it */
+void se_vec_wsum_q(const float *w, int nq, const uint16_t *V, const int32_t *idx, int cnt, int hd, float *out,
+                   int isa) {
+    const float *ws[SE_QUERIES];
+    float *os[SE_QUERIES];
+    nq = nq < SE_QUERIES ? nq : SE_QUERIES;
+    for (int j = 0; j < nq; j++) ws[j] = w + (size_t)j * cnt, os[j] = out + (size_t)j * hd;
+    int before = se_isa();
+    se_set_isa(isa);
+    se_vec()->wsum_q(ws, nq, V, idx, cnt, hd, os);
+    se_set_isa(before);
+}
+
 /* vec_rows.c under a chosen ISA (tests): op 0 sum, 1 sum of squares, 2 max */
 float se_vec_reduce(const float *x, int n, int op, int isa) {
     int before = se_isa();

@@ -172,7 +172,7 @@ SE_AVX512 void se_mm_q6k_avx512(const se_mat *w, const se_act *x, int rows, floa
 #define PIN(v) __asm__("" : "+x"(v))
 
 static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, int i0, const int R, float *out,
-                                       int ldo, int lanes, int h) {
+                                       int ldo, int lanes, int h, const int sb8) {
     const __m256i nib = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
     __m256 acc[4];
     for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();
@@ -212,18 +212,33 @@ static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, 
             }
             __m256i sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(s + SE_Q6K_SC + 32 * j + 8 * h)));
             __m256i sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(s + SE_Q6K_SC + 32 * j + 16 + 8 * h)));
-            for (int i = 0; i < R; i++) {
+            for (int i = 0; sb8 && i < R; i++)
+                isb[i] = _mm256_add_epi32(isb[i], _mm256_add_epi32(_mm256_mullo_epi32(sc0, dot0[i]),
+                                                                   _mm256_mullo_epi32(sc1, dot1[i])));
+            for (int i = 0; !sb8 && i < R; i++) { /* a scale per block: the offsets and scales block by block */
                 int32_t xs = x->s[(size_t)(i0 + i) * x->nb + b], xh = x->h[(size_t)(i0 + i) * x->nb + b];
                 __m256i isum = _mm256_add_epi32(
                     _mm256_mullo_epi32(sc0, _mm256_sub_epi32(dot0[i], _mm256_set1_epi32(32 * xh))),
                     _mm256_mullo_epi32(sc1, _mm256_sub_epi32(dot1[i], _mm256_set1_epi32(32 * (xs - xh)))));
-                isb[i] = _mm256_add_epi32(isb[i], isum);
-                if (x->span == 1) /* a scale per block: folded in block by block */
-                    acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x->d[(size_t)(i0 + i) * x->nb + b])),
-                                             _mm256_cvtepi32_ps(isum), acc[i]);
+                acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x->d[(size_t)(i0 + i) * x->nb + b])),
+                                         _mm256_cvtepi32_ps(isum), acc[i]);
             }
         }
-        for (int i = 0; x->span > 1 && i < R; i++) {
+        if (!sb8) continue;
+        /* the offset terms as pass512's: one vpmaddwd a block and row over the int16 pairs (sc_0, sc_1) and
+         * (h, s - h), after the superblock's dots (the same integer as subtracting them block by block) */
+        __m256i off[4];
+        for (int i = 0; i < R; i++) off[i] = _mm256_setzero_si256();
+        for (int j = 0; j < SE_SUPER; j++) {
+            __m128i a = _mm_loadl_epi64((const __m128i *)(s + SE_Q6K_SC + 32 * j + 8 * h));
+            __m128i c = _mm_loadl_epi64((const __m128i *)(s + SE_Q6K_SC + 32 * j + 16 + 8 * h));
+            __m256i pairs = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, c));
+            for (int i = 0; i < R; i++)
+                off[i] = _mm256_add_epi32(off[i], _mm256_madd_epi16(pairs, _mm256_set1_epi32(
+                                                                      se_half_pairs(x, i0 + i)[sb * SE_SUPER + j])));
+        }
+        for (int i = 0; i < R; i++) {
+            isb[i] = _mm256_sub_epi32(isb[i], _mm256_slli_epi32(off[i], 5));
             float xd = x->d[(size_t)(i0 + i) * x->nb + sb * SE_SUPER];
             acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(xd)), _mm256_cvtepi32_ps(isb[i]), acc[i]);
         }
@@ -240,17 +255,21 @@ static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, 
     }
 }
 
+#define PASSES256(sb8)                                                                                           \
+    switch (n = se_pass_rows(rows, 4, i0)) {                                                                   \
+    case 1: pass256(w, g, x, i0, 1, out, ldo, lanes, h, sb8); break;                                             \
+    case 2: pass256(w, g, x, i0, 2, out, ldo, lanes, h, sb8); break;                                             \
+    case 3: pass256(w, g, x, i0, 3, out, ldo, lanes, h, sb8); break;                                             \
+    default: pass256(w, g, x, i0, 4, out, ldo, lanes, h, sb8); break;                                            \
+    }
+
 SE_AVX2 void se_mm_q6k_avx2(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1) {
     for (int g = g0; g < g1; g++) {
         int lanes = w->n - g * SE_GROUP;
         for (int h = 0; h < 2; h++)
-            for (int i0 = 0; i0 < rows; i0 += 4) {
-                switch (rows - i0 < 4 ? rows - i0 : 4) {
-                case 1: pass256(w, g, x, i0, 1, out, ldo, lanes, h); break;
-                case 2: pass256(w, g, x, i0, 2, out, ldo, lanes, h); break;
-                case 3: pass256(w, g, x, i0, 3, out, ldo, lanes, h); break;
-                default: pass256(w, g, x, i0, 4, out, ldo, lanes, h); break;
-                }
+            for (int i0 = 0, n; i0 < rows; i0 += n) {
+                if (x->span > 1) PASSES256(1)
+                else PASSES256(0)
             }
     }
 }

@@ -202,11 +202,12 @@ typedef struct {
                    float *const *out);
 } se_vec_ops;
 const se_vec_ops *se_vec(void);
+const se_vec_ops *se_vec_avx2(void);  /* vec_avx2.c (x86-64 builds only) */
 const se_vec_ops *se_vec_neon(void);  /* vec_neon.c (AArch64 builds only) */
 float se_expf(float x);  /* the engine's exp: the same polynomial in every ISA */
 
 /* vec_rows.c: per-row steps of the norms, the softmax and the MLP, one fixed order (see the file), bit for bit in
- * every ISA (AVX2 runs the portable C: the compiler's vectorisation of these loops keeps their order) */
+ * every ISA */
 typedef struct {
     float (*sum)(const float *x, int n);
     float (*sumsq)(const float *x, int n);

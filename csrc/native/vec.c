@@ -1,4 +1,5 @@
-/* Float primitives of attention and activations, one fixed operation order in every ISA (NEON's in vec_neon.c):
+/* Float primitives of attention and activations, one fixed operation order in every ISA (AVX2's in vec_avx2.c,
+ * NEON's in vec_neon.c):
  *   scores: a key's dot with a query is one fused chain over the dims from 0, acc = fma(q[d], k[d], acc), then
  *           times the scale; the K cache is dims-major in blocks of SE_KBLOCK keys, so a register holds 16 (AVX-512),
  *           8 (AVX2) or 4 (NEON) keys' chains and no sum is ever reduced across lanes;
@@ -6,22 +7,10 @@
  *   exp:  n = round(x * log2 e), r = x - n * ln2 (two fused steps), a degree-5 polynomial (fused), times 2^n.
  * A call runs its blocks in groups (4 on AVX-512, 2 on AVX2) for independent chains; each lane's chain is the same. */
 #include "se.h"
+#include "vec_common.h"
 
 #include <math.h>
 #include <string.h>
-
-#define LOG2E 1.44269504088896341f
-#define LN2_HI 0.693359375f
-#define LN2_LO -2.12194440e-4f
-#define P0 1.9875691500e-4f
-#define P1 1.3981999507e-3f
-#define P2 8.3334519073e-3f
-#define P3 4.1665795894e-2f
-#define P4 1.6666665459e-1f
-#define P5 5.0000001201e-1f
-#define EXP_LO -87.0f
-#define EXP_HI 88.0f
-#define MAGIC 12582912.0f
 
 float se_expf(float x) {
     float c = x < EXP_LO ? EXP_LO : x > EXP_HI ? EXP_HI : x;
@@ -81,7 +70,6 @@ static const se_vec_ops portable = {axpy_f16_portable, exp_portable, to_f16_port
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define T512 __attribute__((target("avx512f,avx512dq,avx512vl,f16c,fma")))
-#define T256 __attribute__((target("avx2,fma,f16c")))
 
 static T512 void axpy_f16_avx512(float *y, float a, const uint16_t *x, int n) {
     __m512 va = _mm512_set1_ps(a);
@@ -120,55 +108,11 @@ static T512 void exp_avx512(float *x, int n) {
     }
 }
 
-static T256 void axpy_f16_avx2(float *y, float a, const uint16_t *x, int n) {
-    __m256 va = _mm256_set1_ps(a);
-    for (int d = 0; d < n; d += 8)
-        _mm256_storeu_ps(y + d, _mm256_fmadd_ps(va, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + d))),
-                                                 _mm256_loadu_ps(y + d)));
-}
-
-static inline T256 __attribute__((always_inline)) __m256 exp8(__m256 v) { /* as exp16 */
-    __m256 c = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(EXP_LO)), _mm256_set1_ps(EXP_HI));
-    __m256 m = _mm256_set1_ps(MAGIC);
-    __m256 nn = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(c, _mm256_set1_ps(LOG2E)), m), m);
-    __m256 r = _mm256_fmadd_ps(nn, _mm256_set1_ps(-LN2_HI), c);
-    r = _mm256_fmadd_ps(nn, _mm256_set1_ps(-LN2_LO), r);
-    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(P0), r, _mm256_set1_ps(P1));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P2));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P4));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P5));
-    __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(nn), _mm256_set1_epi32(127)), 23);
-    __m256 out = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
-    __m256 under = _mm256_cmp_ps(v, _mm256_set1_ps(EXP_LO), _CMP_LT_OQ);
-    return _mm256_blendv_ps(out, _mm256_setzero_ps(), under);
-}
-
-static T256 void exp_avx2(float *x, int n) {
-    int i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, exp8(_mm256_loadu_ps(x + i)));
-    if (i < n) { /* the tail as exp_avx512's */
-        float t[8] = {0};
-        for (int j = 0; j < n - i; j++) t[j] = x[i + j];
-        _mm256_storeu_ps(t, exp8(_mm256_loadu_ps(t)));
-        for (int j = 0; j < n - i; j++) x[i + j] = t[j];
-    }
-}
-
 static T512 void to_f16_avx512(const float *x, uint16_t *y, int n) {
     int i = 0;
     for (; i + 16 <= n; i += 16)
         _mm256_storeu_si256((__m256i *)(y + i),
                             _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    for (; i < n; i++) y[i] = se_f32_to_f16(x[i]);
-}
-
-static T256 void to_f16_avx2(const float *x, uint16_t *y, int n) {
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128((__m128i *)(y + i),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     for (; i < n; i++) y[i] = se_f32_to_f16(x[i]);
 }
 
@@ -185,57 +129,6 @@ static T512 void wsum_avx512(const float *w, const uint16_t *V, const int32_t *i
         for (int t = 0; t < parts; t++) _mm512_storeu_ps(out + c0 + 16 * t, acc[t]);
     }
 }
-
-static T256 void wsum_avx2(const float *w, const uint16_t *V, const int32_t *idx, int cnt, int hd, float *out) {
-    for (int c0 = 0; c0 < hd; c0 += 32) {
-        int parts = hd - c0 >= 32 ? 4 : (hd - c0) / 8;
-        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-        for (int i = 0; i < cnt; i++) {
-            __m256 e = _mm256_set1_ps(w[i]);
-            const uint16_t *row = V + (size_t)idx[i] * hd + c0;
-            if (i + 32 < cnt) _mm_prefetch((const char *)(V + (size_t)idx[i + 32] * hd + c0), _MM_HINT_T0);
-            for (int t = 0; t < parts; t++)
-                acc[t] = _mm256_fmadd_ps(e, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 8 * t))), acc[t]);
-        }
-        for (int t = 0; t < parts; t++) _mm256_storeu_ps(out + c0 + 8 * t, acc[t]);
-    }
-}
-
-/* A scores call: groups of G blocks, then single ones, through the `group` kernel (always_inline), with NQ a constant
- * at each instance so its accumulators stay in registers. Expects K (moved to block b0), nb, hd, scale. */
-#define SCORES_RUN(group, G, NQ, qs, os)                                                                            \
-    do {                                                                                                            \
-        int b = 0;                                                                                                  \
-        for (; b + (G) <= nb; b += (G)) group(qs, NQ, G, K, b, hd, scale, os);                                      \
-        for (; b < nb; b++) group(qs, NQ, 1, K, b, hd, scale, os);                                                  \
-    } while (0)
-/* up to 3 queries: groups of G blocks; more: even chunks of up to W queries (so a chunk's conversion of a key's
- * dims serves up to W fma), groups of G2 blocks. A query's chains are the same in every chunk and group. */
-#define SCORES_BY_NQ(group, G, W, G2)                                                                               \
-    do {                                                                                                            \
-        if (nq <= 3) {                                                                                              \
-            if (nq == 1) SCORES_RUN(group, G, 1, q, out);                                                           \
-            else if (nq == 2) SCORES_RUN(group, G, 2, q, out);                                                      \
-            else SCORES_RUN(group, G, 3, q, out);                                                                   \
-            return;                                                                                                 \
-        }                                                                                                           \
-        int chunks = (nq + (W) - 1) / (W), size = (nq + chunks - 1) / chunks;                                       \
-        size = size < (W) ? size : (W); /* already so; said so the compiler drops the cases above W */             \
-        for (int j0 = 0; j0 < nq; j0 += size) {                                                                     \
-            const float *const *qc = q + j0;                                                                        \
-            float *const *oc = out + j0;                                                                            \
-            switch (nq - j0 < size ? nq - j0 : size) {                                                              \
-            case 1: SCORES_RUN(group, G2, 1, qc, oc); break;                                                        \
-            case 2: SCORES_RUN(group, G2, 2, qc, oc); break;                                                        \
-            case 3: SCORES_RUN(group, G2, 3, qc, oc); break;                                                        \
-            case 4: SCORES_RUN(group, G2, 4, qc, oc); break;                                                        \
-            case 5: SCORES_RUN(group, G2, 5, qc, oc); break;                                                        \
-            case 6: SCORES_RUN(group, G2, 6, qc, oc); break;                                                        \
-            case 7: SCORES_RUN(group, G2, 7, qc, oc); break;                                                        \
-            default: SCORES_RUN(group, G2, 8, qc, oc); break;                                                       \
-            }                                                                                                       \
-        }                                                                                                           \
-    } while (0)
 
 /* g <= 4 blocks for nq queries (nq * g <= 16): one register per (query, block) holds its 16 keys' chains; each
  * block's dim d is converted once for every query (the broadcast q[j][d] folds into the fma). */
@@ -321,51 +214,15 @@ static T512 void wsum_q_avx512(const float *const *w, int nq, const uint16_t *V,
     }
 }
 
-/* AVX2: a block's 16 keys in two registers (keys 0-7, 8-15), groups of g <= 2 blocks (nq * g <= 6), as
- * scores_group_avx512 */
-static inline T256 __attribute__((always_inline)) void
-scores_group_avx2(const float *const *q, const int nq, const int g, const uint16_t *K, int b0, int hd,
-                  float scale, float *const *out) {
-    int at = SE_KBLOCK * b0;
-    K += (size_t)b0 * hd * SE_KBLOCK;
-    __m256 acc[8][4];
-    for (int j = 0; j < nq; j++)
-        for (int h = 0; h < 2 * g; h++) acc[j][h] = _mm256_setzero_ps();
-    const char *ahead = (const char *)(K + (size_t)2 * g * hd * SE_KBLOCK); /* as scores_group_avx512 */
-    for (int d = 0; d < hd; d++) {
-        _mm_prefetch(ahead + (size_t)d * g * 32, _MM_HINT_T0);
-        for (int h = 0; h < 2 * g; h++) {
-            const uint16_t *k = K + ((size_t)(h / 2) * hd + d) * SE_KBLOCK + 8 * (h % 2);
-            __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)k));
-            for (int j = 0; j < nq; j++) acc[j][h] = _mm256_fmadd_ps(_mm256_set1_ps(q[j][d]), kv, acc[j][h]);
-        }
-    }
-    for (int j = 0; j < nq; j++)
-        for (int h = 0; h < 2 * g; h++)
-            _mm256_storeu_ps(out[j] + at + 8 * h, _mm256_mul_ps(acc[j][h], _mm256_set1_ps(scale)));
-}
-
-static T256 void scores_avx2(const float *const *q, int nq, const uint16_t *K, int b0, int nb, int hd, float scale,
-                             float *const *out) {
-    K += (size_t)b0 * hd * SE_KBLOCK;
-    SCORES_BY_NQ(scores_group_avx2, 2, 6, 1);
-}
-
-static void wsum_q_avx2(const float *const *w, int nq, const uint16_t *V, const int32_t *idx, int cnt, int hd,
-                        float *const *out) {
-    for (int j = 0; j < nq; j++) wsum_avx2(w[j], V, idx, cnt, hd, out[j]);
-}
-
 static const se_vec_ops avx512 = {axpy_f16_avx512, exp_avx512, to_f16_avx512, scores_avx512, wsum_avx512,
                                   wsum_q_avx512};
-static const se_vec_ops avx2 = {axpy_f16_avx2, exp_avx2, to_f16_avx2, scores_avx2, wsum_avx2, wsum_q_avx2};
 #endif
 
 const se_vec_ops *se_vec(void) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     switch (se_isa()) {
     case SE_ISA_AVX512: return &avx512;
-    case SE_ISA_AVX2: return &avx2;
+    case SE_ISA_AVX2: return se_vec_avx2();
     }
 #endif
 #if defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))

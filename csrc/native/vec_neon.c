@@ -5,24 +5,13 @@
  * fused chain over d per key (a lane each, vec.c's order); the weighted sums loop over keys with axpy.
  * Quantize stays the portable C (act.c: exact or element-wise steps). Only base AArch64 ASIMD is needed. */
 #include "se.h"
+#include "vec_common.h"
 
 #if defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
 #include <arm_neon.h>
 #include <math.h>
 #include <string.h>
 
-#define LOG2E 1.44269504088896341f
-#define LN2_HI 0.693359375f
-#define LN2_LO -2.12194440e-4f
-#define P0 1.9875691500e-4f
-#define P1 1.3981999507e-3f
-#define P2 8.3334519073e-3f
-#define P3 4.1665795894e-2f
-#define P4 1.6666665459e-1f
-#define P5 5.0000001201e-1f
-#define EXP_LO -87.0f
-#define EXP_HI 88.0f
-#define MAGIC 12582912.0f
 
 static inline float32x4_t f16x4(const uint16_t *k) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(k))); }
 
