@@ -37,94 +37,99 @@ static inline SE_AVX2 __attribute__((always_inline)) __m256i high_bits(const uin
     return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit), _mm256_set1_epi8(0x10));
 }
 
+/* A pass: R activation rows times H halves of the group from half h0 (H = 2: both, so each weight vector and
+ * each broadcast activation is loaded once for both), slot j = (half h0 + j / R, row j % R). R, H and the format
+ * are constants at every call (the switch below): no test inside the loop. */
 static inline SE_AVX2 __attribute__((always_inline)) void
 pass_rows(const se_mat *w, const uint8_t *group, const se_act *x, int i0, const int R, float *out, int ldo, int col,
-          int lanes, int h, const int q8, const int q5, const int has_min) {
-    /* R and the format are constants at every call (the switch below): no test inside the loop */
+          int lanes, int h0, const int H, const int q8, const int q5, const int has_min) {
     const size_t scale_at = se_scale_at(q8 ? SE_KERN_Q8 : q5 ? SE_KERN_Q5 : SE_KERN_Q4);
     const int offset = q8 ? 0 : w->offset; /* the sign trick already subtracted 128 * sum(x) */
+    const int S = R * H;
     const __m256i nib = _mm256_set1_epi8(0x0f);
     __m256 acc[PASS];
-    for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();
+    for (int j = 0; j < S; j++) acc[j] = _mm256_setzero_ps();
     for (int b = 0; b < w->nb; b++) {
         const uint8_t *blk = group + (size_t)b * w->block_bytes;
-        if (h == 0)
+        if (h0 == 0)
             for (size_t off = 0; off < w->block_bytes; off += 64) {
                 _mm_prefetch((const char *)blk + PF_L1 + off, _MM_HINT_T0);
                 _mm_prefetch((const char *)blk + PF_L2 + off, _MM_HINT_T1);
             }
         __m256i dot[PASS], sum16[PASS]; /* sum16: the int16 pair sums not yet widened (4-bit weights) */
-        for (int i = 0; i < R; i++) dot[i] = sum16[i] = _mm256_setzero_si256();
+        for (int j = 0; j < S; j++) dot[j] = sum16[j] = _mm256_setzero_si256();
         for (int t = 0; t < (q8 ? 8 : 4); t++) {
-            __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 * t + 32 * h));
-            __m256i lo = q8 ? v : _mm256_and_si256(v, nib);
-            if (q5) lo = _mm256_or_si256(lo, high_bits(blk, t, h));
-            for (int i = 0; i < R; i++) {
+            __m256i lo[2], hi[2];
+            for (int e = 0; e < H; e++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 * t + 32 * (h0 + e)));
+                lo[e] = q8 ? v : _mm256_and_si256(v, nib);
+                hi[e] = q8 ? v : _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                if (q5) {
+                    lo[e] = _mm256_or_si256(lo[e], high_bits(blk, t, h0 + e));
+                    hi[e] = _mm256_or_si256(hi[e], high_bits(blk, 4 + t, h0 + e));
+                }
+            }
+            for (int j = 0; j < S; j++) {
                 int32_t xa;
-                __builtin_memcpy(&xa, x->q + (size_t)(i0 + i) * x->k + b * SE_BLOCK + 4 * t, 4);
+                __builtin_memcpy(&xa, x->q + (size_t)(i0 + j % R) * x->k + b * SE_BLOCK + 4 * t, 4);
                 if (q8) {
-                    dot[i] = _mm256_add_epi32(dot[i], dot4_q8(lo, _mm256_set1_epi32(xa)));
-                    PIN(dot[i]);
+                    dot[j] = _mm256_add_epi32(dot[j], dot4_q8(lo[j / R], _mm256_set1_epi32(xa)));
+                    PIN(dot[j]);
                 } else {
-                    sum16[i] = _mm256_add_epi16(sum16[i], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xa)));
-                    PIN(sum16[i]);
+                    sum16[j] = _mm256_add_epi16(sum16[j], _mm256_maddubs_epi16(lo[j / R], _mm256_set1_epi32(xa)));
+                    PIN(sum16[j]);
                 }
             }
             if (!q8) {
-                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
-                if (q5) hi = _mm256_or_si256(hi, high_bits(blk, 4 + t, h));
-                for (int i = 0; i < R; i++) {
+                for (int j = 0; j < S; j++) {
                     int32_t xa;
-                    __builtin_memcpy(&xa, x->q + (size_t)(i0 + i) * x->k + b * SE_BLOCK + 16 + 4 * t, 4);
-                    sum16[i] = _mm256_add_epi16(sum16[i], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xa)));
-                    PIN(sum16[i]);
+                    __builtin_memcpy(&xa, x->q + (size_t)(i0 + j % R) * x->k + b * SE_BLOCK + 16 + 4 * t, 4);
+                    sum16[j] = _mm256_add_epi16(sum16[j], _mm256_maddubs_epi16(hi[j / R], _mm256_set1_epi32(xa)));
+                    PIN(sum16[j]);
                 }
                 if (t == 3 || (q5 && t == 1)) /* widened: once a block (Q5_0: twice) */
-                    for (int i = 0; i < R; i++) {
-                        dot[i] = _mm256_add_epi32(dot[i], _mm256_madd_epi16(sum16[i], _mm256_set1_epi16(1)));
-                        sum16[i] = _mm256_setzero_si256();
+                    for (int j = 0; j < S; j++) {
+                        dot[j] = _mm256_add_epi32(dot[j], _mm256_madd_epi16(sum16[j], _mm256_set1_epi16(1)));
+                        sum16[j] = _mm256_setzero_si256();
                     }
             }
         }
-        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + scale_at + 16 * h)));
-        if (has_min) {
-            __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + scale_at + 32 + 16 * h)));
-            for (int i = 0; i < R; i++) {
-                float xd = x->d[(size_t)(i0 + i) * x->nb + b];
-                __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(xd));
-                acc[i] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(dot[i]), acc[i]);
-                acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(x->m[(size_t)(i0 + i) * x->nb + b]), acc[i]);
-            }
-        } else {
-            for (int i = 0; i < R; i++) {
-                float xd = x->d[(size_t)(i0 + i) * x->nb + b];
-                int32_t xs = x->s[(size_t)(i0 + i) * x->nb + b];
-                __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(xd));
-                __m256i sumi = _mm256_sub_epi32(dot[i], _mm256_set1_epi32(offset * xs));
-                acc[i] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(sumi), acc[i]);
+        for (int j = 0; j < S; j++) {
+            size_t at = (size_t)(i0 + j % R) * x->nb + b;
+            const uint8_t *sc = blk + scale_at + 16 * (h0 + j / R); /* the half's fp16 scales, then its mins */
+            __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sc)), _mm256_set1_ps(x->d[at]));
+            if (has_min) {
+                __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + 32)));
+                acc[j] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(dot[j]), acc[j]);
+                acc[j] = _mm256_fmadd_ps(m, _mm256_set1_ps(x->m[at]), acc[j]);
+            } else {
+                __m256i sumi = _mm256_sub_epi32(dot[j], _mm256_set1_epi32(offset * x->s[at]));
+                acc[j] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(sumi), acc[j]);
             }
         }
     }
-    int valid = lanes - 8 * h;
-    for (int i = 0; i < R; i++) {
-        float *dst = out + (size_t)(i0 + i) * ldo + col + 8 * h;
+    for (int j = 0; j < S; j++) {
+        int valid = lanes - 8 * (h0 + j / R);
+        float *dst = out + (size_t)(i0 + j % R) * ldo + col + 8 * (h0 + j / R);
         if (valid >= 8) {
-            _mm256_storeu_ps(dst, acc[i]);
+            _mm256_storeu_ps(dst, acc[j]);
         } else if (valid > 0) {
             float tmp[8];
-            _mm256_storeu_ps(tmp, acc[i]);
+            _mm256_storeu_ps(tmp, acc[j]);
             for (int r = 0; r < valid; r++) dst[r] = tmp[r];
         }
     }
 }
 
+#define ONE(R, H, ...) pass_rows(w, group, x, i0, R, out, ldo, g * SE_GROUP, lanes, h, H, __VA_ARGS__)
+/* 1-2 rows: both halves in one pass (h = 0 only); more: a pass a half */
 #define PASSES(...)                                                                                              \
     switch (r) { /* q8, q5, has_min */                                                                         \
-    case 1: pass_rows(w, group, x, i0, 1, out, ldo, g * SE_GROUP, lanes, h, __VA_ARGS__); break;                \
-    case 2: pass_rows(w, group, x, i0, 2, out, ldo, g * SE_GROUP, lanes, h, __VA_ARGS__); break;                \
-    case 3: pass_rows(w, group, x, i0, 3, out, ldo, g * SE_GROUP, lanes, h, __VA_ARGS__); break;                \
-    case 4: pass_rows(w, group, x, i0, 4, out, ldo, g * SE_GROUP, lanes, h, __VA_ARGS__); break;                \
-    default: pass_rows(w, group, x, i0, PASS, out, ldo, g * SE_GROUP, lanes, h, __VA_ARGS__); break;            \
+    case 1: if (h == 0) ONE(1, 2, __VA_ARGS__); break;                                                          \
+    case 2: if (h == 0) ONE(2, 2, __VA_ARGS__); break;                                                          \
+    case 3: ONE(3, 1, __VA_ARGS__); break;                                                                      \
+    case 4: ONE(4, 1, __VA_ARGS__); break;                                                                      \
+    default: ONE(PASS, 1, __VA_ARGS__); break;                                                                  \
     }
 
 SE_AVX2 void se_mm_avx2(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1) {
