@@ -193,14 +193,24 @@ def test_float_primitives_agree_across_isas_and_with_numpy():
 
 @pytest.mark.parametrize("n", [7, 64, 576, 1000])
 def test_row_steps_agree_across_isas_bit_for_bit_and_with_numpy(n):
-    """Norms' sums of squares, the softmax's max and sum (16 lanes, a fixed tree; any tail), SiLU(g) * u and the
-    activations' quantization: every ISA computes the portable C's bits."""
+    """Norms' sums of squares, the softmax's max, exp and sum (16 lanes, a fixed tree; any tail), SiLU(g) * u and
+    the activations' quantization: every ISA computes the portable C's bits."""
     rng = np.random.default_rng(n)
     x = (rng.standard_normal(n) * 3).astype(np.float32)
     for op, want in ((0, x.astype(np.float64).sum()), (1, (x.astype(np.float64) ** 2).sum()), (2, x.max())):
         got = [LIB.se_vec_reduce(nl.fptr(x), n, op, isa) for isa in ISAS]
         assert len(set(got)) == 1, (op, got)
         assert abs(got[0] - want) <= 1e-5 * max(1.0, abs(want)) * np.sqrt(n), (op, got[0], want)
+    sums, es = [], []  # the softmax's exp(x - max) and its sum (AVX-512: one pass; the others: three steps)
+    for isa in ISAS:
+        e = x.copy()
+        sums.append(LIB.se_vec_exp_sum(nl.fptr(e), n, float(x.max()), isa))
+        es.append(e)
+    steps = (x - x.max()).astype(np.float32)
+    LIB.se_vec_exp(nl.fptr(steps), n, 0)
+    assert all(np.array_equal(e, steps) for e in es) and len(set(sums)) == 1
+    assert sums[0] == LIB.se_vec_reduce(nl.fptr(steps), n, 0, 0)
+    assert np.allclose(es[0], np.exp(x.astype(np.float64) - x.max()), rtol=2e-6, atol=1e-30)
     g, u = x, rng.standard_normal(n).astype(np.float32)
     ys = []
     for isa in ISAS:

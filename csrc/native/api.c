@@ -157,6 +157,15 @@ float se_vec_reduce(const float *x, int n, int op, int isa) {
     return v;
 }
 
+/* x = exp(x - m), returning the sum (the softmax's step) */
+float se_vec_exp_sum(float *x, int n, float m, int isa) {
+    int before = se_isa();
+    se_set_isa(isa);
+    float s = se_rows()->exp_sum(x, n, m);
+    se_set_isa(before);
+    return s;
+}
+
 void se_vec_silu_mul(const float *g, const float *u, float *y, int n, int isa) {
     int before = se_isa();
     se_set_isa(isa);

@@ -69,10 +69,7 @@ static float softmax_spread(const se_call *c, const key_set *u, const int32_t *i
     if (run) memmove(sc, sc + idx[0] - base, (size_t)cnt * sizeof(float));
     else
         for (int i = 0; i < cnt; i++) sc[i] = sc[idx[i] - base];
-    float mx = se_rows()->max(sc, cnt);
-    for (int i = 0; i < cnt; i++) sc[i] = sc[i] - mx;
-    se_vec()->exp_inplace(sc, cnt);
-    float sum = se_rows()->sum(sc, cnt);
+    float sum = se_rows()->exp_sum(sc, cnt, se_rows()->max(sc, cnt));
     int p0 = key_pos(c, u, idx[0]), p1 = key_pos(c, u, idx[cnt - 1]);
     if (p1 - p0 == cnt - 1) { /* the row's keys are one run of the item's (a causal chain, a window) */
         memmove(sc + p0, sc, (size_t)cnt * sizeof(float));

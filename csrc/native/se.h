@@ -212,9 +212,11 @@ typedef struct {
     float (*sum)(const float *x, int n);
     float (*sumsq)(const float *x, int n);
     float (*max)(const float *x, int n);
+    float (*exp_sum)(float *x, int n, float m); /* x = exp(x - m) element by element; returns sum(x), sum's order */
     void (*silu_mul)(const float *g, const float *u, float *y, int n);
     void (*quantize)(const float *x, int nblocks, int span, int8_t *q, float *d, int32_t *s, int32_t *h, float *m);
 } se_row_ops;
 const se_row_ops *se_rows(void);
 const se_row_ops *se_rows_neon(void);  /* vec_neon.c (AArch64 builds only) */
+float se_exp_sum_steps(float *x, int n, float m); /* exp_sum as its three steps (vec_rows.c): every ISA but AVX-512 */
 #endif

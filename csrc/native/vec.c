@@ -78,25 +78,6 @@ static T512 void axpy_f16_avx512(float *y, float a, const uint16_t *x, int n) {
                                                  _mm512_loadu_ps(y + d)));
 }
 
-/* exp of 16 lanes, the polynomial of se_expf step for step (so a lane's bits are se_expf's) */
-static inline T512 __attribute__((always_inline)) __m512 exp16(__m512 v) {
-    __m512 c = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
-    __m512 m = _mm512_set1_ps(MAGIC);
-    __m512 nn = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(c, _mm512_set1_ps(LOG2E)), m), m);
-    __m512 r = _mm512_fmadd_ps(nn, _mm512_set1_ps(-LN2_HI), c);
-    r = _mm512_fmadd_ps(nn, _mm512_set1_ps(-LN2_LO), r);
-    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(P0), r, _mm512_set1_ps(P1));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P2));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P3));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P4));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P5));
-    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-    __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(nn), _mm512_set1_epi32(127)), 23);
-    __m512 out = _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
-    __mmask16 under = _mm512_cmp_ps_mask(v, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ);
-    return _mm512_mask_mov_ps(out, under, _mm512_setzero_ps());
-}
-
 /* the tail (n % 16) in one masked vector too: se_expf one by one there had cost a softmax more than its bulk (its
  * fmaf is a library call in the baseline x86-64 build) */
 static T512 void exp_avx512(float *x, int n) {

@@ -1,5 +1,5 @@
-/* What vec.c, vec_avx2.c and vec_neon.c share: the exp polynomial's constants (se_expf's, step for step in
- * every ISA) and the scores calls' grouping of blocks and queries (vec.c). */
+/* What vec.c, vec_avx2.c, vec_rows.c and vec_neon.c share: the exp polynomial's constants (se_expf's, step for
+ * step in every ISA), its 16-lane form, and the scores calls' grouping of blocks and queries (vec.c). */
 #ifndef SE_VEC_COMMON_H
 #define SE_VEC_COMMON_H
 
@@ -51,5 +51,28 @@
             }                                                                                                       \
         }                                                                                                           \
     } while (0)
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+/* exp of 16 lanes, the polynomial of se_expf step for step (so a lane's bits are se_expf's) */
+static inline __attribute__((target("avx512f,avx512dq,fma"), always_inline)) __m512 exp16(__m512 v) {
+    __m512 c = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
+    __m512 m = _mm512_set1_ps(MAGIC);
+    __m512 nn = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(c, _mm512_set1_ps(LOG2E)), m), m);
+    __m512 r = _mm512_fmadd_ps(nn, _mm512_set1_ps(-LN2_HI), c);
+    r = _mm512_fmadd_ps(nn, _mm512_set1_ps(-LN2_LO), r);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(P0), r, _mm512_set1_ps(P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P5));
+    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(nn), _mm512_set1_epi32(127)), 23);
+    __m512 out = _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
+    __mmask16 under = _mm512_cmp_ps_mask(v, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ);
+    return _mm512_mask_mov_ps(out, under, _mm512_setzero_ps());
+}
+#endif
 
 #endif

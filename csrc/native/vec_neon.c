@@ -146,7 +146,8 @@ static void quantize_rows_c(const float *x, int nblocks, int span, int8_t *q, fl
     se_quantize_blocks(x, nblocks, span, q, d, s, h, m);
 }
 
-static const se_row_ops rows_neon = {sum_neon, sumsq_neon, max_neon, silu_mul_neon, quantize_rows_c};
+static const se_row_ops rows_neon = {sum_neon, sumsq_neon, max_neon, se_exp_sum_steps, silu_mul_neon,
+                                     quantize_rows_c};
 
 const se_row_ops *se_rows_neon(void) { return &rows_neon; }
 #endif

@@ -9,6 +9,7 @@
  * AVX2 keeps the 16 partial sums in two registers and runs max, silu_mul and quantize as AVX-512 does, on 8 lanes.
  * So every ISA gives the portable C's bits, and a row's result never depends on the rows beside it. */
 #include "se.h"
+#include "vec_common.h"
 
 #include <math.h>
 #include <string.h>
@@ -44,6 +45,13 @@ static float max_portable(const float *x, int n) {
     return m;
 }
 
+/* the softmax's exp and sum: the subtraction, the ISA's exp, the ISA's sum */
+float se_exp_sum_steps(float *x, int n, float m) {
+    for (int i = 0; i < n; i++) x[i] = x[i] - m;
+    se_vec()->exp_inplace(x, n);
+    return se_rows()->sum(x, n);
+}
+
 static void silu_mul_portable(const float *g, const float *u, float *y, int n) {
     for (int j = 0; j < n; j++) y[j] = -g[j];
     se_vec()->exp_inplace(y, n);
@@ -55,7 +63,8 @@ static void quantize_portable(const float *x, int nblocks, int span, int8_t *q, 
     se_quantize_blocks(x, nblocks, span, q, d, s, h, m);
 }
 
-static const se_row_ops portable = {sum_portable, sumsq_portable, max_portable, silu_mul_portable, quantize_portable};
+static const se_row_ops portable = {sum_portable, sumsq_portable, max_portable, se_exp_sum_steps, silu_mul_portable,
+                                    quantize_portable};
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -93,6 +102,23 @@ static T512 float max_avx512(const float *x, int n) {
     float r = _mm512_reduce_max_ps(m);
     for (; i < n; i++) r = x[i] > r ? x[i] : r;
     return r;
+}
+
+/* se_exp_sum_steps in one pass: each vector's exp(x - m) stored and added into the 16 partial sums as sum_avx512
+ * adds them (the tail's exps into lanes 0.. after), so the same bits with two passes fewer */
+static T512 float exp_sum_avx512(float *x, int n, float m) {
+    __m512 vm = _mm512_set1_ps(m), acc = _mm512_setzero_ps();
+    int c = 0;
+    for (; c + 16 <= n; c += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + c), vm));
+        _mm512_storeu_ps(x + c, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    if (c < n) {
+        __mmask16 k = (__mmask16)((1u << (n - c)) - 1);
+        _mm512_mask_storeu_ps(x + c, k, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + c), vm)));
+    }
+    return finish16(acc, x + c, n - c, 0);
 }
 
 static T512 void silu_mul_avx512(const float *g, const float *u, float *y, int n) {
@@ -136,7 +162,8 @@ static T512 void quantize_avx512(const float *x, int nblocks, int span, int8_t *
     }
 }
 
-static const se_row_ops avx512 = {sum_avx512, sumsq_avx512, max_avx512, silu_mul_avx512, quantize_avx512};
+static const se_row_ops avx512 = {sum_avx512, sumsq_avx512, max_avx512, exp_sum_avx512, silu_mul_avx512,
+                                  quantize_avx512};
 
 #define T256 __attribute__((target("avx2,fma")))
 
@@ -233,7 +260,7 @@ static T256 void quantize_avx2(const float *x, int nblocks, int span, int8_t *q,
     }
 }
 
-static const se_row_ops avx2 = {sum_avx2, sumsq_avx2, max_avx2, silu_mul_avx2, quantize_avx2};
+static const se_row_ops avx2 = {sum_avx2, sumsq_avx2, max_avx2, se_exp_sum_steps, silu_mul_avx2, quantize_avx2};
 #endif
 
 const se_row_ops *se_rows(void) {

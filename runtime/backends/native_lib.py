@@ -80,6 +80,7 @@ _SIGNATURES = {
     "se_vec_wsum": (None, [_P(c_float), c_void_p, _P(c_int32), c_int, c_int, _P(c_float), c_int]),
     "se_vec_wsum_q": (None, [_P(c_float), c_int, c_void_p, _P(c_int32), c_int, c_int, _P(c_float), c_int]),
     "se_vec_reduce": (c_float, [_P(c_float), c_int, c_int, c_int]),
+    "se_vec_exp_sum": (c_float, [_P(c_float), c_int, c_float, c_int]),
     "se_vec_silu_mul": (None, [_P(c_float), _P(c_float), _P(c_float), c_int, c_int]),
     "se_vec_quantize": (None, [_P(c_float), c_int, c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_int]),
     "se_dequant_row": (None, [c_void_p, c_int, _P(c_float)]),
