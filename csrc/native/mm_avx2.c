@@ -14,10 +14,6 @@
 #define PASS 5
 #define PF_L1 2048
 #define PF_L2 12288
-/* A row's running sum stays in its register and in program order: without this GCC scheduled every row's 8
- * products of a block first and summed them as a tree, spilling them and the float accumulators to the stack
- * (SmolLM2-135M on this path: T(5) -14%, T(9) -15% with it; the integer sums are the same either way) */
-#define PIN(v) __asm__("" : "+x"(v))
 
 /* 8-bit weights (stored + 128): sum over each 4 of q * x, widened at once */
 static inline SE_AVX2 __attribute__((always_inline)) __m256i dot4_q8(__m256i w, __m256i x) {
@@ -74,10 +70,10 @@ pass_rows(const se_mat *w, const uint8_t *group, const se_act *x, int i0, const 
                 __builtin_memcpy(&xa, x->q + (size_t)(i0 + j % R) * x->k + b * SE_BLOCK + 4 * t, 4);
                 if (q8) {
                     dot[j] = _mm256_add_epi32(dot[j], dot4_q8(lo[j / R], _mm256_set1_epi32(xa)));
-                    PIN(dot[j]);
+                    SE_PIN(dot[j]);
                 } else {
                     sum16[j] = _mm256_add_epi16(sum16[j], _mm256_maddubs_epi16(lo[j / R], _mm256_set1_epi32(xa)));
-                    PIN(sum16[j]);
+                    SE_PIN(sum16[j]);
                 }
             }
             if (!q8) {
@@ -85,7 +81,7 @@ pass_rows(const se_mat *w, const uint8_t *group, const se_act *x, int i0, const 
                     int32_t xa;
                     __builtin_memcpy(&xa, x->q + (size_t)(i0 + j % R) * x->k + b * SE_BLOCK + 16 + 4 * t, 4);
                     sum16[j] = _mm256_add_epi16(sum16[j], _mm256_maddubs_epi16(hi[j / R], _mm256_set1_epi32(xa)));
-                    PIN(sum16[j]);
+                    SE_PIN(sum16[j]);
                 }
                 if (t == 3 || (q5 && t == 1)) /* widened: once a block (Q5_0: twice) */
                     for (int j = 0; j < S; j++) {

@@ -218,9 +218,7 @@ SE_AVX512 void se_mm_q4k_avx512(const se_mat *w, const se_act *x, int rows, floa
 
 /* AVX2: lanes 8h .. 8h+7 of the group (h = 0, 1); u8 x s8 dots as vpmaddubsw, whose int16 pair sums a block keeps
  * and widens once with vpmaddwd (Q4_K: 8 of at most 2 * 15 * 127, 30480 < 2^15; Q5_K: twice, 4 of at most 2 * 31 *
- * 127), the same exact integer as widening each. PIN keeps a row's running sum in its register and in program
- * order (mm_avx2.c). */
-#define PIN(v) __asm__("" : "+x"(v))
+ * 127), the same exact integer as widening each; SE_PIN (se.h) keeps each row's running sum in a register. */
 
 static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, int i0, const int R, float *out,
                                        int ldo, int lanes, int h, const int q5) {
@@ -251,9 +249,9 @@ static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, 
                     __builtin_memcpy(&a0, xq + 4 * t, 4);
                     __builtin_memcpy(&a1, xq + 16 + 4 * t, 4);
                     sum16[i] = _mm256_add_epi16(sum16[i], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a0)));
-                    PIN(sum16[i]);
+                    SE_PIN(sum16[i]);
                     sum16[i] = _mm256_add_epi16(sum16[i], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(a1)));
-                    PIN(sum16[i]);
+                    SE_PIN(sum16[i]);
                 }
                 if (t == 3 || (q5 && t == 1))
                     for (int i = 0; i < R; i++) {

@@ -167,9 +167,8 @@ SE_AVX512 void se_mm_q6k_avx512(const se_mat *w, const se_act *x, int rows, floa
 }
 
 /* AVX2: lanes 8h .. 8h+7 of the group (h = 0, 1); u8 x s8 dots as vpmaddubsw, two of whose int16 pair sums (each
- * at most 2 * 63 * 127 = 16002) are added before vpmaddwd widens them: the same exact integer as widening each. PIN
- * keeps a row's running sum in its register and in program order (mm_avx2.c). */
-#define PIN(v) __asm__("" : "+x"(v))
+ * at most 2 * 63 * 127 = 16002) are added before vpmaddwd widens them: the same exact integer as widening each;
+ * SE_PIN (se.h) keeps each row's running sum in a register. */
 
 static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, int i0, const int R, float *out,
                                        int ldo, int lanes, int h, const int sb8) {
@@ -199,9 +198,9 @@ static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, 
                     __builtin_memcpy(&a0, xq + 4 * t, 4);
                     __builtin_memcpy(&a1, xq + 16 + 4 * t, 4);
                     s0[i] = _mm256_add_epi16(s0[i], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a0)));
-                    PIN(s0[i]);
+                    SE_PIN(s0[i]);
                     s1[i] = _mm256_add_epi16(s1[i], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(a1)));
-                    PIN(s1[i]);
+                    SE_PIN(s1[i]);
                 }
                 if (t % 2)
                     for (int i = 0; i < R; i++) {
