@@ -118,11 +118,12 @@ pass_rows(const se_mat *w, const uint8_t *group, const se_act *x, int i0, const 
 }
 
 #define ONE(R, H, ...) pass_rows(w, group, x, i0, R, out, ldo, g * SE_GROUP, lanes, h, H, __VA_ARGS__)
-/* 1-2 rows: both halves in one pass (h = 0 only); more: a pass a half */
+/* 1-2 rows (a call of 1-2: se_pass_rows gives 3 or more to every pass of a wider one): both halves in one pass;
+ * more: a pass a half */
 #define PASSES(...)                                                                                              \
     switch (r) { /* q8, q5, has_min */                                                                         \
-    case 1: if (h == 0) ONE(1, 2, __VA_ARGS__); break;                                                          \
-    case 2: if (h == 0) ONE(2, 2, __VA_ARGS__); break;                                                          \
+    case 1: ONE(1, 2, __VA_ARGS__); break;                                                                      \
+    case 2: ONE(2, 2, __VA_ARGS__); break;                                                                      \
     case 3: ONE(3, 1, __VA_ARGS__); break;                                                                      \
     case 4: ONE(4, 1, __VA_ARGS__); break;                                                                      \
     default: ONE(PASS, 1, __VA_ARGS__); break;                                                                  \
@@ -132,7 +133,7 @@ SE_AVX2 void se_mm_avx2(const se_mat *w, const se_act *x, int rows, float *out, 
     for (int g = g0; g < g1; g++) {
         const uint8_t *group = w->data + (size_t)g * w->group_bytes;
         int lanes = w->n - g * SE_GROUP;
-        for (int h = 0; h < 2; h++)
+        for (int h = 0; h < (rows <= 2 ? 1 : 2); h++) /* 1-2 rows: one pass does both halves */
             for (int i0 = 0, r; i0 < rows; i0 += r) {
                 r = se_pass_rows(rows, PASS, i0);
                 SE_BY_FORMAT(w, PASSES);

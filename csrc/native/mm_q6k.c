@@ -178,8 +178,8 @@ static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, 
     for (int sb = 0; sb < w->nb / SE_SUPER; sb++) {
         const uint8_t *s = superblock(w, g, sb);
         __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + SE_Q6K_D + 16 * h)));
-        __m256i isb[4];
-        for (int i = 0; i < R; i++) isb[i] = _mm256_setzero_si256();
+        __m256i isb[4]; /* sb8: the superblock's integer sums */
+        for (int i = 0; sb8 && i < R; i++) isb[i] = _mm256_setzero_si256();
         for (int j = 0; j < SE_SUPER; j++) {
             int b = sb * SE_SUPER + j;
             const uint8_t *blk = s + SE_Q6K_BLOCK * j;
