@@ -8,9 +8,8 @@
 #include "se.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
+#include "avx2.h"
 
-#define SE_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define PASS 5
 #define PF_L1 2048
 #define PF_L2 12288
@@ -104,17 +103,8 @@ pass_rows(const se_mat *w, const uint8_t *group, const se_act *x, int i0, const 
             }
         }
     }
-    for (int j = 0; j < S; j++) {
-        int valid = lanes - 8 * (h0 + j / R);
-        float *dst = out + (size_t)(i0 + j % R) * ldo + col + 8 * (h0 + j / R);
-        if (valid >= 8) {
-            _mm256_storeu_ps(dst, acc[j]);
-        } else if (valid > 0) {
-            float tmp[8];
-            _mm256_storeu_ps(tmp, acc[j]);
-            for (int r = 0; r < valid; r++) dst[r] = tmp[r];
-        }
-    }
+    for (int j = 0; j < S; j++)
+        se_store8(out + (size_t)(i0 + j % R) * ldo + col + 8 * (h0 + j / R), acc[j], lanes - 8 * (h0 + j / R));
 }
 
 #define ONE(R, H, ...) pass_rows(w, group, x, i0, R, out, ldo, g * SE_GROUP, lanes, h, H, __VA_ARGS__)

@@ -47,10 +47,9 @@ void se_mm_f_portable(const se_mat *w, const se_act *x, int rows, float *out, in
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
+#include "avx2.h"
 
 #define SE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma")))
-#define SE_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define INL __attribute__((always_inline))
 #define PASS 4
 

@@ -65,12 +65,12 @@ void se_mm_q4k_portable(const se_mat *w, const se_act *x, int rows, float *out, 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 
+#include "avx2.h"
 #include "dpbusd.h"
 
 #define SE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
 #define PASS512 9 /* activation rows per pass: 2 * 9 accumulators (a, dot) + the weights' registers fit the 32 zmm
                      * (10 spilled to the stack, and 12 ran a 9-row Qwen forward 27% slower) */
-#define SE_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define PF 2048     /* ahead into L1 */
 #define PF_L2 12288 /* ahead into L2 (the prototype's second level: PERF_FACTS.md) */
 #define INL __attribute__((always_inline))
@@ -216,108 +216,120 @@ SE_AVX512 void se_mm_q4k_avx512(const se_mat *w, const se_act *x, int rows, floa
     }
 }
 
-/* AVX2: lanes 8h .. 8h+7 of the group (h = 0, 1); u8 x s8 dots as vpmaddubsw, whose int16 pair sums a block keeps
- * and widens once with vpmaddwd (Q4_K: 8 of at most 2 * 15 * 127, 30480 < 2^15; Q5_K: twice, 4 of at most 2 * 31 *
- * 127), the same exact integer as widening each; SE_PIN (se.h) keeps each row's running sum in a register. */
+/* AVX2: 8-lane halves of the group; u8 x s8 dots as vpmaddubsw, whose int16 pair sums a block keeps and widens once
+ * with vpmaddwd (Q4_K: 8 of at most 2 * 15 * 127, 30480 < 2^15; Q5_K: twice, 4 of at most 2 * 31 * 127), the same
+ * exact integer as widening each; SE_PIN (se.h) keeps each row's running sum in a register. A pass runs R rows times
+ * H halves from half h0, slot z = (half h0 + z / R, row z % R): with H = 2 (1-2 rows) each superblock is walked once
+ * and its prefetches run without a pause, as in mm_avx2.c. */
 
 static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, int i0, const int R, float *out,
-                                       int ldo, int lanes, int h, const int q5) {
+                                       int ldo, int lanes, int h0, const int H, const int q5) {
     const __m256i nib = _mm256_set1_epi8(0x0f);
+    const int S = R * H;
     __m256 acc[4];
-    for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();
+    for (int z = 0; z < S; z++) acc[z] = _mm256_setzero_ps();
     for (int sb = 0; sb < w->nb / SE_SUPER; sb++) {
         const uint8_t *s = superblock(w, g, sb);
-        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 16 * h)));
-        __m256 a[4];
-        for (int i = 0; i < R; i++) a[i] = _mm256_setzero_ps();
+        __m256 d[2], a[4];
+        for (int e = 0; e < H; e++) d[e] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 16 * (h0 + e))));
+        for (int z = 0; z < S; z++) a[z] = _mm256_setzero_ps();
         for (int j = 0; j < SE_SUPER; j++) {
             int b = sb * SE_SUPER + j;
             const uint8_t *blk = sub_block(w, s, j);
-            if (h == 0) prefetch_sub(w, s, j);
+            if (h0 == 0) prefetch_sub(w, s, j);
             __m256i dot[4], sum16[4];
-            for (int i = 0; i < R; i++) dot[i] = sum16[i] = _mm256_setzero_si256();
+            for (int z = 0; z < S; z++) dot[z] = sum16[z] = _mm256_setzero_si256();
             for (int t = 0; t < 4; t++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 * t + 32 * h));
-                __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
-                if (q5) {
-                    lo = _mm256_or_si256(lo, high_bytes(blk, t, h));
-                    hi = _mm256_or_si256(hi, high_bytes(blk, 4 + t, h));
+                __m256i lo[2], hi[2];
+                for (int e = 0; e < H; e++) {
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 * t + 32 * (h0 + e)));
+                    lo[e] = _mm256_and_si256(v, nib), hi[e] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                    if (q5) {
+                        lo[e] = _mm256_or_si256(lo[e], high_bytes(blk, t, h0 + e));
+                        hi[e] = _mm256_or_si256(hi[e], high_bytes(blk, 4 + t, h0 + e));
+                    }
                 }
-                for (int i = 0; i < R; i++) {
-                    const int8_t *xq = x->q + (size_t)(i0 + i) * x->k + b * SE_BLOCK;
+                for (int z = 0; z < S; z++) {
+                    const int8_t *xq = x->q + (size_t)(i0 + z % R) * x->k + b * SE_BLOCK;
                     int32_t a0, a1;
                     __builtin_memcpy(&a0, xq + 4 * t, 4);
                     __builtin_memcpy(&a1, xq + 16 + 4 * t, 4);
-                    sum16[i] = _mm256_add_epi16(sum16[i], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a0)));
-                    SE_PIN(sum16[i]);
-                    sum16[i] = _mm256_add_epi16(sum16[i], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(a1)));
-                    SE_PIN(sum16[i]);
+                    sum16[z] = _mm256_add_epi16(sum16[z], _mm256_maddubs_epi16(lo[z / R], _mm256_set1_epi32(a0)));
+                    SE_PIN(sum16[z]);
+                    sum16[z] = _mm256_add_epi16(sum16[z], _mm256_maddubs_epi16(hi[z / R], _mm256_set1_epi32(a1)));
+                    SE_PIN(sum16[z]);
                 }
                 if (t == 3 || (q5 && t == 1))
-                    for (int i = 0; i < R; i++) {
-                        dot[i] = _mm256_add_epi32(dot[i], _mm256_madd_epi16(sum16[i], _mm256_set1_epi16(1)));
-                        sum16[i] = _mm256_setzero_si256();
+                    for (int z = 0; z < S; z++) {
+                        dot[z] = _mm256_add_epi32(dot[z], _mm256_madd_epi16(sum16[z], _mm256_set1_epi16(1)));
+                        sum16[z] = _mm256_setzero_si256();
                     }
             }
-            __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                                _mm_loadl_epi64((const __m128i *)(s + 64 + 16 * j + 8 * h)))));
+            __m256 scale[2];
+            for (int e = 0; e < H; e++) {
+                __m128i sc = _mm_loadl_epi64((const __m128i *)(s + 64 + 16 * j + 8 * (h0 + e)));
+                scale[e] = _mm256_mul_ps(d[e], _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)));
+            }
             if (x->span == 1) { /* a scale per block: pass512's sb8 0 */
-                __m256 min = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 32 + 16 * h))),
-                                           _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                               _mm_loadl_epi64((const __m128i *)(s + 192 + 16 * j + 8 * h)))));
-                for (int i = 0; i < R; i++) {
-                    size_t at = (size_t)(i0 + i) * x->nb + b;
-                    acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(scale, _mm256_set1_ps(x->d[at])), _mm256_cvtepi32_ps(dot[i]),
-                                             acc[i]);
-                    acc[i] = _mm256_fnmadd_ps(min, _mm256_set1_ps(x->m[at]), acc[i]);
+                __m256 min[2];
+                for (int e = 0; e < H; e++)
+                    min[e] = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 32 + 16 * (h0 + e)))),
+                                           _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                                               (const __m128i *)(s + 192 + 16 * j + 8 * (h0 + e))))));
+                for (int z = 0; z < S; z++) {
+                    size_t at = (size_t)(i0 + z % R) * x->nb + b;
+                    acc[z] = _mm256_fmadd_ps(_mm256_mul_ps(scale[z / R], _mm256_set1_ps(x->d[at])),
+                                             _mm256_cvtepi32_ps(dot[z]), acc[z]);
+                    acc[z] = _mm256_fnmadd_ps(min[z / R], _mm256_set1_ps(x->m[at]), acc[z]);
                 }
                 continue;
             }
-            for (int i = 0; i < R; i++) a[i] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot[i]), a[i]);
+            for (int z = 0; z < S; z++) a[z] = _mm256_fmadd_ps(scale[z / R], _mm256_cvtepi32_ps(dot[z]), a[z]);
         }
         if (x->span == 1) continue;
-        __m256i mp[4]; /* min_pairs512's pairs for lanes 8h .. 8h+7 */
-        for (int p = 0; p < 4; p++) {
-            const uint8_t *at = s + 192 + 32 * p + 8 * h;
-            mp[p] = _mm256_cvtepu8_epi16(
-                _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)at), _mm_loadl_epi64((const __m128i *)(at + 16))));
-        }
-        __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 32 + 16 * h)));
-        for (int i = 0; i < R; i++) {
-            const int32_t *xp = se_sum_pairs(x, i0 + i) + sb * SE_SUPER / 2;
-            __m256i mi = _mm256_setzero_si256();
-            for (int p = 0; p < 4; p++) mi = _mm256_add_epi32(mi, _mm256_madd_epi16(mp[p], _mm256_set1_epi32(xp[p])));
-            __m256 v = _mm256_fnmadd_ps(dmin, _mm256_cvtepi32_ps(mi), a[i]);
-            acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(x->d[(size_t)(i0 + i) * x->nb + sb * SE_SUPER]), v, acc[i]);
-        }
-    }
-    int valid = lanes - 8 * h;
-    for (int i = 0; i < R; i++) {
-        float *dst = out + (size_t)(i0 + i) * ldo + g * SE_GROUP + 8 * h, tmp[8];
-        if (valid >= 8) {
-            _mm256_storeu_ps(dst, acc[i]);
-        } else {
-            _mm256_storeu_ps(tmp, acc[i]);
-            for (int r = 0; r < valid; r++) dst[r] = tmp[r];
+        for (int e = 0; e < H; e++) {
+            __m256i mp[4]; /* min_pairs512's pairs for the half's lanes */
+            for (int p = 0; p < 4; p++) {
+                const uint8_t *at = s + 192 + 32 * p + 8 * (h0 + e);
+                mp[p] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)at),
+                                                               _mm_loadl_epi64((const __m128i *)(at + 16))));
+            }
+            __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 32 + 16 * (h0 + e))));
+            for (int z = e * R; z < (e + 1) * R; z++) {
+                const int32_t *xp = se_sum_pairs(x, i0 + z % R) + sb * SE_SUPER / 2;
+                __m256i mi = _mm256_setzero_si256();
+                for (int p = 0; p < 4; p++)
+                    mi = _mm256_add_epi32(mi, _mm256_madd_epi16(mp[p], _mm256_set1_epi32(xp[p])));
+                __m256 v = _mm256_fnmadd_ps(dmin, _mm256_cvtepi32_ps(mi), a[z]);
+                acc[z] = _mm256_fmadd_ps(_mm256_set1_ps(x->d[(size_t)(i0 + z % R) * x->nb + sb * SE_SUPER]), v, acc[z]);
+            }
         }
     }
+    for (int z = 0; z < S; z++)
+        se_store8(out + (size_t)(i0 + z % R) * ldo + g * SE_GROUP + 8 * (h0 + z / R), acc[z],
+                  lanes - 8 * (h0 + z / R));
 }
 
-#define PASSES256(q5)                                                                                            \
-    switch (n = se_pass_rows(rows, 4, i0)) {                                                                   \
-    case 1: pass256(w, g, x, i0, 1, out, ldo, lanes, h, q5); break;                                              \
-    case 2: pass256(w, g, x, i0, 2, out, ldo, lanes, h, q5); break;                                              \
-    case 3: pass256(w, g, x, i0, 3, out, ldo, lanes, h, q5); break;                                              \
-    default: pass256(w, g, x, i0, 4, out, ldo, lanes, h, q5); break;                                             \
-    }
+#define ONE256(R, H, q5) pass256(w, g, x, i0, R, out, ldo, lanes, h, H, q5)
+#define BY_KERN(R, H) (w->kern == SE_KERN_Q5K ? ONE256(R, H, 1) : ONE256(R, H, 0))
 
 SE_AVX2 void se_mm_q4k_avx2(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1) {
     for (int g = g0; g < g1; g++) {
         int lanes = w->n - g * SE_GROUP;
+        if (rows <= 2) { /* both halves in one pass (a pass a half: T(2) +9% on Qwen2.5-Coder-1.5B) */
+            int h = 0, i0 = 0;
+            if (rows == 1) BY_KERN(1, 2);
+            else BY_KERN(2, 2);
+            continue;
+        }
         for (int h = 0; h < 2; h++)
             for (int i0 = 0, n; i0 < rows; i0 += n) {
-                if (w->kern == SE_KERN_Q5K) PASSES256(1)
-                else PASSES256(0)
+                switch (n = se_pass_rows(rows, 4, i0)) {
+                case 1: BY_KERN(1, 1); break;
+                case 2: BY_KERN(2, 1); break;
+                case 3: BY_KERN(3, 1); break;
+                default: BY_KERN(4, 1); break;
+                }
             }
     }
 }

@@ -50,12 +50,12 @@ void se_mm_q6k_portable(const se_mat *w, const se_act *x, int rows, float *out, 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 
+#include "avx2.h"
 #include "dpbusd.h"
 
 #define PASS512 8 /* activation rows per pass (3 accumulators a row; the unpack is shared): 8 spill little, 12 had */
 
 #define SE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
-#define SE_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define PF 2048     /* ahead into L1 */
 #define PF_L2 12288 /* ahead into L2 (the prototype's second level: PERF_FACTS.md) */
 #define INL __attribute__((always_inline))
@@ -166,110 +166,126 @@ SE_AVX512 void se_mm_q6k_avx512(const se_mat *w, const se_act *x, int rows, floa
     else groups512(w, x, rows, out, ldo, g0, g1, 0);
 }
 
-/* AVX2: lanes 8h .. 8h+7 of the group (h = 0, 1); u8 x s8 dots as vpmaddubsw, two of whose int16 pair sums (each
- * at most 2 * 63 * 127 = 16002) are added before vpmaddwd widens them: the same exact integer as widening each;
- * SE_PIN (se.h) keeps each row's running sum in a register. */
+/* AVX2: 8-lane halves of the group; u8 x s8 dots as vpmaddubsw, two of whose int16 pair sums (each at most
+ * 2 * 63 * 127 = 16002) are added before vpmaddwd widens them: the same exact integer as widening each; SE_PIN (se.h)
+ * keeps each row's running sum in a register. A pass runs R rows times H halves from half h0, slot z = (half
+ * h0 + z / R, row z % R): with H = 2 (one row) each superblock is walked once and its prefetches run without a
+ * pause, as in mm_avx2.c. */
 
 static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, int i0, const int R, float *out,
-                                       int ldo, int lanes, int h, const int sb8) {
+                                       int ldo, int lanes, int h0, const int H, const int sb8) {
     const __m256i nib = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    const int S = R * H;
     __m256 acc[4];
-    for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();
+    for (int z = 0; z < S; z++) acc[z] = _mm256_setzero_ps();
     for (int sb = 0; sb < w->nb / SE_SUPER; sb++) {
         const uint8_t *s = superblock(w, g, sb);
-        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + SE_Q6K_D + 16 * h)));
+        __m256 d[2];
+        for (int e = 0; e < H; e++)
+            d[e] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + SE_Q6K_D + 16 * (h0 + e))));
         __m256i isb[4]; /* sb8: the superblock's integer sums */
-        for (int i = 0; sb8 && i < R; i++) isb[i] = _mm256_setzero_si256();
+        for (int z = 0; sb8 && z < S; z++) isb[z] = _mm256_setzero_si256();
         for (int j = 0; j < SE_SUPER; j++) {
             int b = sb * SE_SUPER + j;
             const uint8_t *blk = s + SE_Q6K_BLOCK * j;
-            if (h == 0) prefetch_sub(s, j);
-            __m256i h0 = _mm256_loadu_si256((const __m256i *)(blk + 256 + 32 * h));
-            __m256i h1 = _mm256_loadu_si256((const __m256i *)(blk + 320 + 32 * h));
+            if (h0 == 0) prefetch_sub(s, j);
             __m256i dot0[4], dot1[4], s0[4], s1[4]; /* s0, s1: int16 sums of two t's products */
-            for (int i = 0; i < R; i++) dot0[i] = dot1[i] = s0[i] = s1[i] = _mm256_setzero_si256();
+            for (int z = 0; z < S; z++) dot0[z] = dot1[z] = s0[z] = s1[z] = _mm256_setzero_si256();
             for (int t = 0; t < 4; t++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 * t + 32 * h));
-                __m256i lo = _mm256_or_si256(_mm256_and_si256(v, nib), HI2_256(h0, t));
-                __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), nib), HI2_256(h1, t));
-                for (int i = 0; i < R; i++) {
-                    const int8_t *xq = x->q + (size_t)(i0 + i) * x->k + b * SE_BLOCK;
+                __m256i lo[2], hi[2];
+                for (int e = 0; e < H; e++) {
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 * t + 32 * (h0 + e)));
+                    __m256i b0 = _mm256_loadu_si256((const __m256i *)(blk + 256 + 32 * (h0 + e)));
+                    __m256i b1 = _mm256_loadu_si256((const __m256i *)(blk + 320 + 32 * (h0 + e)));
+                    lo[e] = _mm256_or_si256(_mm256_and_si256(v, nib), HI2_256(b0, t));
+                    hi[e] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), nib), HI2_256(b1, t));
+                }
+                for (int z = 0; z < S; z++) {
+                    const int8_t *xq = x->q + (size_t)(i0 + z % R) * x->k + b * SE_BLOCK;
                     int32_t a0, a1;
                     __builtin_memcpy(&a0, xq + 4 * t, 4);
                     __builtin_memcpy(&a1, xq + 16 + 4 * t, 4);
-                    s0[i] = _mm256_add_epi16(s0[i], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a0)));
-                    SE_PIN(s0[i]);
-                    s1[i] = _mm256_add_epi16(s1[i], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(a1)));
-                    SE_PIN(s1[i]);
+                    s0[z] = _mm256_add_epi16(s0[z], _mm256_maddubs_epi16(lo[z / R], _mm256_set1_epi32(a0)));
+                    SE_PIN(s0[z]);
+                    s1[z] = _mm256_add_epi16(s1[z], _mm256_maddubs_epi16(hi[z / R], _mm256_set1_epi32(a1)));
+                    SE_PIN(s1[z]);
                 }
                 if (t % 2)
-                    for (int i = 0; i < R; i++) {
-                        dot0[i] = _mm256_add_epi32(dot0[i], _mm256_madd_epi16(s0[i], _mm256_set1_epi16(1)));
-                        dot1[i] = _mm256_add_epi32(dot1[i], _mm256_madd_epi16(s1[i], _mm256_set1_epi16(1)));
-                        s0[i] = s1[i] = _mm256_setzero_si256();
+                    for (int z = 0; z < S; z++) {
+                        dot0[z] = _mm256_add_epi32(dot0[z], _mm256_madd_epi16(s0[z], _mm256_set1_epi16(1)));
+                        dot1[z] = _mm256_add_epi32(dot1[z], _mm256_madd_epi16(s1[z], _mm256_set1_epi16(1)));
+                        s0[z] = s1[z] = _mm256_setzero_si256();
                     }
             }
-            __m256i sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(s + SE_Q6K_SC + 32 * j + 8 * h)));
-            __m256i sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(s + SE_Q6K_SC + 32 * j + 16 + 8 * h)));
-            for (int i = 0; sb8 && i < R; i++)
-                isb[i] = _mm256_add_epi32(isb[i], _mm256_add_epi32(_mm256_mullo_epi32(sc0, dot0[i]),
-                                                                   _mm256_mullo_epi32(sc1, dot1[i])));
-            for (int i = 0; !sb8 && i < R; i++) { /* a scale per block: the offsets and scales block by block */
-                int32_t xs = x->s[(size_t)(i0 + i) * x->nb + b], xh = x->h[(size_t)(i0 + i) * x->nb + b];
-                __m256i isum = _mm256_add_epi32(
-                    _mm256_mullo_epi32(sc0, _mm256_sub_epi32(dot0[i], _mm256_set1_epi32(32 * xh))),
-                    _mm256_mullo_epi32(sc1, _mm256_sub_epi32(dot1[i], _mm256_set1_epi32(32 * (xs - xh)))));
-                acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x->d[(size_t)(i0 + i) * x->nb + b])),
-                                         _mm256_cvtepi32_ps(isum), acc[i]);
+            for (int e = 0; e < H; e++) {
+                const uint8_t *sc = s + SE_Q6K_SC + 32 * j + 8 * (h0 + e);
+                __m256i sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sc));
+                __m256i sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 16)));
+                for (int z = e * R; sb8 && z < (e + 1) * R; z++)
+                    isb[z] = _mm256_add_epi32(isb[z], _mm256_add_epi32(_mm256_mullo_epi32(sc0, dot0[z]),
+                                                                       _mm256_mullo_epi32(sc1, dot1[z])));
+                for (int z = e * R; !sb8 && z < (e + 1) * R; z++) { /* a scale per block: offsets, scales a block */
+                    size_t at = (size_t)(i0 + z % R) * x->nb + b;
+                    int32_t xs = x->s[at], xh = x->h[at];
+                    __m256i isum = _mm256_add_epi32(
+                        _mm256_mullo_epi32(sc0, _mm256_sub_epi32(dot0[z], _mm256_set1_epi32(32 * xh))),
+                        _mm256_mullo_epi32(sc1, _mm256_sub_epi32(dot1[z], _mm256_set1_epi32(32 * (xs - xh)))));
+                    acc[z] = _mm256_fmadd_ps(_mm256_mul_ps(d[e], _mm256_set1_ps(x->d[at])), _mm256_cvtepi32_ps(isum),
+                                             acc[z]);
+                }
             }
         }
         if (!sb8) continue;
         /* the offset terms as pass512's: one vpmaddwd a block and row over the int16 pairs (sc_0, sc_1) and
          * (h, s - h), after the superblock's dots (the same integer as subtracting them block by block) */
-        __m256i off[4];
-        for (int i = 0; i < R; i++) off[i] = _mm256_setzero_si256();
-        for (int j = 0; j < SE_SUPER; j++) {
-            __m128i a = _mm_loadl_epi64((const __m128i *)(s + SE_Q6K_SC + 32 * j + 8 * h));
-            __m128i c = _mm_loadl_epi64((const __m128i *)(s + SE_Q6K_SC + 32 * j + 16 + 8 * h));
-            __m256i pairs = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, c));
-            for (int i = 0; i < R; i++)
-                off[i] = _mm256_add_epi32(off[i], _mm256_madd_epi16(pairs, _mm256_set1_epi32(
-                                                                      se_half_pairs(x, i0 + i)[sb * SE_SUPER + j])));
-        }
-        for (int i = 0; i < R; i++) {
-            isb[i] = _mm256_sub_epi32(isb[i], _mm256_slli_epi32(off[i], 5));
-            float xd = x->d[(size_t)(i0 + i) * x->nb + sb * SE_SUPER];
-            acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(xd)), _mm256_cvtepi32_ps(isb[i]), acc[i]);
+        for (int e = 0; e < H; e++) {
+            __m256i off[4];
+            for (int z = e * R; z < (e + 1) * R; z++) off[z] = _mm256_setzero_si256();
+            for (int j = 0; j < SE_SUPER; j++) {
+                __m128i a = _mm_loadl_epi64((const __m128i *)(s + SE_Q6K_SC + 32 * j + 8 * (h0 + e)));
+                __m128i c = _mm_loadl_epi64((const __m128i *)(s + SE_Q6K_SC + 32 * j + 16 + 8 * (h0 + e)));
+                __m256i pairs = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, c));
+                for (int z = e * R; z < (e + 1) * R; z++)
+                    off[z] = _mm256_add_epi32(off[z], _mm256_madd_epi16(pairs, _mm256_set1_epi32(
+                                                          se_half_pairs(x, i0 + z % R)[sb * SE_SUPER + j])));
+            }
+            for (int z = e * R; z < (e + 1) * R; z++) {
+                isb[z] = _mm256_sub_epi32(isb[z], _mm256_slli_epi32(off[z], 5));
+                float xd = x->d[(size_t)(i0 + z % R) * x->nb + sb * SE_SUPER];
+                acc[z] = _mm256_fmadd_ps(_mm256_mul_ps(d[e], _mm256_set1_ps(xd)), _mm256_cvtepi32_ps(isb[z]), acc[z]);
+            }
         }
     }
-    int valid = lanes - 8 * h;
-    for (int i = 0; i < R; i++) {
-        float *dst = out + (size_t)(i0 + i) * ldo + g * SE_GROUP + 8 * h, tmp[8];
-        if (valid >= 8) {
-            _mm256_storeu_ps(dst, acc[i]);
-        } else {
-            _mm256_storeu_ps(tmp, acc[i]);
-            for (int r = 0; r < valid; r++) dst[r] = tmp[r];
+    for (int z = 0; z < S; z++)
+        se_store8(out + (size_t)(i0 + z % R) * ldo + g * SE_GROUP + 8 * (h0 + z / R), acc[z],
+                  lanes - 8 * (h0 + z / R));
+}
+
+#define ONE256(R, H) pass256(w, g, x, i0, R, out, ldo, lanes, h, H, sb8)
+
+static inline SE_AVX2 INL void groups256(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0,
+                                         int g1, const int sb8) {
+    for (int g = g0; g < g1; g++) {
+        int lanes = w->n - g * SE_GROUP;
+        if (rows == 1) { /* both halves in one pass */
+            int h = 0, i0 = 0;
+            ONE256(1, 2);
+            continue;
         }
+        for (int h = 0; h < 2; h++)
+            for (int i0 = 0, n; i0 < rows; i0 += n) {
+                switch (n = se_pass_rows(rows, 4, i0)) {
+                case 1: ONE256(1, 1); break;
+                case 2: ONE256(2, 1); break;
+                case 3: ONE256(3, 1); break;
+                default: ONE256(4, 1); break;
+                }
+            }
     }
 }
 
-#define PASSES256(sb8)                                                                                           \
-    switch (n = se_pass_rows(rows, 4, i0)) {                                                                   \
-    case 1: pass256(w, g, x, i0, 1, out, ldo, lanes, h, sb8); break;                                             \
-    case 2: pass256(w, g, x, i0, 2, out, ldo, lanes, h, sb8); break;                                             \
-    case 3: pass256(w, g, x, i0, 3, out, ldo, lanes, h, sb8); break;                                             \
-    default: pass256(w, g, x, i0, 4, out, ldo, lanes, h, sb8); break;                                            \
-    }
-
 SE_AVX2 void se_mm_q6k_avx2(const se_mat *w, const se_act *x, int rows, float *out, int ldo, int g0, int g1) {
-    for (int g = g0; g < g1; g++) {
-        int lanes = w->n - g * SE_GROUP;
-        for (int h = 0; h < 2; h++)
-            for (int i0 = 0, n; i0 < rows; i0 += n) {
-                if (x->span > 1) PASSES256(1)
-                else PASSES256(0)
-            }
-    }
+    if (x->span > 1) groups256(w, x, rows, out, ldo, g0, g1, 1);
+    else groups256(w, x, rows, out, ldo, g0, g1, 0);
 }
 #endif
