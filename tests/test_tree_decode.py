@@ -12,7 +12,7 @@ from specedge.runtime.backends.fake import FakeCache, MarkovBackend, random_mark
 from specedge.runtime.decode import decode
 from specedge.runtime.request import Request, Speculation
 from specedge.runtime.drafters.model import ModelDrafter
-from specedge.runtime.drafters.recycle import RecycleDrafter, tree_template
+from specedge.runtime.drafters.recycle import RecycleDrafter, top_rows, tree_template
 from specedge.runtime.stats import DecodeStats
 from specedge.runtime.tree import TreeDraft
 from specedge.runtime.types import SamplingParams
@@ -148,6 +148,19 @@ def test_recycle_fills_the_template_from_adj_and_learns_from_every_node():
         parent_tok = 3 if parent == 0 else int(tree.tokens[parent - 1])
         assert tree.tokens[node - 1] in d.adj[parent_tok]
     assert d.propose_tree(np.array([3]), 2, GREEDY, None).n == 2  # the room bound truncates the BFS order
+
+
+@pytest.mark.parametrize("V", [5, 8, 9, 511, 512, 513, 4096 + 37])
+def test_recycles_top_rows_are_each_rows_largest_values_best_first(V):
+    """top_rows ranks only the columns of the groups with the largest maxima: it must still find every row's m
+    largest values (ties included: small integers), in order, each column once."""
+    rng = np.random.default_rng(V)
+    for x in (rng.standard_normal((5, V)), rng.integers(0, 4, (5, V)), np.full((1, V), -np.inf)):
+        x = x.astype(np.float32)
+        m = min(8, V)
+        top = top_rows(x, m)
+        assert top.shape == (len(x), m) and all(len(set(row)) == m for row in top.tolist())
+        assert np.array_equal(np.take_along_axis(x, top, axis=1), -np.sort(-x, axis=1)[:, :m])
 
 
 def test_recycle_drafter_spec_and_block_verifier_kind():
