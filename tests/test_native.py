@@ -564,8 +564,9 @@ for fmt in nl.PACKED:
     raw = ENCODERS[fmt](w) if fmt in ENCODERS else quantize(w, Q[fmt]).view(np.uint8).reshape(40, -1)
     m = nl.PackedMatrix(fmt, raw)
     x = np.random.default_rng(1).standard_normal((16, k)).astype(np.float32)
-    outs = [m.matmul(x, isa) for isa in nl.cpu_isas(lib)]
-    assert all(np.array_equal(o, outs[0]) for o in outs)
+    for n in (1, 2, 5, 16):  # every pass shape: both 8-lane halves at 1-2 rows on AVX2, passes of 5, of 4 and 3
+        outs = [m.matmul(x[:n], isa) for isa in nl.cpu_isas(lib)]
+        assert all(np.array_equal(o, outs[0]) for o in outs)
     rows = np.stack([m.row(i) for i in range(40)])
     bad = lib.se_mat_new(nl.GGML_TYPES[fmt], x.ctypes.data, 7, 40, k)  # a row length that is not the format's
     assert not bad
