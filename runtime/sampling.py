@@ -233,3 +233,42 @@ def _top_p_mask(p: np.ndarray, top_p: float) -> np.ndarray:
         n[t] = min(int(np.searchsorted(mass, top_p - _TOP_P_EPS, side="left")) + 1, m)
         kth[t] = vals[n[t] - 1]
     return _keep_top_n(p, kth, n)
+
+
+def top_rows(x: np.ndarray, m: int, stride: int = 64) -> np.ndarray:
+    """[T, m] the column indices of each row's m largest values, largest first (ties: any of the tied columns).
+
+    Candidates first: column j belongs to group j % G (G = V // stride groups of `stride` columns, elementwise maxima
+    of contiguous slices, which vectorise); every column among a row's m largest lies in one of the m groups with the
+    largest maxima (each such group holds a distinct column >= the m-th largest value), so only those m * stride
+    columns, and the V % stride left over, are ranked. On SmolLM2's 49,152 columns x 5 rows: 0.12 ms against 1.8 ms
+    for an argpartition of the whole rows (the recycle drafter's update was a third of a 5-row native verify)."""
+    T, V = x.shape
+    G = V // stride
+    if G <= m:
+        cand = np.broadcast_to(np.arange(V), (T, V))
+    else:
+        best = np.argpartition(x[:, :G * stride].reshape(T, stride, G).max(axis=1), G - m, axis=1)[:, G - m:]
+        cand = (best[:, :, None] + G * np.arange(stride)).reshape(T, -1)
+        if V > G * stride:
+            cand = np.concatenate([cand, np.broadcast_to(np.arange(G * stride, V), (T, V - G * stride))], axis=1)
+    vals = np.take_along_axis(x, cand, axis=1)
+    top = np.argpartition(vals, vals.shape[1] - m, axis=1)[:, -m:]
+    order = np.argsort(-np.take_along_axis(vals, top, axis=1), axis=1, kind="stable")
+    return np.take_along_axis(np.take_along_axis(cand, top, axis=1), order, axis=1)
+
+    def accept(self, n_accepted: int, next_token: int) -> None:
+        """Nothing to do: what the target said is already in adj (observe)."""
+
+
+def top_ids(row: np.ndarray, n: int) -> np.ndarray:
+    """The n largest entries' indices of a 1-D row, largest first, ties lowest index first (every index tied with
+    the n-th largest value is considered, so the choice at the boundary is the lowest ids too)."""
+    if n <= 0:
+        return np.zeros(0, dtype=np.int64)
+    if n >= len(row):
+        ids = np.arange(len(row))
+    else:
+        nth = row[top_rows(row[None, :], n)[0, -1]]
+        ids = np.flatnonzero(row >= nth)
+    return ids[np.lexsort((ids, -row[ids]))][:n]

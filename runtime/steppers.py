@@ -26,7 +26,7 @@ from .constraint import Constraint, mask_logits, mask_q
 from .draft_length import AdaptiveDraftLength
 from .drafters.base import Drafter, TreeDrafter
 from .request import Request
-from .sampling import greedy_ids, logits_to_probs
+from .sampling import greedy_ids, logits_to_probs, top_ids
 from .tree import TreeDraft
 from .types import EMPTY_DRAFT, Draft, SamplingParams, StepStats, TokenLogprob, Tokens
 from .verify import GreedyVerifier, verify_tree
@@ -293,14 +293,9 @@ def token_logprobs(rows: np.ndarray, tokens: Sequence[int], n_top: int) -> list[
     sampling transform) at the token, and the n_top most likely ids (ties: lowest id first)."""
     x = np.asarray(rows, dtype=np.float64)
     m = x.max(axis=1, keepdims=True)
-    logz = m + np.log(np.exp(x - m).sum(axis=1, keepdims=True))
-    lp = x - logz  # [T, V]
+    logz = (m + np.log(np.exp(x - m).sum(axis=1, keepdims=True)))[:, 0]
     out = []
-    for i, t in enumerate(tokens):
-        top: tuple[tuple[int, float], ...] = ()
-        if n_top > 0:
-            ids = np.argpartition(-lp[i], n_top - 1)[:n_top] if n_top < lp.shape[1] else np.arange(lp.shape[1])
-            ids = sorted((int(j) for j in ids), key=lambda j: (-lp[i, j], j))
-            top = tuple((j, float(lp[i, j])) for j in ids)
-        out.append(TokenLogprob(int(t), float(lp[i, int(t)]), top))
+    for i, t in enumerate(tokens):  # a log-probability is x - logz: only the few asked for are formed
+        top = tuple((int(j), float(x[i, j] - logz[i])) for j in top_ids(x[i], n_top))
+        out.append(TokenLogprob(int(t), float(x[i, int(t)] - logz[i]), top))
     return out

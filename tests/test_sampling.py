@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from specedge.runtime.sampling import greedy_ids, logits_to_probs, sample
+from specedge.runtime.sampling import greedy_ids, logits_to_probs, sample, top_ids
 from specedge.runtime.types import SamplingParams
 
 
@@ -31,6 +31,15 @@ def test_stable_for_large_logits():
 def test_greedy_one_hot_ties_lowest_id():
     p = logits_to_probs(np.array([[0, 5, 5, 1], [9, 0, 0, 9]], np.float32), SamplingParams())
     np.testing.assert_array_equal(p, [[0, 1, 0, 0], [1, 0, 0, 0]])
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 20, 999, 1000, 1200])
+def test_top_ids_are_the_largest_best_first_ties_lowest_id_even_at_the_boundary(n):
+    """The logprobs' top list: a sort by (-value, id), whatever the candidate groups top_rows looks at first."""
+    rng = np.random.default_rng(n)
+    for x in (rng.integers(0, 3, 1000).astype(np.float32), rng.standard_normal(1000), np.zeros(1000)):
+        want = sorted(range(1000), key=lambda j: (-x[j], j))[:n]
+        assert top_ids(x, n).tolist() == want
 
 
 def test_top_k():

@@ -12,7 +12,8 @@ from specedge.runtime.backends.fake import FakeCache, MarkovBackend, random_mark
 from specedge.runtime.decode import decode
 from specedge.runtime.request import Request, Speculation
 from specedge.runtime.drafters.model import ModelDrafter
-from specedge.runtime.drafters.recycle import RecycleDrafter, top_rows, tree_template
+from specedge.runtime.drafters.recycle import RecycleDrafter, tree_template
+from specedge.runtime.sampling import top_rows
 from specedge.runtime.stats import DecodeStats
 from specedge.runtime.tree import TreeDraft
 from specedge.runtime.types import SamplingParams

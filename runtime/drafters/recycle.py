@@ -17,6 +17,7 @@ import heapq
 
 import numpy as np
 
+from ..sampling import top_rows
 from ..tree import TreeDraft
 from ..types import Logits, SamplingParams, Tokens
 from .base import BackendNeed, DrafterCaps, TreeDrafter
@@ -91,28 +92,3 @@ class RecycleDrafter(TreeDrafter):
         m = min(TOP, logits.shape[1])  # a vocabulary under 8 leaves the last columns unknown (-1)
         self.adj[np.asarray(tokens, dtype=np.int64), :m] = top_rows(np.asarray(logits), m)
 
-
-def top_rows(x: np.ndarray, m: int, stride: int = 64) -> np.ndarray:
-    """[T, m] the column indices of each row's m largest values, largest first (ties: any of the tied columns).
-
-    Candidates first: column j belongs to group j % G (G = V // stride groups of `stride` columns, elementwise maxima
-    of contiguous slices, which vectorise); every column among a row's m largest lies in one of the m groups with the
-    largest maxima (each such group holds a distinct column >= the m-th largest value), so only those m * stride
-    columns, and the V % stride left over, are ranked. On SmolLM2's 49,152 columns x 5 rows: 0.12 ms against 1.8 ms
-    for an argpartition of the whole rows, which was a third of a 5-row native verify."""
-    T, V = x.shape
-    G = V // stride
-    if G <= m:
-        cand = np.broadcast_to(np.arange(V), (T, V))
-    else:
-        best = np.argpartition(x[:, :G * stride].reshape(T, stride, G).max(axis=1), G - m, axis=1)[:, G - m:]
-        cand = (best[:, :, None] + G * np.arange(stride)).reshape(T, -1)
-        if V > G * stride:
-            cand = np.concatenate([cand, np.broadcast_to(np.arange(G * stride, V), (T, V - G * stride))], axis=1)
-    vals = np.take_along_axis(x, cand, axis=1)
-    top = np.argpartition(vals, vals.shape[1] - m, axis=1)[:, -m:]
-    order = np.argsort(-np.take_along_axis(vals, top, axis=1), axis=1, kind="stable")
-    return np.take_along_axis(np.take_along_axis(cand, top, axis=1), order, axis=1)
-
-    def accept(self, n_accepted: int, next_token: int) -> None:
-        """Nothing to do: what the target said is already in adj (observe)."""
