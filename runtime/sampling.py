@@ -58,7 +58,7 @@ def logits_to_probs(logits: Logits, params: SamplingParams, history: Tokens | No
     x /= params.temperature
     ids = None  # with top-k the rest works on the k kept columns: x [T, k], ids [T, k]
     if 0 < params.top_k < V:
-        kth = np.partition(x, V - params.top_k, axis=1)[:, V - params.top_k]  # [T] k-th largest logit
+        kth = np.take_along_axis(x, top_rows(x, params.top_k)[:, -1:], axis=1)[:, 0]  # [T] k-th largest logit
         ids = np.nonzero(_keep_top_n(x, kth, np.full(T, params.top_k)))[1].reshape(T, params.top_k)
         x = np.take_along_axis(x, ids, axis=1)
     p = _softmax(x)
@@ -217,15 +217,15 @@ def _typical_mask(p: np.ndarray, typical_p: float) -> np.ndarray:
 def _top_p_mask(p: np.ndarray, top_p: float) -> np.ndarray:
     """Bool [T, V]: per row the smallest set of most likely tokens whose mass >= top_p (at least 1).
 
-    Sorts only the top m candidates (argpartition), growing m until they hold top_p of the mass.
+    Sorts only the top m candidates (top_rows: no pass over the whole row but its group maxima), growing m until
+    they hold top_p of the mass; only their values matter, so which of tied ids top_rows returns changes nothing.
     """
     T, V = p.shape
     kth, n = np.zeros(T), np.zeros(T, dtype=np.int64)
     for t in range(T):
         m = min(V, _TOP_P_FIRST)
         while True:
-            top = p[t] if m == V else p[t, np.argpartition(p[t], V - m)[V - m:]]
-            vals = np.sort(top)[::-1]  # [m] descending
+            vals = np.sort(p[t])[::-1] if m == V else p[t, top_rows(p[t:t + 1], m)[0]]  # [m] descending
             mass = np.cumsum(vals)
             if mass[-1] >= top_p - _TOP_P_EPS or m == V:
                 break
@@ -245,20 +245,17 @@ def top_rows(x: np.ndarray, m: int, stride: int = 64) -> np.ndarray:
     for an argpartition of the whole rows (the recycle drafter's update was a third of a 5-row native verify)."""
     T, V = x.shape
     G = V // stride
-    if G <= m:
-        cand = np.broadcast_to(np.arange(V), (T, V))
+    if 4 * m > G:  # the groups would hold a quarter of the row or more: rank the whole row
+        top = np.argpartition(x, V - m, axis=1)[:, V - m:]
     else:
         best = np.argpartition(x[:, :G * stride].reshape(T, stride, G).max(axis=1), G - m, axis=1)[:, G - m:]
         cand = (best[:, :, None] + G * np.arange(stride)).reshape(T, -1)
         if V > G * stride:
             cand = np.concatenate([cand, np.broadcast_to(np.arange(G * stride, V), (T, V - G * stride))], axis=1)
-    vals = np.take_along_axis(x, cand, axis=1)
-    top = np.argpartition(vals, vals.shape[1] - m, axis=1)[:, -m:]
-    order = np.argsort(-np.take_along_axis(vals, top, axis=1), axis=1, kind="stable")
-    return np.take_along_axis(np.take_along_axis(cand, top, axis=1), order, axis=1)
-
-    def accept(self, n_accepted: int, next_token: int) -> None:
-        """Nothing to do: what the target said is already in adj (observe)."""
+        vals = np.take_along_axis(x, cand, axis=1)
+        top = np.take_along_axis(cand, np.argpartition(vals, vals.shape[1] - m, axis=1)[:, -m:], axis=1)
+    order = np.argsort(-np.take_along_axis(x, top, axis=1), axis=1, kind="stable")
+    return np.take_along_axis(top, order, axis=1)
 
 
 def top_ids(row: np.ndarray, n: int) -> np.ndarray:
