@@ -191,14 +191,17 @@ static inline SE_AVX2 INL void pass256(const se_mat *w, int g, const se_act *x, 
             if (h0 == 0) prefetch_sub(s, j);
             __m256i dot0[4], dot1[4], s0[4], s1[4]; /* s0, s1: int16 sums of two t's products */
             for (int z = 0; z < S; z++) dot0[z] = dot1[z] = s0[z] = s1[z] = _mm256_setzero_si256();
+            __m256i b0[2], b1[2]; /* the block's 2-bit high parts, each half's loaded once */
+            for (int e = 0; e < H; e++) {
+                b0[e] = _mm256_loadu_si256((const __m256i *)(blk + 256 + 32 * (h0 + e)));
+                b1[e] = _mm256_loadu_si256((const __m256i *)(blk + 320 + 32 * (h0 + e)));
+            }
             for (int t = 0; t < 4; t++) {
                 __m256i lo[2], hi[2];
                 for (int e = 0; e < H; e++) {
                     __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 64 * t + 32 * (h0 + e)));
-                    __m256i b0 = _mm256_loadu_si256((const __m256i *)(blk + 256 + 32 * (h0 + e)));
-                    __m256i b1 = _mm256_loadu_si256((const __m256i *)(blk + 320 + 32 * (h0 + e)));
-                    lo[e] = _mm256_or_si256(_mm256_and_si256(v, nib), HI2_256(b0, t));
-                    hi[e] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), nib), HI2_256(b1, t));
+                    lo[e] = _mm256_or_si256(_mm256_and_si256(v, nib), HI2_256(b0[e], t));
+                    hi[e] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), nib), HI2_256(b1[e], t));
                 }
                 for (int z = 0; z < S; z++) {
                     const int8_t *xq = x->q + (size_t)(i0 + z % R) * x->k + b * SE_BLOCK;

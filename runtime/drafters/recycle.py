@@ -92,3 +92,5 @@ class RecycleDrafter(TreeDrafter):
         m = min(TOP, logits.shape[1])  # a vocabulary under 8 leaves the last columns unknown (-1)
         self.adj[np.asarray(tokens, dtype=np.int64), :m] = top_rows(np.asarray(logits), m)
 
+    def accept(self, n_accepted: int, next_token: int) -> None:
+        """Nothing to do: what the target said is already in adj (observe)."""
