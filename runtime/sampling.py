@@ -56,7 +56,7 @@ def logits_to_probs(logits: Logits, params: SamplingParams, history: Tokens | No
     if params.greedy:
         return _one_hot(np.argmax(x, axis=1), V)
     x /= params.temperature
-    ids = None  # with top-k the rest works on the k kept columns: x [T, k], ids [T, k]
+    full, ids = x, None  # with top-k the rest works on the k kept columns: x [T, k], ids [T, k]
     if 0 < params.top_k < V:
         kth = np.take_along_axis(x, top_rows(x, params.top_k)[:, -1:], axis=1)[:, 0]  # [T] k-th largest logit
         ids = np.nonzero(_keep_top_n(x, kth, np.full(T, params.top_k)))[1].reshape(T, params.top_k)
@@ -65,18 +65,68 @@ def logits_to_probs(logits: Logits, params: SamplingParams, history: Tokens | No
     if params.typical_p < 1.0:
         p[~_typical_mask(p, params.typical_p)] = 0.0
         p /= p.sum(axis=1, keepdims=True)
-    if params.top_p < 1.0:
-        p[~_top_p_mask(p, params.top_p)] = 0.0
-        p /= p.sum(axis=1, keepdims=True)
-    if params.min_p > 0.0:
-        # The ratio to the max is unchanged by renormalising, so no renormalisation is needed before this.
-        p[p < params.min_p * p.max(axis=1, keepdims=True)] = 0.0
-        p /= p.sum(axis=1, keepdims=True)
+    for row in p if params.top_p < 1.0 or params.min_p > 0.0 else ():
+        if params.top_p < 1.0:
+            _keep_only(row, _top_p_keep(row, params.top_p))
+        if params.min_p > 0.0:
+            _keep_only(row, np.flatnonzero(~(row < params.min_p * row.max())))
     if ids is None:
         return p
-    out = np.zeros((T, V), dtype=np.float64)
-    np.put_along_axis(out, ids, p, axis=1)
-    return out
+    full.fill(0.0)  # the private copy's buffer, not a fresh one (below)
+    np.put_along_axis(full, ids, p, axis=1)
+    return full
+
+
+def _keep_only(row: np.ndarray, keep: np.ndarray) -> None:
+    """In place: zero a row but its `keep` columns and renormalise it, summed whole as a masked row would be (the
+    same sum bit for bit), touching no other array of the row's size.
+
+    Why in place: on these VMs a fresh array of gemma3-270m's 262,144 float64 columns costs about 1 ms of page faults
+    (512 of them, 2 us each), more than every computation of this module on it; the private float64 copy of the
+    logits is the only such array logits_to_probs makes."""
+    vals = row[keep]
+    row.fill(0.0)
+    row[keep] = vals
+    row[keep] /= row.sum()  # the zeros divided would stay +0
+
+
+class ProbRows:
+    """The rows of `logits_to_probs(logits, params, history)`, each formed when first read: the same values bit for
+    bit (each row is a function of its own logits and the history before it; tests/test_sampling.py).
+
+    A chain verifier reads the rows up to the first rejection; under sampling, with its penalties, most rounds reject
+    the first drafted token, so most rows of a k+1-row verify were formed for nothing (0.2-1 ms each, by the vocabulary).
+    `rows[i]` is row i, `rows[i, j]` its column j, `np.asarray(rows)` all of them as the [T, V] array."""
+
+    def __init__(self, logits: Logits, params: SamplingParams, history: Tokens | None = None) -> None:
+        self.logits = np.atleast_2d(logits)  # [T, V]
+        self.params, self.history = params, None if history is None else np.asarray(history).reshape(-1)
+        self.shape: tuple[int, int] = self.logits.shape
+        self.ndim = 2
+        self._rows: dict[int, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def row(self, i: int) -> np.ndarray:
+        """[V] float64: row i (negative i counts from the end)."""
+        T = self.shape[0]
+        i = range(T)[i]
+        if i not in self._rows:
+            h = None if self.history is None else self.history[:len(self.history) - (T - 1 - i)]
+            self._rows[i] = logits_to_probs(self.logits[i:i + 1], self.params, h)[0]
+        return self._rows[i]
+
+    def __getitem__(self, key):
+        if isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], (int, np.integer)):
+            return self.row(int(key[0]))[key[1]]
+        if isinstance(key, (int, np.integer)):
+            return self.row(int(key))
+        return np.asarray(self)[key]
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = np.stack([self.row(i) for i in range(self.shape[0])])
+        return out if dtype is None else out.astype(dtype, copy=False)
 
 
 def sample(probs_row: np.ndarray, rng: np.random.Generator) -> int:
@@ -88,14 +138,14 @@ def sample(probs_row: np.ndarray, rng: np.random.Generator) -> int:
     Example: probs_row = [0.2, 0.0, 0.5, 0.3] -> cdf [0.2, 0.2, 0.7, 1.0];
         u = 0.1 -> 0,  u = 0.2 -> 2 (id 1 has no mass),  u = 0.95 -> 3.
     """
-    cdf = np.cumsum(probs_row, dtype=np.float64)  # [V]
-    total = cdf[-1]
+    row = np.asarray(probs_row)
+    ids = np.flatnonzero(row != 0)  # the cdf only over the columns with mass: a running sum adds 0 to nothing
+    cdf = np.cumsum(row[ids], dtype=np.float64)  # [len(ids)] the full cdf's values at those columns, bit for bit
+    total = cdf[-1] if len(cdf) else 0.0
     if not total > 0.0:
         raise ValueError(f"cannot sample from a distribution with total mass {total!r}")
     i = int(np.searchsorted(cdf, rng.random() * total, side="right"))
-    if i >= len(cdf):  # u * total rounded up to total: take the last token with mass
-        i = int(np.flatnonzero(np.asarray(probs_row) > 0)[-1])
-    return i
+    return int(ids[min(i, len(ids) - 1)])  # u * total rounded up to total: the last token with mass
 
 
 def _apply_penalties(x: np.ndarray, history: np.ndarray, params: SamplingParams) -> None:
@@ -157,10 +207,10 @@ def _apply_dry(x: np.ndarray, history: np.ndarray, params: SamplingParams) -> No
         keep = (nxt < x.shape[1]) & ~np.isin(nxt, breakers)
         if not keep.any():
             continue
-        worst = np.zeros(x.shape[1], np.int64)
-        np.maximum.at(worst, nxt[keep], got[keep])
-        hit = np.flatnonzero(worst)
-        x[i, hit] -= params.dry_multiplier * params.dry_base ** (worst[hit] - params.dry_allowed_length)
+        hit, which = np.unique(nxt[keep], return_inverse=True)  # the tokens hit, and which each match hits
+        worst = np.zeros(len(hit), np.int64)  # per token hit its longest match (not an array of V: see _keep_only)
+        np.maximum.at(worst, which, got[keep])
+        x[i, hit] -= params.dry_multiplier * params.dry_base ** (worst - params.dry_allowed_length)
 
 
 def greedy_ids(logits: Logits, params: SamplingParams, history: Tokens | None = None) -> np.ndarray:
@@ -179,9 +229,12 @@ def _one_hot(ids: np.ndarray, V: int) -> Probs:
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
-    """Numerically stable row softmax of float64 [T, V] (entries may be -inf)."""
-    e = np.exp(x - x.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
+    """In place (`_keep_only` says why): numerically stable row softmax of float64 [T, V] (entries may be -inf);
+    returns x, now exp(x - max) / sum."""
+    x -= x.max(axis=1, keepdims=True)
+    np.exp(x, out=x)
+    x /= x.sum(axis=1, keepdims=True)
+    return x
 
 
 def _keep_top_n(x: np.ndarray, kth: np.ndarray, n: np.ndarray) -> np.ndarray:
@@ -214,25 +267,29 @@ def _typical_mask(p: np.ndarray, typical_p: float) -> np.ndarray:
     return keep
 
 
-def _top_p_mask(p: np.ndarray, top_p: float) -> np.ndarray:
-    """Bool [T, V]: per row the smallest set of most likely tokens whose mass >= top_p (at least 1).
+def _top_p_keep(row: np.ndarray, top_p: float) -> np.ndarray:
+    """The columns of a [W] row's smallest set of most likely entries whose mass >= top_p (at least 1); ties at the
+    boundary: lowest columns first (as `_keep_top_n`).
 
     Sorts only the top m candidates (top_rows: no pass over the whole row but its group maxima), growing m until
-    they hold top_p of the mass; only their values matter, so which of tied ids top_rows returns changes nothing.
+    they hold top_p of the mass. When the m-th candidate ties the boundary value, a column outside the candidates
+    may tie it too: the whole row is then compared with it.
     """
-    T, V = p.shape
-    kth, n = np.zeros(T), np.zeros(T, dtype=np.int64)
-    for t in range(T):
-        m = min(V, _TOP_P_FIRST)
-        while True:
-            vals = np.sort(p[t])[::-1] if m == V else p[t, top_rows(p[t:t + 1], m)[0]]  # [m] descending
-            mass = np.cumsum(vals)
-            if mass[-1] >= top_p - _TOP_P_EPS or m == V:
-                break
-            m = V if m * 8 > V // 4 else m * 8  # past a quarter of V, one full sort is cheaper
-        n[t] = min(int(np.searchsorted(mass, top_p - _TOP_P_EPS, side="left")) + 1, m)
-        kth[t] = vals[n[t] - 1]
-    return _keep_top_n(p, kth, n)
+    W = len(row)
+    m = min(W, _TOP_P_FIRST)
+    while True:
+        cand = np.argsort(-row, kind="stable") if m == W else top_rows(row[None, :], m)[0]  # [m] largest first
+        vals = row[cand]
+        mass = np.cumsum(vals)
+        if mass[-1] >= top_p - _TOP_P_EPS or m == W:
+            break
+        m = W if m * 8 > W // 4 else m * 8  # past a quarter of W, one full sort is cheaper
+    n = min(int(np.searchsorted(mass, top_p - _TOP_P_EPS, side="left")) + 1, m)
+    kth = vals[n - 1]
+    if m < W and vals[-1] == kth:
+        return np.flatnonzero(_keep_top_n(row[None, :], np.array([kth]), np.array([n]))[0])
+    above = cand[vals > kth]
+    return np.concatenate([above, np.sort(cand[vals == kth])[:n - len(above)]])
 
 
 def top_rows(x: np.ndarray, m: int, stride: int = 64) -> np.ndarray:

@@ -26,7 +26,7 @@ from .constraint import Constraint, mask_logits, mask_q
 from .draft_length import AdaptiveDraftLength
 from .drafters.base import Drafter, TreeDrafter
 from .request import Request
-from .sampling import greedy_ids, logits_to_probs, top_ids
+from .sampling import ProbRows, greedy_ids, logits_to_probs, top_ids
 from .tree import TreeDraft
 from .types import EMPTY_DRAFT, Draft, SamplingParams, StepStats, TokenLogprob, Tokens
 from .verify import GreedyVerifier, verify_tree
@@ -183,7 +183,7 @@ class ChainStepper(_Speculative):
         if self.greedy:
             verdict = self.verifier.verify_ids(draft, greedy_ids(masked, params, history=history))
         else:
-            verdict = self.verifier.verify(draft, logits_to_probs(masked, params, history=history), rng)
+            verdict = self.verifier.verify(draft, ProbRows(masked, params, history=history), rng)
         if policy is not None:
             policy.observe(draft.kind, own, min(verdict.n_accepted, own), len(step_tokens), forward_s)
         seq.cache.rollback(base + 1 + verdict.n_accepted)  # [last, accepted...] are now committed in the cache
@@ -291,11 +291,13 @@ def tree_masks(tree: TreeDraft, constraint: Constraint) -> np.ndarray:
 def token_logprobs(rows: np.ndarray, tokens: Sequence[int], n_top: int) -> list[TokenLogprob]:
     """One TokenLogprob per token: log-softmax of its logits row (float64; the model's own distribution before any
     sampling transform) at the token, and the n_top most likely ids (ties: lowest id first)."""
-    x = np.asarray(rows, dtype=np.float64)
-    m = x.max(axis=1, keepdims=True)
-    logz = (m + np.log(np.exp(x - m).sum(axis=1, keepdims=True)))[:, 0]
+    x = np.asarray(rows)  # its values cast to float64 exactly, one at a time, below
+    e = x.astype(np.float64)  # the one array of the rows' size, worked in place (sampling._keep_only says why)
+    m = e.max(axis=1, keepdims=True)
+    e -= m
+    logz = (m + np.log(np.exp(e, out=e).sum(axis=1, keepdims=True)))[:, 0]
     out = []
     for i, t in enumerate(tokens):  # a log-probability is x - logz: only the few asked for are formed
-        top = tuple((int(j), float(x[i, j] - logz[i])) for j in top_ids(x[i], n_top))
-        out.append(TokenLogprob(int(t), float(x[i, int(t)] - logz[i]), top))
+        top = tuple((int(j), float(np.float64(x[i, j]) - logz[i])) for j in top_ids(x[i], n_top))
+        out.append(TokenLogprob(int(t), float(np.float64(x[i, int(t)]) - logz[i]), top))
     return out

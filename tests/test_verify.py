@@ -8,9 +8,9 @@ import pytest
 from scipy.stats import chisquare
 
 from specedge.runtime.backends.fake import random_markov_table
-from specedge.runtime.sampling import logits_to_probs, sample
+from specedge.runtime.sampling import ProbRows, logits_to_probs, sample
 from specedge.runtime.types import Draft, NextKind, SamplingParams, Verdict
-from specedge.runtime.verify import ChainSpeculativeVerifier, GreedyVerifier, make_verifier
+from specedge.runtime.verify import ChainSpeculativeVerifier, GreedyVerifier, VerifierKind, make_verifier
 
 V, START, N_OUT = 6, 0, 3
 P_TABLE = random_markov_table(V, seed=1, scale=1.5)  # [V, V] target logits
@@ -156,6 +156,27 @@ def test_chain_deterministic_rule_by_hand():
     assert v.verify(draft, p, FixedRng(0.6, 0.5, 0.1)) == Verdict(2, 0, NextKind.BONUS)
     assert v.verify(draft, p, FixedRng(0.6, 0.1)) == Verdict(1, 1, NextKind.RECOVERED)
     assert v.verify(draft, p, FixedRng(0.2)) == Verdict(0, 0, NextKind.RECOVERED)
+
+
+@pytest.mark.parametrize("kind", ["chain", "block"])
+@pytest.mark.parametrize("use_q", [False, True])
+def test_sampled_verify_forms_rows_only_up_to_the_first_rejection(kind, use_q):
+    """The chain rules read p row by row: a draft rejected at token i forms rows 0..i of the stepper's ProbRows, and
+    the verdict is the one the whole array gives (the same uniforms). Block verification with q reads every row."""
+    params = SamplingParams(temperature=1.0, top_p=0.9)
+    logits = P_TABLE[[0, 1, 2, 3]]  # [4, V]: rows for [last, x1, x2, x3]
+    p = logits_to_probs(logits, params)
+    x = np.array([int(np.argmin(p[0])), 2, 3], np.int32)  # the first draft token is the target's least likely
+    q = logits_to_probs(Q_TABLE[[0, 1, 2]], params) if use_q else None
+    if use_q:
+        q[0] = 0.0
+        q[0, x[0]] = 1.0  # the drafter was sure of it: p/q is small, so U rejects it
+    verifier = make_verifier(params, VerifierKind(kind))
+    rows = ProbRows(logits, params)
+    got = verifier.verify(Draft(x, q), rows, FixedRng(0.99, 0.5, 0.5, 0.5, 0.5))
+    assert got == verifier.verify(Draft(x, q), p, FixedRng(0.99, 0.5, 0.5, 0.5, 0.5))
+    assert got.n_accepted == 0
+    assert sorted(rows._rows) == ([0, 1, 2, 3] if kind == "block" and use_q else [0])
 
 
 @pytest.mark.parametrize("verifier", [GreedyVerifier(), ChainSpeculativeVerifier()], ids=["greedy", "chain"])

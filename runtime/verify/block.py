@@ -46,9 +46,9 @@ class BlockVerifier:
     def verify(self, draft: Draft, p: Probs, rng: np.random.Generator) -> Verdict:
         """p: [k+1, V] target distributions at [last, *draft.tokens]; returns >= 1 emitted token."""
         check_rows(draft, p)
-        p = np.asarray(p, dtype=np.float64)
-        if draft.q is None:
+        if draft.q is None:  # row by row, as the chain rule reads them
             return _verify_deterministic(draft, p, rng)
+        p = np.asarray(p, dtype=np.float64)  # block weights read every row
         q, k = np.asarray(draft.q, dtype=np.float64), draft.k
         if k == 0:
             return Verdict(0, sample(p[0], rng), NextKind.BONUS)

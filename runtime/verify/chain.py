@@ -46,19 +46,20 @@ class ChainSpeculativeVerifier:
 
     def verify(self, draft: Draft, p: Probs, rng: np.random.Generator) -> Verdict:
         """p: [k+1, V] target distributions at [last, *draft.tokens]; returns >= 1 emitted token."""
-        check_rows(draft, p)
-        p = np.asarray(p, dtype=np.float64)
+        check_rows(draft, p)  # p is read row by row, up to the first rejection (sampling.ProbRows forms no more)
         if draft.q is None:
             return _verify_deterministic(draft, p, rng)
         q = np.asarray(draft.q, dtype=np.float64)  # [k, V]
         for i, x in enumerate(draft.tokens):
+            p_i = np.asarray(p[i], dtype=np.float64)  # [V]
             # U < min(1, p/q)  <=>  U * q < p  (no division; q(x) = 0 accepts iff p(x) > 0)
-            if rng.random() * q[i, x] < p[i, x]:
+            if rng.random() * q[i, x] < p_i[x]:
                 continue
-            residual = np.maximum(p[i] - q[i], 0.0)  # [V]
-            row = residual if residual.sum() > _RESIDUAL_EPS else p[i]
+            residual = np.maximum(p_i - q[i], 0.0)  # [V]
+            row = residual if residual.sum() > _RESIDUAL_EPS else p_i
             return Verdict(n_accepted=i, next_token=sample(row, rng), kind=NextKind.RECOVERED)
-        return Verdict(n_accepted=draft.k, next_token=sample(p[draft.k], rng), kind=NextKind.BONUS)
+        return Verdict(n_accepted=draft.k, next_token=sample(np.asarray(p[draft.k], dtype=np.float64), rng),
+                       kind=NextKind.BONUS)
 
 
 def _verify_deterministic(draft: Draft, p: Probs, rng: np.random.Generator) -> Verdict:
