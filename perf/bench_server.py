@@ -3,7 +3,8 @@
 Two llama-server processes on loopback, both on the bench's GGUF, threads and context with flash attention on: its
 plain decoding and its speculative default (`--spec-default`). Each is started once, waited for (/health answers
 200) and always stopped (bench_cmd holds them in an ExitStack: an error, Ctrl-C or the end of the run). The bench's
-prompts go to /v1/chat/completions as one user message, greedy (temperature 0), max_tokens, `cache_prompt: false`
+prompts go to /v1/chat/completions as one user message, greedy (temperature 0; or sampled with the values specedge
+resolves, `server_sampling`), max_tokens, `cache_prompt: false`
 (every request processes its whole prompt, as the in-process configurations do), streamed so the first token's
 time is the client's.
 
@@ -130,9 +131,37 @@ class Answer:
     predicted_ms: float
 
 
-def request_body(prompt: Prompt, max_tokens: int) -> dict:
-    """The chat request every configuration answers: the prompt as one user message, greedy, no prompt cache."""
-    return {"messages": [{"role": "user", "content": prompt.text}], "max_tokens": max_tokens, "temperature": 0,
+GREEDY = {"temperature": 0}
+# specedge's order (runtime/sampling.py): penalties, DRY, then temperature before the warpers, as Hugging Face does;
+# llama.cpp's default applies temperature last, after top-k/top-p/min-p have chosen the tokens kept
+SAMPLER_ORDER = ["penalties", "dry", "temperature", "top_k", "typ_p", "top_p", "min_p"]
+
+
+def server_sampling(gguf: Path, temperature: float, seed: int, ctx: int) -> dict:
+    """llama-server's request fields for the bench's call: greedy at temperature 0; sampled, every value specedge
+    resolves for `CallSettings(temperature=..., seed=...)` on this GGUF (its general.sampling.* defaults, then
+    CHAT_DEFAULTS: top-p, repeat penalty, DRY), in specedge's order, so both sample the same distribution."""
+    if temperature == 0:
+        return dict(GREEDY)
+    from ..assembly.decoder import CallSettings
+    from ..assembly.sampling_defaults import resolve
+    from ..models.generation import from_gguf_metadata
+    from ..models.gguf_read import read_gguf
+    stated = {k: f.value for k, f in read_gguf(gguf).fields.items() if k.startswith("general.sampling.")}
+    defaults = resolve(from_gguf_metadata(stated), "gguf general.sampling")  # as assembly's model_sampling
+    p = CallSettings(temperature=temperature, seed=seed).sampling(defaults)
+    return {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
+            "typical_p": p.typical_p, "repeat_penalty": p.repeat_penalty, "repeat_last_n": p.repeat_last_n,
+            "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
+            "dry_multiplier": p.dry_multiplier, "dry_base": p.dry_base, "dry_allowed_length": p.dry_allowed_length,
+            "dry_penalty_last_n": p.dry_last_n or ctx,  # specedge's 0: the whole history (llama-server refuses -1)
+            "top_n_sigma": -1, "xtc_probability": 0.0, "samplers": SAMPLER_ORDER, "seed": seed}
+
+
+def request_body(prompt: Prompt, max_tokens: int, sampling: dict = GREEDY) -> dict:
+    """The chat request every configuration answers: the prompt as one user message, greedy (or `sampling`'s
+    fields, server_sampling), no prompt cache."""
+    return {"messages": [{"role": "user", "content": prompt.text}], "max_tokens": max_tokens, **sampling,
             "stream": True, "cache_prompt": False}
 
 
@@ -169,12 +198,13 @@ def read_stream(lines, t0: float, clock: Callable[[], float] = time.perf_counter
         raise ServerError(f"llama-server's timings {timings} lack a field: {e}") from None
 
 
-def chat(port: int, prompt: Prompt, max_tokens: int, timeout: float = REQUEST_TIMEOUT_S) -> Answer:
+def chat(port: int, prompt: Prompt, max_tokens: int, timeout: float = REQUEST_TIMEOUT_S,
+         sampling: dict = GREEDY) -> Answer:
     """One streamed /v1/chat/completions request, timed from before it is sent to its last byte."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         t0 = time.perf_counter()
-        conn.request("POST", "/v1/chat/completions", body=json.dumps(request_body(prompt, max_tokens)),
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(request_body(prompt, max_tokens, sampling)),
                      headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
         if resp.status != 200:
@@ -202,8 +232,8 @@ def server_timings(answers: list[Answer]) -> dict:
 
 
 def server_configs(binary: ServerBinary, gguf: Path, *, threads: int, ctx: int, max_tokens: int, warmup: int,
-                   stack: ExitStack, log: Callable[[str], None] = print,
-                   timeout: float = READY_TIMEOUT_S) -> tuple[list[Config], list[list[str]]]:
+                   stack: ExitStack, log: Callable[[str], None] = print, timeout: float = READY_TIMEOUT_S,
+                   sampling: dict = GREEDY) -> tuple[list[Config], list[list[str]]]:
     """'llama-server plain' and 'llama-server --spec-default', each its own running server (stopped by `stack`);
     also their command lines. warmup: how many of each configuration's first requests run_bench discards (left out
     of server_timings)."""
@@ -215,7 +245,7 @@ def server_configs(binary: ServerBinary, gguf: Path, *, threads: int, ctx: int, 
 
         def run(p: Prompt, server=server, answers=answers) -> tuple[list[int], DecodeStats]:
             try:
-                a = chat(server.port, p, max_tokens)
+                a = chat(server.port, p, max_tokens, sampling=sampling)
             except (OSError, http.client.HTTPException) as e:  # it died or hung up mid-run
                 raise ServerError(f"a request to llama-server failed ({type(e).__name__}: {e}); its last "
                                   f"output:\n{server.tail()}") from None

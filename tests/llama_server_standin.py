@@ -92,8 +92,11 @@ def handler(spec: bool, max_ctx: int):
                 os._exit(134)
             if self.path != "/v1/chat/completions":
                 return self.reply(404, {"error": {"message": "not found"}})
-            wrong = {k: body.get(k) for k, want in (("stream", True), ("temperature", 0), ("cache_prompt", False))
-                     if body.get(k) != want}
+            wrong = {k: body.get(k) for k, want in (("stream", True), ("cache_prompt", False)) if body.get(k) != want}
+            sampled = isinstance(body.get("temperature"), (int, float)) and body["temperature"] > 0
+            if body.get("temperature") != 0 and not (sampled and isinstance(body.get("seed"), int)):
+                wrong["temperature"] = body.get("temperature")  # greedy, or sampled with a seed (its answer is the
+                #                                                 same either way: this stand-in does not sample)
             if wrong or not isinstance(body.get("max_tokens"), int) or len(body.get("messages") or []) != 1:
                 return self.reply(400, {"error": {"message": f"stand-in: unexpected request fields {wrong}"}})
             content = body["messages"][0]["content"]

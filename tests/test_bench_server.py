@@ -280,3 +280,31 @@ def test_without_targets_the_baseline_is_compared_with_the_plan(tmp_path, standi
     assert versus["plan"] is True and versus["specedge"] == labels[1]
     assert versus["ratio"] == pytest.approx(results["configs"][1]["end_to_end_vs_llama_server"])
     assert f"the plan's configuration ({labels[1]}) end to end" in (out / "report.md").read_text()
+
+
+def test_a_sampled_bench_sends_llama_server_the_values_specedge_samples_with(tmp_path, standin):
+    """--temperature above 0: every configuration samples with the model's other defaults and --seed, and
+    llama-server gets the same values in specedge's sampler order; the n-gram drafter's answers still equal plain's
+    seed for seed (docs/algorithms.md 1.2)."""
+    r, gguf, out = run_bench(tmp_path, "--temperature", "0.7", "--seed", "3")
+    assert r.exit_code == 0, r.output
+    bodies = [x["body"] for x in standin() if "body" in x]
+    assert bodies and all(b["seed"] == 3 for b in bodies)
+    b = bodies[0]  # the tiny GGUF states no general.sampling.*: CHAT_DEFAULTS fill the rest
+    assert (b["temperature"], b["top_p"], b["top_k"], b["min_p"], b["repeat_penalty"], b["repeat_last_n"]) == \
+        (0.7, 0.9, 0, 0.0, 1.1, 64)
+    assert (b["dry_multiplier"], b["dry_base"], b["dry_allowed_length"], b["dry_penalty_last_n"]) == \
+        (0.8, 1.75, 2, 256)  # the whole history: the context (--ctx 256)
+    assert b["samplers"] == ["penalties", "dry", "temperature", "top_k", "typ_p", "top_p", "min_p"]
+    results = json.loads((out / "results.json").read_text())
+    assert (results["settings"]["temperature"], results["settings"]["seed"]) == (0.7, 3)
+    rows = {c["label"]: c for c in results["configs"]}
+    spec = next(c for label, c in rows.items() if label.startswith("numpy ngram"))
+    assert spec["identical_to_plain"] == spec["n_prompts"] == 2
+
+
+def test_a_sampled_bench_refuses_the_greedy_only_baselines(tmp_path):
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf", seed=0)
+    r = CliRunner().invoke(cli, ["bench", str(gguf), "--targets", "numpy", "--temperature", "0.5", "--out",
+                                 str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")])
+    assert r.exit_code == 2 and "--no-baselines" in r.output and "greedily only" in r.output
