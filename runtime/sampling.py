@@ -11,6 +11,8 @@ so the result is a pure function of (logits, params, history).
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .types import Logits, Probs, SamplingParams, Tokens
@@ -180,14 +182,14 @@ def _apply_dry(x: np.ndarray, history: np.ndarray, params: SamplingParams) -> No
     Example (allowed length 2, multiplier 0.8, base 1.75): history "a b c x a b" -> the suffix "a b" occurred
     before, followed by "c": c loses 0.8 * 1.75 ** 0 = 0.8; after "a b c x a b c" it would lose 0.8 * 1.75."""
     T, H = x.shape[0], len(history)
-    breakers = np.fromiter(params.dry_breakers, dtype=np.int64, count=len(params.dry_breakers))
+    table = _breaker_table(params.dry_breakers)
     for i in range(T):
         end = max(0, H - (T - 1 - i))
         h = history[max(0, end - params.dry_last_n) if params.dry_last_n else 0:end]
         n = len(h)
         if n < 2:
             continue
-        broken = np.flatnonzero(np.isin(h, breakers)) if len(breakers) else np.empty(0, np.int64)
+        broken = np.flatnonzero(_is_breaker(h, table))
         limit = n - 1 - int(broken[-1]) if len(broken) else n  # the suffix that may repeat: after the last breaker
         if limit < params.dry_allowed_length:
             continue
@@ -204,13 +206,29 @@ def _apply_dry(x: np.ndarray, history: np.ndarray, params: SamplingParams) -> No
         if not len(ends):
             continue
         nxt, got = h[ends + 1], length[ends]
-        keep = (nxt < x.shape[1]) & ~np.isin(nxt, breakers)
+        keep = (nxt < x.shape[1]) & ~_is_breaker(nxt, table)
         if not keep.any():
             continue
         hit, which = np.unique(nxt[keep], return_inverse=True)  # the tokens hit, and which each match hits
         worst = np.zeros(len(hit), np.int64)  # per token hit its longest match (not an array of V: see _keep_only)
         np.maximum.at(worst, which, got[keep])
         x[i, hit] -= params.dry_multiplier * params.dry_base ** (worst - params.dry_allowed_length)
+
+
+@functools.lru_cache(maxsize=8)
+def _breaker_table(breakers: frozenset[int]) -> np.ndarray:
+    """Bool [largest id + 1]: which token ids are DRY breakers, once per set (a model's ~4,000 ids: np.isin against
+    them took 0.45 ms a row; a lookup per history token takes microseconds)."""
+    table = np.zeros(max(breakers, default=-1) + 1, dtype=bool)
+    table[np.fromiter(breakers, dtype=np.int64, count=len(breakers))] = True
+    return table
+
+
+def _is_breaker(ids: np.ndarray, table: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(ids), dtype=bool)
+    inside = ids < len(table)
+    out[inside] = table[ids[inside]]
+    return out
 
 
 def greedy_ids(logits: Logits, params: SamplingParams, history: Tokens | None = None) -> np.ndarray:
