@@ -11,6 +11,7 @@ import json
 import resource
 import statistics
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -85,10 +86,18 @@ def group_of(by: str) -> Callable[[Prompt], str]:
     return (lambda p: p.task) if by == "task" else (lambda p: p.category)
 
 
+# Between two configurations on different targets, untimed: the engine that ran last may still spin its threads
+# (ONNX Runtime's intra-op pool does, some milliseconds after a run), and the next one's prompt would share the cores
+# with it. Without it the plan's row, run right after the ONNX artifacts', read SmolLM2's prompts 24% slower than the
+# same engine's plain row (prefill 2.31 s against 1.86 s over 3,185 tokens).
+SETTLE_S = 0.05
+
+
 def run_bench(configs: list[Config], prompts: list[Prompt], *, trials: int = 1, warmup: int = 0, by: str = "task",
               progress: Callable[[str], None] | None = None) -> list[Measured]:
     """Warm-up: the first `warmup` prompts through every configuration, discarded. Then `trials` passes over the
-    prompts, each prompt through every configuration in turn. progress(label) is called after each decode."""
+    prompts, each prompt through every configuration in turn (SETTLE_S apart where the target changes).
+    progress(label) is called after each decode."""
     if trials < 1:
         raise ValueError(f"trials must be >= 1, got {trials}")
     group = group_of(by)
@@ -103,7 +112,9 @@ def run_bench(configs: list[Config], prompts: list[Prompt], *, trials: int = 1, 
         for m in out:
             m.stats.append({c: DecodeStats() for c in cats})
         for p in prompts:
-            for m in out:
+            for i, m in enumerate(out):
+                if m.config.target != out[i - 1].config.target:
+                    time.sleep(SETTLE_S)
                 tokens, s = m.config.run(p)
                 m.stats[trial][group(p)].merge(s)
                 if trial == 0:

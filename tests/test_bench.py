@@ -103,6 +103,24 @@ def test_the_plan_row_is_compared_with_its_engine_s_plain_row():
     assert rows[1]["speedup_vs_plain"] == pytest.approx(2.5) and rows[1]["identical_to_plain"] == 1
 
 
+def test_timed_configurations_on_another_target_start_after_a_settling_pause(monkeypatch):
+    """An engine that ran last may still spin its threads (ONNX Runtime's pool does): run_bench pauses SETTLE_S,
+    untimed, wherever the next configuration is on another target, and not between a target's own configurations."""
+    log = []
+    monkeypatch.setattr(bench.time, "sleep", lambda s: log.append(("sleep", s)))
+
+    def runner(name):
+        def run(p):
+            log.append(name)
+            return [1], DecodeStats(n_generated=1, decode_s=0.1)
+        return run
+    configs = [bench.Config(t, d, 0, False, runner(f"{t} {d}"), target_bytes=1)
+               for t, d in (("onnx:/m", "none"), ("onnx:/m", "ngram"), ("native:/m", "none"))]
+    bench.run_bench(configs, [Prompt(0, "qa", "a"), Prompt(1, "qa", "b")], trials=1, warmup=1)
+    pause = ("sleep", bench.SETTLE_S)
+    assert log[3:] == [pause, "onnx:/m none", "onnx:/m ngram", pause, "native:/m none"] * 2  # after the warm-up
+
+
 def test_bench_plan_runs_plain_on_every_engine_the_plan_measured_even_on_one_file():
     """llama.cpp and ik_llama.cpp plan the same GGUF: both plain rows run, so the plan's ik row has its baseline
     (a per-path dedup once dropped ik's, leaving the chosen row without a speedup or identity check)."""
