@@ -217,7 +217,7 @@ def _apply_dry(x: np.ndarray, history: np.ndarray, params: SamplingParams) -> No
 
 @functools.lru_cache(maxsize=8)
 def _breaker_table(breakers: frozenset[int]) -> np.ndarray:
-    """Bool [largest id + 1]: which token ids are DRY breakers, once per set (a model's ~4,000 ids: np.isin against
+    """Bool [largest id + 1]: which token ids are DRY breakers, once per set (gemma3-270m's 1,333: np.isin against
     them took 0.45 ms a row; a lookup per history token takes microseconds)."""
     table = np.zeros(max(breakers, default=-1) + 1, dtype=bool)
     table[np.fromiter(breakers, dtype=np.int64, count=len(breakers))] = True
