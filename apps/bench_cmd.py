@@ -178,8 +178,9 @@ def _llama_server(cache_dir, build: bool):
 @call_option("temperature", 0.0, "0 (the default) is greedy: outputs compared token for token. Above 0 every "
              "configuration and llama-server sample with the same values: this temperature, the model's other "
              "defaults as `specedge serve` applies them to a request that sets only its temperature (top-p, repeat "
-             "penalty, DRY), and --seed. Otherwise:")
-@call_option("seed", 0, "Sampled runs: every configuration's (and llama-server's) seed, the same for each prompt.")
+             "penalty, DRY), and --seed.")
+@call_option("seed", 0, "Sampled runs: every configuration's (and llama-server's) random seed, the same for each "
+             "prompt.")
 @click.option("--warmup", type=click.IntRange(0, None), default=1, show_default=True,
               help="Prompts run through every configuration and discarded first.")
 @click.option("--trials", type=click.IntRange(1, None), default=1, show_default=True)
