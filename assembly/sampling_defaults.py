@@ -53,11 +53,16 @@ def resolve(values: Mapping[str, Any], source: str) -> SamplingDefaults:
     return SamplingDefaults(**{**asdict(CHAT_DEFAULTS), **got, "source": source, "stated": frozenset(got)})
 
 
+def gguf_sampling(metadata: Mapping[str, Any]) -> SamplingDefaults:
+    """The sampling defaults a GGUF file's metadata states (general.sampling.*), over CHAT_DEFAULTS."""
+    return resolve(from_gguf_metadata(metadata), "gguf general.sampling")
+
+
 def model_sampling(model: "LoadedModel") -> SamplingDefaults:
     """The sampling defaults of a loaded model: its GGUF metadata, else its manifest's `generation`, else
     CHAT_DEFAULTS."""
     if model.gguf is not None:
-        return resolve(from_gguf_metadata(model.gguf.metadata), "gguf general.sampling")
+        return gguf_sampling(model.gguf.metadata)
     manifest = model.manifest
     if manifest is not None and isinstance(manifest.raw.get("generation"), dict):
         return resolve(manifest.raw["generation"], "manifest generation")

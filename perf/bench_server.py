@@ -144,12 +144,10 @@ def server_sampling(gguf: Path, temperature: float, seed: int, ctx: int) -> dict
     if temperature == 0:
         return dict(GREEDY)
     from ..assembly.decoder import CallSettings
-    from ..assembly.sampling_defaults import resolve
-    from ..models.generation import from_gguf_metadata
+    from ..assembly.sampling_defaults import gguf_sampling
     from ..models.gguf_read import read_gguf
     stated = {k: f.value for k, f in read_gguf(gguf).fields.items() if k.startswith("general.sampling.")}
-    defaults = resolve(from_gguf_metadata(stated), "gguf general.sampling")  # as assembly's model_sampling
-    p = CallSettings(temperature=temperature, seed=seed).sampling(defaults)
+    p = CallSettings(temperature=temperature, seed=seed).sampling(gguf_sampling(stated))
     return {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
             "typical_p": p.typical_p, "repeat_penalty": p.repeat_penalty, "repeat_last_n": p.repeat_last_n,
             "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,

@@ -67,7 +67,7 @@ def logits_to_probs(logits: Logits, params: SamplingParams, history: Tokens | No
     if params.typical_p < 1.0:
         p[~_typical_mask(p, params.typical_p)] = 0.0
         p /= p.sum(axis=1, keepdims=True)
-    for row in p if params.top_p < 1.0 or params.min_p > 0.0 else ():
+    for row in p:  # each in place: top-p, then min-p (whose ratio to the max no renormalisation changes)
         if params.top_p < 1.0:
             _keep_only(row, _top_p_keep(row, params.top_p))
         if params.min_p > 0.0:
@@ -97,7 +97,7 @@ class ProbRows:
     bit (each row is a function of its own logits and the history before it; tests/test_sampling.py).
 
     A chain verifier reads the rows up to the first rejection; under sampling, with its penalties, most rounds reject
-    the first drafted token, so most rows of a k+1-row verify were formed for nothing (0.2-1 ms each, by the vocabulary).
+    the first drafted token, so most rows of a k+1-row verify were formed for nothing (0.2-1 ms each, by vocabulary).
     `rows[i]` is row i, `rows[i, j]` its column j, `np.asarray(rows)` all of them as the [T, V] array."""
 
     def __init__(self, logits: Logits, params: SamplingParams, history: Tokens | None = None) -> None:

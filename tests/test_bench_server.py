@@ -308,3 +308,8 @@ def test_a_sampled_bench_refuses_the_greedy_only_baselines(tmp_path):
     r = CliRunner().invoke(cli, ["bench", str(gguf), "--targets", "numpy", "--temperature", "0.5", "--out",
                                  str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")])
     assert r.exit_code == 2 and "--no-baselines" in r.output and "greedily only" in r.output
+    for flag in ("--auto", "--profile-device"):  # greedy device profiles: refused before anything is measured
+        r = CliRunner().invoke(cli, ["bench", str(gguf), "--targets", "numpy", "--temperature", "0.5", flag,
+                                     "--no-baselines", "--out", str(tmp_path / "out"), "--cache-dir",
+                                     str(tmp_path / "cache")])
+        assert r.exit_code == 2 and "greedy acceptance" in r.output and not (tmp_path / "cache").exists()
