@@ -17,10 +17,10 @@ import numpy as np
 
 from .types import Logits, Probs, SamplingParams, Tokens
 
-# top-p compares a cumulative sum with top_p: allow for float64 rounding so that mass 0.8 meets top_p=0.8.
+# top-p compares a cumulative weight with top_p of the total: allow for float64 rounding so that mass 0.8 meets 0.8.
 _TOP_P_EPS = 1e-9
-# top-p first sorts only this many candidates (most of the mass sits in a few tokens); it grows x8 if needed.
-_TOP_P_FIRST = 64
+# top-p's first candidates: the weights above this fraction of the largest (most of the mass sits in a few tokens)
+_TOP_P_FIRST_CUT = 1e-3
 
 
 def logits_to_probs(logits: Logits, params: SamplingParams, history: Tokens | None = None) -> Probs:
@@ -57,39 +57,54 @@ def logits_to_probs(logits: Logits, params: SamplingParams, history: Tokens | No
             _apply_dry(x, history, params)
     if params.greedy:
         return _one_hot(np.argmax(x, axis=1), V)
-    x /= params.temperature
     full, ids = x, None  # with top-k the rest works on the k kept columns: x [T, k], ids [T, k]
     if 0 < params.top_k < V:
         kth = np.take_along_axis(x, top_rows(x, params.top_k)[:, -1:], axis=1)[:, 0]  # [T] k-th largest logit
         ids = np.nonzero(_keep_top_n(x, kth, np.full(T, params.top_k)))[1].reshape(T, params.top_k)
         x = np.take_along_axis(x, ids, axis=1)
-    p = _softmax(x)
-    if params.typical_p < 1.0:
-        p[~_typical_mask(p, params.typical_p)] = 0.0
-        p /= p.sum(axis=1, keepdims=True)
-    for row in p:  # each in place: top-p, then min-p (whose ratio to the max no renormalisation changes)
-        if params.top_p < 1.0:
-            _keep_only(row, _top_p_keep(row, params.top_p))
-        if params.min_p > 0.0:
-            _keep_only(row, np.flatnonzero(~(row < params.min_p * row.max())))
+    for row in x:
+        _warp_row(row, params)
     if ids is None:
-        return p
-    full.fill(0.0)  # the private copy's buffer, not a fresh one (below)
-    np.put_along_axis(full, ids, p, axis=1)
+        return x
+    full.fill(0.0)  # the private copy's buffer, not a fresh one (_warp_row says why)
+    np.put_along_axis(full, ids, x, axis=1)
     return full
 
 
-def _keep_only(row: np.ndarray, keep: np.ndarray) -> None:
-    """In place: zero a row but its `keep` columns and renormalise it, summed whole as a masked row would be (the
-    same sum bit for bit), touching no other array of the row's size.
+def _warp_row(row: np.ndarray, params: SamplingParams) -> None:
+    """In place: one row of (penalised) float64 logits -> its distribution after temperature, typical-p, top-p and
+    min-p, renormalised.
+
+    The row's weights are w = exp((x - max x) * (1 / temperature)), so the most likely token weighs exactly 1.
+    Top-p and min-p need no normalised row: top-p keeps the most likely tokens until their weight reaches top_p *
+    sum(w), min-p the tokens of weight >= min_p, and the kept weights are then divided by their own sum. Without
+    typical-p that is five passes over the row (max, shift, scale, exp, sum) and one that zeroes it; the kept tokens
+    are few (gemma3-270m's row under the chat defaults: 0.94 ms -> 0.60 ms against stop 59's softmax first).
 
     Why in place: on these VMs a fresh array of gemma3-270m's 262,144 float64 columns costs about 1 ms of page faults
     (512 of them, 2 us each), more than every computation of this module on it; the private float64 copy of the
     logits is the only such array logits_to_probs makes."""
+    row -= row.max()
+    row *= 1.0 / params.temperature  # a multiply: a divide pass cost twice as long
+    np.exp(row, out=row)
+    total = row.sum()
+    if params.typical_p < 1.0:
+        row /= total
+        row[~_typical_mask(row[None, :], params.typical_p)[0]] = 0.0
+        row /= row.max()  # the largest weight kept is 1 again, as top-p and min-p assume
+        total = row.sum()
+    if params.top_p >= 1.0 and params.min_p <= 0.0:
+        row /= total
+        return
+    if params.top_p < 1.0:
+        keep = _top_p_keep(row, params.top_p * total)
+        if params.min_p > 0.0:
+            keep = keep[~(row[keep] < params.min_p)]  # the max weighs 1, and top-p never drops it
+    else:
+        keep = np.flatnonzero(~(row < params.min_p))
     vals = row[keep]
     row.fill(0.0)
-    row[keep] = vals
-    row[keep] /= row.sum()  # the zeros divided would stay +0
+    row[keep] = vals / vals.sum()
 
 
 class ProbRows:
@@ -210,7 +225,7 @@ def _apply_dry(x: np.ndarray, history: np.ndarray, params: SamplingParams) -> No
         if not keep.any():
             continue
         hit, which = np.unique(nxt[keep], return_inverse=True)  # the tokens hit, and which each match hits
-        worst = np.zeros(len(hit), np.int64)  # per token hit its longest match (not an array of V: see _keep_only)
+        worst = np.zeros(len(hit), np.int64)  # per token hit its longest match (not an array of V: see _warp_row)
         np.maximum.at(worst, which, got[keep])
         x[i, hit] -= params.dry_multiplier * params.dry_base ** (worst - params.dry_allowed_length)
 
@@ -246,15 +261,6 @@ def _one_hot(ids: np.ndarray, V: int) -> Probs:
     return out
 
 
-def _softmax(x: np.ndarray) -> np.ndarray:
-    """In place (`_keep_only` says why): numerically stable row softmax of float64 [T, V] (entries may be -inf);
-    returns x, now exp(x - max) / sum."""
-    x -= x.max(axis=1, keepdims=True)
-    np.exp(x, out=x)
-    x /= x.sum(axis=1, keepdims=True)
-    return x
-
-
 def _keep_top_n(x: np.ndarray, kth: np.ndarray, n: np.ndarray) -> np.ndarray:
     """Bool [T, V]: the n[t] largest entries of row t, kth[t] being the n[t]-th largest; ties -> lowest ids."""
     above = x > kth[:, None]
@@ -285,29 +291,24 @@ def _typical_mask(p: np.ndarray, typical_p: float) -> np.ndarray:
     return keep
 
 
-def _top_p_keep(row: np.ndarray, top_p: float) -> np.ndarray:
-    """The columns of a [W] row's smallest set of most likely entries whose mass >= top_p (at least 1); ties at the
-    boundary: lowest columns first (as `_keep_top_n`).
+def _top_p_keep(row: np.ndarray, mass: float) -> np.ndarray:
+    """The columns of a row of weights (its max 1) whose most likely entries first reach `mass` (at least 1), most
+    likely first; ties at the boundary: lowest columns first (as `_keep_top_n`).
 
-    Sorts only the top m candidates (top_rows: no pass over the whole row but its group maxima), growing m until
-    they hold top_p of the mass. When the m-th candidate ties the boundary value, a column outside the candidates
-    may tie it too: the whole row is then compared with it.
-    """
-    W = len(row)
-    m = min(W, _TOP_P_FIRST)
+    Candidates are the columns above a cutoff, 1e-3 of the max first, 1e-3 times lower while they weigh less than
+    `mass`: one comparison pass, usually once. Every column tied with the boundary value is among them (it is above
+    the cutoff too), so the choice there is the same as over the whole row."""
+    cut, want = _TOP_P_FIRST_CUT, mass * (1.0 - _TOP_P_EPS)
     while True:
-        cand = np.argsort(-row, kind="stable") if m == W else top_rows(row[None, :], m)[0]  # [m] largest first
+        cand = np.flatnonzero(row > cut) if cut > 0.0 else np.arange(len(row))
         vals = row[cand]
-        mass = np.cumsum(vals)
-        if mass[-1] >= top_p - _TOP_P_EPS or m == W:
+        if cut <= 0.0 or vals.sum() >= want:
             break
-        m = W if m * 8 > W // 4 else m * 8  # past a quarter of W, one full sort is cheaper
-    n = min(int(np.searchsorted(mass, top_p - _TOP_P_EPS, side="left")) + 1, m)
-    kth = vals[n - 1]
-    if m < W and vals[-1] == kth:
-        return np.flatnonzero(_keep_top_n(row[None, :], np.array([kth]), np.array([n]))[0])
-    above = cand[vals > kth]
-    return np.concatenate([above, np.sort(cand[vals == kth])[:n - len(above)]])
+        cut = cut * _TOP_P_FIRST_CUT if cut > 1e-30 else 0.0
+    order = np.argsort(-vals, kind="stable")  # candidates ascend by column: ties keep the lowest first
+    cum = np.cumsum(vals[order])
+    n = min(int(np.searchsorted(cum, want, side="left")) + 1, len(cand))
+    return cand[order[:n]]
 
 
 def top_rows(x: np.ndarray, m: int, stride: int = 64) -> np.ndarray:

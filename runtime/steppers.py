@@ -292,7 +292,7 @@ def token_logprobs(rows: np.ndarray, tokens: Sequence[int], n_top: int) -> list[
     """One TokenLogprob per token: log-softmax of its logits row (float64; the model's own distribution before any
     sampling transform) at the token, and the n_top most likely ids (ties: lowest id first)."""
     x = np.asarray(rows)  # its values cast to float64 exactly, one at a time, below
-    e = x.astype(np.float64)  # the one array of the rows' size, worked in place (sampling._keep_only says why)
+    e = x.astype(np.float64)  # the one array of the rows' size, worked in place (sampling._warp_row says why)
     m = e.max(axis=1, keepdims=True)
     e -= m
     logz = (m + np.log(np.exp(e, out=e).sum(axis=1, keepdims=True)))[:, 0]

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from specedge.runtime.sampling import ProbRows, greedy_ids, logits_to_probs, sample, top_ids
+from specedge.runtime.sampling import ProbRows, _typical_mask, greedy_ids, logits_to_probs, sample, top_ids
 from specedge.runtime.types import SamplingParams
 
 
@@ -362,3 +362,45 @@ def test_in_place_work_leaves_the_callers_logits_alone_and_top_p_ties_lowest_ids
     kept = np.flatnonzero(p[0])
     np.testing.assert_array_equal(kept, np.arange(200, 200 + len(kept)))
     assert abs(p[0].sum() - 1.0) < 1e-12 and len(kept) == int(np.ceil(0.5 * (300 + 200 / np.e)))
+
+
+def _reference(row: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """The warpers as docs/algorithms.md states them, over the whole normalised row with full sorts."""
+    x = row.astype(np.float64) / params.temperature
+    if params.top_k:
+        x[np.argsort(-x, kind="stable")[params.top_k:]] = -np.inf
+    p = np.exp(x - x.max())
+    p /= p.sum()
+    if params.typical_p < 1.0:
+        p[~_typical_mask(p[None, :], params.typical_p)[0]] = 0.0
+        p /= p.sum()
+    if params.top_p < 1.0:
+        order = np.argsort(-p, kind="stable")
+        n = int(np.searchsorted(np.cumsum(p[order]), params.top_p - 1e-9)) + 1
+        p[order[n:]] = 0.0
+        p /= p.sum()
+    if params.min_p > 0.0:
+        p[p < params.min_p * p.max()] = 0.0
+    return p / p.sum()
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=1.3),
+                                    SamplingParams(temperature=0.8, top_k=40, min_p=0.05),
+                                    SamplingParams(temperature=1.0, top_p=0.95, min_p=0.02, typical_p=0.9),
+                                    SamplingParams(temperature=0.5, min_p=0.1)])
+@pytest.mark.parametrize("flat", [False, True])
+def test_warpers_match_the_whole_row_reference(params, flat):
+    """Top-p and min-p work on unnormalised weights and rank only candidates above a cutoff (sampling._warp_row,
+    _top_p_keep): the same tokens as the whole-row reference, the same probabilities to rounding. `flat`: one
+    token far ahead and thousands just under the first cutoff (1e-3 of its weight), so the cutoff must be lowered
+    until the candidates hold top_p of the mass; ties among them keep the lowest ids."""
+    rng = np.random.default_rng(5)
+    logits = (rng.standard_normal((3, 4096)) * 3).astype(np.float32)
+    if flat:
+        logits[:] = np.round(logits * 0.01) * 0.7 + 2.0  # few distinct values: ties at every boundary
+        logits[:, 17] = 2.0 + 0.7 * np.log(2000.0)  # at temperature 0.7: weight 1 against ~4,000 of about 1/2000
+    got = logits_to_probs(logits, params)
+    for t in range(3):
+        want = _reference(logits[t], params)
+        np.testing.assert_array_equal(np.flatnonzero(got[t]), np.flatnonzero(want))
+        np.testing.assert_allclose(got[t], want, rtol=1e-9, atol=0)
