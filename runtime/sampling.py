@@ -157,11 +157,14 @@ def sample(probs_row: np.ndarray, rng: np.random.Generator) -> int:
     """
     row = np.asarray(probs_row)
     ids = np.flatnonzero(row != 0)  # the cdf only over the columns with mass: a running sum adds 0 to nothing
-    cdf = np.cumsum(row[ids], dtype=np.float64)  # [len(ids)] the full cdf's values at those columns, bit for bit
+    dense = 2 * len(ids) > len(row)  # then the whole row's cdf: no gather (0.23 ms for gemma3-270m's 262,144)
+    cdf = np.cumsum(row if dense else row[ids], dtype=np.float64)  # the same values at the columns with mass
     total = cdf[-1] if len(cdf) else 0.0
     if not total > 0.0:
         raise ValueError(f"cannot sample from a distribution with total mass {total!r}")
     i = int(np.searchsorted(cdf, rng.random() * total, side="right"))
+    if dense:  # the first cdf value past u * total is a column with mass (a zero column repeats the one before)
+        return i if i < len(row) else int(ids[-1])
     return int(ids[min(i, len(ids) - 1)])  # u * total rounded up to total: the last token with mass
 
 

@@ -306,12 +306,13 @@ def test_greedy_ids_are_the_one_hot_rows_argmax(params):
 
 
 def test_sample_equals_the_full_rows_inverse_cdf():
-    """sample() runs its cdf over the columns with mass only; the draw is the full row's inverse cdf, token for token
-    (a running sum adds +0 to nothing), including rows whose tiny entries do not move the sum."""
+    """sample() runs its cdf over the columns with mass only (a sparse row) or over the whole row (a dense one); the
+    draw is the full row's inverse cdf, token for token (a running sum adds +0 to nothing), including rows whose tiny
+    entries do not move the sum."""
     rng = np.random.default_rng(11)
-    for trial in range(400):
+    for trial in range(800):
         V = int(rng.integers(1, 200))
-        probs = rng.random(V) * (rng.random(V) < 0.3) * 10.0 ** rng.integers(-20, 1, V)
+        probs = rng.random(V) * (rng.random(V) < (0.3, 0.9)[trial % 2]) * 10.0 ** rng.integers(-20, 1, V)
         if not probs.sum() > 0:
             continue
         u = rng.random()
