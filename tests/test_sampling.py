@@ -352,9 +352,9 @@ def test_prob_rows_form_each_row_as_the_whole_call_does(params):
 
 
 def test_in_place_work_leaves_the_callers_logits_alone_and_top_p_ties_lowest_ids():
-    """The softmax and the top-p/min-p renormalisation run in place on the private float64 copy (a fresh array of a
-    large vocabulary costs about 1 ms of page faults on these VMs): the caller's logits stay as they were, and a tie
-    that straddles top-p's boundary keeps the lowest ids, also when the tie runs past top_p's first candidates."""
+    """The weights and the top-p/min-p renormalisation are worked in place on the private float64 copy (a fresh
+    array of a large vocabulary costs about 1 ms of page faults on these VMs): the caller's logits stay as they were,
+    and a tie that straddles top-p's boundary (300 tied maxima, 187 kept) keeps the lowest ids."""
     logits = np.zeros((1, 500), dtype=np.float32)
     logits[0, 200:] = 1.0  # 300 tied maxima, each 1 / (300 + 200 / e) of the mass: top-p 0.5 keeps 187 of them
     before = logits.copy()
