@@ -195,3 +195,16 @@ def test_head_replay_visits_the_roots_a_decode_starts_its_chains_at():
     run = np.array([2, 0, 4, 1, 0, 0, 3, 1, 2])  # accepted drafts from each root
     np.testing.assert_array_equal(decode_roots(run), [2, 1, 0, 3])  # roots 0, 3, 5, 6 (then 10: past the end)
     assert len(decode_roots(np.zeros(5, np.int64))) == 5 and len(decode_roots(np.array([], np.int64))) == 0
+
+
+def test_sampling_cost_times_every_setting_warm_and_after_a_stream(tmp_path, capsys):
+    from specedge.perf import sampling_cost
+
+    out = tmp_path / "rows.json"
+    sampling_cost.main(["--vocab", "500", "--rows", "2", "--calls", "3", "--stream-mb", "1", "--out", str(out)])
+    recs = json.loads(out.read_text())["rows"]
+    assert [r["settings"] for r in recs] == list(sampling_cost.SETTINGS)
+    assert all(r["vocab"] == 500 and r["warm_ms"] > 0 and r["after_stream_ms"] > 0 for r in recs)
+    assert "| 500 | chat defaults |" in capsys.readouterr().out
+    x, history = sampling_cost.rows_of(500, 2)
+    assert x.shape == (2, 500) and np.array_equal(history[200:260], history[100:160])
