@@ -33,6 +33,14 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(var + eps) * w
 
 
+def linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x [T, in] @ w[out, in].T, computed as (w @ x.T).T: BLAS then packs the weights as its left operand, which
+    at a few rows takes half the time of x @ w.T's packing (SmolLM2's MLP matrices at 5 rows: 0.34 -> 0.17 ms; its
+    tied head at 300 rows: 267 -> 94 ms; 2 threads). Measured on this project's AMD EPYC with NumPy's OpenBLAS: the
+    same float32 bits as x @ w.T at 1-300 rows, so the reference's outputs did not change with it."""
+    return (w @ x.T).T
+
+
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     # the constant in x's dtype: a float64 NumPy scalar would promote float32 activations to float64 (NEP 50), and
     # every later matmul would then convert its float32 weights (gemma3-270m: 3 s a token for the tied head)
@@ -100,7 +108,7 @@ class NumpyBackend:
         """Final norm + LM head: [T, D] -> float32 logits [T, V] (or [T, len(rows)] over those vocabulary rows)."""
         x = rms_norm(h, self._w["norm"], self.config.rms_eps)
         head = self._lm_head if rows is None else self._lm_head[np.asarray(rows, dtype=np.int64)]
-        return np.asarray(x @ head.T, dtype=np.float32)
+        return np.asarray(linear(x, head), dtype=np.float32)
 
     def hidden(self, tokens: Tokens, cache: KVCache, *, plan: LayerPlan | None = None,
                tree_mask: Mask | None = None, taps: tuple[int, ...] = ()) -> tuple[np.ndarray, dict[int, np.ndarray]]:
@@ -164,7 +172,7 @@ class NumpyBackend:
         scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
         probs = (scores / scores.sum(axis=-1, keepdims=True)).reshape(c.n_kv_heads, c.group * t, -1)
         attn = (probs @ values).reshape(c.n_heads, t, c.head_dim).transpose(1, 0, 2).reshape(t, -1)
-        a = attn @ w[p + "o"].T
+        a = linear(attn, w[p + "o"])
         if spec.o_bias:
             a = a + w[p + "o_bias"]
         if spec.post_norms:
@@ -180,11 +188,11 @@ class NumpyBackend:
         """q [T, H*hd], k, v [T, KV*hd], biases added."""
         c, spec, w = self.config, self.config.block, self._w
         if spec.fused_qkv:
-            qkv = x @ w[p + "qkv"].T
+            qkv = linear(x, w[p + "qkv"])
             if spec.qkv_bias:
                 qkv = qkv + w[p + "qkv_bias"]
             return tuple(np.split(qkv, [c.n_heads * c.head_dim, (c.n_heads + c.n_kv_heads) * c.head_dim], axis=-1))
-        q, k, v = x @ w[p + "q"].T, x @ w[p + "k"].T, x @ w[p + "v"].T
+        q, k, v = linear(x, w[p + "q"]), linear(x, w[p + "k"]), linear(x, w[p + "v"])
         if spec.qkv_bias:
             q, k, v = q + w[p + "q_bias"], k + w[p + "k_bias"], v + w[p + "v_bias"]
         return q, k, v
@@ -193,8 +201,8 @@ class NumpyBackend:
         """down(act(gate) * up) with the declared activation."""
         spec, w = self.config.block, self._w
         if spec.fused_gate_up:
-            gate, up = np.split(x @ w[p + "gate_up"].T, 2, axis=-1)
+            gate, up = np.split(linear(x, w[p + "gate_up"]), 2, axis=-1)
         else:
-            gate, up = x @ w[p + "gate"].T, None
+            gate, up = linear(x, w[p + "gate"]), None
         act = gate / (1.0 + np.exp(-gate)) if spec.activation is Activation.SILU else gelu_tanh(gate)
-        return (act * (x @ w[p + "up"].T if up is None else up)) @ w[p + "down"].T
+        return linear(act * (linear(x, w[p + "up"]) if up is None else up), w[p + "down"])
