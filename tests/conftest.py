@@ -10,6 +10,8 @@ model of another shape (more layers, another seed, a special head) still build t
     tiny_backends    (NumpyBackend float64 of tiny_gguf, of draft_gguf, Tokenizer): the decode-loop tests' pair
     onnx3(arch)      (3-layer GGUF opened, its fp32 dynamic ONNX artifact): seed 3, tied llama / untied qwen2 (q/k/v
                      biases), the ONNX parity tests' source, exported once (ungated)
+    blas_on_every_core  the test's NumPy-reference matmuls on every core: once any engine is open in the process
+                     they run on one (runtime/backends/blas.py); a real-model test of the reference takes it
 
 Tiers (pyproject.toml markers): `pytest -m "not slow and not real"` is the fast tier a developer runs; CI runs
 everything. Mark a test `slow` when it takes more than about 2 s on 2 cores, `real` when it needs a real model.
@@ -24,8 +26,15 @@ import pytest
 
 from specedge.models.gguf_in import GGUFModel, open_gguf
 from specedge.models.tiny import write_tiny_gguf
+from specedge.runtime.backends.blas import every_core
 from specedge.runtime.backends.numpy_ref import NumpyBackend
 from specedge.runtime.tokenizer import Tokenizer
+
+
+@pytest.fixture
+def blas_on_every_core():
+    with every_core():
+        yield
 
 
 @pytest.fixture(scope="session")

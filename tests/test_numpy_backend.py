@@ -4,7 +4,7 @@ import pytest
 
 from specedge.models.config import ModelConfig, Weights
 from specedge.runtime.backends.base import LayerPlan
-from specedge.runtime.backends.numpy_ref import NumpyBackend
+from specedge.runtime.backends.numpy_ref import NumpyBackend, linear
 
 
 def random_weights(seed=0, *, qkv_bias=False, tied=True, n_layers=3, vocab=97) -> Weights:
@@ -91,3 +91,48 @@ def test_float32_close_to_float64():
     b = NumpyBackend(w, np.float64).forward(toks, NumpyBackend(w, np.float64).new_cache(32))
     assert np.abs(a - b).max() < 1e-3
     assert a.dtype == np.float32
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_linear_computes_x_times_w_transposed(dtype):
+    """`linear` is (w @ x.T).T for speed (BLAS packs the weights as its left operand): the same products, summed in
+    BLAS's order (on this project's machines x @ w.T's float32 bits at 1-300 rows; numpy_ref.linear)."""
+    rng = np.random.default_rng(2)
+    tol = 1e-5 if dtype == np.float32 else 1e-13
+    for out, inner in [(1536, 576), (576, 1536), (4099, 64), (192, 576)]:
+        w = rng.standard_normal((out, inner)).astype(dtype)
+        for t in (1, 2, 5, 9, 16, 64, 300):
+            x = rng.standard_normal((t, inner)).astype(dtype)
+            got = linear(x, w)
+            assert got.shape == (t, out) and got.dtype == dtype
+            np.testing.assert_allclose(got, x.astype(np.float64) @ w.T.astype(np.float64), rtol=0, atol=tol * inner)
+
+
+def test_every_core_gives_blas_every_core_and_then_what_the_engines_left():
+    """Inside `every_core()` BLAS runs on every core; after it, as before, or on one thread if an engine was opened
+    (quiet_blas) meanwhile. In a fresh process: the limit is process-wide."""
+    import os
+    import subprocess
+    import sys
+    script = """
+import os
+from threadpoolctl import threadpool_info, threadpool_limits
+from specedge.runtime.backends import blas
+n = lambda: sorted({p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"})
+threadpool_limits(1, user_api="blas")
+with blas.every_core():
+    print(n())
+print(n())
+threadpool_limits(2, user_api="blas")
+with blas.every_core():
+    blas.quiet_blas()
+print(n())
+with blas.every_core():
+    print(n())
+print(n())
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OPENBLAS_NUM_THREADS": "2"})
+    assert out.returncode == 0, out.stderr
+    cores = f"[{os.cpu_count()}]"
+    assert out.stdout.split("\n")[:5] == [cores, "[1]", "[1]", cores, "[1]"]

@@ -83,6 +83,7 @@ def numpy_model():
     return load_model("smollm2-135m", BackendKind.NUMPY, ctx=CTX)
 
 
+@pytest.mark.usefixtures("blas_on_every_core")
 @pytest.mark.parametrize("drafter", ["ngram", "model:smollm2-135m"])
 def test_numpy_speculative_equals_plain(numpy_model, drafter):
     model = numpy_model
@@ -95,6 +96,7 @@ def test_numpy_speculative_equals_plain(numpy_model, drafter):
     print(f"\nnumpy {drafter}: {stats.summary()}")
 
 
+@pytest.mark.usefixtures("blas_on_every_core")
 @pytest.mark.parametrize("drafter", ["recycle:8", "exit:20+logistic", "skip:1.5", "del"])
 def test_numpy_trees_and_self_speculative_drafters_equal_plain(numpy_model, drafter):
     """Issue 4's drafters on the real model: token-recycling trees (tree mask, compaction) and drafters that run the

@@ -90,6 +90,7 @@ def speculative_equals_plain(model, prompts, **kw):
         assert fast == plain, f"prompt {i}: speculative output differs from plain greedy"
 
 
+@pytest.mark.usefixtures("blas_on_every_core")  # for the reference; llama.cpp makes no BLAS call
 @pytest.mark.parametrize("kind", [BackendKind.NUMPY, BackendKind.LLAMACPP])
 def test_gguf_backends_speculative_equals_plain(kind, prompts):
     if kind is BackendKind.LLAMACPP:
@@ -138,6 +139,7 @@ def test_onnx_speculative_equals_plain(artifact, prompts):
     speculative_equals_plain(model, prompts, threads=2, device="cpu")
 
 
+@pytest.mark.usefixtures("blas_on_every_core")
 @pytest.mark.parametrize("backend", ["numpy", "llamacpp", "onnx"])
 def test_cli_generate(backend, artifact):
     target = str(artifact) if backend == "onnx" else MODEL
