@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+import cbuild  # tests/ is on sys.path
+
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = [p for p in sorted((ROOT / "csrc" / "native").glob("*.c")) if p.name != "module.c"]  # module.c: Python's
 HARNESS = ROOT / "tests" / "native_c" / "isa_check.c"
@@ -18,9 +20,8 @@ APT = "apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user"
 
 
 def build(cc: str, out: Path) -> None:
-    cmd = [cc, *FLAGS, f"-I{ROOT / 'csrc' / 'native'}", *map(str, SOURCES), str(HARNESS), "-o", str(out), "-lm"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, f"{cc} could not build the ISA harness:\n{r.stderr[-3000:]}"
+    failed = cbuild.build(cc, [*FLAGS, f"-I{ROOT / 'csrc' / 'native'}"], [*SOURCES, HARNESS], out, link=["-lm"])
+    assert not failed, f"{cc} could not build the ISA harness:\n{failed}"
 
 
 def run(cmd: list[str]) -> str:
