@@ -20,7 +20,7 @@ import numpy as np
 from ..models.block import Activation
 from ..models.config import ModelConfig
 from .onnx_ir import GraphBuilder
-from .onnx_linear import ExportOptions, TensorRecord, WeightFormat, WeightSource
+from .onnx_linear import ExportOptions, TensorRecord, WeightFormat, WeightSource, max_abs_diff
 
 
 def norm_weight(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, tensor: str) -> str:
@@ -133,7 +133,5 @@ def embed(g: GraphBuilder, cfg: ModelConfig, src: WeightSource, opts: ExportOpti
 
 
 def _float_record(path: str, storage: str, src: WeightSource, stored: np.ndarray) -> TensorRecord:
-    ref = src.float("embed")
-    approx = stored.astype(np.float32)
-    return TensorRecord(path, storage, src.source_type("embed"), bool(np.array_equal(approx, ref)),
-                        float(np.abs(approx - ref).max()))
+    err = max_abs_diff(stored, src.float("embed"))
+    return TensorRecord(path, storage, src.source_type("embed"), err == 0.0, err)
