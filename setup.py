@@ -3,7 +3,7 @@
 Optional: without a compiler (or where the build fails) specedge still installs, and the plan and `specedge models`
 say the native engine is missing and why (runtime/backends/native_lib.py). -ffp-contract=off: the kernels' float
 operations happen in one written order, the same in the portable C and the SIMD paths (csrc/native/se.h), so the
-compiler must not fuse a multiply and an add on its own. Each source compiles on a core of its own (26 -> 14 s on
+compiler must not fuse a multiply and an add on its own. Each source compiles on a core of its own (26 -> 13 s on
 2 cores), the objects linked in the sources' order, so the library is the one a serial build makes.
 """
 import glob
